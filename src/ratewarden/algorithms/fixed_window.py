@@ -1,0 +1,27 @@
+"""Fixed window: a counter per calendar-aligned window.
+
+Windows are aligned to the Unix epoch (a "1/min" window runs from :00 to :59 of each minute, a
+"1/day" window from 00:00 UTC), so every process and store agrees on the boundaries and
+``Retry-After`` is exactly the time to the next boundary. State: ``(window_start, count)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..decision import Decision
+from ..rates import Rate
+from .base import State
+
+
+def fixed_window(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
+    limit = rate.limit
+    period = rate.period
+    start = math.floor(now / period) * period
+    count = state[1] if state is not None and state[0] == start else 0.0
+    reset_after = start + period - now
+    total = count + cost
+    if total <= limit:
+        return (start, total), Decision(True, limit, int(limit - total), reset_after, 0.0, period)
+    retry_after = math.inf if cost > limit else reset_after
+    return None, Decision(False, limit, max(0, int(limit - count)), reset_after, retry_after, period)

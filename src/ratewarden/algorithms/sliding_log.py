@@ -1,0 +1,41 @@
+"""Sliding window log: an exact record of the last ``limit`` admitted units.
+
+A request of cost ``c`` is admitted when fewer than ``limit - c + 1`` units were admitted in the
+last ``period`` seconds. The log keeps one timestamp per admitted unit and never more than
+``limit`` of them, so memory per key is bounded by the limit. State: the sorted timestamps.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..decision import Decision
+from ..rates import Rate
+from .base import State
+
+
+def sliding_log(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
+    limit = rate.limit
+    period = rate.period
+    horizon = now - period
+    log: State = ()
+    if state:
+        i = 0
+        n = len(state)
+        while i < n and state[i] <= horizon:
+            i += 1
+        log = state[i:]
+    units = math.ceil(cost)
+    used = len(log)
+    if used + units <= limit:
+        if units:
+            log = log + (now,) * units
+        reset_after = (log[-1] + period - now) if log else 0.0
+        return log, Decision(True, limit, limit - len(log), reset_after, 0.0, period)
+    reset_after = log[-1] + period - now if log else 0.0
+    if units > limit:
+        retry_after = math.inf
+    else:
+        # The (used + units - limit)-th oldest entry must leave the window.
+        retry_after = log[used + units - limit - 1] + period - now
+    return None, Decision(False, limit, max(0, limit - used), reset_after, retry_after, period)

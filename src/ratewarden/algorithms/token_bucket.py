@@ -1,0 +1,27 @@
+"""Token bucket: ``burst`` tokens (default ``limit``), refilled continuously at ``limit/period``
+tokens per second with full float precision. State: ``(tokens, last_update)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..decision import Decision
+from ..rates import Rate
+from .base import State
+
+
+def token_bucket(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
+    capacity = rate.capacity
+    per_second = rate.limit / rate.period
+    if state is None:
+        tokens = float(capacity)
+    else:
+        tokens = min(float(capacity), state[0] + max(0.0, now - state[1]) * per_second)
+    if tokens >= cost:
+        tokens -= cost
+        reset_after = (capacity - tokens) / per_second
+        return (tokens, now), Decision(True, capacity, int(tokens + 1e-9), reset_after, 0.0, rate.period)
+    retry_after = math.inf if cost > capacity else (cost - tokens) / per_second
+    reset_after = (capacity - tokens) / per_second
+    return None, Decision(False, capacity, int(tokens + 1e-9), reset_after, retry_after, rate.period)

@@ -1,0 +1,37 @@
+"""Token bucket with debt: a token bucket whose balance may go negative, down to ``-debt``.
+
+A request is admitted when the bucket holds at least one whole token (or its whole cost, if that
+is smaller) and the balance after it stays at or above ``-debt``. A negative balance is paid back
+by the refill before anything else is admitted. This lets a request costlier than the bucket
+through once, then holds the client back for as long as the overdraft takes to repay.
+State: ``(tokens, last_update)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..decision import Decision
+from ..rates import Rate
+from .base import State
+
+
+def token_bucket_debt(
+    state: State | None, now: float, cost: float, rate: Rate
+) -> tuple[State | None, Decision]:
+    capacity = rate.capacity
+    debt = rate.max_debt
+    per_second = rate.limit / rate.period
+    if state is None:
+        tokens = float(capacity)
+    else:
+        tokens = min(float(capacity), state[0] + max(0.0, now - state[1]) * per_second)
+    needed = max(min(cost, 1.0), cost - debt)
+    if tokens >= needed:
+        tokens -= cost
+        reset_after = (capacity - tokens) / per_second
+        remaining = max(0, int(tokens + 1e-9))
+        return (tokens, now), Decision(True, capacity, remaining, reset_after, 0.0, rate.period)
+    retry_after = math.inf if needed > capacity else (needed - tokens) / per_second
+    reset_after = (capacity - tokens) / per_second
+    return None, Decision(False, capacity, max(0, int(tokens + 1e-9)), reset_after, retry_after, rate.period)

@@ -1,0 +1,66 @@
+"""The answer to one rate-limit check."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["Decision"]
+
+
+class Decision:
+    """Outcome of a check.
+
+    ``remaining`` is what is left after this request, ``reset_after`` the seconds until the
+    limit is fully restored, ``retry_after`` the seconds until a request of the same cost would
+    be allowed (0 when allowed; ``math.inf`` when the cost can never fit the limit).
+    """
+
+    __slots__ = ("allowed", "limit", "period", "policy", "remaining", "reset_after", "retry_after")
+
+    def __init__(
+        self,
+        allowed: bool,
+        limit: int,
+        remaining: int,
+        reset_after: float,
+        retry_after: float,
+        period: float = 0.0,
+        policy: str = "",
+    ) -> None:
+        self.allowed = allowed
+        self.limit = limit
+        self.remaining = remaining
+        self.reset_after = reset_after
+        self.retry_after = retry_after
+        self.period = period
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return (
+            f"Decision(allowed={self.allowed}, limit={self.limit}, remaining={self.remaining}, "
+            f"reset_after={self.reset_after:.6g}, retry_after={self.retry_after:.6g})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return (
+            self.allowed == other.allowed
+            and self.limit == other.limit
+            and self.remaining == other.remaining
+            and math.isclose(self.reset_after, other.reset_after, abs_tol=1e-6)
+            and math.isclose(self.retry_after, other.retry_after, abs_tol=1e-6)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain-data view (for JSON, logs and stats)."""
+        return {
+            "allowed": self.allowed,
+            "limit": self.limit,
+            "remaining": self.remaining,
+            "reset_after": self.reset_after,
+            "retry_after": self.retry_after,
+            "policy": self.policy,
+        }

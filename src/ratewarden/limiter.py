@@ -1,0 +1,155 @@
+"""``Limiter``: the entry point that turns (key, rates) into decisions on a store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any, Literal, TypeVar
+
+from .decision import Decision
+from .limits import DEFAULT_ALGORITHM, Limit, make_limits
+from .rates import Rate
+from .stores.base import Store
+from .stores.memory import MemoryStore
+
+__all__ = ["FailurePolicy", "Limiter", "storage_key"]
+
+log = logging.getLogger("ratewarden")
+
+FailurePolicy = Literal["open", "closed"]
+MAX_KEY_LENGTH = 200
+
+
+def storage_key(prefix: str, scope: str, key: str) -> str:
+    """``prefix:{scope|key}`` with over-long keys hashed, so any client input stays bounded.
+
+    The braces are a Redis Cluster hash tag: every limit of one (scope, key) shares a slot.
+    """
+    if len(key) > MAX_KEY_LENGTH or "}" in key or "{" in key:
+        key = "h." + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return f"{prefix}:{{{scope}|{key}}}"
+
+
+class Limiter:
+    """Checks keys against rates on a store.
+
+    ``on_error`` says what happens when the store (or a key function) fails: ``"open"`` (the
+    default) lets the request through and logs; ``"closed"`` answers 503.
+    """
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        prefix: str = "rw",
+        on_error: FailurePolicy = "open",
+        enabled: bool = True,
+    ) -> None:
+        if on_error not in ("open", "closed"):
+            raise ValueError(f"on_error must be 'open' or 'closed', got {on_error!r}")
+        self.store: Store = store if store is not None else MemoryStore()
+        self.prefix = prefix
+        self.on_error: FailurePolicy = on_error
+        self.enabled = enabled
+        self._limits_cache: dict[tuple[object, str], tuple[Limit, ...]] = {}
+
+    def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
+        """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse)."""
+        cache_key = (rates if isinstance(rates, (str, Rate)) else tuple(rates), algorithm)
+        found = self._limits_cache.get(cache_key)
+        if found is None:
+            found = make_limits(rates, algorithm)
+            if len(self._limits_cache) < 1024:
+                self._limits_cache[cache_key] = found
+        return found
+
+    def keys_for(self, key: str, limits: Sequence[Limit], scope: str = "") -> list[str]:
+        base = storage_key(self.prefix, scope, key)
+        return [f"{base}:{limit.suffix}" for limit in limits]
+
+    async def check(
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Decision:
+        """All-or-nothing check of prepared storage keys (used by the integrations)."""
+        store = self.store
+        if store.local:
+            return store.hit_now(keys, limits, costs)
+        return await store.hit(keys, limits, costs)
+
+    async def hit(
+        self,
+        key: str,
+        rate: str | Rate | Iterable[str | Rate],
+        cost: float = 1,
+        algorithm: str = DEFAULT_ALGORITHM,
+        scope: str = "",
+    ) -> Decision:
+        """Charge ``cost`` to ``key`` under every rate in ``rate``, all or nothing."""
+        _check_cost(cost)
+        limits = self.limits(rate, algorithm)
+        return await self.check(self.keys_for(key, limits, scope), limits, [cost] * len(limits))
+
+    async def peek(
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
+    ) -> Decision:
+        """What a request would see now, without charging anything."""
+        limits = self.limits(rate, algorithm)
+        decisions = await self.store.peek(self.keys_for(key, limits, scope), limits)
+        return min(decisions, key=lambda d: d.remaining)
+
+    async def reset(
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
+    ) -> None:
+        """Forget ``key``'s state under these rates."""
+        limits = self.limits(rate, algorithm)
+        await self.store.reset(self.keys_for(key, limits, scope))
+
+    async def clear(self) -> None:
+        """Forget every key (e.g. between tests)."""
+        await self.store.clear()
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # Sync facade, for threads and sync code: runs the async call on a private loop unless the
+    # store is local, in which case no loop is needed at all.
+    def hit_sync(
+        self,
+        key: str,
+        rate: str | Rate | Iterable[str | Rate],
+        cost: float = 1,
+        algorithm: str = DEFAULT_ALGORITHM,
+        scope: str = "",
+    ) -> Decision:
+        if self.store.local:
+            _check_cost(cost)
+            limits = self.limits(rate, algorithm)
+            return self.store.hit_now(self.keys_for(key, limits, scope), limits, [cost] * len(limits))
+        return _run(self.hit(key, rate, cost, algorithm, scope))
+
+    def peek_sync(
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
+    ) -> Decision:
+        return _run(self.peek(key, rate, algorithm, scope))
+
+    def reset_sync(
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
+    ) -> None:
+        _run(self.reset(key, rate, algorithm, scope))
+
+    def clear_sync(self) -> None:
+        _run(self.clear())
+
+
+def _check_cost(cost: float) -> None:
+    if not cost >= 0:
+        raise ValueError(f"cost must be zero or positive, got {cost!r}")
+
+
+_T = TypeVar("_T")
+
+
+def _run(coro: Coroutine[Any, Any, _T]) -> _T:
+    return asyncio.run(coro)

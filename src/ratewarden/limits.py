@@ -1,0 +1,42 @@
+"""A limit: one rate enforced by one algorithm, ready for the hot path."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from .algorithms import Algorithm, get_algorithm
+from .rates import Rate, parse_rates
+
+__all__ = ["DEFAULT_ALGORITHM", "Limit", "make_limits"]
+
+DEFAULT_ALGORITHM = "fixed_window"
+_TOKEN_RE = re.compile(r"[^A-Za-z0-9_.:/*-]+")
+
+
+class Limit:
+    """A ``Rate`` bound to an algorithm, with its precomputed storage-key suffix and policy name."""
+
+    __slots__ = ("algorithm", "fn", "name", "rate", "suffix")
+
+    def __init__(self, rate: Rate, algorithm: str = DEFAULT_ALGORITHM, name: str = "") -> None:
+        self.rate = rate
+        self.algorithm = algorithm
+        self.fn: Algorithm = get_algorithm(algorithm)
+        burst = "" if rate.burst is None else f"b{rate.burst}"
+        debt = "" if rate.debt is None else f"d{rate.debt:g}"
+        self.suffix = f"{algorithm}:{rate.ident}{burst}{debt}"
+        self.name = _TOKEN_RE.sub("-", name) or rate.ident
+
+    def __repr__(self) -> str:
+        return f"Limit({self.rate!s}, {self.algorithm!r}, name={self.name!r})"
+
+
+def make_limits(
+    rates: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, name: str = ""
+) -> tuple[Limit, ...]:
+    """Parse ``rates`` and bind each to ``algorithm``; several rates get distinct policy names."""
+    parsed: Sequence[Rate] = parse_rates(rates)
+    if len(parsed) == 1:
+        return (Limit(parsed[0], algorithm, name),)
+    return tuple(Limit(r, algorithm, f"{name}-{r.ident}" if name else r.ident) for r in parsed)

@@ -1,0 +1,27 @@
+"""Stores: where limit state lives. ``MemoryStore`` needs nothing; the others need an extra."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .base import Store, StoreError
+from .memory import MemoryStore
+
+if TYPE_CHECKING:
+    from .memcached import MemcachedStore
+    from .redis import RedisStore
+
+__all__ = ["MemcachedStore", "MemoryStore", "RedisStore", "Store", "StoreError"]
+
+
+def __getattr__(name: str) -> Any:
+    # Distributed stores import their client libraries, which are optional extras.
+    if name == "RedisStore":
+        from .redis import RedisStore
+
+        return RedisStore
+    if name == "MemcachedStore":
+        from .memcached import MemcachedStore
+
+        return MemcachedStore
+    raise AttributeError(f"module 'ratewarden.stores' has no attribute {name!r}")

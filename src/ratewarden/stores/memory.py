@@ -1,0 +1,160 @@
+"""In-process store: a bounded ordered dict of algorithm states, with no dependency.
+
+Every check runs the pure algorithm between one read and one write with no ``await`` in
+between, so it is atomic under asyncio. A plain ``threading.Lock``, held only for that
+computation (never across an ``await``, so never contended by the event loop itself), makes the
+same store safe for sync callers on other threads.
+
+Memory is bounded by ``max_keys``. Expired states are reclaimed incrementally: each new key
+inspects the two oldest entries (deleting expired ones, rotating live ones to the back), so no
+thread ever scans the whole table. When the table is full of live states, a new key is charged
+against a shared overflow state for its limit instead of evicting anyone: live counters are never
+reset early, so a flood of new keys cannot buy an attacker a fresh allowance; while full, new
+keys share one (stricter) allowance until entries expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from ..algorithms import State
+from ..decision import Decision
+from ..limits import Limit
+from .base import Store, combine
+
+__all__ = ["MemoryStore"]
+
+log = logging.getLogger("ratewarden.stores.memory")
+
+_Entry = tuple[float, State]  # (expires_at, state)
+_OVERFLOW = "\x00overflow:"
+
+
+class MemoryStore(Store):
+    """A bounded, lock-light, O(1)-per-check store living in this process."""
+
+    local = True
+
+    def __init__(self, max_keys: int = 1_000_000, clock: Callable[[], float] = time.time) -> None:
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be at least 1, got {max_keys}")
+        self.max_keys = max_keys
+        self.clock = clock
+        self._data: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self._overflow_logged = False
+        self.overflowed = 0  # new keys charged to the shared overflow state
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def _room_for(self, key: str, limit: Limit, now: float) -> str:
+        """Reclaim expired entries near the head; return the key to write (the overflow key if full)."""
+        data = self._data
+        sweep = 2 if len(data) < self.max_keys else 64
+        for _ in range(min(sweep, len(data))):
+            head = next(iter(data))
+            if data[head][0] <= now:
+                del data[head]
+            else:
+                data.move_to_end(head)
+        if len(data) < self.max_keys:
+            return key
+        self.overflowed += 1
+        if not self._overflow_logged:
+            self._overflow_logged = True
+            log.warning(
+                "memory store is full (%d live keys): new keys share an overflow allowance until "
+                "entries expire; raise max_keys if this is legitimate traffic",
+                self.max_keys,
+            )
+        return _OVERFLOW + limit.suffix
+
+    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        now = self.clock()
+        data = self._data
+        with self._lock:
+            if len(keys) == 1:
+                key = keys[0]
+                limit = limits[0]
+                entry = data.get(key)
+                if entry is None and len(data) >= self.max_keys:
+                    key = self._room_for(key, limit, now)
+                    entry = data.get(key)
+                state = entry[1] if entry is not None and entry[0] > now else None
+                new_state, decision = limit.fn(state, now, costs[0], limit.rate)
+                decision.policy = limit.name
+                if new_state is not None:
+                    if entry is None and key is keys[0]:
+                        self._room_for(key, limit, now)
+                    data[key] = (now + decision.reset_after, new_state)
+                return decision
+            return self._hit_many(keys, limits, costs, now)
+
+    def _hit_many(
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], now: float
+    ) -> Decision:
+        data = self._data
+        results: list[tuple[str, State | None, Decision]] = []
+        allowed = True
+        for key, limit, cost in zip(keys, limits, costs):
+            entry = data.get(key)
+            if entry is None and len(data) >= self.max_keys:
+                key = self._room_for(key, limit, now)
+                entry = data.get(key)
+            state = entry[1] if entry is not None and entry[0] > now else None
+            new_state, decision = limit.fn(state, now, cost, limit.rate)
+            decision.policy = limit.name
+            allowed = allowed and decision.allowed
+            results.append((key, new_state, decision))
+        if allowed:
+            for key, new_state, decision in results:
+                if new_state is not None:
+                    if key not in data:
+                        self._room_for(key, limits[0], now)
+                    data[key] = (now + decision.reset_after, new_state)
+        return combine([r[2] for r in results])
+
+    def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """Current decisions for a zero-cost request; charges nothing."""
+        now = self.clock()
+        out = []
+        with self._lock:
+            for key, limit in zip(keys, limits):
+                entry = self._data.get(key)
+                state = entry[1] if entry is not None and entry[0] > now else None
+                _, decision = limit.fn(state, now, 0.0, limit.rate)
+                decision.policy = limit.name
+                out.append(decision)
+        return out
+
+    def reset_now(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._data.pop(key, None)
+
+    def clear_now(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.overflowed = 0
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        return self.hit_now(keys, limits, costs)
+
+    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        return self.peek_now(keys, limits)
+
+    async def reset(self, keys: Sequence[str]) -> None:
+        self.reset_now(keys)
+
+    async def clear(self) -> None:
+        self.clear_now()
+
+    def state_of(self, key: str) -> State | None:
+        """The live state stored under ``key`` (for tests and stats)."""
+        entry = self._data.get(key)
+        return entry[1] if entry is not None and entry[0] > self.clock() else None
