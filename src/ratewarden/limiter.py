@@ -14,7 +14,7 @@ from .rates import Rate
 from .stores.base import Store
 from .stores.memory import MemoryStore
 
-__all__ = ["FailurePolicy", "Limiter", "storage_key"]
+__all__ = ["FailurePolicy", "Limiter", "safe_key", "storage_key"]
 
 log = logging.getLogger("ratewarden")
 
@@ -22,14 +22,18 @@ FailurePolicy = Literal["open", "closed"]
 MAX_KEY_LENGTH = 200
 
 
-def storage_key(prefix: str, scope: str, key: str) -> str:
-    """``prefix:{scope|key}`` with over-long keys hashed, so any client input stays bounded.
-
-    The braces are a Redis Cluster hash tag: every limit of one (scope, key) shares a slot.
-    """
+def safe_key(key: str) -> str:
+    """``key`` itself, or its hash when it is over-long or holds braces (which would break the
+    Redis Cluster hash tag), so whatever a client sends stays bounded."""
     if len(key) > MAX_KEY_LENGTH or "}" in key or "{" in key:
-        key = "h." + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-    return f"{prefix}:{{{scope}|{key}}}"
+        return "h." + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return key
+
+
+def storage_key(prefix: str, scope: str, key: str) -> str:
+    """``prefix:{scope|key}``; the braces are a Redis Cluster hash tag, so every limit of one
+    (scope, key) shares a slot."""
+    return f"{prefix}:{{{scope}|{safe_key(key)}}}"
 
 
 class Limiter:

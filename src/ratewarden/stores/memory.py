@@ -101,7 +101,7 @@ class MemoryStore(Store):
         data = self._data
         results: list[tuple[str, State | None, Decision]] = []
         allowed = True
-        for key, limit, cost in zip(keys, limits, costs):
+        for key, limit, cost in zip(keys, limits, costs, strict=True):
             entry = data.get(key)
             if entry is None and len(data) >= self.max_keys:
                 key = self._room_for(key, limit, now)
@@ -124,7 +124,7 @@ class MemoryStore(Store):
         now = self.clock()
         out = []
         with self._lock:
-            for key, limit in zip(keys, limits):
+            for key, limit in zip(keys, limits, strict=True):
                 entry = self._data.get(key)
                 state = entry[1] if entry is not None and entry[0] > now else None
                 _, decision = limit.fn(state, now, 0.0, limit.rate)

@@ -1,0 +1,116 @@
+"""``RateLimitMiddleware``: a pure ASGI middleware (no ``BaseHTTPMiddleware``), streaming-safe.
+
+It touches only the ``http.response.start`` message (to add headers) and passes every body chunk
+through untouched, so streaming and server-sent responses are unaffected.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from ..decision import Decision
+from ..enforcement import LimitUnavailable, check_rules
+from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..limiter import Limiter
+from ..responses import LimitHandler, limited_headers, problem_body, send_problem, too_many_requests_body
+from ..rules import Rule, RuleSet
+from .websocket import WebSocketLimits
+
+__all__ = ["RateLimitMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_UNAVAILABLE = problem_body(503, "Service Unavailable", "The rate limiter is unavailable; try again shortly.")
+
+
+class RateLimitMiddleware:
+    """Applies ``rules`` to every HTTP request and WebSocket connection.
+
+    ``headers``: ``"always"`` (default), ``"on_limit"`` or ``"off"``; ``header_style``: ``"both"``
+    (IETF draft-10 ``RateLimit``/``RateLimit-Policy`` plus legacy ``X-RateLimit-*``), ``"ietf"``
+    or ``"legacy"``. ``on_limit`` replaces the 429 problem+json answer: it receives the scope and the
+    decision and returns an ASGI app (e.g. a Starlette ``Response``).
+    ``rules`` may be a list or a ``RuleSet`` (whose ``replace`` swaps rules at run time).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limiter: Limiter,
+        rules: Sequence[Rule] | RuleSet = (),
+        *,
+        headers: HeaderMode = "always",
+        header_style: HeaderStyle = "both",
+        on_limit: LimitHandler | None = None,
+        websocket_deny: str = "auto",
+        websocket_on_message_limit: str = "notify",
+    ) -> None:
+        if headers not in ("always", "on_limit", "off"):
+            raise ValueError(f"headers must be 'always', 'on_limit' or 'off', got {headers!r}")
+        if header_style not in ("ietf", "legacy", "both"):
+            raise ValueError(f"header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
+        self.app = app
+        self.limiter = limiter
+        self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, limiter.prefix)
+        self.headers = headers
+        self.header_style = header_style
+        self.on_limit = on_limit
+        self.websockets = WebSocketLimits(limiter, websocket_deny, websocket_on_message_limit)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            matched = self.rules.match(scope["method"], scope["path"])
+            if not matched:
+                await self.app(scope, receive, send)
+                return
+            limiter = self.limiter
+            if not limiter.enabled:
+                await self.app(scope, receive, send)
+                return
+            try:
+                decision = await check_rules(limiter, matched, scope)
+            except LimitUnavailable:
+                await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
+                return
+            if decision is None:
+                await self.app(scope, receive, send)
+                return
+            scope.setdefault("state", {})["ratewarden.decision"] = decision
+            if not decision.allowed:
+                await self._reject(scope, receive, send, decision)
+                return
+            if self.headers != "always":
+                await self.app(scope, receive, send)
+                return
+            extra = rate_limit_headers(decision, self.header_style)
+
+            async def send_with_headers(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", ()), *extra]
+                await send(message)
+
+            await self.app(scope, receive, send_with_headers)
+            return
+        if kind == "websocket":
+            matched = self.rules.match("GET", scope["path"], websocket=True)
+            if matched and self.limiter.enabled:
+                await self.websockets.handle(self.app, matched, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
+        if self.on_limit is not None:
+            response = self.on_limit(scope, decision)
+            if inspect.isawaitable(response):
+                response = await response
+            await response(scope, receive, send)
+            return
+        headers = limited_headers(decision, self.header_style, self.headers != "off")
+        await send_problem(send, 429, too_many_requests_body(decision), headers)

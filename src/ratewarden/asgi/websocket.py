@@ -1,0 +1,116 @@
+"""WebSocket limits: on connect (rejected before accept) and per received message.
+
+A denied connection is answered with an HTTP 429 when the server supports the ASGI
+``websocket.http.response`` extension, otherwise closed with code 1008 (policy violation).
+A limited message is dropped (the app never sees it); by default the client is told with a JSON
+message ``{"type": "rate_limit", "retry_after": ...}`` and the connection stays open; with
+``on_message_limit="close"`` the connection is closed with 1008 instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from ..enforcement import LimitUnavailable, check_rules
+from ..headers import retry_after_header
+from ..limiter import Limiter
+from ..responses import too_many_requests_body
+from ..rules import CompiledRule
+
+__all__ = ["WebSocketLimits"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+POLICY_VIOLATION = 1008
+TRY_AGAIN_LATER = 1013
+
+
+class WebSocketLimits:
+    """Connection and message limiting for the WebSocket rules of a middleware."""
+
+    def __init__(self, limiter: Limiter, deny: str = "auto", on_message_limit: str = "notify") -> None:
+        if deny not in ("auto", "http", "close"):
+            raise ValueError(f"websocket_deny must be 'auto', 'http' or 'close', got {deny!r}")
+        if on_message_limit not in ("notify", "close"):
+            raise ValueError(f"websocket_on_message_limit must be 'notify' or 'close', got {on_message_limit!r}")
+        self.limiter = limiter
+        self.deny = deny
+        self.on_message_limit = on_message_limit
+
+    async def handle(
+        self, app: ASGIApp, rules: Sequence[CompiledRule], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        connect_rules = [r for r in rules if r.limits]
+        if connect_rules:
+            try:
+                decision = await check_rules(self.limiter, connect_rules, scope)
+            except LimitUnavailable:
+                await self._refuse(scope, receive, send, 503, b"", TRY_AGAIN_LATER)
+                return
+            if decision is not None and not decision.allowed:
+                retry = retry_after_header(decision)
+                await self._refuse(scope, receive, send, 429, too_many_requests_body(decision), POLICY_VIOLATION, retry)
+                return
+        message_rules = [r for r in rules if r.message_limits]
+        if not message_rules:
+            await app(scope, receive, send)
+            return
+
+        limiter = self.limiter
+        close = self.on_message_limit == "close"
+
+        async def limited_receive() -> Message:
+            while True:
+                message = await receive()
+                if message["type"] != "websocket.receive":
+                    return message
+                try:
+                    decision = await check_rules(limiter, message_rules, scope, message=True)
+                except LimitUnavailable:
+                    decision = None
+                if decision is None or decision.allowed:
+                    return message
+                if close:
+                    await send({"type": "websocket.close", "code": POLICY_VIOLATION, "reason": "rate limited"})
+                    return {"type": "websocket.disconnect", "code": POLICY_VIOLATION}
+                retry = decision.retry_after
+                notice = {
+                    "type": "rate_limit",
+                    "retry_after": None if math.isinf(retry) else round(retry, 3),
+                    "limit": decision.limit,
+                    "policy": decision.policy,
+                }
+                await send({"type": "websocket.send", "text": json.dumps(notice)})
+
+        await app(scope, limited_receive, send)
+
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        status: int,
+        body: bytes,
+        code: int,
+        retry: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        extensions = scope.get("extensions") or {}
+        use_http = self.deny == "http" or (self.deny == "auto" and "websocket.http.response" in extensions)
+        if use_http and "websocket.http.response" in extensions:
+            headers = [(b"content-type", b"application/problem+json"), (b"content-length", b"%d" % len(body))]
+            if retry is not None:
+                headers.append(retry)
+            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+            return
+        await send({"type": "websocket.close", "code": code, "reason": "rate limited"})

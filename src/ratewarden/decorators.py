@@ -1,0 +1,70 @@
+"""``@limit``: rate-limit a plain Starlette endpoint (sync or async) without middleware."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .enforcement import LimitUnavailable, check_rules
+from .headers import HeaderMode, HeaderStyle, rate_limit_headers
+from .keys import KeyFunc, client_ip
+from .limiter import Limiter
+from .limits import DEFAULT_ALGORITHM
+from .rates import Rate
+from .responses import limited_headers, problem_body, too_many_requests_body
+from .rules import CompiledRule, CostFunc, Rule
+
+__all__ = ["limit"]
+
+Endpoint = Callable[[Request], "Response | Awaitable[Response]"]
+
+
+def limit(
+    rate: str | Rate | Iterable[str | Rate],
+    *,
+    limiter: Limiter,
+    key: KeyFunc = client_ip,
+    algorithm: str = DEFAULT_ALGORITHM,
+    cost: float | CostFunc = 1,
+    name: str | None = None,
+    headers: HeaderMode = "always",
+    header_style: HeaderStyle = "both",
+) -> Callable[[Endpoint], Callable[[Request], Awaitable[Response]]]:
+    """Decorate ``async def endpoint(request)`` (or a sync one, run in the thread pool).
+
+    The limit is named after the endpoint's module-qualified name unless ``name`` is given, so
+    two endpoints never share a limit by accident.
+    """
+
+    def decorate(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        label = name or f"{endpoint.__module__}.{endpoint.__qualname__}"
+        rules = (CompiledRule(Rule("/**", rate, key=key, algorithm=algorithm, cost=cost, name=label), limiter.prefix),)
+        is_async = inspect.iscoroutinefunction(endpoint)
+
+        @functools.wraps(endpoint)
+        async def wrapper(request: Request) -> Response:
+            decision = None
+            if limiter.enabled:
+                try:
+                    decision = await check_rules(limiter, rules, request.scope)
+                except LimitUnavailable:
+                    body = problem_body(503, "Service Unavailable", "The rate limiter is unavailable.")
+                    return Response(body, 503, {"Retry-After": "1"}, media_type="application/problem+json")
+            if decision is not None and not decision.allowed:
+                response = Response(too_many_requests_body(decision), 429, media_type="application/problem+json")
+                response.headers.raw.extend(limited_headers(decision, header_style, headers != "off"))
+                return response
+            result: Any = await endpoint(request) if is_async else await run_in_threadpool(endpoint, request)  # type: ignore[misc]
+            if decision is not None and headers == "always" and isinstance(result, Response):
+                result.headers.raw.extend(rate_limit_headers(decision, header_style))
+            return result  # type: ignore[no-any-return]
+
+        return wrapper
+
+    return decorate

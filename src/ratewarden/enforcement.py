@@ -1,0 +1,115 @@
+"""Checking a request against its matched rules, with the failure policy applied.
+
+Shared by the middleware, the FastAPI dependency, the decorator and the WebSocket limits, so all
+of them charge the same keys the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, MutableMapping, Sequence
+from typing import Any
+
+from .decision import Decision
+from .limiter import Limiter
+from .limits import Limit
+from .rules import CompiledRule
+
+__all__ = ["LimitUnavailable", "check_rules"]
+
+log = logging.getLogger("ratewarden")
+Scope = MutableMapping[str, Any]
+
+_last_error_log = 0.0
+
+
+class LimitUnavailable(Exception):
+    """The limit could not be checked and the policy is fail-closed: answer 503."""
+
+
+def _report_failure(what: str, exc: BaseException) -> None:
+    # A store outage fails every request; log at most once a second, not once a request.
+    global _last_error_log
+    now = time.monotonic()
+    if now - _last_error_log >= 1.0:
+        _last_error_log = now
+        log.warning("rate limit check failed (%s): %s: %s", what, type(exc).__name__, exc)
+
+
+async def _key_of(rule: CompiledRule, scope: Scope) -> str:
+    value = rule.key(scope)
+    if rule.key_is_async or isinstance(value, Awaitable):
+        value = await value  # type: ignore[misc]
+    return "" if value is None else str(value)
+
+
+async def check_rules(
+    limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool = False
+) -> Decision | None:
+    """Charge the request to every rule, all or nothing; ``None`` when nothing was decided
+    (no limit applies, or the check failed under the fail-open policy).
+
+    Shadow rules are charged separately and never deny: their decision is recorded in
+    ``scope["state"]["ratewarden.shadow"]`` and logged when it would have denied.
+    """
+    keys: list[str] = []
+    limits: list[Limit] = []
+    costs: list[float] = []
+    shadow: list[CompiledRule] = []
+    try:
+        for rule in rules:
+            if rule.shadow:
+                shadow.append(rule)
+                continue
+            key = await _key_of(rule, scope)
+            if message:
+                keys.extend(rule.storage_keys(key, message=True))
+                limits.extend(rule.message_limits)
+                costs.extend(rule.message_costs)
+                continue
+            keys.extend(rule.storage_keys(key))
+            limits.extend(rule.limits)
+            if rule.cost_fn is None:
+                costs.extend(rule.costs)
+            else:
+                cost = float(rule.cost_fn(scope))
+                costs.extend([cost] * len(rule.limits))
+    except Exception as exc:
+        _failed(limiter, "key function", exc)
+        return None
+    if shadow:
+        await _check_shadow(limiter, shadow, scope, message)
+    if not keys:
+        return None
+    try:
+        store = limiter.store
+        if store.local:
+            return store.hit_now(keys, limits, costs)
+        return await store.hit(keys, limits, costs)
+    except Exception as exc:
+        _failed(limiter, "store", exc)
+        return None
+
+
+async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> None:
+    for rule in rules:
+        try:
+            key = await _key_of(rule, scope)
+            limits = rule.message_limits if message else rule.limits
+            costs = rule.message_costs if message else rule.costs
+            decision = await limiter.store.hit(rule.storage_keys(key, message=message), limits, costs)
+        except Exception as exc:
+            _report_failure("shadow rule", exc)
+            continue
+        state = scope.setdefault("state", {})
+        state.setdefault("ratewarden.shadow", []).append(decision)
+        if not decision.allowed:
+            log.info("shadow limit %s would deny key=%s (retry after %.3fs)", rule.rule.name, key, decision.retry_after)
+
+
+def _failed(limiter: Limiter, what: str, exc: Exception) -> None:
+    """Log; under fail-closed raise ``LimitUnavailable``, under fail-open let the request through."""
+    _report_failure(what, exc)
+    if limiter.on_error == "closed":
+        raise LimitUnavailable(what) from exc

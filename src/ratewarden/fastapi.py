@@ -1,0 +1,107 @@
+"""FastAPI dependency: ``Depends(RateLimit("10/s", limiter=limiter))``.
+
+Limits are kept per route template and method (``GET /items/{id}``), never per concrete path or
+function name; pass ``name=`` to share one limit between routes. Rate-limit headers are added to
+the response automatically; a denied request raises ``RateLimitExceeded`` (an ``HTTPException``
+with status 429, ``Retry-After`` and rate-limit headers). Call ``install(app)`` to render it as
+``application/problem+json`` instead of FastAPI's default ``{"detail": ...}`` JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request, Response
+from starlette.responses import JSONResponse
+
+from .decision import Decision
+from .enforcement import LimitUnavailable, check_rules
+from .headers import HeaderMode, HeaderStyle, rate_limit_headers
+from .keys import KeyFunc, client_ip
+from .limiter import Limiter
+from .limits import DEFAULT_ALGORITHM
+from .rates import Rate
+from .responses import limited_headers, too_many_requests_body
+from .rules import CompiledRule, CostFunc, Rule
+
+__all__ = ["RateLimit", "RateLimitExceeded", "install"]
+
+
+class RateLimitExceeded(HTTPException):
+    """Raised by ``RateLimit`` when a request is over its limit."""
+
+    def __init__(self, decision: Decision, headers: dict[str, str]) -> None:
+        import json
+
+        self.decision = decision
+        self.problem = json.loads(too_many_requests_body(decision))
+        super().__init__(status_code=429, detail=self.problem["detail"], headers=headers)
+
+
+class RateLimit:
+    """A FastAPI dependency that charges each request to ``key`` under ``rate``."""
+
+    def __init__(
+        self,
+        rate: str | Rate | Iterable[str | Rate],
+        *,
+        limiter: Limiter,
+        key: KeyFunc = client_ip,
+        algorithm: str = DEFAULT_ALGORITHM,
+        cost: float | CostFunc = 1,
+        name: str | None = None,
+        headers: HeaderMode = "always",
+        header_style: HeaderStyle = "both",
+    ) -> None:
+        self.limiter = limiter
+        self.template = Rule("/**", rate, key=key, algorithm=algorithm, cost=cost, name=name or "route")
+        self.name = name
+        self.headers = headers
+        self.header_style = header_style
+        self._compiled: dict[str, tuple[CompiledRule]] = {}
+        if name is not None:
+            self._compiled[""] = (CompiledRule(self.template, limiter.prefix),)
+
+    def _rules_for(self, scope: Any) -> tuple[CompiledRule]:
+        if self.name is not None:
+            return self._compiled[""]
+        route = scope.get("route")
+        template = getattr(route, "path_format", None) or getattr(route, "path", None) or "<unrouted>"
+        scope_name = f"{scope.get('method', 'GET')} {template}"
+        found = self._compiled.get(scope_name)
+        if found is None:
+            t = self.template
+            rule = Rule("/**", t.rate, key=t.key, algorithm=t.algorithm, cost=t.cost, name=scope_name)
+            found = (CompiledRule(rule, self.limiter.prefix),)
+            if len(self._compiled) < 10_000:
+                self._compiled[scope_name] = found
+        return found
+
+    async def __call__(self, request: Request, response: Response) -> Decision | None:
+        limiter = self.limiter
+        if not limiter.enabled:
+            return None
+        scope = request.scope
+        try:
+            decision = await check_rules(limiter, self._rules_for(scope), scope)
+        except LimitUnavailable:
+            raise HTTPException(503, "The rate limiter is unavailable; try again shortly.", {"Retry-After": "1"}) from None
+        if decision is None:
+            return None
+        if not decision.allowed:
+            raw = limited_headers(decision, self.header_style, self.headers != "off")
+            raise RateLimitExceeded(decision, {k.decode(): v.decode() for k, v in raw})
+        if self.headers == "always":
+            response.headers.raw.extend(rate_limit_headers(decision, self.header_style))
+        return decision
+
+
+async def _problem_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RateLimitExceeded)
+    return JSONResponse(exc.problem, 429, headers=exc.headers, media_type="application/problem+json")
+
+
+def install(app: FastAPI) -> None:
+    """Render ``RateLimitExceeded`` as RFC 9457 ``application/problem+json``."""
+    app.add_exception_handler(RateLimitExceeded, _problem_handler)

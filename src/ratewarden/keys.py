@@ -1,0 +1,261 @@
+"""Key functions: who a request is charged to.
+
+A key function takes the ASGI ``scope`` and returns a string (or ``None`` for "no value"); it may
+be sync or async. Client-supplied headers are never trusted for the client address unless the
+peer is a configured trusted proxy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+__all__ = [
+    "ClientIP",
+    "KeyFunc",
+    "bearer_token",
+    "client_ip",
+    "compose",
+    "header",
+    "path_param",
+    "query_param",
+    "route_template",
+]
+
+Scope = MutableMapping[str, Any]
+KeyFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
+_CACHE_LIMIT = 10_000
+
+
+def _get_header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+class ClientIP:
+    """The client address as a key.
+
+    ``X-Forwarded-For`` / ``Forwarded`` are read only when the direct peer is inside one of
+    ``trusted_proxies`` (CIDRs); the chain is walked from the right, skipping trusted hops, and the
+    first untrusted address is the client. IPv6 clients are grouped by ``ipv6_prefix`` (default
+    /64, since one subscriber usually owns a whole /64); IPv4-mapped IPv6 becomes plain IPv4.
+    """
+
+    __slots__ = ("_norm_cache", "_trust_cache", "ipv6_prefix", "trusted")
+
+    def __init__(self, trusted_proxies: Iterable[str] = (), ipv6_prefix: int = 64) -> None:
+        if not 0 < ipv6_prefix <= 128:
+            raise ValueError(f"ipv6_prefix must be between 1 and 128, got {ipv6_prefix}")
+        try:
+            self.trusted = tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies)
+        except ValueError as exc:
+            raise ValueError(f"invalid trusted proxy network: {exc}") from None
+        self.ipv6_prefix = ipv6_prefix
+        self._norm_cache: dict[str, str] = {}
+        self._trust_cache: dict[str, bool] = {}
+
+    def __call__(self, scope: Scope) -> str:
+        client = scope.get("client")
+        peer = client[0] if client else None
+        if not peer:
+            return "unknown"
+        if self.trusted and self._is_trusted(peer):
+            return self._from_headers(scope, peer)
+        return self.normalize(peer)
+
+    def normalize(self, address: str) -> str:
+        """Canonical text of ``address`` (IPv6 reduced to its prefix); unparsable input is kept,
+        truncated, with a marker."""
+        cached = self._norm_cache.get(address)
+        if cached is not None:
+            return cached
+        try:
+            ip = ipaddress.ip_address(address.strip().strip("[]"))
+        except ValueError:
+            result = "invalid:" + address[:64]
+        else:
+            if isinstance(ip, ipaddress.IPv6Address):
+                mapped = ip.ipv4_mapped
+                if mapped is not None:
+                    result = str(mapped)
+                elif self.ipv6_prefix == 128:
+                    result = str(ip)
+                else:
+                    result = str(ipaddress.ip_network(f"{ip}/{self.ipv6_prefix}", strict=False))
+            else:
+                result = str(ip)
+        if len(self._norm_cache) >= _CACHE_LIMIT:
+            self._norm_cache.clear()
+        self._norm_cache[address] = result
+        return result
+
+    def _is_trusted(self, address: str) -> bool:
+        cached = self._trust_cache.get(address)
+        if cached is not None:
+            return cached
+        try:
+            ip = ipaddress.ip_address(address.strip().strip("[]"))
+        except ValueError:
+            result = False
+        else:
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            result = any(ip in net for net in self.trusted)
+        if len(self._trust_cache) >= _CACHE_LIMIT:
+            self._trust_cache.clear()
+        self._trust_cache[address] = result
+        return result
+
+    def _from_headers(self, scope: Scope, peer: str) -> str:
+        hops = _forwarded_for(_get_header(scope, b"forwarded"))
+        if not hops:
+            xff = _get_header(scope, b"x-forwarded-for")
+            hops = [h.strip() for h in xff.split(",") if h.strip()] if xff else []
+        chain = [*hops, peer]
+        for address in reversed(chain):
+            if not self._is_trusted(address):
+                return self.normalize(address)
+        return self.normalize(chain[0])
+
+
+def _forwarded_for(value: str | None) -> list[str]:
+    """The ``for=`` addresses of an RFC 7239 ``Forwarded`` header, ports stripped."""
+    if not value:
+        return []
+    out = []
+    for element in value.split(","):
+        for pair in element.split(";"):
+            name, _, raw = pair.strip().partition("=")
+            if name.lower() != "for" or not raw:
+                continue
+            raw = raw.strip().strip('"')
+            if raw.startswith("["):
+                raw = raw[1 : raw.find("]")] if "]" in raw else raw[1:]
+            elif raw.count(":") == 1:
+                raw = raw.split(":", 1)[0]
+            out.append(raw)
+    return out
+
+
+client_ip = ClientIP()
+"""The peer address, trusting no forwarding header (use ``ClientIP(trusted_proxies=...)`` behind a proxy)."""
+
+
+def header(name: str, *, fallback: KeyFunc | None = client_ip, hashed: bool = False) -> KeyFunc:
+    """The value of header ``name`` (e.g. ``X-API-Key``); when absent, ``fallback`` decides
+    (default: the client IP, so a missing header never means "unlimited")."""
+    raw = name.lower().encode("latin-1")
+    label = name.lower()
+
+    def key(scope: Scope) -> str | Awaitable[str | None] | None:
+        value = _get_header(scope, raw)
+        if value:
+            return f"{label}:{_digest(value) if hashed else value}"
+        return fallback(scope) if fallback is not None else None
+
+    return key
+
+
+def bearer_token(*, fallback: KeyFunc | None = client_ip) -> KeyFunc:
+    """The token of ``Authorization: Bearer <token>``, hashed so secrets never reach the store."""
+
+    def key(scope: Scope) -> str | Awaitable[str | None] | None:
+        value = _get_header(scope, b"authorization")
+        if value and value[:7].lower() == "bearer ":
+            token = value[7:].strip()
+            if token:
+                return "bearer:" + _digest(token)
+        return fallback(scope) if fallback is not None else None
+
+    return key
+
+
+def query_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
+    """The value of query parameter ``name``."""
+
+    def key(scope: Scope) -> str | Awaitable[str | None] | None:
+        qs = scope.get("query_string") or b""
+        if qs:
+            for k, v in parse_qsl(qs.decode("latin-1"), keep_blank_values=False):
+                if k == name:
+                    return f"q.{name}:{v}"
+        return fallback(scope) if fallback is not None else None
+
+    return key
+
+
+def path_param(name: str, *, fallback: KeyFunc | None = None) -> KeyFunc:
+    """The value of path parameter ``name`` (resolved through the app's router in middleware)."""
+
+    def key(scope: Scope) -> str | Awaitable[str | None] | None:
+        params = scope.get("path_params")
+        if params is None:
+            params = _resolve_route(scope)[1]
+        if name in params:
+            return f"p.{name}:{params[name]}"
+        return fallback(scope) if fallback is not None else None
+
+    return key
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's template (``/items/{item_id}``), never the concrete path."""
+    route = scope.get("route")
+    path = getattr(route, "path_format", None) or getattr(route, "path", None)
+    if isinstance(path, str):
+        return path
+    template = _resolve_route(scope)[0]
+    return template if template is not None else "<unmatched>"
+
+
+def compose(*funcs: KeyFunc, separator: str = "|") -> KeyFunc:
+    """Several key functions joined into one key (``compose(client_ip, header("X-Tenant"))``)."""
+    if not funcs:
+        raise ValueError("compose() needs at least one key function")
+
+    async def key(scope: Scope) -> str:
+        parts = []
+        for func in funcs:
+            value = func(scope)
+            if isinstance(value, Awaitable):
+                value = await value
+            parts.append("" if value is None else str(value))
+        return separator.join(parts)
+
+    return key
+
+
+def _digest(value: str) -> str:
+    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+_ROUTE_CACHE: dict[tuple[int, str, str], tuple[str | None, dict[str, Any]]] = {}
+
+
+def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
+    """Match the app's routes (middleware runs before routing); cached per path, bounded."""
+    app = scope.get("app")
+    router = getattr(app, "router", None)
+    routes = getattr(router, "routes", None)
+    if not routes:
+        return None, {}
+    cache_key = (id(router), scope.get("method", ""), scope.get("path", ""))
+    found = _ROUTE_CACHE.get(cache_key)
+    if found is not None:
+        return found
+    result: tuple[str | None, dict[str, Any]] = (None, {})
+    for route in routes:
+        match, child = route.matches(scope)
+        if match.name == "FULL":
+            template = getattr(route, "path_format", None) or getattr(route, "path", None)
+            result = (template, dict(child.get("path_params", {})))
+            break
+    if len(_ROUTE_CACHE) >= _CACHE_LIMIT:
+        _ROUTE_CACHE.clear()
+    _ROUTE_CACHE[cache_key] = result
+    return result

@@ -1,0 +1,57 @@
+"""The 429 and 503 answers, as RFC 9457 ``application/problem+json``, sent straight over ASGI."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from .decision import Decision
+from .headers import HeaderStyle, rate_limit_headers, retry_after_header
+
+__all__ = ["LimitHandler", "limited_headers", "problem_body", "send_problem", "too_many_requests_body"]
+
+Scope = MutableMapping[str, Any]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+LimitHandler = Callable[[Scope, Decision], "ASGIApp | Awaitable[ASGIApp]"]
+"""Custom 429 handler: returns an ASGI app (e.g. a Starlette ``Response``) to send."""
+
+
+def problem_body(status: int, title: str, detail: str, **extra: Any) -> bytes:
+    return json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}).encode()
+
+
+def too_many_requests_body(decision: Decision) -> bytes:
+    if math.isinf(decision.retry_after):
+        detail = f"This request costs more than the limit of {decision.limit} allows; it can never be served."
+        retry: int | None = None
+    else:
+        retry = max(1, math.ceil(decision.retry_after))
+        detail = f"Rate limit of {decision.limit} per {decision.period:g}s exceeded; retry after {retry}s."
+    return problem_body(
+        429, "Too Many Requests", detail, policy=decision.policy, limit=decision.limit, retry_after=retry
+    )
+
+
+async def send_problem(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    raw = [
+        (b"content-type", b"application/problem+json"),
+        (b"content-length", b"%d" % len(body)),
+        *(headers or ()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def limited_headers(decision: Decision, style: HeaderStyle, with_rate_headers: bool) -> list[tuple[bytes, bytes]]:
+    """Headers for a 429: the rate-limit headers (if on) and ``Retry-After``."""
+    headers = rate_limit_headers(decision, style) if with_rate_headers else []
+    retry = retry_after_header(decision)
+    if retry is not None:
+        headers.append(retry)
+    return headers

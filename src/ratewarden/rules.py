@@ -1,0 +1,193 @@
+"""Rules: which requests a limit applies to, and the precompiled table that matches them."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from typing import Any
+
+from .keys import KeyFunc, client_ip
+from .limiter import MAX_KEY_LENGTH, safe_key
+from .limits import DEFAULT_ALGORITHM, Limit, make_limits
+from .rates import Rate
+
+__all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path"]
+
+Scope = MutableMapping[str, Any]
+CostFunc = Callable[[Scope], float]
+_MATCH_CACHE_LIMIT = 4096
+
+
+def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
+    """Compile a path pattern: ``*`` is one segment, ``**`` any number (``/api/**`` also matches
+    ``/api``), a ``re:`` prefix or a compiled pattern is a regex matched against the whole path."""
+    if isinstance(pattern, re.Pattern):
+        return pattern
+    if pattern.startswith("re:"):
+        try:
+            return re.compile(pattern[3:])
+        except re.error as exc:
+            raise ValueError(f"invalid regex in rule path {pattern!r}: {exc}") from None
+    if not pattern.startswith("/") and not pattern.startswith("*"):
+        raise ValueError(f"rule path {pattern!r} must start with '/' (e.g. '/api/**') or 're:'")
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("/**", i):
+            out.append("(?:/.*)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]+")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+class Rule:
+    """A limit on the requests whose path matches ``path`` (and ``methods``, if given).
+
+    ``rate`` is one or several rates (``"10/s; 1000/day"``). ``key`` says who is charged (default:
+    the client IP). ``bypass=True`` makes matching requests skip every rule. For WebSocket paths,
+    set ``websocket=True``: ``rate`` limits connections and ``message_rate`` limits messages on
+    each connection. ``name`` labels the limit in headers, keys and metrics (default: the path).
+    ``shadow=True`` evaluates and reports but never blocks.
+    """
+
+    def __init__(
+        self,
+        path: str | re.Pattern[str] = "/**",
+        rate: str | Rate | Iterable[str | Rate] | None = None,
+        *,
+        key: KeyFunc = client_ip,
+        algorithm: str = DEFAULT_ALGORITHM,
+        methods: Iterable[str] | None = None,
+        bypass: bool = False,
+        name: str | None = None,
+        cost: float | CostFunc = 1,
+        websocket: bool = False,
+        message_rate: str | Rate | Iterable[str | Rate] | None = None,
+        shadow: bool = False,
+    ) -> None:
+        if rate is None and message_rate is None and not bypass:
+            raise ValueError(f"Rule({path!r}) needs a rate (e.g. '100/min') unless bypass=True")
+        self.path = path
+        self.pattern = compile_path(path)
+        self.rate = rate
+        self.key = key
+        self.algorithm = algorithm
+        self.methods = frozenset(m.upper() for m in methods) if methods else None
+        self.bypass = bypass
+        self.name = name or (path if isinstance(path, str) else path.pattern)
+        if not callable(cost) and not cost >= 0:
+            raise ValueError(f"Rule({path!r}) cost must be >= 0, got {cost!r}")
+        self.cost = cost
+        self.message_rate = message_rate
+        self.websocket = websocket or message_rate is not None
+        self.shadow = shadow
+        # Validate eagerly so a bad rate string fails at start-up, not on the first request.
+        self.limits: tuple[Limit, ...] = make_limits(rate, algorithm, self.name) if rate is not None else ()
+        self.message_limits: tuple[Limit, ...] = (
+            make_limits(message_rate, algorithm, self.name + "-msg") if message_rate is not None else ()
+        )
+
+    def __repr__(self) -> str:
+        return f"Rule({self.name!r}, {self.rate!r}, algorithm={self.algorithm!r})"
+
+    def applies(self, method: str, path: str) -> bool:
+        return (self.methods is None or method in self.methods) and self.pattern.fullmatch(path) is not None
+
+
+class CompiledRule:
+    """A rule bound to a limiter prefix: everything the hot path needs, precomputed."""
+
+    __slots__ = (
+        "base",
+        "cost",
+        "cost_fn",
+        "costs",
+        "key",
+        "key_is_async",
+        "limits",
+        "message_base",
+        "message_costs",
+        "message_limits",
+        "rule",
+        "shadow",
+        "suffixes",
+    )
+
+    def __init__(self, rule: Rule, prefix: str) -> None:
+        self.rule = rule
+        self.key = rule.key
+        self.key_is_async = inspect.iscoroutinefunction(rule.key) or inspect.iscoroutinefunction(
+            getattr(rule.key, "__call__", None)  # noqa: B004 - callable objects with async __call__
+        )
+        self.limits = rule.limits
+        self.base = f"{prefix}:{{{rule.name}|"
+        self.suffixes = tuple("}:" + limit.suffix for limit in rule.limits)
+        self.cost_fn: CostFunc | None = rule.cost if callable(rule.cost) else None
+        self.cost = 1.0 if callable(rule.cost) else float(rule.cost)
+        self.costs = (self.cost,) * len(rule.limits)
+        self.message_limits = rule.message_limits
+        self.message_base = f"{prefix}:{{{rule.name}-msg|"
+        self.message_costs = (1.0,) * len(rule.message_limits)
+        self.shadow = rule.shadow
+
+    def storage_keys(self, key: str, message: bool = False) -> list[str]:
+        """Storage keys of this rule's limits for client ``key``."""
+        if len(key) > MAX_KEY_LENGTH or "{" in key or "}" in key:
+            key = safe_key(key)
+        if message:
+            return [f"{self.message_base}{key}}}:{limit.suffix}" for limit in self.message_limits]
+        base = self.base + key
+        return [base + suffix for suffix in self.suffixes]
+
+
+class RuleSet:
+    """Rules compiled once, with matches cached per (method, path), so many rules cost about the
+    same as one. ``replace`` swaps the whole table atomically (used by policy reloads)."""
+
+    def __init__(self, rules: Sequence[Rule], prefix: str = "rw") -> None:
+        self.prefix = prefix
+        self._table: tuple[tuple[tuple[Rule, CompiledRule], ...], dict[tuple[str, str], tuple[CompiledRule, ...]]]
+        self.replace(rules)
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r, _ in self._table[0])
+
+    def replace(self, rules: Sequence[Rule]) -> None:
+        for rule in rules:
+            if not isinstance(rule, Rule):
+                raise TypeError(f"rules must be Rule objects, got {type(rule).__name__}")
+        compiled = tuple((r, CompiledRule(r, self.prefix)) for r in rules)
+        # Bypass rules first: a bypass match skips everything.
+        ordered = tuple(sorted(compiled, key=lambda rc: not rc[0].bypass))
+        self._table = (ordered, {})
+
+    def match(self, method: str, path: str, websocket: bool = False) -> tuple[CompiledRule, ...]:
+        rules, cache = self._table
+        cache_key = ("WS" if websocket else method, path)
+        found = cache.get(cache_key)
+        if found is not None:
+            return found
+        matched: list[CompiledRule] = []
+        for rule, compiled in rules:
+            if rule.websocket != websocket and not rule.bypass:
+                continue
+            if rule.applies(method, path):
+                if rule.bypass:
+                    matched = []
+                    break
+                matched.append(compiled)
+        found = tuple(matched)
+        if len(cache) >= _MATCH_CACHE_LIMIT:
+            cache.clear()
+        cache[cache_key] = found
+        return found
