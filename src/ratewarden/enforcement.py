@@ -16,7 +16,7 @@ from .limiter import Limiter
 from .limits import Limit
 from .rules import CompiledRule
 
-__all__ = ["LimitUnavailable", "check_rules"]
+__all__ = ["LimitUnavailable", "check_rules", "report_failure"]
 
 log = logging.getLogger("ratewarden")
 Scope = MutableMapping[str, Any]
@@ -76,7 +76,7 @@ async def check_rules(
                 cost = float(rule.cost_fn(scope))
                 costs.extend([cost] * len(rule.limits))
     except Exception as exc:
-        _failed(limiter, "key function", exc)
+        report_failure(limiter, "key function", exc)
         return None
     if shadow:
         await _check_shadow(limiter, shadow, scope, message)
@@ -88,7 +88,7 @@ async def check_rules(
             return store.hit_now(keys, limits, costs)
         return await store.hit(keys, limits, costs)
     except Exception as exc:
-        _failed(limiter, "store", exc)
+        report_failure(limiter, "store", exc)
         return None
 
 
@@ -108,8 +108,8 @@ async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: 
             log.info("shadow limit %s would deny key=%s (retry after %.3fs)", rule.rule.name, key, decision.retry_after)
 
 
-def _failed(limiter: Limiter, what: str, exc: Exception) -> None:
-    """Log; under fail-closed raise ``LimitUnavailable``, under fail-open let the request through."""
+def report_failure(limiter: Limiter, what: str, exc: Exception) -> None:
+    """Log; under fail-closed raise ``LimitUnavailable``; under fail-open return (no decision)."""
     _report_failure(what, exc)
     if limiter.on_error == "closed":
         raise LimitUnavailable(what) from exc

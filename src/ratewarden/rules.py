@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from .keys import KeyFunc, client_ip
-from .limiter import MAX_KEY_LENGTH, safe_key
+from .limiter import safe_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .rates import Rate
 
@@ -17,6 +17,7 @@ __all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path"]
 Scope = MutableMapping[str, Any]
 CostFunc = Callable[[Scope], float]
 _MATCH_CACHE_LIMIT = 4096
+_KEYS_CACHE_LIMIT = 4096
 
 
 def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
@@ -113,12 +114,14 @@ class CompiledRule:
         "costs",
         "key",
         "key_is_async",
+        "keys_cache",
         "limits",
         "message_base",
         "message_costs",
         "message_limits",
         "rule",
         "shadow",
+        "simple",
         "suffixes",
     )
 
@@ -138,15 +141,24 @@ class CompiledRule:
         self.message_base = f"{prefix}:{{{rule.name}-msg|"
         self.message_costs = (1.0,) * len(rule.message_limits)
         self.shadow = rule.shadow
+        self.keys_cache: dict[str, list[str]] = {}
+        # The middleware's fast path: one sync key, a fixed cost, enforced.
+        self.simple = not self.key_is_async and self.cost_fn is None and not self.shadow and bool(self.limits)
 
     def storage_keys(self, key: str, message: bool = False) -> list[str]:
-        """Storage keys of this rule's limits for client ``key``."""
-        if len(key) > MAX_KEY_LENGTH or "{" in key or "}" in key:
-            key = safe_key(key)
+        """Storage keys of this rule's limits for client ``key`` (cached for recent keys; callers
+        must not mutate the list)."""
         if message:
-            return [f"{self.message_base}{key}}}:{limit.suffix}" for limit in self.message_limits]
-        base = self.base + key
-        return [base + suffix for suffix in self.suffixes]
+            return [f"{self.message_base}{safe_key(key)}}}:{limit.suffix}" for limit in self.message_limits]
+        cache = self.keys_cache
+        found = cache.get(key)
+        if found is None:
+            base = self.base + safe_key(key)
+            found = [base + suffix for suffix in self.suffixes]
+            if len(cache) >= _KEYS_CACHE_LIMIT:
+                cache.clear()
+            cache[key] = found
+        return found
 
 
 class RuleSet:

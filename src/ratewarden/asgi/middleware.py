@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from ..decision import Decision
-from ..enforcement import LimitUnavailable, check_rules
+from ..enforcement import LimitUnavailable, check_rules, report_failure
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
 from ..responses import LimitHandler, limited_headers, problem_body, send_problem, too_many_requests_body
@@ -74,11 +74,27 @@ class RateLimitMiddleware:
             if not limiter.enabled:
                 await self.app(scope, receive, send)
                 return
-            try:
-                decision = await check_rules(limiter, matched, scope)
-            except LimitUnavailable:
-                await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
-                return
+            rule = matched[0]
+            store = limiter.store
+            decision: Decision | None
+            if len(matched) == 1 and rule.simple and store.local:
+                # Fast path: no coroutine, no intermediate lists.
+                try:
+                    key = rule.key(scope)
+                    decision = store.hit_now(rule.storage_keys(str(key)), rule.limits, rule.costs)
+                except Exception as exc:
+                    decision = None
+                    try:
+                        report_failure(limiter, "rate limit check", exc)
+                    except LimitUnavailable:
+                        await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
+                        return
+            else:
+                try:
+                    decision = await check_rules(limiter, matched, scope)
+                except LimitUnavailable:
+                    await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
+                    return
             if decision is None:
                 await self.app(scope, receive, send)
                 return
