@@ -1,0 +1,283 @@
+-- ratewarden: one all-or-nothing check of several limits, each with its own algorithm.
+-- Every algorithm below reproduces src/ratewarden/algorithms/*.py operation for operation
+-- (same formulas, same order, same epsilons) so that doubles come out bit-identical.
+--
+-- KEYS[i]      storage key of limit i
+-- ARGV[1]      "h" = charge all or nothing and return the deciding decision,
+--              "p" = peek: charge nothing, return every limit's decision
+-- ARGV[2]      now in seconds ("" = the server clock, TIME; a number only in tests)
+-- ARGV[3+6(i-1) ..] per limit: algorithm id, limit, period, capacity (burst), debt, cost
+--   ids: 1 fixed_window, 2 sliding_window, 3 sliding_log, 4 token_bucket,
+--        5 token_bucket_debt, 6 leaky_bucket, 7 gcra
+-- State: a string of space-separated %.17g numbers (lossless doubles), except sliding_log,
+-- which is a list of timestamps. Every written key expires after reset_after (ceil ms, >= 1).
+-- Reply ("h"): {allowed 1/0, limit, remaining, reset_after, retry_after, index}, floats as strings.
+-- Reply ("p"): those first five fields for every limit, in order.
+
+local INF = 1 / 0
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local tonumber, fmt = tonumber, string.format
+
+local function f(x) return fmt('%.17g', x) end
+local function trunc(x) if x >= 0 then return floor(x) end return ceil(x) end
+local function nums(s)
+  local out, n = {}, 0
+  for w in string.gmatch(s, '%S+') do n = n + 1; out[n] = tonumber(w) end
+  return out
+end
+
+local mode = ARGV[1]
+local now
+if ARGV[2] ~= '' then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- Each returns allowed, limit, remaining, reset_after, retry_after, new state (string or nil).
+
+local function fixed_window(st, cost, limit, period)
+  local start = floor(now / period) * period
+  local count = 0
+  if st then
+    local s = nums(st)
+    if s[1] == start then count = s[2] end
+  end
+  local reset_after = start + period - now
+  local total = count + cost
+  if total <= limit then
+    return true, limit, trunc(limit - total), reset_after, 0, f(start) .. ' ' .. f(total)
+  end
+  local retry = reset_after
+  if cost > limit then retry = INF end
+  return false, limit, max(0, trunc(limit - count)), reset_after, retry, nil
+end
+
+local function sliding_window(st, cost, limit, period)
+  local start = floor(now / period) * period
+  local current, previous = 0, 0
+  if st then
+    local s = nums(st)
+    if s[1] == start then
+      current, previous = s[2], s[3]
+    elseif s[1] == start - period then
+      previous = s[2]
+    end
+  end
+  local elapsed = now - start
+  local weight = 1.0 - elapsed / period
+  local used = previous * weight + current
+  local reset_after
+  if used + cost <= limit + 1e-9 then
+    current = current + cost
+    used = used + cost
+    if current > 0 then
+      reset_after = start + 2 * period - now
+    elseif previous > 0 then
+      reset_after = start + period - now
+    else
+      reset_after = 0
+    end
+    return true, limit, trunc(limit - used + 1e-9), reset_after, 0,
+      f(start) .. ' ' .. f(current) .. ' ' .. f(previous)
+  end
+  if current > 0 then
+    reset_after = start + 2 * period - now
+  else
+    reset_after = start + period - now
+  end
+  local retry
+  if cost > limit then
+    retry = INF
+  else
+    local room = limit - current - cost
+    if room >= 0 and previous > 0 then
+      retry = period * (1.0 - room / previous) - elapsed
+    elseif current > 0 then
+      retry = (start + period - now) + period * (1.0 - (limit - cost) / current)
+    else
+      retry = start + period - now
+    end
+    retry = max(retry, 0)
+  end
+  return false, limit, max(0, trunc(limit - used + 1e-9)), reset_after, retry, nil
+end
+
+-- Sliding log on a list: entries before `first` (0-based) have left the window.
+-- The "state" returned is the index of the first live entry, used by the write phase.
+local function sliding_log(key, cost, limit, period)
+  local horizon = now - period
+  local n = redis.call('LLEN', key)
+  local first = 0
+  while first < n and tonumber(redis.call('LINDEX', key, first)) <= horizon do first = first + 1 end
+  local used = n - first
+  local units = ceil(cost)
+  local last = nil
+  if used > 0 then last = tonumber(redis.call('LINDEX', key, -1)) end
+  if used + units <= limit then
+    if units > 0 then last = now end
+    local reset_after = 0
+    if last then reset_after = last + period - now end
+    return true, limit, limit - (used + units), reset_after, 0, first
+  end
+  local reset_after = 0
+  if last then reset_after = last + period - now end
+  local retry
+  if units > limit then
+    retry = INF
+  else
+    retry = tonumber(redis.call('LINDEX', key, first + used + units - limit - 1)) + period - now
+  end
+  return false, limit, max(0, limit - used), reset_after, retry, nil
+end
+
+local function token_bucket(st, cost, capacity, per_second)
+  local tokens
+  if st then
+    local s = nums(st)
+    tokens = min(capacity, s[1] + max(0, now - s[2]) * per_second)
+  else
+    tokens = capacity
+  end
+  if tokens >= cost then
+    tokens = tokens - cost
+    return true, capacity, trunc(tokens + 1e-9), (capacity - tokens) / per_second, 0, f(tokens) .. ' ' .. f(now)
+  end
+  local retry = INF
+  if cost <= capacity then retry = (cost - tokens) / per_second end
+  return false, capacity, trunc(tokens + 1e-9), (capacity - tokens) / per_second, retry, nil
+end
+
+local function token_bucket_debt(st, cost, capacity, per_second, debt)
+  local tokens
+  if st then
+    local s = nums(st)
+    tokens = min(capacity, s[1] + max(0, now - s[2]) * per_second)
+  else
+    tokens = capacity
+  end
+  local needed = max(min(cost, 1.0), cost - debt)
+  if tokens >= needed then
+    tokens = tokens - cost
+    return true, capacity, max(0, trunc(tokens + 1e-9)), (capacity - tokens) / per_second, 0,
+      f(tokens) .. ' ' .. f(now)
+  end
+  local retry = INF
+  if needed <= capacity then retry = (needed - tokens) / per_second end
+  return false, capacity, max(0, trunc(tokens + 1e-9)), (capacity - tokens) / per_second, retry, nil
+end
+
+local function leaky_bucket(st, cost, capacity, per_second)
+  local level = 0
+  if st then
+    local s = nums(st)
+    level = max(0, s[1] - max(0, now - s[2]) * per_second)
+  end
+  if level + cost <= capacity then
+    level = level + cost
+    return true, capacity, trunc(capacity - level + 1e-9), level / per_second, 0, f(level) .. ' ' .. f(now)
+  end
+  local retry = INF
+  if cost <= capacity then retry = (level + cost - capacity) / per_second end
+  return false, capacity, trunc(capacity - level + 1e-9), level / per_second, retry, nil
+end
+
+local function gcra(st, cost, burst, interval)
+  local window = burst * interval
+  local tat = now
+  if st then
+    local s = tonumber(st)
+    if not (s < now) then tat = s end
+  end
+  local new_tat = tat + cost * interval
+  if new_tat - now <= window + 1e-9 then
+    return true, burst, trunc((window - (new_tat - now)) / interval + 1e-9), new_tat - now, 0, f(new_tat)
+  end
+  local retry = INF
+  if cost <= burst then retry = new_tat - window - now end
+  return false, burst, max(0, trunc((window - (tat - now)) / interval + 1e-9)), tat - now, retry, nil
+end
+
+local nkeys = #KEYS
+local ok, lim, rem, rst, rty, new = {}, {}, {}, {}, {}, {}
+local all = true
+for i = 1, nkeys do
+  local b = 2 + 6 * (i - 1)
+  local algo = tonumber(ARGV[b + 1])
+  local limit, period = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local capacity, cost = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 6])
+  local key = KEYS[i]
+  local a, l, r, s, t, n
+  if algo == 3 then
+    a, l, r, s, t, n = sliding_log(key, cost, limit, period)
+  else
+    local st = redis.call('GET', key)
+    if not st then st = nil end
+    if algo == 1 then
+      a, l, r, s, t, n = fixed_window(st, cost, limit, period)
+    elseif algo == 2 then
+      a, l, r, s, t, n = sliding_window(st, cost, limit, period)
+    elseif algo == 4 then
+      a, l, r, s, t, n = token_bucket(st, cost, capacity, limit / period)
+    elseif algo == 5 then
+      a, l, r, s, t, n = token_bucket_debt(st, cost, capacity, limit / period, tonumber(ARGV[b + 5]))
+    elseif algo == 6 then
+      a, l, r, s, t, n = leaky_bucket(st, cost, capacity, limit / period)
+    elseif algo == 7 then
+      a, l, r, s, t, n = gcra(st, cost, capacity, period / limit)
+    else
+      return redis.error_reply('ratewarden: unknown algorithm id ' .. tostring(ARGV[b + 1]))
+    end
+  end
+  ok[i], lim[i], rem[i], rst[i], rty[i], new[i] = a, l, r, s, t, n
+  all = all and a
+end
+
+if mode == 'p' then
+  local out = {}
+  for i = 1, nkeys do
+    local j = 5 * (i - 1)
+    out[j + 1] = ok[i] and 1 or 0
+    out[j + 2] = lim[i]
+    out[j + 3] = rem[i]
+    out[j + 4] = f(rst[i])
+    out[j + 5] = f(rty[i])
+  end
+  return out
+end
+
+if all then
+  for i = 1, nkeys do
+    local key = KEYS[i]
+    local ttl = max(1, ceil(rst[i] * 1000))
+    if tonumber(ARGV[2 + 6 * (i - 1) + 1]) == 3 then
+      local first = new[i]
+      if first > 0 then redis.call('LTRIM', key, first, -1) end
+      local units = ceil(tonumber(ARGV[2 + 6 * i]))
+      if units > 0 then
+        local stamp = f(now)
+        for _ = 1, units do redis.call('RPUSH', key, stamp) end
+      end
+      redis.call('PEXPIRE', key, ttl)
+    else
+      redis.call('SET', key, new[i], 'PX', ttl)
+    end
+  end
+end
+
+-- The deciding limit, as ratewarden.stores.base.combine picks it.
+local idx = 1
+if nkeys > 1 then
+  if all then
+    for i = 2, nkeys do
+      if rem[i] < rem[idx] or (rem[i] == rem[idx] and rst[i] > rst[idx]) then idx = i end
+    end
+  else
+    idx = nil
+    for i = 1, nkeys do
+      if not ok[i] and (idx == nil or rty[i] > rty[idx]) then idx = i end
+    end
+  end
+end
+return {ok[idx] and 1 or 0, lim[idx], rem[idx], f(rst[idx]), f(rty[idx]), idx - 1}

@@ -1,0 +1,456 @@
+"""Redis / Valkey store: every check is one server-side Lua script, coalesced into pipelines.
+
+* One ``EVALSHA`` per check evaluates all its limits (any mix of the seven algorithms) all or
+  nothing, on the server clock (``TIME``), and returns the deciding limit's full decision, so
+  headers need no second call. ``NOSCRIPT`` falls back to ``EVAL``, which reloads the script.
+* Checks started in the same event-loop tick go out as one pipeline (``coalesce``); at most
+  ``pool_size`` pipelines are in flight, later checks queue into the next one.
+* Rejections are remembered locally until their retry time (``cache``): a key known to be over
+  its limit is answered without a round trip. Only denials are cached, so it never allows
+  anything the server would deny.
+* Every check is bounded by ``timeout``; failures raise ``StoreError`` naming the URL.
+* Redis Cluster: keys of one (scope, client key) share a hash tag, so such a check is one
+  script on one slot. A check whose keys span slots (rules keyed on different identities)
+  first peeks every slot and charges only when all allow; see docs/stores.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any
+
+from ..decision import Decision
+from ..limits import Limit
+from .base import Store, StoreError, combine
+from .urls import StoreURL, parse_store_url
+
+try:
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
+    from redis.asyncio.retry import Retry
+    from redis.asyncio.sentinel import Sentinel
+    from redis.backoff import NoBackoff
+    from redis.crc import key_slot
+    from redis.exceptions import NoScriptError, RedisError
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "RedisStore needs the redis client: pip install 'ratewarden[redis]'"
+    ) from exc
+
+__all__ = ["SCRIPT", "SCRIPT_SHA", "RedisStore"]
+
+SCRIPT = resources.files("ratewarden.stores").joinpath("lua/check.lua").read_text(encoding="utf-8")
+SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
+
+ALGORITHM_IDS = {
+    "fixed_window": "1",
+    "sliding_window": "2",
+    "sliding_log": "3",
+    "token_bucket": "4",
+    "token_bucket_debt": "5",
+    "leaky_bucket": "6",
+    "gcra": "7",
+}
+_ONE = "1"
+_CACHE_MAX = 100_000
+_Reply = Any
+
+
+class _Batch:
+    """Checks queued in one event-loop tick, sent as one pipeline."""
+
+    __slots__ = ("items", "task", "timer")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Sequence[str], list[str], asyncio.Future[_Reply]]] = []
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class RedisStore(Store):
+    """Limits kept in Redis or Valkey (standalone, Sentinel or Cluster), built from a URL.
+
+    Keyword arguments override the URL's query options: ``timeout`` (seconds per check,
+    default 0.01), ``connect_timeout`` (default 1), ``pool_size`` (default 8), ``coalesce``
+    and ``cache`` (default on). ``prefix`` is what ``clear`` deletes (``<prefix>:*``).
+    ``clock`` replaces the server clock (tests only: it makes time deterministic).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
+        pool_size: int | None = None,
+        coalesce: bool | None = None,
+        cache: bool | None = None,
+        prefix: str = "rw",
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        cfg = parse_store_url(url, ("standalone", "sentinel", "cluster"))
+        self.url = cfg.text
+        self.kind = cfg.kind
+        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.01))  # type: ignore[arg-type]
+        connect = float(connect_timeout if connect_timeout is not None else cfg.option("connect_timeout", 1.0))  # type: ignore[arg-type]
+        self.pool_size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
+        self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
+        self.cache_rejections = bool(cache if cache is not None else cfg.option("cache", 1))
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout!r} seconds")
+        if self.pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {self.pool_size}")
+        self.prefix = prefix
+        self.clock = clock
+        self._cluster = cfg.kind == "cluster"
+        self._client: Any = _make_client(cfg, connect, self.pool_size)
+        self._limit_args: dict[Limit, list[str]] = {}
+        self._rejected: dict[str, tuple[float, float, Decision]] = {}
+        self._batch: _Batch | None = None
+        self._inflight = 0
+        self.cached_rejections = 0  # checks answered from the rejection cache
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url!r})"
+
+    # -- arguments -------------------------------------------------------------------------
+
+    def _args_of(self, limit: Limit) -> list[str]:
+        args = self._limit_args.get(limit)
+        if args is None:
+            rate = limit.rate
+            args = [
+                ALGORITHM_IDS[limit.algorithm],
+                str(rate.limit),
+                repr(float(rate.period)),
+                str(rate.capacity),
+                repr(float(rate.max_debt)),
+            ]
+            if len(self._limit_args) < 4096:
+                self._limit_args[limit] = args
+        return args
+
+    def _script_args(self, mode: str, limits: Sequence[Limit], costs: Sequence[float]) -> list[str]:
+        args = [mode, "" if self.clock is None else repr(float(self.clock()))]
+        for limit, cost in zip(limits, costs, strict=False):
+            args += self._args_of(limit)
+            args.append(_ONE if cost == 1 else repr(float(cost)))
+        return args
+
+    # -- the check -------------------------------------------------------------------------
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        rejected = self._rejected
+        if rejected:
+            cached = self._cached(keys, costs)
+            if cached is not None:
+                return cached
+        if self._cluster and len(keys) > 1 and _spans_slots(keys):
+            return await self._hit_across_slots(keys, limits, costs)
+        sent_at = self._now()
+        args = self._script_args("h", limits, costs)
+        if self.coalesce:
+            reply = await self._enqueue(keys, args)
+        else:
+            reply = await self._call(self._eval_raw(keys, args))
+        try:
+            index = reply[5]
+            limit = limits[index]
+            decision = Decision(
+                reply[0] == 1, reply[1], reply[2], float(reply[3]), float(reply[4]), limit.rate.period, limit.name
+            )
+        except (TypeError, ValueError, IndexError) as exc:
+            raise StoreError(f"redis store {self.url}: unexpected script reply {reply!r}") from exc
+        if not decision.allowed and self.cache_rejections and 0 < decision.retry_after < math.inf:
+            if len(rejected) >= _CACHE_MAX:
+                self._prune(sent_at)
+            rejected[keys[index]] = (sent_at + decision.retry_after, costs[index], decision)
+        return decision
+
+    def _now(self) -> float:
+        return time.monotonic() if self.clock is None else self.clock()
+
+    def _cached(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
+        """A remembered rejection that still holds for one of these keys at this cost."""
+        rejected = self._rejected
+        now = self._now()
+        for key, cost in zip(keys, costs, strict=False):
+            entry = rejected.get(key)
+            if entry is None:
+                continue
+            until, min_cost, d = entry
+            if now >= until:
+                del rejected[key]
+            elif cost >= min_cost:
+                self.cached_rejections += 1
+                left = until - now
+                return Decision(
+                    False, d.limit, d.remaining, max(0.0, d.reset_after - (d.retry_after - left)), left,
+                    d.period, d.policy,
+                )
+        return None
+
+    def _prune(self, now: float) -> None:
+        for key in [k for k, v in self._rejected.items() if v[0] <= now]:
+            del self._rejected[key]
+        if len(self._rejected) >= _CACHE_MAX:
+            self._rejected.clear()
+
+    async def _hit_across_slots(
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Decision:
+        """Cluster check whose keys live in several slots: ask every slot whether it would allow
+        these costs, and charge (slot by slot, concurrently) only if all would."""
+        decisions = await self._peek_at(keys, limits, costs)
+        if not all(d.allowed for d in decisions):
+            return combine(decisions)
+        groups = _slot_groups(keys, True)
+        results = await asyncio.gather(
+            *(
+                self.hit([keys[i] for i in idx], [limits[i] for i in idx], [costs[i] for i in idx])
+                for idx in groups
+            )
+        )
+        return combine(results)
+
+    async def _peek_at(
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> list[Decision]:
+        """Decisions for these costs without charging (one script call per slot)."""
+        groups = _slot_groups(keys, self._cluster)
+        replies = await self._call(
+            asyncio.gather(
+                *(
+                    self._eval_raw(
+                        [keys[i] for i in idx], self._script_args("p", [limits[i] for i in idx], [costs[i] for i in idx])
+                    )
+                    for idx in groups
+                )
+            )
+        )
+        out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
+        for idx, reply in zip(groups, replies, strict=False):
+            for j, i in enumerate(idx):
+                out[i] = self._decode_peek(reply, j, limits[i])
+        return out
+
+    def _decode_peek(self, reply: _Reply, j: int, limit: Limit) -> Decision:
+        b = 5 * j
+        try:
+            return Decision(
+                reply[b] == 1, reply[b + 1], reply[b + 2], float(reply[b + 3]), float(reply[b + 4]),
+                limit.rate.period, limit.name,
+            )
+        except (TypeError, ValueError, IndexError) as exc:
+            raise StoreError(f"redis store {self.url}: unexpected script reply {reply!r}") from exc
+
+    # -- coalescing --------------------------------------------------------------------------
+
+    def _enqueue(self, keys: Sequence[str], args: list[str]) -> asyncio.Future[_Reply]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_Reply] = loop.create_future()
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
+            batch.timer = loop.call_later(self.timeout, self._expire, batch)
+            if self._inflight < self.pool_size:
+                loop.call_soon(self._send)
+        batch.items.append((keys, args, future))
+        return future
+
+    def _send(self) -> None:
+        batch = self._batch
+        if batch is None or batch.task is not None:
+            return
+        self._batch = None
+        self._inflight += 1
+        batch.task = asyncio.get_running_loop().create_task(self._run(batch))
+
+    def _expire(self, batch: _Batch) -> None:
+        error = StoreError(f"redis store {self.url}: no reply within {self.timeout * 1000:g} ms")
+        for _, _, future in batch.items:
+            if not future.done():
+                future.set_exception(error)
+        if self._batch is batch:  # never sent: drop it, so nothing is charged behind our back
+            self._batch = None
+        elif batch.task is not None:
+            batch.task.cancel()
+
+    async def _run(self, batch: _Batch) -> None:
+        items = batch.items
+        try:
+            if len(items) == 1:
+                keys, args, future = items[0]
+                replies: list[_Reply] = [await self._eval_raw(keys, args)]
+            else:
+                pipe = self._client.pipeline(transaction=False)
+                for keys, args, _ in items:
+                    pipe.execute_command("EVALSHA", SCRIPT_SHA, len(keys), *keys, *args)
+                replies = await pipe.execute(raise_on_error=False)
+                missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+                if missing:
+                    again = await asyncio.gather(
+                        *(self._client.eval(SCRIPT, len(items[i][0]), *items[i][0], *items[i][1]) for i in missing),
+                        return_exceptions=True,
+                    )
+                    for i, reply in zip(missing, again, strict=False):
+                        replies[i] = reply
+            for (_, _, future), reply in zip(items, replies, strict=False):
+                if future.done():
+                    continue
+                if isinstance(reply, BaseException):
+                    future.set_exception(self._error(reply))
+                else:
+                    future.set_result(reply)
+        except asyncio.CancelledError:
+            pass  # the timer expired: the futures already carry the timeout
+        except Exception as exc:
+            error = self._error(exc)
+            for _, _, future in items:
+                if not future.done():
+                    future.set_exception(error)
+        finally:
+            if batch.timer is not None:
+                batch.timer.cancel()
+            self._inflight -= 1
+            if self._batch is not None and self._batch.task is None:
+                self._send()
+
+    # -- plain calls -----------------------------------------------------------------------
+
+    async def _eval_raw(self, keys: Sequence[str], args: list[str]) -> _Reply:
+        try:
+            return await self._client.execute_command("EVALSHA", SCRIPT_SHA, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._client.execute_command("EVAL", SCRIPT, len(keys), *keys, *args)
+
+    async def _call(self, coro: Any) -> Any:
+        """Await a client call within the timeout, turning every failure into ``StoreError``."""
+        try:
+            return await asyncio.wait_for(coro, self.timeout)
+        except asyncio.TimeoutError:
+            raise StoreError(f"redis store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
+        except (RedisError, OSError) as exc:
+            raise self._error(exc) from exc
+
+    def _error(self, exc: BaseException) -> StoreError:
+        if isinstance(exc, StoreError):
+            return exc
+        return StoreError(f"redis store {self.url}: {type(exc).__name__}: {exc}")
+
+    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        return await self._peek_at(keys, limits, [0.0] * len(keys))
+
+    async def reset(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self._rejected.pop(key, None)
+        if not keys:
+            return
+        if self._cluster:
+            await self._call(asyncio.gather(*(self._client.delete(key) for key in keys)))
+        else:
+            await self._call(self._client.delete(*keys))
+
+    async def clear(self) -> None:
+        """Delete every ``<prefix>:*`` key (on every primary of a cluster)."""
+        self._rejected.clear()
+
+        async def scan_and_delete() -> None:
+            batch: list[Any] = []
+            async for key in self._client.scan_iter(match=f"{self.prefix}:*", count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    await self._delete_many(batch)
+                    batch = []
+            if batch:
+                await self._delete_many(batch)
+
+        try:
+            await scan_and_delete()
+        except (RedisError, OSError) as exc:
+            raise self._error(exc) from exc
+
+    async def _delete_many(self, keys: list[Any]) -> None:
+        if self._cluster:
+            await asyncio.gather(*(self._client.delete(k) for k in keys))
+        else:
+            await self._client.delete(*keys)
+
+    async def close(self) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self._client.aclose()
+
+    @property
+    def client(self) -> Any:
+        """The underlying redis-py client (for diagnostics such as ``INFO commandstats``)."""
+        return self._client
+
+
+def _slot_groups(keys: Sequence[str], cluster: bool) -> list[list[int]]:
+    """Indexes of ``keys`` grouped by hash slot (one group when not on a cluster)."""
+    if not cluster:
+        return [list(range(len(keys)))]
+    groups: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key_slot(key.encode()), []).append(i)
+    return list(groups.values())
+
+
+def _spans_slots(keys: Sequence[str]) -> bool:
+    first = key_slot(keys[0].encode())
+    return any(key_slot(k.encode()) != first for k in keys[1:])
+
+
+def _make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> Any:
+    common: dict[str, Any] = {
+        "username": cfg.username,
+        "password": cfg.password,
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": max(connect_timeout, 1.0),
+        "decode_responses": False,
+        "client_name": cfg.options.get("client_name"),
+    }
+    if cfg.tls:
+        common["ssl"] = True
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"):
+            if name in cfg.options:
+                common[name] = cfg.options[name]
+        if "ssl_check_hostname" in cfg.options:
+            common["ssl_check_hostname"] = bool(cfg.options["ssl_check_hostname"])
+    if cfg.kind == "cluster":
+        from redis.asyncio.cluster import ClusterNode
+
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in cfg.hosts],
+            max_connections=max(pool_size, 4) * 4,
+            cluster_error_retry_attempts=2,
+            **common,
+        )
+    retry = Retry(NoBackoff(), 1)
+    if cfg.kind == "sentinel":
+        sentinel_kwargs: dict[str, Any] = {
+            "socket_connect_timeout": connect_timeout,
+            "socket_timeout": max(connect_timeout, 1.0),
+        }
+        if "sentinel_password" in cfg.options:
+            sentinel_kwargs["password"] = cfg.options["sentinel_password"]
+            sentinel_kwargs["username"] = cfg.options.get("sentinel_username")
+        if cfg.tls:
+            sentinel_kwargs.update({k: v for k, v in common.items() if k.startswith("ssl")})
+        sentinel = Sentinel(cfg.hosts, sentinel_kwargs=sentinel_kwargs, **common)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(cfg.service, db=cfg.db, retry=retry, max_connections=pool_size * 4)
+    host, port = cfg.hosts[0]
+    kwargs: dict[str, Any] = {k: v for k, v in common.items() if k != "ssl"}
+    if cfg.tls:
+        kwargs["connection_class"] = aioredis.SSLConnection
+    pool = aioredis.BlockingConnectionPool(
+        host=host, port=port, db=cfg.db, max_connections=pool_size * 4, timeout=connect_timeout, retry=retry,
+        **kwargs,
+    )
+    return aioredis.Redis(connection_pool=pool)

@@ -1,0 +1,135 @@
+"""Store URLs: ``redis://``, ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``, ``memcached://``.
+
+One parser for every remote store, so pool size, timeouts, TLS and auth are spelled the same
+everywhere and a typo is reported by name instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+__all__ = ["StoreURL", "parse_store_url", "redact"]
+
+_KINDS = {
+    "redis": ("standalone", False),
+    "valkey": ("standalone", False),
+    "rediss": ("standalone", True),
+    "valkeys": ("standalone", True),
+    "redis+sentinel": ("sentinel", False),
+    "rediss+sentinel": ("sentinel", True),
+    "redis+cluster": ("cluster", False),
+    "rediss+cluster": ("cluster", True),
+    "memcached": ("memcached", False),
+}
+_DEFAULT_PORTS = {"standalone": 6379, "sentinel": 26379, "cluster": 6379, "memcached": 11211}
+
+#: Query options every URL accepts, with their types.
+OPTIONS: dict[str, type] = {
+    "pool_size": int,  # connections per server
+    "timeout": float,  # seconds a check may take before StoreError (the breaker counts these)
+    "connect_timeout": float,  # seconds to establish a connection
+    "coalesce": int,  # 1 = pipeline concurrent checks of one event-loop tick, 0 = one call each
+    "cache": int,  # 1 = remember rejections locally until their retry time, 0 = always ask
+    "ssl_ca_certs": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_cert_reqs": str,  # none | optional | required
+    "ssl_check_hostname": int,
+    "sentinel_username": str,
+    "sentinel_password": str,
+    "client_name": str,
+}
+
+
+@dataclass
+class StoreURL:
+    """A parsed store URL. ``hosts`` lists every ``host:port`` given (comma-separated)."""
+
+    kind: str  # standalone | sentinel | cluster | memcached
+    hosts: list[tuple[str, int]]
+    tls: bool = False
+    db: int = 0
+    service: str = ""  # Sentinel master name
+    username: str | None = None
+    password: str | None = None
+    options: dict[str, object] = field(default_factory=dict)
+    text: str = ""  # the URL with its password hidden, for messages
+
+    def option(self, name: str, default: object) -> object:
+        return self.options.get(name, default)
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = parts.username or ""
+    return url.replace(parts.netloc, f"{user}:***@{netloc[-1]}", 1)
+
+
+def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
+    """Parse ``url``; ``allowed`` lists the kinds the calling store supports."""
+    if not isinstance(url, str):
+        raise ValueError(f"store URL must be a string, got {type(url).__name__}")
+    text = redact(url)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    kind_tls = _KINDS.get(scheme)
+    if kind_tls is None or kind_tls[0] not in allowed:
+        schemes = ", ".join(f"{s}://" for s, (k, _) in _KINDS.items() if k in allowed)
+        raise ValueError(f"unsupported store URL {text!r}: the scheme must be one of {schemes}")
+    kind, tls = kind_tls
+    hostpart = parts.netloc.rsplit("@", 1)[-1]
+    if not hostpart:
+        raise ValueError(f"store URL {text!r} names no host (e.g. {scheme}://127.0.0.1:{_DEFAULT_PORTS[kind]})")
+    hosts = []
+    for item in hostpart.split(","):
+        if item.startswith("["):  # [ipv6]:port
+            host, _, port = item[1:].partition("]")
+            port = port.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        try:
+            hosts.append((host, int(port) if port else _DEFAULT_PORTS[kind]))
+        except ValueError:
+            raise ValueError(f"store URL {text!r}: bad port {port!r} in {item!r}") from None
+    result = StoreURL(kind=kind, hosts=hosts, tls=tls, text=text)
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rsplit("@", 1)[0]
+        user, sep, password = userinfo.partition(":")
+        result.username = unquote(user) or None
+        result.password = unquote(password) if sep else None
+    path = [p for p in parts.path.split("/") if p]
+    try:
+        if kind == "sentinel":
+            if not path:
+                raise ValueError(
+                    f"store URL {text!r} names no Sentinel service: use "
+                    f"redis+sentinel://host:26379/<service name>[/<db>]"
+                )
+            result.service = unquote(path[0])
+            result.db = int(path[1]) if len(path) > 1 else 0
+        elif kind == "standalone":
+            result.db = int(path[0]) if path else 0
+        elif path and kind == "cluster" and path != ["0"]:
+            raise ValueError(f"store URL {text!r}: Redis Cluster has only database 0")
+    except ValueError as exc:
+        if "store URL" in str(exc):
+            raise
+        raise ValueError(f"store URL {text!r}: the database must be a number, got {parts.path!r}") from None
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        kind_of = OPTIONS.get(name)
+        if kind_of is None or (kind == "memcached" and name.startswith(("ssl_", "sentinel_", "client_"))):
+            known = ", ".join(n for n in OPTIONS if kind != "memcached" or not n.startswith(("ssl_", "sentinel_", "client_")))
+            raise ValueError(f"store URL {text!r}: unknown option {name!r}; known options: {known}")
+        try:
+            converted = kind_of(value)
+        except ValueError:
+            raise ValueError(f"store URL {text!r}: option {name}={value!r} must be a {kind_of.__name__}") from None
+        if isinstance(converted, (int, float)) and converted < 0:
+            raise ValueError(f"store URL {text!r}: option {name}={value!r} must not be negative")
+        result.options[name] = converted
+    return result

@@ -1,0 +1,233 @@
+"""Real Redis / Sentinel / Cluster / Memcached servers for tests, on free loopback ports.
+
+Each server is a child process with its own temporary directory; ``stop`` kills it and
+``start`` brings it back on the same port (for failure tests).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def have(binary: str) -> bool:
+    return shutil.which(binary) is not None
+
+
+def _ask(port: int, payload: bytes, timeout: float = 0.5) -> bytes:
+    with socket.create_connection((HOST, port), timeout=timeout) as s:
+        s.sendall(payload)
+        data = b""
+        while not data.endswith(b"\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+def redis_cmd(port: int, *args: str) -> str:
+    """One command through ``redis-cli`` (simple, and independent of the code under test)."""
+    out = subprocess.run(
+        ["redis-cli", "-h", HOST, "-p", str(port), *args], capture_output=True, text=True, timeout=10
+    )
+    return out.stdout.strip()
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.02) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+class Server:
+    """One server process."""
+
+    def __init__(self, argv: list[str], port: int, ready: bytes, probe: bytes) -> None:
+        self.argv = argv
+        self.port = port
+        self._ready = ready
+        self._probe = probe
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: _ask(self.port, self._probe).startswith(self._ready), timeout, f"{self.argv[0]}:{self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def redis_server(directory: Path, port: int | None = None, *extra: str) -> Server:
+    port = port or free_port()
+    argv = [
+        "redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
+        "--dir", str(directory), "--protected-mode", "no", "--loglevel", "warning", *extra,
+    ]
+    return Server(argv, port, b"+PONG", b"PING\r\n")
+
+
+class RedisStandalone:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="rw-redis-"))
+        self.server = redis_server(self.dir)
+        self.port = self.server.port
+        self.url = f"redis://{HOST}:{self.port}/0"
+
+    def start(self) -> RedisStandalone:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisCluster:
+    """Three primaries with one replica each, joined by ``redis-cli --cluster create``."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="rw-cluster-"))
+        self.servers: list[Server] = []
+        for _ in range(6):
+            port = free_port()
+            node_dir = self.dir / str(port)
+            node_dir.mkdir()
+            self.servers.append(
+                redis_server(
+                    node_dir, port, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", "1000",
+                )
+            )
+        self.ports = [s.port for s in self.servers]
+        self.url = f"redis+cluster://{HOST}:{self.ports[0]}"
+
+    def start(self) -> RedisCluster:
+        for s in self.servers:
+            s.start()
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"{HOST}:{p}" for p in self.ports),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        for port in self.ports:
+            wait_until(
+                lambda p=port: "cluster_state:ok" in redis_cmd(p, "CLUSTER", "INFO"), 30, f"cluster node {port}", 0.1
+            )
+        # Every node must know every slot owner before clients connect.
+        wait_until(
+            lambda: all(redis_cmd(p, "CLUSTER", "SLOTS").count("\n") > 10 for p in self.ports), 30, "slot map", 0.1
+        )
+        return self
+
+    def primaries(self) -> list[int]:
+        out = redis_cmd(self.ports[0], "CLUSTER", "NODES")
+        return [int(line.split()[1].split("@")[0].split(":")[1]) for line in out.splitlines() if "master" in line]
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisSentinel:
+    """A primary, one replica and three Sentinels (quorum 2) watching service ``mymaster``."""
+
+    service = "mymaster"
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="rw-sentinel-"))
+        (self.dir / "p").mkdir()
+        (self.dir / "r").mkdir()
+        self.primary = redis_server(self.dir / "p")
+        self.replica = redis_server(self.dir / "r", None, "--replicaof", HOST, "0")
+        self.sentinels: list[Server] = []
+        for i in range(3):
+            port = free_port()
+            sdir = self.dir / f"s{i}"
+            sdir.mkdir()
+            conf = sdir / "sentinel.conf"
+            self.sentinels.append(
+                Server(["redis-server", str(conf), "--sentinel"], port, b"+PONG", b"PING\r\n")
+            )
+        self.url = f"redis+sentinel://{','.join(f'{HOST}:{s.port}' for s in self.sentinels)}/{self.service}"
+
+    def start(self) -> RedisSentinel:
+        self.replica.argv[self.replica.argv.index("--replicaof") + 2] = str(self.primary.port)
+        self.primary.start()
+        self.replica.start()
+        for i, s in enumerate(self.sentinels):
+            conf = self.dir / f"s{i}" / "sentinel.conf"
+            conf.write_text(
+                f"port {s.port}\nbind {HOST}\ndir {conf.parent}\nprotected-mode no\n"
+                f"sentinel monitor {self.service} {HOST} {self.primary.port} 2\n"
+                f"sentinel down-after-milliseconds {self.service} 400\n"
+                f"sentinel failover-timeout {self.service} 2000\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
+            )
+            s.start()
+        wait_until(lambda: "master_link_status:up" in redis_cmd(self.replica.port, "INFO", "replication"), 20,
+                   "replica sync", 0.05)
+        for s in self.sentinels:
+            wait_until(
+                lambda s=s: "num-other-sentinels\n2" in redis_cmd(s.port, "SENTINEL", "MASTER", self.service)
+                and "num-slaves\n1" in redis_cmd(s.port, "SENTINEL", "MASTER", self.service),
+                30, "sentinels to discover each other", 0.1,
+            )
+        return self
+
+    def master_port(self) -> int:
+        out = redis_cmd(self.sentinels[0].port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+        return int(out.split()[1])
+
+    def close(self) -> None:
+        for s in [*self.sentinels, self.primary, self.replica]:
+            s.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Memcached:
+    def __init__(self) -> None:
+        self.port = free_port()
+        argv = ["memcached", "-l", HOST, "-p", str(self.port), "-U", "0", "-m", "64", "-t", "2"]
+        if os.geteuid() == 0:
+            argv += ["-u", "root"]
+        self.server = Server(argv, self.port, b"VERSION", b"version\r\n")
+        self.url = f"memcached://{HOST}:{self.port}"
+
+    def start(self) -> Memcached:
+        self.server.start()
+        return self
+
+    def close(self) -> None:
+        self.server.stop()
