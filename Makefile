@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS := dev,fastapi,redis,memcached,policy,metrics,bench
 
-.PHONY: setup demo bench-quick test lint clean
+.PHONY: setup demo bench test lint clean
 
 setup: $(VENV)/.installed
 
@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml scripts/install-system-deps.sh
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
+
+bench: setup
+	$(VENV)/bin/ratewarden bench --quick
 
 demo: setup
 	$(VENV)/bin/ratewarden demo
