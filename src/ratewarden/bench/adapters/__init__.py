@@ -1,0 +1,29 @@
+"""Library adapters, imported lazily by name so a missing peer only disables its own rows."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Adapter, StoreSpec, Unsupported
+
+__all__ = ["LIBRARIES", "Adapter", "StoreSpec", "Unsupported", "load"]
+
+# name -> (module, class, the distribution to install when the import fails)
+LIBRARIES: dict[str, tuple[str, str, str]] = {
+    "ratewarden": ("ratewarden", "RatewardenAdapter", "ratewarden"),
+    "traffik": ("traffik", "TraffikAdapter", "traffik"),
+    "slowapi": ("slowapi", "SlowapiAdapter", "slowapi"),
+    "bare": ("bare", "BareAdapter", "fastapi"),
+}
+
+
+def load(name: str) -> type[Adapter]:
+    """The adapter class for ``name``; ``KeyError`` if unknown, ``ImportError`` naming the package to install."""
+    module, cls, dist = LIBRARIES[name]
+    try:
+        mod = importlib.import_module(f"{__name__}.{module}")
+    except ImportError as exc:
+        raise ImportError(f"the {name} adapter needs {dist!r} ({exc}); install it with "
+                          f"pip install 'ratewarden[bench]'") from exc
+    adapter: type[Adapter] = getattr(mod, cls)
+    return adapter

@@ -1,0 +1,53 @@
+"""What every library adapter provides: build the benchmark app for a scenario, and reset its state."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..apps import ASGIApp
+from ..scenarios import Scenario
+
+__all__ = ["Adapter", "StoreSpec", "Unsupported"]
+
+
+class Unsupported(Exception):
+    """This library cannot run this scenario/store (the message says why); the row is skipped, not failed."""
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Which store the limiter uses: ``memory``, ``redis`` or ``memcached``, with its URL."""
+
+    kind: str = "memory"
+    url: str = ""
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        rest = self.url.split("://", 1)[-1].split("/", 1)[0]
+        host, _, port = rest.rpartition(":")
+        return host or "127.0.0.1", int(port or 11211)
+
+
+class Adapter(ABC):
+    """One library under test. ``build`` raises :class:`Unsupported` for scenarios it cannot express."""
+
+    name: ClassVar[str]
+
+    def __init__(self, scenario: Scenario, store: StoreSpec) -> None:
+        self.scenario = scenario
+        self.store = store
+
+    @abstractmethod
+    def build(self) -> ASGIApp:
+        """The ASGI app for this scenario (routes from :func:`ratewarden.bench.apps.build_app`)."""
+
+    async def start(self) -> None:
+        """Open connections / initialise backends (called once before the first request)."""
+
+    async def reset(self) -> None:
+        """Forget every counter (called before each iteration; the harness also flushes Redis/Memcached)."""
+
+    async def stop(self) -> None:
+        """Release connections."""

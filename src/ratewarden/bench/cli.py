@@ -1,0 +1,184 @@
+"""``ratewarden bench``: flags, validation with plain error messages, progress bar and terminal summary."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .scenarios import QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
+
+__all__ = ["register", "run"]
+
+DEFAULT_LIBRARIES = "ratewarden,traffik,slowapi,bare"
+STORES = ("memory", "redis", "memcached")
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark ratewarden against traffik, slowapi and no limiter",
+        description="Runs the reference benchmark scenarios for several rate limiters on the same app and "
+                    "writes JSON, CSV, Markdown and a self-contained HTML report.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true",
+                   help="memory store, core in-process scenarios plus one short live run (< 3 min)")
+    p.add_argument("--scenario", action="append", default=None, metavar="NAMES",
+                   help="comma-separated scenario keys or groups (dependency, middleware, correctness, websocket, "
+                        "strategy, headers, rules, workload, tiered, live, http, mw, ws, all); see --list")
+    p.add_argument("--library", default=DEFAULT_LIBRARIES, metavar="NAMES",
+                   help="comma-separated libraries: ratewarden, traffik, slowapi, bare")
+    p.add_argument("--store", default="memory", metavar="NAMES", help="comma-separated: memory, redis, memcached")
+    p.add_argument("--redis-url", default="", help="Redis to use (default: start a private redis-server)")
+    p.add_argument("--memcached-url", default="", help="Memcached to use, memcached://host:port "
+                                                       "(default: start a private memcached)")
+    p.add_argument("--driver", choices=("all", "inprocess", "live"), default="all",
+                   help="keep only in-process (direct ASGI) or live (uvicorn + wrk) scenarios")
+    p.add_argument("--concurrency", default="", metavar="N[,N...]",
+                   help="concurrency levels for batch and live scenarios (default: each scenario's own)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per live (wrk) iteration")
+    p.add_argument("--iterations", type=int, default=3, help="timed iterations per configuration (median kept)")
+    p.add_argument("--warmup", type=int, default=1, help="discarded warm-up iterations per configuration")
+    p.add_argument("--out", default="bench-results", help="directory for the reports")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.set_defaults(func=run)
+
+
+def _fail(message: str) -> int:
+    print(f"ratewarden bench: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for sc in SCENARIOS.values():
+            print(f"{sc.key:22} {sc.group:12} {sc.title}")
+        return 0
+    from .adapters import LIBRARIES, load
+
+    if args.quick:
+        names = list(QUICK_SCENARIOS + QUICK_LIVE) if args.scenario is None else []
+        duration = args.duration if args.duration != 10.0 else 3.0
+        warmup_duration = 1.0
+    else:
+        names = []
+        duration = args.duration
+        warmup_duration = min(2.0, duration)
+    for value in args.scenario or ([] if args.quick else ["all"]):
+        names += _csv(value)
+    try:
+        scenarios = resolve(names)
+    except KeyError as exc:
+        return _fail(f"unknown scenario {exc.args[0]!r}; run `ratewarden bench --list` to see them")
+    if args.driver == "inprocess":
+        scenarios = [s for s in scenarios if s.mode != "live"]
+    elif args.driver == "live":
+        scenarios = [s for s in scenarios if s.mode == "live"]
+    if not scenarios:
+        return _fail("no scenario left to run (check --scenario and --driver)")
+    libraries = _csv(args.library)
+    for lib in libraries:
+        if lib not in LIBRARIES:
+            return _fail(f"unknown library {lib!r}; choose from {', '.join(LIBRARIES)}")
+        try:
+            load(lib)
+        except ImportError as exc:
+            return _fail(str(exc))
+    stores = _csv(args.store)
+    for store in stores:
+        if store not in STORES:
+            return _fail(f"unknown store {store!r}; choose from {', '.join(STORES)}")
+    try:
+        levels = [int(c) for c in _csv(args.concurrency)]
+    except ValueError:
+        return _fail(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
+    if any(c < 1 for c in levels) or args.iterations < 1 or args.warmup < 0 or duration <= 0:
+        return _fail("--concurrency, --iterations and --duration must be positive (--warmup >= 0)")
+
+    from .drivers.live import LiveError, require_wrk
+    from .services import BenchError
+
+    if any(s.mode == "live" for s in scenarios):
+        try:
+            require_wrk()
+        except LiveError as exc:
+            return _fail(str(exc))
+    from .reports import write_all
+    from .reports.meta import collect_meta
+    from .runner import Options
+
+    opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=args.iterations,
+                   warmup=args.warmup, concurrency=levels or None, duration=duration,
+                   warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url)
+    command = "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
+        else "ratewarden bench"
+    meta = collect_meta(command, {
+        "Method": f"{opts.warmup} warm-up + {opts.iterations} timed iterations per configuration; the median "
+                  "iteration by req/s is reported (latencies from that same iteration, nearest-rank "
+                  "percentiles); store flushed and limiter reset before every iteration",
+        "In-process driver": "direct ASGI calls, no HTTP client or socket",
+        "Live driver": f"uvicorn, 1 worker, uvloop + httptools, access log off; wrk {duration:g} s per "
+                       "iteration; server and wrk pinned to different cores; server CPU/RSS sampled",
+    })
+    t0 = time.monotonic()
+    try:
+        results = _run_with_progress(opts)
+    except (BenchError, LiveError) as exc:
+        return _fail(str(exc))
+    out = Path(args.out)
+    paths = write_all(out, results, meta)
+    _summary(results)
+    print(f"reports: {out / 'report.html'}, {out / 'report.md'}, {out / 'summary.csv'}, {out / 'results.json'} "
+          f"({len(paths)} files) in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+def _run_with_progress(opts: Any) -> list[Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .runner import Result, Task, plan_tasks, run_all
+
+    total = len(plan_tasks(opts))
+    with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), transient=False) as progress:
+        bar = progress.add_task("starting", total=total)
+
+        def on_start(task: Task) -> None:
+            progress.update(bar, description=task.label)
+
+        def on_done(result: Result) -> None:
+            if result.skipped and not result.skipped.startswith(("traffik never", "slowapi has no")):
+                progress.console.print(f"[yellow]skipped[/] {result.task.label}: {result.skipped}")
+            progress.advance(bar)
+
+        return run_all(opts, on_start, on_done)
+
+
+def _summary(results: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="ratewarden bench: median runs", show_lines=False)
+    for col in ("scenario", "library", "store", "c", "req/s", "× bare", "p50 ms", "p99 ms", "ok %", "429 %",
+                "exact"):
+        table.add_column(col, justify="left" if col in ("scenario", "library", "store") else "right")
+    for r in results:
+        row = r.row
+        if row is None:
+            continue
+        table.add_row(row.scenario, row.library, row.store, str(row.concurrency), f"{row.rps:,.0f}",
+                      f"{row.vs_bare:.2f}" if row.vs_bare and row.library != "bare" else "",
+                      f"{row.p50_ms:.2f}", f"{row.p99_ms:.2f}", f"{row.success_pct:.0f}", f"{row.throttled_pct:.0f}",
+                      "" if row.correct is None else ("yes" if row.correct else "[red]NO[/]"))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)
+    console.print(table)

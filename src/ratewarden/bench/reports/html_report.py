@@ -1,0 +1,125 @@
+"""A single self-contained HTML page: inline CSS and inline SVG charts, no scripts, no network."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from html import escape
+from pathlib import Path
+
+from ..stats import Row
+from .markdown import GROUP_TITLES, build_tables, library_order
+from .meta import Meta
+
+__all__ = ["bar_chart", "write_html"]
+
+PALETTE = {"ratewarden": "#1f77b4", "traffik": "#ff7f0e", "slowapi": "#2ca02c", "bare": "#7f7f7f"}
+_EXTRA = ("#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1150px;color:#222;padding:0 1em}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}
+h2{border-bottom:2px solid #ddd;margin-top:2em}.chart{margin:1em 0}.meta li{margin:.1em 0}
+"""
+
+
+def _color(lib: str, i: int) -> str:
+    return PALETTE.get(lib, _EXTRA[i % len(_EXTRA)])
+
+
+def bar_chart(title: str, categories: Sequence[str], series: dict[str, Sequence[float | None]], unit: str) -> str:
+    """Horizontal grouped bars as an SVG string: one group per category, one bar per series."""
+    label_w, bar_h, gap, width = 300, 13, 10, 1000
+    plot_w = width - label_w - 110
+    n = max(len(series), 1)
+    values = [v for vals in series.values() for v in vals if v is not None]
+    top = max(values) if values else 1.0
+    top = top or 1.0
+    group_h = n * bar_h + gap
+    legend_h = 24
+    height = 30 + legend_h + len(categories) * group_h + 10
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+           f'aria-label="{escape(title)}"><text x="0" y="18" font-size="15" font-weight="bold">{escape(title)}</text>']
+    x = label_w
+    for i, name in enumerate(series):
+        out.append(f'<rect x="{x}" y="30" width="12" height="12" fill="{_color(name, i)}"/>'
+                   f'<text x="{x + 16}" y="40" font-size="12">{escape(name)}</text>')
+        x += 30 + 8 * len(name)
+    y = 30 + legend_h
+    for ci, cat in enumerate(categories):
+        out.append(f'<text x="{label_w - 8}" y="{y + n * bar_h / 2 + 4}" font-size="12" text-anchor="end">'
+                   f"{escape(cat[:48])}</text>")
+        for si, (name, vals) in enumerate(series.items()):
+            v = vals[ci] if ci < len(vals) else None
+            by = y + si * bar_h
+            if v is None:
+                out.append(f'<text x="{label_w + 4}" y="{by + 10}" font-size="10" fill="#999">n/a</text>')
+                continue
+            w = max(1.0, plot_w * v / top)
+            out.append(f'<rect x="{label_w}" y="{by}" width="{w:.1f}" height="{bar_h - 2}" fill="{_color(name, si)}">'
+                       f"<title>{escape(name)}: {v:,.2f} {escape(unit)}</title></rect>"
+                       f'<text x="{label_w + w + 4:.1f}" y="{by + 10}" font-size="10">{v:,.1f} {escape(unit)}</text>')
+        y += group_h
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _charts(rows: list[Row]) -> list[str]:
+    charts: list[str] = []
+    stores = sorted({r.store for r in rows if r.store != "none"}) or ["memory"]
+    for store in stores:
+        for group in GROUP_TITLES:
+            grows = [r for r in rows if r.group == group and r.store in (store, "none")]
+            if not grows or group in ("tiered",) or all(r.library == "bare" for r in grows):
+                continue
+            libs = library_order([r.library for r in grows])
+            keys = list(dict.fromkeys((r.scenario, r.concurrency) for r in grows))
+            by = {(r.scenario, r.concurrency, r.library): r for r in grows}
+            titles = {r.scenario: r.title for r in grows}
+            cats = [titles[s] + (f" c={c}" if group == "live" else "") for s, c in keys]
+
+            def series(field: Callable[[Row], float | None], libraries: list[str]) -> dict[str, list[float | None]]:
+                return {lib: [field(by[(s, c, lib)]) if (s, c, lib) in by else None for s, c in keys]
+                        for lib in libraries}
+
+            prefix = f"{GROUP_TITLES[group]} · {store if group != 'live' or store != 'none' else 'memory'}"
+            charts.append(bar_chart(f"{prefix}: throughput", cats, series(lambda r: r.rps, libs), "req/s"))
+            charts.append(bar_chart(f"{prefix}: p99 latency", cats, series(lambda r: r.p99_ms, libs), "ms"))
+            limited = [lib for lib in libs if lib != "bare"]
+            if limited:
+                charts.append(bar_chart(f"{prefix}: throttled (429) count", cats,
+                                        series(lambda r: float(r.throttled), limited), ""))
+            if group == "live":
+                charts.append(bar_chart(f"{prefix}: server CPU", cats, series(lambda r: r.cpu_pct, libs), "%"))
+                charts.append(bar_chart(f"{prefix}: server RSS", cats, series(lambda r: r.rss_mb, libs), "MB"))
+    return charts
+
+
+def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[object] = ()) -> Path:
+    parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ratewarden bench</title>",
+             f"<style>{_CSS}</style></head><body><h1>ratewarden bench</h1><ul class='meta'>",
+             f"<li>Command: <code>{escape(meta.command)}</code></li><li>Date: {escape(meta.started)}</li>",
+             f"<li>Machine: {escape(meta.machine)}</li><li>Python {escape(meta.python)}; "
+             + escape(", ".join(f"{k} {v}" for k, v in meta.versions.items())) + "</li>"]
+    parts += [f"<li>{escape(k)}: {escape(str(v))}</li>" for k, v in meta.method.items()]
+    parts.append("</ul><h2>Charts</h2>")
+    parts += [f"<div class='chart'>{svg}</div>" for svg in _charts(rows)]
+    section = None
+    for t in build_tables(rows):
+        if t.section != section:
+            section = t.section
+            parts.append(f"<h2>Tables: {escape(section)}</h2>")
+        parts.append(f"<h3>{escape(t.title)}</h3><table><tr>"
+                     + "".join(f"<th>{escape(h)}</th>" for h in t.header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in t.body]
+        parts.append("</table>")
+    skipped = [(getattr(r, "task", None), getattr(r, "skipped", "")) for r in results]
+    skipped = [(t, s) for t, s in skipped if s and t is not None]
+    if skipped:
+        parts.append("<h2>Skipped</h2><ul>")
+        parts += [f"<li>{escape(t.label)}: {escape(s)}</li>" for t, s in skipped]  # type: ignore[attr-defined]
+        parts.append("</ul>")
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path

@@ -1,0 +1,191 @@
+"""Markdown tables in the shape of the reference reports (also reused, as data, by the HTML writer)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..stats import Row
+from .meta import Meta
+
+__all__ = ["GROUP_TITLES", "Table", "build_tables", "library_order", "render_markdown"]
+
+GROUP_TITLES = {
+    "dependency": "HTTP dependency mode",
+    "middleware": "Middleware mode",
+    "correctness": "Correctness under concurrency",
+    "websocket": "WebSocket messages",
+    "strategy": "Strategy comparison (200 requests vs 100/min)",
+    "headers": "Response-headers overhead (middleware, 500 requests, 50 concurrent)",
+    "rules": "Rules-registry overhead (middleware, 500 requests, 50 concurrent)",
+    "workload": "Workloads and key distribution",
+    "tiered": "Tiered API keys",
+    "live": "Live server (uvicorn + wrk): overhead against no limiter",
+}
+_LIB_ORDER = ("ratewarden", "traffik", "slowapi")
+
+
+@dataclass
+class Table:
+    """A titled table: section (driver/store), group, title, header and body cells."""
+
+    section: str
+    group: str
+    title: str
+    header: list[str]
+    body: list[list[str]]
+
+
+def library_order(names: Sequence[str]) -> list[str]:
+    rest = sorted(n for n in set(names) if n not in _LIB_ORDER and n != "bare")
+    return [n for n in _LIB_ORDER if n in names] + rest + (["bare"] if "bare" in names else [])
+
+
+def _n(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def _ms(v: float) -> str:
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}"
+
+
+def _pct(v: float) -> str:
+    return f"{v:.0f}%" if abs(v - round(v)) < 0.05 else f"{v:.1f}%"
+
+
+def _throughput_cell(r: Row) -> str:
+    parts = [] if r.library == "bare" else [f"{r.vs_bare:.2f}× bare" if r.vs_bare else "", f"{_pct(r.success_pct)} ok"]
+    if r.calls_per_request is not None:
+        parts.append(f"{r.calls_per_request:.2f} cmd/req")
+    extra = ", ".join(p for p in parts if p)
+    return f"{_n(r.rps)} ({extra})" if extra else _n(r.rps)
+
+
+def _section(r: Row) -> str:
+    if r.driver == "live":
+        return f"live · store {r.store}" if r.store not in ("none", "memory") else "live"
+    return f"in-process · store {r.store}" if r.store not in ("none", "memory") else "in-process"
+
+
+def build_tables(rows: list[Row]) -> list[Table]:
+    """Every table of the report, in reading order."""
+    tables: list[Table] = []
+    stores = sorted({r.store for r in rows if r.store != "none"}, key=lambda s: (s != "memory", s)) or ["memory"]
+    for store in stores:
+        sel = [r for r in rows if r.store in (store, "none")]
+        for group in GROUP_TITLES:
+            grows = [r for r in sel if r.group == group]
+            if not grows or all(r.library == "bare" for r in grows):
+                continue
+            section = _section(next(r for r in grows if r.library != "bare"))
+            tables.extend(_group_tables(section, group, grows))
+    return tables
+
+
+def _scenarios(rows: list[Row]) -> list[tuple[str, int]]:
+    seen: dict[tuple[str, int], None] = {}
+    for r in rows:
+        seen[(r.scenario, r.concurrency)] = None
+    return list(seen)
+
+
+def _group_tables(section: str, group: str, rows: list[Row]) -> list[Table]:
+    libs = library_order([r.library for r in rows])
+    by = {(r.scenario, r.concurrency, r.library): r for r in rows}
+    titles = {r.scenario: r.title for r in rows}
+    keys = _scenarios(rows)
+    out: list[Table] = []
+    if group == "live":
+        header = ["Scenario", "Library", "Conns", "req/s", "vs bare", "avg ms", "p50 ms", "p99 ms", "p99.9 ms",
+                  "2xx", "429", "errors", "server CPU", "server RSS", "cmd/req"]
+        body = []
+        for sc, conc in keys:
+            for lib in libs:
+                r = by.get((sc, conc, lib))
+                if r is None:
+                    continue
+                body.append([titles[sc], lib, str(conc), _n(r.rps), f"{r.vs_bare:.2f}×" if r.vs_bare else "—",
+                             _ms(r.lat_mean_ms), _ms(r.p50_ms), _ms(r.p99_ms), _ms(r.p999_ms), _n(r.allowed),
+                             _n(r.throttled), str(r.errors), f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—",
+                             f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—",
+                             f"{r.calls_per_request:.2f}" if r.calls_per_request is not None else "—"])
+        return [Table(section, group, GROUP_TITLES[group], header, body)]
+    if group == "tiered":
+        header = ["Library", "Group", "Requests", "Avg latency", "Limited", "Success rate"]
+        body = []
+        for lib in libs:
+            for sc, conc in keys:
+                r = by.get((sc, conc, lib))
+                if r is None:
+                    continue
+                for name, g in r.groups.items():
+                    body.append([lib, name, _n(g["requests"]), f"{_ms(g['avg_ms'])} ms", _n(g["limited"]),
+                                 _pct(g["success_pct"])])
+        return [Table(section, group, GROUP_TITLES[group], header, body)]
+    if group == "correctness":
+        header = ["Scenario", "Library", "Expected allowed", "Allowed", "Throttled", "Correct", "req/s"]
+        body = []
+        for sc, conc in keys:
+            for lib in libs:
+                r = by.get((sc, conc, lib))
+                if r is None or lib == "bare":
+                    continue
+                body.append([titles[sc], lib, str(r.expected_allowed), _n(r.allowed), _n(r.throttled),
+                             "yes" if r.correct else "NO", _n(r.rps)])
+        return [Table(section, group, GROUP_TITLES[group], header, body)]
+    label = "Algorithm" if group == "strategy" else "Scenario"
+    header = [label] + [f"{lib} req/s" for lib in libs]
+    body = []
+    for sc, conc in keys:
+        name = titles[sc] + (f" (c={conc})" if len({c for s, c in keys if s == sc}) > 1 else "")
+        body.append([name] + [_throughput_cell(by[(sc, conc, lib)]) if (sc, conc, lib) in by else "—" for lib in libs])
+    out.append(Table(section, group, GROUP_TITLES[group], header, body))
+    lat_header = [label] + [f"{lib} p50 / p95 / p99 ms" for lib in libs]
+    lat_body = []
+    for sc, conc in keys:
+        cells = [titles[sc]]
+        for lib in libs:
+            r = by.get((sc, conc, lib))
+            cells.append(f"{_ms(r.p50_ms)} / {_ms(r.p95_ms)} / {_ms(r.p99_ms)}" if r else "—")
+        lat_body.append(cells)
+    out.append(Table(section, group, GROUP_TITLES[group] + ": latency percentiles", lat_header, lat_body))
+    checked = [r for r in rows if r.correct is not None and r.library != "bare"]
+    if checked:
+        ok = sum(1 for r in checked if r.correct)
+        wrong = [f"{r.library} {r.scenario} ({r.allowed} allowed, expected {r.expected_allowed})"
+                 for r in checked if not r.correct]
+        note = [[f"{ok}/{len(checked)} exact", "; ".join(wrong) or "all exact"]]
+        out.append(Table(section, group, GROUP_TITLES[group] + ": allowed count vs an exact limiter",
+                         ["Exact", "Deviations"], note))
+    return out
+
+
+def _md_table(t: Table) -> str:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(t.header), "| " + " | ".join("---" for _ in t.header) + " |", *map(line, t.body)])
+
+
+def render_markdown(rows: list[Row], meta: Meta, skipped: Sequence[object] = ()) -> str:
+    """The whole report as Markdown: how it was made, then one table per group and section."""
+    lines = ["# ratewarden bench results", "", f"- Command: `{meta.command}`", f"- Date: {meta.started}",
+             f"- Machine: {meta.machine}", f"- Python {meta.python}; "
+             + ", ".join(f"{k} {v}" for k, v in meta.versions.items())]
+    for k, v in meta.method.items():
+        lines.append(f"- {k}: {v}")
+    section = None
+    for t in build_tables(rows):
+        if t.section != section:
+            section = t.section
+            lines += ["", f"## {section}"]
+        lines += ["", f"### {t.title}", "", _md_table(t)]
+    notes = [s for s in (getattr(x, "skipped", "") for x in skipped) if s]
+    if notes:
+        lines += ["", "## Skipped", ""]
+        for x in skipped:
+            reason = getattr(x, "skipped", "")
+            task = getattr(x, "task", None)
+            if reason and task is not None:
+                lines.append(f"- {task.library} · {task.scenario.key} · {task.store}: {reason}")
+    return "\n".join(lines) + "\n"

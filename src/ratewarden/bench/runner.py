@@ -1,0 +1,196 @@
+"""Runs the scenario x store x library x concurrency matrix: warm-up, timed iterations, median selection."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .adapters import Adapter, StoreSpec, Unsupported, load
+from .drivers import inprocess, live
+from .scenarios import Scenario
+from .services import StoreService
+from .stats import Row, Run, median_run
+
+__all__ = ["Options", "Result", "Task", "plan_tasks", "run_all"]
+
+
+@dataclass
+class Options:
+    """Everything a run needs (the CLI fills this in)."""
+
+    scenarios: list[Scenario]
+    libraries: list[str]
+    stores: list[str] = field(default_factory=lambda: ["memory"])
+    iterations: int = 3
+    warmup: int = 1
+    concurrency: list[int] | None = None
+    duration: float = 10.0
+    warmup_duration: float = 2.0
+    redis_url: str = ""
+    memcached_url: str = ""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One configuration to measure."""
+
+    scenario: Scenario
+    library: str
+    store: str
+    concurrency: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.library} · {self.scenario.key} · {self.store} · c={self.concurrency}"
+
+
+@dataclass
+class Result:
+    """A measured (or skipped) task: its summary row and every timed iteration."""
+
+    task: Task
+    row: Row | None
+    runs: list[Run]
+    skipped: str = ""
+
+
+def _levels(sc: Scenario, opts: Options) -> list[int]:
+    if opts.concurrency and sc.mode in ("batches", "live"):
+        return opts.concurrency
+    return [sc.concurrency]
+
+
+def plan_tasks(opts: Options) -> list[Task]:
+    """The ordered task list; the bare baseline runs once per scenario (it has no store) and first."""
+    tasks: list[Task] = []
+    for store in opts.stores:
+        for sc in opts.scenarios:
+            for conc in _levels(sc, opts):
+                for lib in opts.libraries:
+                    if lib == "bare":
+                        if store != opts.stores[0]:
+                            continue
+                        tasks.append(Task(sc, lib, "none", conc))
+                    else:
+                        tasks.append(Task(sc, lib, store, conc))
+    return tasks
+
+
+def _row(task: Task, runs: list[Run], driver: str) -> Row:
+    sc = task.scenario
+    m = median_run(runs)
+    lat = m.latency_ms
+    n = m.requests or 1
+    expected = sc.expected_allowed if driver == "inprocess" and task.library != "bare" else None
+    if task.library == "bare" and driver == "inprocess":
+        expected = sc.total_requests
+    calls = [r.store_calls for r in runs if r.store_calls is not None]
+    return Row(
+        library=task.library, scenario=sc.key, group=sc.group, title=sc.title, store=task.store, driver=driver,
+        concurrency=task.concurrency, requests=m.requests, rps=m.rps, allowed=m.allowed, throttled=m.throttled,
+        errors=m.errors, success_pct=100.0 * m.allowed / n, throttled_pct=100.0 * m.throttled / n,
+        lat_mean_ms=lat["mean"], p50_ms=lat["p50"], p95_ms=lat["p95"], p99_ms=lat["p99"], p999_ms=lat["p999"],
+        expected_allowed=expected, correct=None if expected is None else m.allowed == expected,
+        iterations=len(runs), rps_runs=[r.rps for r in runs], algorithm=sc.algorithm,
+        cpu_pct=m.cpu_pct, rss_mb=m.rss_mb,
+        calls_per_request=(sum(calls) / sum(r.requests for r in runs)) if calls else None,
+        groups=m.groups,
+    )
+
+
+async def _inprocess(task: Task, opts: Options, store: StoreService | None) -> list[Run]:
+    spec = store.spec if store else StoreSpec()
+    adapter: Adapter = load(task.library)(task.scenario, spec)
+    app = adapter.build()
+    await adapter.start()
+    runs: list[Run] = []
+    try:
+        for i in range(opts.warmup + opts.iterations):
+            if store:
+                store.flush()
+            await adapter.reset()
+            before = store.commands() if store else None
+            gc.collect()
+            gc.disable()  # a collection inside a 30 ms iteration would dominate it
+            try:
+                run = await inprocess.run_iteration(app, task.scenario, task.concurrency)
+            finally:
+                gc.enable()
+            if before is not None and store:
+                after = store.commands()
+                run.store_calls = None if after is None else after - before
+            if i >= opts.warmup:
+                runs.append(run)
+    finally:
+        await adapter.stop()
+    return runs
+
+
+def _live(task: Task, opts: Options, store: StoreService | None) -> list[Run]:
+    live.require_wrk()
+    server_cores, client_cores = live.cpu_plan()
+    spec = store.spec if store else StoreSpec()
+    runs: list[Run] = []
+    with live.LiveServer(task.library, task.scenario, spec, server_cores) as server:
+        for i in range(opts.warmup + opts.iterations):
+            if store:
+                store.flush()
+            server.reset()
+            before = store.commands() if store else None
+            warm = i < opts.warmup
+            run = live.run_iteration(server, task.scenario, opts.warmup_duration if warm else opts.duration,
+                                     task.concurrency, client_cores)
+            if before is not None and store:
+                after = store.commands()
+                run.store_calls = None if after is None else after - before
+            if not warm:
+                runs.append(run)
+    return runs
+
+
+def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
+            on_done: Callable[[Result], None] | None = None) -> list[Result]:
+    """Measure every task; a library that cannot run a task yields a skipped result, not a failure."""
+    results: list[Result] = []
+    services: dict[str, StoreService] = {}
+    try:
+        for kind in opts.stores:
+            if kind != "memory":
+                url = opts.redis_url if kind == "redis" else opts.memcached_url
+                services[kind] = StoreService(kind, url)
+                services[kind].start()
+        for task in plan_tasks(opts):
+            if on_start:
+                on_start(task)
+            store = services.get(task.store)
+            driver = "live" if task.scenario.mode == "live" else "inprocess"
+            try:
+                if driver == "live":
+                    runs = _live(task, opts, store)
+                else:
+                    runs = asyncio.run(_inprocess(task, opts, store))
+                result = Result(task, _row(task, runs, driver), runs)
+            except Unsupported as exc:
+                result = Result(task, None, [], skipped=str(exc))
+            except live.LiveError:
+                raise
+            except Exception as exc:
+                result = Result(task, None, [], skipped=f"failed: {type(exc).__name__}: {exc}")
+            results.append(result)
+            if on_done:
+                on_done(result)
+    finally:
+        for service in services.values():
+            service.stop()
+    _add_ratios([r.row for r in results if r.row])
+    return results
+
+
+def _add_ratios(rows: list[Row]) -> None:
+    bare = {(r.scenario, r.driver, r.concurrency): r.rps for r in rows if r.library == "bare"}
+    for r in rows:
+        base = bare.get((r.scenario, r.driver, r.concurrency))
+        if base:
+            r.vs_bare = r.rps / base

@@ -1,0 +1,111 @@
+"""Result records and the statistics over them: nearest-rank percentiles and median-run selection."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Row", "Run", "median_run", "percentile", "summarize_latencies"]
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values: the smallest value with at least q% at or below it."""
+    if not sorted_values:
+        return 0.0
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {q}")
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return float(sorted_values[rank - 1])
+
+
+def summarize_latencies(latencies_ms: Sequence[float]) -> dict[str, float]:
+    """Mean and p50/p95/p99/p99.9 (nearest rank) of latencies in milliseconds."""
+    values = sorted(latencies_ms)
+    mean = sum(values) / len(values) if values else 0.0
+    return {
+        "mean": mean,
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "p999": percentile(values, 99.9),
+        "max": values[-1] if values else 0.0,
+    }
+
+
+@dataclass
+class Run:
+    """One timed iteration of one configuration."""
+
+    requests: int
+    duration_s: float
+    status: dict[str, int]
+    latency_ms: dict[str, float]
+    errors: int = 0
+    cpu_pct: float | None = None
+    rss_mb: float | None = None
+    store_calls: int | None = None
+    groups: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def allowed(self) -> int:
+        return sum(n for code, n in self.status.items() if code.startswith("2") or code == "ok")
+
+    @property
+    def throttled(self) -> int:
+        return self.status.get("429", 0) + self.status.get("rate_limit", 0)
+
+
+def median_run(runs: Sequence[Run]) -> Run:
+    """The median iteration by requests/s (the upper middle one for an even count).
+
+    Selecting a whole run (rather than averaging fields) keeps its latencies and counts consistent.
+    """
+    if not runs:
+        raise ValueError("no runs to select from")
+    ordered = sorted(runs, key=lambda r: r.rps)
+    return ordered[len(ordered) // 2]
+
+
+@dataclass
+class Row:
+    """One summary line: library x scenario x store x driver x concurrency, from the median run."""
+
+    library: str
+    scenario: str
+    group: str
+    title: str
+    store: str
+    driver: str
+    concurrency: int
+    requests: int
+    rps: float
+    allowed: int
+    throttled: int
+    errors: int
+    success_pct: float
+    throttled_pct: float
+    lat_mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    p999_ms: float
+    expected_allowed: int | None
+    correct: bool | None
+    iterations: int
+    rps_runs: list[float]
+    algorithm: str = "fixed_window"
+    cpu_pct: float | None = None
+    rss_mb: float | None = None
+    calls_per_request: float | None = None
+    vs_bare: float | None = None
+    note: str = ""
+    groups: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

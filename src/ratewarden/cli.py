@@ -1,0 +1,82 @@
+"""The ``ratewarden`` command line (stdlib argparse, so the core stays dependency-free).
+
+Each subcommand lives in its own module exposing ``register(subparsers)``, which adds its parser and
+sets ``func`` (``args -> exit status``). Modules are imported only when their command runs (or for
+``ratewarden <command> --help``), so ``ratewarden --help`` stays fast. To add a command, add one
+line to ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["COMMANDS", "main", "register_demo"]
+
+# name -> ("module:register function", one-line help shown by ``ratewarden --help``)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("ratewarden.cli:register_demo", "run the interactive demo app"),
+    "bench": ("ratewarden.bench.cli:register", "benchmark ratewarden against traffik, slowapi and no limiter"),
+}
+
+Subparsers = Any  # argparse's _SubParsersAction is private
+
+
+def register_demo(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("demo", help=COMMANDS["demo"][1], add_help=False)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args: argparse.Namespace) -> int:
+        from ratewarden import demo  # type: ignore[attr-defined, unused-ignore]
+
+        status: int = demo.main(args.rest)
+        return status
+
+    parser.set_defaults(func=run)
+
+
+def _parser() -> tuple[argparse.ArgumentParser, Subparsers]:
+    parser = argparse.ArgumentParser(prog="ratewarden", description="Rate limiting for ASGI apps.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser, sub
+
+
+def _load(name: str) -> Callable[[Subparsers], None]:
+    target, _ = COMMANDS[name]
+    module, _, attr = target.partition(":")
+    register: Callable[[Subparsers], None] = getattr(importlib.import_module(module), attr)
+    return register
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, sub = _parser()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in COMMANDS:
+        try:
+            _load(command)(sub)
+        except ImportError as exc:
+            print(f"ratewarden {command}: cannot load the command ({exc}); "
+                  f"is the matching extra installed?", file=sys.stderr)
+            return 2
+    else:
+        for name, (_, help_text) in COMMANDS.items():
+            sub.add_parser(name, help=help_text, add_help=False)
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0 if not argv else 2
+    try:
+        status: int = func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
