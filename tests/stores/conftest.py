@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from servers import Memcached, RedisCluster, RedisSentinel, RedisStandalone, have
-
-needs_redis = pytest.mark.skipif(not have("redis-server"), reason="redis-server is not installed (make setup)")
-needs_memcached = pytest.mark.skipif(not have("memcached"), reason="memcached is not installed (make setup)")
-
+from tests.servers import Memcached, RedisCluster, RedisSentinel, RedisStandalone, have
 
 @pytest.fixture(scope="session")
 def redis_standalone() -> Iterator[RedisStandalone]:

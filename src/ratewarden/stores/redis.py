@@ -177,17 +177,17 @@ class RedisStore(Store):
         return time.monotonic() if self.clock is None else self.clock()
 
     def _cached(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
-        """A remembered rejection that still holds for one of these keys at this cost."""
+        """A remembered rejection that still holds for one of these keys at this same cost."""
         rejected = self._rejected
         now = self._now()
         for key, cost in zip(keys, costs, strict=False):
             entry = rejected.get(key)
             if entry is None:
                 continue
-            until, min_cost, d = entry
+            until, cached_cost, d = entry
             if now >= until:
                 del rejected[key]
-            elif cost >= min_cost:
+            elif cost == cached_cost:  # another cost may have another retry time
                 self.cached_rejections += 1
                 left = until - now
                 return Decision(
@@ -429,7 +429,7 @@ def _make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> Any:
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in cfg.hosts],
             max_connections=max(pool_size, 4) * 4,
-            cluster_error_retry_attempts=2,
+            retry=Retry(NoBackoff(), 2),
             **common,
         )
     retry = Retry(NoBackoff(), 1)

@@ -1,0 +1,137 @@
+"""Circuit breaker around any remote store: bounded waits, no waits at all while it is down.
+
+``Breaker(RedisStore(url), fallback=MemoryStore())`` behaves like the wrapped store until
+``failures`` checks in a row fail (``StoreError``: unreachable, timed out, broken reply). Then it
+opens for ``cooldown`` seconds: checks do not touch the store at all, so a dead store costs no
+timeout per request; they are answered by ``fallback`` (a local limiter, per process) when one is
+given, else raise ``StoreError`` at once (the ``Limiter``'s ``on_error`` then fails open or closed).
+After the cooldown one check probes the store; if it succeeds the breaker closes by itself,
+otherwise it stays open for another cooldown.
+
+``timeout`` bounds each call with ``asyncio.wait_for``; leave it ``None`` for stores that bound
+their own calls (``RedisStore`` and ``MemcachedStore`` do, more cheaply, per pipeline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from ..decision import Decision
+from ..limits import Limit
+from .base import Store, StoreError
+
+__all__ = ["Breaker"]
+
+log = logging.getLogger("ratewarden.stores.breaker")
+_T = TypeVar("_T")
+
+
+class Breaker(Store):
+    """A ``Store`` that stops calling ``store`` while it keeps failing (see module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        failures: int = 3,
+        cooldown: float = 1.0,
+        timeout: float | None = None,
+        fallback: Store | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if failures < 1:
+            raise ValueError(f"failures must be at least 1, got {failures}")
+        if not cooldown > 0:
+            raise ValueError(f"cooldown must be positive, got {cooldown!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive or None, got {timeout!r}")
+        self.store = store
+        self.failures = failures
+        self.cooldown = cooldown
+        self.timeout = timeout
+        self.fallback = fallback
+        self.clock = clock
+        self._failed = 0  # consecutive failures
+        self._open_until = 0.0  # 0 = closed
+        self._probing = False
+        self.opened = 0  # times the breaker opened
+        self.short_circuited = 0  # checks answered without touching the store
+
+    @property
+    def state(self) -> str:
+        """``closed``, ``open`` or ``half-open`` (cooldown over, next check probes)."""
+        if not self._open_until:
+            return "closed"
+        return "open" if self.clock() < self._open_until or self._probing else "half-open"
+
+    def __repr__(self) -> str:
+        return f"Breaker({self.store!r}, state={self.state})"
+
+    async def _guard(self, call: Callable[[Store], Awaitable[_T]]) -> _T:
+        probe = False
+        if self._open_until:
+            if self._probing or self.clock() < self._open_until:
+                return await self._short_circuit(call)
+            self._probing = probe = True
+        try:
+            awaitable = call(self.store)
+            result = await (awaitable if self.timeout is None else asyncio.wait_for(awaitable, self.timeout))
+        except (StoreError, asyncio.TimeoutError) as exc:
+            error = exc if isinstance(exc, StoreError) else StoreError(f"{self.store!r}: no reply within {self.timeout}s")
+            self._failure(probe, error)
+            if self.fallback is not None:
+                return await call(self.fallback)
+            if error is exc:
+                raise
+            raise error from None
+        if self._open_until:
+            log.warning("store %r is back: circuit closed", self.store)
+            self._open_until = 0.0
+            self._probing = False
+        self._failed = 0
+        return result
+
+    def _failure(self, probe: bool, error: StoreError) -> None:
+        if probe:
+            self._probing = False
+            self._open_until = self.clock() + self.cooldown
+            return
+        self._failed += 1
+        if self._failed >= self.failures and not self._open_until:
+            self._open_until = self.clock() + self.cooldown
+            self.opened += 1
+            log.warning(
+                "store failing (%s): circuit open for %gs%s",
+                error, self.cooldown, ", using the fallback store" if self.fallback is not None else "",
+            )
+
+    async def _short_circuit(self, call: Callable[[Store], Awaitable[_T]]) -> _T:
+        self.short_circuited += 1
+        if self.fallback is not None:
+            return await call(self.fallback)
+        raise StoreError(f"{self.store!r} is failing: circuit open, not calling it")
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        return await self._guard(lambda s: s.hit(keys, limits, costs))
+
+    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        return await self._guard(lambda s: s.peek(keys, limits))
+
+    async def reset(self, keys: Sequence[str]) -> None:
+        if self.fallback is not None:
+            await self.fallback.reset(keys)
+        await self.store.reset(keys)
+
+    async def clear(self) -> None:
+        if self.fallback is not None:
+            await self.fallback.clear()
+        await self.store.clear()
+
+    async def close(self) -> None:
+        await self.store.close()
+        if self.fallback is not None:
+            await self.fallback.close()

@@ -1,0 +1,215 @@
+"""Memcached store: the pure algorithms run here, state is swapped in with ``gets``/``cas``.
+
+* A check reads every key with ``gets``, runs the algorithms locally and, only if all allow,
+  writes each new state with ``cas`` (``add`` for a new key). A lost race re-reads and retries;
+  if a later key of a multi-key check loses, the keys already written are put back (compare
+  and swap again) before the retry, so a check stays all or nothing.
+* Concurrent checks of one key inside this process queue on a local lock, so CAS races happen
+  only between processes (few), not between the hundreds of requests of one event loop.
+* Memcached has no clock command: time is this host's ``time.time()``. Hosts sharing a
+  memcached must keep their clocks in sync (NTP); a skew of ``s`` seconds shifts windows by ``s``.
+* Expiry: ``ceil(reset_after) + 1`` seconds (memcached counts whole seconds, so the extra
+  second stops a state from expiring early); above 30 days it is sent as an absolute Unix time.
+* Keys over 250 bytes, or with spaces, control or non-ASCII characters, are hashed (BLAKE2b).
+* State: the algorithm's tuple of floats as ``repr`` values joined by commas (lossless).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..algorithms import State
+from ..decision import Decision
+from ..limits import Limit
+from .base import Store, StoreError, combine
+from .urls import parse_store_url
+
+try:
+    import aiomcache
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("MemcachedStore needs aiomcache: pip install 'ratewarden[memcached]'") from exc
+
+__all__ = ["MemcachedStore", "memcached_key"]
+
+THIRTY_DAYS = 30 * 86400
+_MAX_KEY = 250
+
+
+def memcached_key(key: str) -> bytes:
+    """``key`` as memcached accepts it: hashed when too long or not plain printable ASCII."""
+    raw = key.encode("utf-8", "surrogatepass")
+    if len(raw) <= _MAX_KEY and raw.isascii() and all(32 < b < 127 for b in raw):
+        return raw
+    prefix = key.split(":", 1)[0][:16] if ":" in key else "rw"
+    safe_prefix = "".join(c for c in prefix if 32 < ord(c) < 127) or "rw"
+    return f"{safe_prefix}:h:{hashlib.blake2b(raw, digest_size=20).hexdigest()}".encode()
+
+
+def expiry(reset_after: float, wall: float) -> int:
+    """Memcached ``exptime`` for a state meaningful for ``reset_after`` seconds."""
+    seconds = max(1, math.ceil(reset_after) + 1) if reset_after < 1e12 else THIRTY_DAYS * 1000
+    return seconds if seconds <= THIRTY_DAYS else int(wall) + seconds
+
+
+def encode(state: State) -> bytes:
+    return ",".join(map(repr, state)).encode()
+
+
+def decode(value: bytes) -> State:
+    if not value:
+        return ()
+    return tuple(float(x) for x in value.split(b","))
+
+
+class MemcachedStore(Store):
+    """Limits kept in memcached, built from ``memcached://host:port``.
+
+    ``timeout`` (seconds per check, default 0.05), ``pool_size`` (default 8) and ``retries``
+    (CAS attempts before ``StoreError``, default 50) may also come from the URL's query.
+    ``clock`` replaces ``time.time`` (tests).
+    """
+
+    def __init__(
+        self,
+        url: str = "memcached://127.0.0.1:11211",
+        *,
+        timeout: float | None = None,
+        pool_size: int | None = None,
+        retries: int = 50,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        cfg = parse_store_url(url, ("memcached",))
+        if len(cfg.hosts) != 1:
+            raise ValueError(f"store URL {cfg.text!r}: MemcachedStore takes exactly one host:port")
+        self.url = cfg.text
+        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.05))  # type: ignore[arg-type]
+        size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout!r} seconds")
+        if size < 1 or retries < 1:
+            raise ValueError("pool_size and retries must be at least 1")
+        self.retries = retries
+        self.clock = clock
+        host, port = cfg.hosts[0]
+        self._client = aiomcache.Client(host, port, pool_size=size)
+        self._locks: dict[bytes, list[Any]] = {}  # key -> [asyncio.Lock, users]
+        self.cas_conflicts = 0  # lost compare-and-swap races (retried)
+
+    def __repr__(self) -> str:
+        return f"MemcachedStore({self.url!r})"
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        mkeys = [memcached_key(k) for k in keys]
+        try:
+            return await asyncio.wait_for(self._locked_hit(mkeys, limits, costs), self.timeout)
+        except asyncio.TimeoutError:
+            raise StoreError(f"memcached store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
+        except (OSError, aiomcache.exceptions.ClientException, ConnectionError) as exc:
+            raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    async def _locked_hit(self, mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        ordered = sorted(set(mkeys))
+        held: list[bytes] = []
+        try:
+            for key in ordered:
+                entry = self._locks.get(key)
+                if entry is None:
+                    entry = self._locks[key] = [asyncio.Lock(), 0]
+                entry[1] += 1
+                held.append(key)
+                await entry[0].acquire()
+            return await self._cas_hit(mkeys, limits, costs)
+        finally:
+            for key in held:
+                entry = self._locks[key]
+                if entry[0].locked():
+                    entry[0].release()
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[key]
+
+    async def _cas_hit(self, mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        client = self._client
+        for _ in range(self.retries):
+            read = [await client.gets(k) for k in mkeys]
+            now = self.clock()
+            decisions: list[Decision] = []
+            states: list[State | None] = []
+            for (value, _token), limit, cost in zip(read, limits, costs, strict=False):
+                state = decode(value) if value is not None else None
+                new_state, decision = limit.fn(state, now, cost, limit.rate)
+                decision.policy = limit.name
+                decisions.append(decision)
+                states.append(new_state)
+            if not all(d.allowed for d in decisions):
+                return combine(decisions)
+            wall = time.time()
+            written: list[int] = []
+            for i, key in enumerate(mkeys):
+                new_state = states[i]
+                if new_state is None:
+                    continue
+                value, token = read[i]
+                data = encode(new_state)
+                exptime = expiry(decisions[i].reset_after, wall)
+                if token is None:
+                    ok = await client.add(key, data, exptime)
+                else:
+                    ok = await client.cas(key, data, token, exptime)
+                if not ok:
+                    self.cas_conflicts += 1
+                    await self._undo([(mkeys[j], read[j][0], encode(states[j] or ())) for j in written])
+                    break
+                written.append(i)
+            else:
+                return combine(decisions)
+        raise StoreError(f"memcached store {self.url}: gave up after {self.retries} compare-and-swap conflicts")
+
+    async def _undo(self, writes: list[tuple[bytes, bytes | None, bytes]]) -> None:
+        """Put back keys this check wrote, unless someone changed them since."""
+        for key, old, ours in writes:
+            value, token = await self._client.gets(key)
+            if value != ours or token is None:
+                continue
+            if old is None:
+                await self._client.delete(key)
+            else:
+                await self._client.cas(key, old, token, 0)
+
+    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        try:
+            values = [await self._client.get(memcached_key(k)) for k in keys]
+        except (OSError, aiomcache.exceptions.ClientException) as exc:
+            raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
+        now = self.clock()
+        out = []
+        for value, limit in zip(values, limits, strict=False):
+            _, decision = limit.fn(decode(value) if value is not None else None, now, 0.0, limit.rate)
+            decision.policy = limit.name
+            out.append(decision)
+        return out
+
+    async def reset(self, keys: Sequence[str]) -> None:
+        try:
+            for key in keys:
+                await self._client.delete(memcached_key(key))
+        except (OSError, aiomcache.exceptions.ClientException) as exc:
+            raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    async def clear(self) -> None:
+        """Memcached cannot list keys, so this empties the whole instance (``flush_all``):
+        give ratewarden a memcached of its own if you use it."""
+        try:
+            await self._client.flush_all()
+        except (OSError, aiomcache.exceptions.ClientException) as exc:
+            raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError, aiomcache.exceptions.ClientException):
+            await self._client.close()

@@ -1,0 +1,55 @@
+"""Store factories and the multi-process client used by the store tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from ratewarden.algorithms import ALGORITHMS
+from ratewarden.limits import Limit
+from ratewarden.rates import Rate
+from ratewarden.stores.base import Store
+
+ALGORITHM_NAMES = list(ALGORITHMS)
+KINDS = ["redis", "cluster", "sentinel", "memcached"]
+
+
+def make_store(kind: str, url: str, clock: Callable[[], float] | None = None, **options: Any) -> Store:
+    if kind == "memcached":
+        from ratewarden.stores.memcached import MemcachedStore
+
+        options.setdefault("timeout", 5.0)
+        return MemcachedStore(url, clock=clock, **options) if clock else MemcachedStore(url, **options)
+    from ratewarden.stores.redis import RedisStore
+
+    options.setdefault("timeout", 5.0)
+    return RedisStore(url, clock=clock, **options)
+
+
+def limit_of(algorithm: str, amount: int = 100, period: float = 86400.0) -> Limit:
+    return Limit(Rate(amount, period), algorithm)
+
+
+def client_process(kind: str, url: str, prefix: str, index: int, barrier: Any, out: Any) -> None:
+    """One client process: its own store connection, 120 requests per algorithm, spread over 10
+    client keys so that every key is contended by every process."""
+
+    async def main() -> dict[str, int]:
+        store = make_store(kind, url)
+        limits = {name: limit_of(name) for name in ALGORITHM_NAMES}
+        barrier.wait()
+
+        async def one(name: str, j: int) -> bool:
+            key = f"{prefix}:{{client{(index + j) % 10}}}:{limits[name].suffix}"
+            decision = await store.hit([key], [limits[name]], [1.0])
+            return decision.allowed
+
+        results = await asyncio.gather(*(one(name, j) for name in ALGORITHM_NAMES for j in range(120)))
+        await store.close()
+        counts = dict.fromkeys(ALGORITHM_NAMES, 0)
+        for (name, _), allowed in zip(((n, j) for n in ALGORITHM_NAMES for j in range(120)), results, strict=True):
+            counts[name] += allowed
+        return counts
+
+    out.put((index, asyncio.run(main())))
