@@ -8,6 +8,7 @@ import pytest
 
 from tests.servers import Memcached, RedisCluster, RedisSentinel, RedisStandalone, have
 
+
 @pytest.fixture(scope="session")
 def redis_standalone() -> Iterator[RedisStandalone]:
     if not have("redis-server"):

@@ -1,4 +1,4 @@
-"""Every distributed store × every algorithm, against real servers: vectors, exact concurrency,
+"""Every distributed store x every algorithm, against real servers: vectors, exact concurrency,
 cross-process exactness, and equality with the Python algorithms."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ async def test_150_concurrent_against_100(kind_url: tuple[str, str], algorithm: 
 
 
 def test_ten_processes_exactly_1000_allowed(kind_url: tuple[str, str]) -> None:
-    """10 processes × 120 requests per algorithm over 10 client keys limited to 100 each."""
+    """10 processes x 120 requests per algorithm over 10 client keys limited to 100 each."""
     kind, url = kind_url
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(10)
