@@ -10,7 +10,8 @@ inspects the two oldest entries (deleting expired ones, rotating live ones to th
 thread ever scans the whole table. When the table is full of live states, a new key is charged
 against a shared overflow state for its limit instead of evicting anyone: live counters are never
 reset early, so a flood of new keys cannot buy an attacker a fresh allowance; while full, new
-keys share one (stricter) allowance until entries expire.
+keys share one (stricter) allowance until entries expire. The table never holds more than
+``max_keys`` states (``len(store)``); the overflow states, one per distinct limit, live beside it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class MemoryStore(Store):
         self.max_keys = max_keys
         self.clock = clock
         self._data: OrderedDict[str, _Entry] = OrderedDict()
+        self._overflow: dict[str, _Entry] = {}  # one shared state per limit, used only while full
         self._lock = threading.Lock()
         self._overflow_logged = False
         self.overflowed = 0  # new keys charged to the shared overflow state
@@ -52,18 +54,25 @@ class MemoryStore(Store):
     def __len__(self) -> int:
         return len(self._data)
 
-    def _room_for(self, key: str, limit: Limit, now: float) -> str:
-        """Reclaim expired entries near the head; return the key to write (the overflow key if full)."""
+    def _sweep(self, count: int, now: float) -> None:
+        """Inspect up to ``count`` oldest entries: delete expired ones, rotate live ones to the back."""
         data = self._data
-        sweep = 2 if len(data) < self.max_keys else 64
-        for _ in range(min(sweep, len(data))):
+        for _ in range(min(count, len(data))):
             head = next(iter(data))
             if data[head][0] <= now:
                 del data[head]
             else:
                 data.move_to_end(head)
-        if len(data) < self.max_keys:
-            return key
+
+    def _slot(self, key: str, limit: Limit, now: float, pending: int = 0) -> tuple[dict[str, _Entry], str]:
+        """Where a new key's state goes: the table, or the shared overflow state when the table is
+        full of live states (``pending`` counts new keys of this check not yet written)."""
+        data = self._data
+        if len(data) + pending < self.max_keys:
+            return data, key
+        self._sweep(64, now)
+        if len(data) + pending < self.max_keys:
+            return data, key
         self.overflowed += 1
         if not self._overflow_logged:
             self._overflow_logged = True
@@ -72,7 +81,7 @@ class MemoryStore(Store):
                 "entries expire; raise max_keys if this is legitimate traffic",
                 self.max_keys,
             )
-        return _OVERFLOW + limit.suffix
+        return self._overflow, _OVERFLOW + limit.suffix
 
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         now = self.clock()
@@ -81,17 +90,18 @@ class MemoryStore(Store):
             if len(keys) == 1:
                 key = keys[0]
                 limit = limits[0]
+                table: dict[str, _Entry] = data
                 entry = data.get(key)
-                if entry is None and len(data) >= self.max_keys:
-                    key = self._room_for(key, limit, now)
-                    entry = data.get(key)
+                if entry is None:
+                    table, key = self._slot(key, limit, now)
+                    entry = table.get(key)
                 state = entry[1] if entry is not None and entry[0] > now else None
                 new_state, decision = limit.fn(state, now, costs[0], limit.rate)
                 decision.policy = limit.name
                 if new_state is not None:
-                    if entry is None and key is keys[0]:
-                        self._room_for(key, limit, now)
-                    data[key] = (now + decision.reset_after, new_state)
+                    if entry is None and table is data:
+                        self._sweep(2, now)
+                    table[key] = (now + decision.reset_after, new_state)
                 return decision
             return self._hit_many(keys, limits, costs, now)
 
@@ -99,25 +109,28 @@ class MemoryStore(Store):
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], now: float
     ) -> Decision:
         data = self._data
-        results: list[tuple[str, State | None, Decision]] = []
+        results: list[tuple[dict[str, _Entry], str, State | None, Decision]] = []
         allowed = True
+        pending = 0
         for key, limit, cost in zip(keys, limits, costs, strict=True):
+            table: dict[str, _Entry] = data
             entry = data.get(key)
-            if entry is None and len(data) >= self.max_keys:
-                key = self._room_for(key, limit, now)
-                entry = data.get(key)
+            if entry is None:
+                table, key = self._slot(key, limit, now, pending)
+                entry = table.get(key)
+                pending += table is data
             state = entry[1] if entry is not None and entry[0] > now else None
             new_state, decision = limit.fn(state, now, cost, limit.rate)
             decision.policy = limit.name
             allowed = allowed and decision.allowed
-            results.append((key, new_state, decision))
+            results.append((table, key, new_state, decision))
         if allowed:
-            for key, new_state, decision in results:
+            if pending:
+                self._sweep(2, now)
+            for table, key, new_state, decision in results:
                 if new_state is not None:
-                    if key not in data:
-                        self._room_for(key, limits[0], now)
-                    data[key] = (now + decision.reset_after, new_state)
-        return combine([r[2] for r in results])
+                    table[key] = (now + decision.reset_after, new_state)
+        return combine([r[3] for r in results])
 
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """Current decisions for a zero-cost request; charges nothing."""
@@ -140,6 +153,7 @@ class MemoryStore(Store):
     def clear_now(self) -> None:
         with self._lock:
             self._data.clear()
+            self._overflow.clear()
             self.overflowed = 0
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
