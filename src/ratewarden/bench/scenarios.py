@@ -128,8 +128,8 @@ def _build() -> dict[str, Scenario]:
                  "websocket", expected_allowed=500),
         Scenario("ws.burst", "websocket", "Burst (100 msg, 50/min limit)", 50, 60, 100, "ws", "websocket",
                  expected_allowed=50),
-        Scenario("ws.concurrent", "websocket", "10 concurrent connections (15 msg each)", 100, 60, 15, "ws",
-                 "websocket", connections=10, expected_allowed=150),
+        Scenario("ws.concurrent", "websocket", "10 concurrent connections (15 msg each, one client)", 100, 60, 15, "ws",
+                 "websocket", connections=10, expected_allowed=100),
     ]
     for algo in ALGORITHMS:
         s.append(Scenario(f"strategy.{algo}", "strategy", algo, 100, 60, 200, "sequential", algorithm=algo,
