@@ -167,7 +167,7 @@ def _summary(results: list[Any]) -> None:
     from rich.table import Table
 
     table = Table(title="ratewarden bench: median runs", show_lines=False)
-    for col in ("scenario", "library", "store", "c", "req/s", "× bare", "p50 ms", "p99 ms", "ok %", "429 %",
+    for col in ("scenario", "library", "store", "c", "req/s", "x bare", "p50 ms", "p99 ms", "ok %", "429 %",
                 "exact"):
         table.add_column(col, justify="left" if col in ("scenario", "library", "store") else "right")
     for r in results:

@@ -87,7 +87,7 @@ class StoreService:
             with redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2) as r:
                 r.flushdb()
         elif self.kind == "memcached":
-            from pymemcache.client.base import Client
+            from pymemcache.client.base import Client  # type: ignore[import-untyped, unused-ignore]
 
             client = Client(self.spec.host_port, connect_timeout=2, timeout=2)
             try:
@@ -105,14 +105,14 @@ class StoreService:
             return sum(int(v["calls"]) for k, v in stats.items()
                        if k.removeprefix("cmdstat_").split("|")[0] not in _OWN_COMMANDS)
         if self.kind == "memcached":
-            from pymemcache.client.base import Client
+            from pymemcache.client.base import Client  # type: ignore[import-untyped, unused-ignore]
 
             client = Client(self.spec.host_port, connect_timeout=2, timeout=2)
             try:
                 raw = client.stats()
             finally:
                 client.close()
-            return sum(int(raw.get(k.encode(), 0)) for k in _MEMCACHED_COUNTERS)
+            return sum(int(raw.get(k.encode(), raw.get(k, 0))) for k in _MEMCACHED_COUNTERS)
         return None
 
     def stop(self) -> None:

@@ -114,7 +114,7 @@ class TraffikAdapter(Adapter):
             "many": "/api/v1/items/*",
             "regex": re.compile(r"^/api/v1/items/\d+$"),
         }[variant]
-        rules = [Bypass(path="/health")] if variant == "bypass" else None
+        rules: list[Any] | None = [Bypass(path="/health")] if variant == "bypass" else None
         entries = [MiddlewareThrottle(self._throttle(rate, rules=rules), path=pattern)]
         if variant == "many":
             for p in ("/users/*", "/orders/**", "/admin/**", "/auth/login", "/auth/*", "/search",

@@ -59,7 +59,7 @@ class LiveServer:
         self.library, self.scenario, self.store, self.cores = library, scenario, store, cores
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.TemporaryFile()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
 
     def __enter__(self) -> LiveServer:
         self.start()
@@ -186,7 +186,7 @@ def _run_wrk(url: str, sc: Scenario, duration: float, concurrency: int, cores: s
 def run_iteration(server: LiveServer, sc: Scenario, duration: float, concurrency: int,
                   client_cores: set[int] | None) -> Run:
     """One wrk run against a started server, sampling the server's CPU and RSS meanwhile."""
-    import psutil
+    import psutil  # type: ignore[import-untyped, unused-ignore]
 
     assert server.proc is not None
     proc = psutil.Process(server.proc.pid)

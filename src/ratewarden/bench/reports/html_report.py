@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from pathlib import Path
 
+from ..runner import Result
 from ..stats import Row
 from .markdown import GROUP_TITLES, build_tables, library_order
 from .meta import Meta
@@ -28,7 +29,7 @@ def _color(lib: str, i: int) -> str:
     return PALETTE.get(lib, _EXTRA[i % len(_EXTRA)])
 
 
-def bar_chart(title: str, categories: Sequence[str], series: dict[str, Sequence[float | None]], unit: str) -> str:
+def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequence[float | None]], unit: str) -> str:
     """Horizontal grouped bars as an SVG string: one group per category, one bar per series."""
     label_w, bar_h, gap, width = 300, 13, 10, 1000
     plot_w = width - label_w - 110
@@ -79,7 +80,8 @@ def _charts(rows: list[Row]) -> list[str]:
             titles = {r.scenario: r.title for r in grows}
             cats = [titles[s] + (f" c={c}" if group == "live" else "") for s, c in keys]
 
-            def series(field: Callable[[Row], float | None], libraries: list[str]) -> dict[str, list[float | None]]:
+            def series(field: Callable[[Row], float | None], libraries: list[str], by: dict[tuple[str, int, str], Row] = by,
+                       keys: list[tuple[str, int]] = keys) -> dict[str, Sequence[float | None]]:
                 return {lib: [field(by[(s, c, lib)]) if (s, c, lib) in by else None for s, c in keys]
                         for lib in libraries}
 
@@ -96,7 +98,7 @@ def _charts(rows: list[Row]) -> list[str]:
     return charts
 
 
-def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[object] = ()) -> Path:
+def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[Result] = ()) -> Path:
     parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ratewarden bench</title>",
              f"<style>{_CSS}</style></head><body><h1>ratewarden bench</h1><ul class='meta'>",
              f"<li>Command: <code>{escape(meta.command)}</code></li><li>Date: {escape(meta.started)}</li>",
@@ -114,11 +116,10 @@ def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[object
                      + "".join(f"<th>{escape(h)}</th>" for h in t.header) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in t.body]
         parts.append("</table>")
-    skipped = [(getattr(r, "task", None), getattr(r, "skipped", "")) for r in results]
-    skipped = [(t, s) for t, s in skipped if s and t is not None]
+    skipped = [(r.task.label, r.skipped) for r in results if r.skipped]
     if skipped:
         parts.append("<h2>Skipped</h2><ul>")
-        parts += [f"<li>{escape(t.label)}: {escape(s)}</li>" for t, s in skipped]  # type: ignore[attr-defined]
+        parts += [f"<li>{escape(label)}: {escape(s)}</li>" for label, s in skipped]
         parts.append("</ul>")
     parts.append("</body></html>")
     path.write_text("\n".join(parts), encoding="utf-8")

@@ -54,7 +54,7 @@ def _pct(v: float) -> str:
 
 
 def _throughput_cell(r: Row) -> str:
-    parts = [] if r.library == "bare" else [f"{r.vs_bare:.2f}× bare" if r.vs_bare else "", f"{_pct(r.success_pct)} ok"]
+    parts = [] if r.library == "bare" else [f"{r.vs_bare:.2f}x bare" if r.vs_bare else "", f"{_pct(r.success_pct)} ok"]
     if r.calls_per_request is not None:
         parts.append(f"{r.calls_per_request:.2f} cmd/req")
     extra = ", ".join(p for p in parts if p)
@@ -104,7 +104,7 @@ def _group_tables(section: str, group: str, rows: list[Row]) -> list[Table]:
                 r = by.get((sc, conc, lib))
                 if r is None:
                     continue
-                body.append([titles[sc], lib, str(conc), _n(r.rps), f"{r.vs_bare:.2f}×" if r.vs_bare else "—",
+                body.append([titles[sc], lib, str(conc), _n(r.rps), f"{r.vs_bare:.2f}x" if r.vs_bare else "—",
                              _ms(r.lat_mean_ms), _ms(r.p50_ms), _ms(r.p99_ms), _ms(r.p999_ms), _n(r.allowed),
                              _n(r.throttled), str(r.errors), f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—",
                              f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—",
