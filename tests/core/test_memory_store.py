@@ -1,0 +1,191 @@
+"""MemoryStore: all-or-nothing, the memory bound under a flood of keys, reclaiming, threads."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ratewarden import Limiter, MemoryStore
+from ratewarden.algorithms import ALGORITHMS
+from ratewarden.limits import Limit
+from ratewarden.rates import Rate
+from tests.vectors.runner import FakeClock
+
+ALL = sorted(ALGORITHMS)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1_000_000.0)
+
+
+def test_max_keys_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_keys"):
+        MemoryStore(max_keys=0)
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+def test_several_limits_are_all_or_nothing(algorithm: str, clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    loose = Limit(Rate(10, 60.0), algorithm, "loose")
+    tight = Limit(Rate(2, 60.0), algorithm, "tight")
+    keys = ["rw:{a|x}:loose", "rw:{b|x}:tight"]
+    assert store.hit_now(keys, [loose, tight], [1, 1]).allowed
+    assert store.hit_now(keys, [loose, tight], [1, 1]).allowed
+    loose_before = store.state_of(keys[0])
+    tight_before = store.state_of(keys[1])
+    for _ in range(5):
+        denied = store.hit_now(keys, [loose, tight], [1, 1])
+        assert not denied.allowed
+        assert denied.policy == "tight"  # the deciding (denying) limit is reported
+    # Neither limit was charged by the denials: the loose one still has 8 left.
+    assert store.state_of(keys[0]) == loose_before
+    assert store.state_of(keys[1]) == tight_before
+    assert store.peek_now([keys[0]], [loose])[0].remaining == 8
+    # A single-limit check of the loose key proves its counter is intact.
+    for _ in range(8):
+        assert store.hit_now([keys[0]], [loose], [1]).allowed
+    assert not store.hit_now([keys[0]], [loose], [1]).allowed
+
+
+def test_combined_decision_reports_fewest_remaining_when_allowed(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    limits = [Limit(Rate(10, 60.0), name="big"), Limit(Rate(3, 60.0), name="small")]
+    decision = store.hit_now(["k1", "k2"], limits, [1, 1])
+    assert decision.allowed and decision.policy == "small" and decision.remaining == 2
+
+
+def test_denied_request_changes_no_state(clock: FakeClock) -> None:
+    for algorithm in ALL:
+        store = MemoryStore(clock=clock)
+        limit = Limit(Rate(3, 10.0), algorithm)
+        while store.hit_now(["k"], [limit], [1]).allowed:
+            pass
+        before = store.state_of("k")
+        assert not store.hit_now(["k"], [limit], [2]).allowed
+        assert store.state_of("k") == before, algorithm
+
+
+def test_peek_charges_nothing(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    limit = Limit(Rate(3, 10.0), "sliding_log")
+    store.hit_now(["k"], [limit], [1])
+    before = store.state_of("k")
+    for _ in range(10):
+        assert store.peek_now(["k"], [limit])[0].remaining == 2
+    assert store.state_of("k") == before
+    assert store.peek_now(["unknown"], [limit])[0].remaining == 3
+    assert store.state_of("unknown") is None
+
+
+def test_reset_and_clear(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    limit = Limit(Rate(1, 60.0))
+    assert store.hit_now(["a"], [limit], [1]).allowed
+    assert store.hit_now(["b"], [limit], [1]).allowed
+    assert not store.hit_now(["a"], [limit], [1]).allowed
+    store.reset_now(["a", "never-seen"])
+    assert store.hit_now(["a"], [limit], [1]).allowed
+    assert not store.hit_now(["b"], [limit], [1]).allowed
+    store.clear_now()
+    assert len(store) == 0
+    assert store.hit_now(["b"], [limit], [1]).allowed
+
+
+def test_flood_of_a_million_keys_stays_bounded_and_never_frees_a_limited_key(clock: FakeClock) -> None:
+    store = MemoryStore(max_keys=1000, clock=clock)
+    limit = Limit(Rate(3, 600.0), "fixed_window", "api")
+    clock.now = 6000.0  # start of an aligned 10-minute window
+    victim = "rw:{api|attacker}:x"
+    for _ in range(3):
+        assert store.hit_now([victim], [limit], [1.0]).allowed
+    assert not store.hit_now([victim], [limit], [1.0]).allowed
+    costs = [1.0]
+    limits = [limit]
+    hit_now = store.hit_now
+    biggest = 0
+    for i in range(1_000_000):
+        if i % 10_000 == 0:
+            clock.now += 1.0  # 100 s of flood, all inside the window: every state stays live
+            biggest = max(biggest, len(store))
+        hit_now([f"rw:{{api|flood-{i}}}:x"], limits, costs)
+    assert max(biggest, len(store)) <= 1000
+    assert len(store) == 1000
+    # The key that was at its limit is still limited: no live counter was reset.
+    denied = store.hit_now([victim], [limit], [1.0])
+    assert not denied.allowed
+    assert denied.retry_after == pytest.approx(6600.0 - clock.now)
+    # Every key beyond the bound shared one overflow allowance, so the flood bought 3 requests, not 999,000.
+    assert store.overflowed >= 999_000
+    first = store.state_of("rw:{api|flood-0}:x")
+    assert first is not None and first[1] == 1.0
+
+
+def test_expired_entries_are_reclaimed(clock: FakeClock) -> None:
+    store = MemoryStore(max_keys=100, clock=clock)
+    limit = Limit(Rate(2, 10.0), "token_bucket")
+    for i in range(100):
+        store.hit_now([f"old-{i}"], [limit], [1])
+    assert len(store) == 100
+    before = store.overflowed
+    clock.advance(60.0)  # every old state has expired
+    for i in range(100):
+        decision = store.hit_now([f"new-{i}"], [limit], [1])
+        # A fresh key gets its own full allowance: room was reclaimed, not overflowed.
+        assert decision.allowed and decision.remaining == 1
+    assert store.overflowed == before
+    assert len(store) <= 100
+    assert all(store.state_of(f"new-{i}") is not None for i in range(100))
+    assert all(store.state_of(f"old-{i}") is None for i in range(100))
+
+
+def test_reclaiming_happens_without_a_full_table(clock: FakeClock) -> None:
+    """Expired states are dropped a few at a time as new keys arrive, not only at the bound."""
+    store = MemoryStore(max_keys=10_000, clock=clock)
+    limit = Limit(Rate(1, 1.0), "gcra")
+    for i in range(1000):
+        store.hit_now([f"a-{i}"], [limit], [1])
+    clock.advance(5.0)
+    for i in range(1000):
+        store.hit_now([f"b-{i}"], [limit], [1])
+    assert len(store) <= 1100  # most of the 1000 expired states were swept by the 1000 new keys
+
+
+def test_bound_holds_for_multi_limit_checks(clock: FakeClock) -> None:
+    store = MemoryStore(max_keys=50, clock=clock)
+    limits = [Limit(Rate(5, 600.0), name="a"), Limit(Rate(50, 600.0), name="b"), Limit(Rate(9, 600.0), name="c")]
+    for i in range(1000):
+        store.hit_now([f"a{i}", f"b{i}", f"c{i}"], limits, [1, 1, 1])
+        assert len(store) <= 50
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
+
+
+@pytest.mark.usefixtures("fast_switching")
+@pytest.mark.parametrize("algorithm", ALL)
+def test_threads_on_one_key_get_exactly_the_limit(algorithm: str, clock: FakeClock) -> None:
+    limiter = Limiter(MemoryStore(clock=clock))
+    allowed = [0] * 8
+    barrier = threading.Barrier(8)
+
+    def worker(n: int) -> None:
+        barrier.wait()
+        for _ in range(250):
+            if limiter.hit_sync("shared", "500/hour", algorithm=algorithm).allowed:
+                allowed[n] += 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(allowed) == 500
