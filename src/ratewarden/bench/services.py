@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -72,6 +73,8 @@ class StoreService:
         else:
             exe = shutil.which("memcached")
             cmd = [exe or "", "-p", str(port), "-l", "127.0.0.1", "-U", "0", "-m", "256"]
+            if os.geteuid() == 0:
+                cmd += ["-u", "root"]  # memcached refuses to run as root otherwise
             self.url = f"memcached://127.0.0.1:{port}"
         if exe is None:
             raise BenchError(f"no --{self.kind}-url given and {cmd[0] or self.kind} is not installed "

@@ -1,0 +1,75 @@
+"""Every adapter enforces the scenario's limit on the shared app shape, or says why it cannot."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from ratewarden.bench.adapters import LIBRARIES, StoreSpec, Unsupported, load
+from ratewarden.bench.drivers.inprocess import run_iteration
+from ratewarden.bench.scenarios import SCENARIOS
+from ratewarden.bench.services import StoreService
+
+LIMITERS = [name for name in LIBRARIES if name != "bare"]
+
+
+async def measure(library: str, key: str, store: StoreSpec | None = None) -> tuple[int, int]:
+    adapter = load(library)(SCENARIOS[key], store or StoreSpec())
+    app = adapter.build()
+    await adapter.start()
+    try:
+        await adapter.reset()
+        run = await run_iteration(app, SCENARIOS[key])
+    finally:
+        await adapter.stop()
+    assert run.errors == 0
+    return run.allowed, run.throttled
+
+
+@pytest.mark.parametrize("library", LIMITERS)
+@pytest.mark.parametrize("key", ["http.high", "mw.high", "mw.selective", "race", "distributed"])
+async def test_limiters_allow_exactly_the_limit(library: str, key: str) -> None:
+    sc = SCENARIOS[key]
+    allowed, throttled = await measure(library, key)
+    assert allowed == sc.expected_allowed
+    assert allowed + throttled == sc.total_requests
+
+
+async def test_bare_app_never_throttles() -> None:
+    assert await measure("bare", "http.high") == (200, 0)
+
+
+@pytest.mark.parametrize("library", ["ratewarden", "traffik"])
+async def test_websocket_messages_are_limited(library: str) -> None:
+    assert await measure(library, "ws.high") == (100, 100)
+
+
+async def test_tiers_limit_only_the_small_tier() -> None:
+    for library in LIMITERS:
+        adapter = load(library)(SCENARIOS["tiered"], StoreSpec())
+        app = adapter.build()
+        await adapter.start()
+        run = await run_iteration(app, SCENARIOS["tiered"])
+        await adapter.stop()
+        assert run.groups["basic"]["limited"] == 20, library
+        assert run.groups["premium"]["limited"] == 0 and run.groups["standard"]["limited"] == 0
+
+
+def test_unsupported_combinations_say_why() -> None:
+    with pytest.raises(Unsupported, match="WebSocket"):
+        load("slowapi")(SCENARIOS["ws.low"], StoreSpec()).build()
+    with pytest.raises(Unsupported, match="gcra"):
+        load("slowapi")(SCENARIOS["strategy.gcra"], StoreSpec()).build()
+    with pytest.raises(KeyError):
+        load("nonexistent")
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+async def test_redis_store_rows_count_store_commands() -> None:
+    with StoreService("redis") as service:
+        before = service.commands()
+        assert await measure("ratewarden", "http.low", service.spec) == (50, 0)
+        after = service.commands()
+        assert before is not None and after is not None and after - before >= 50
+        service.flush()
