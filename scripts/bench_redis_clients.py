@@ -18,9 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ratewarden.limits import make_limits  # noqa: E402
-from ratewarden.stores.redis import SCRIPT, SCRIPT_SHA, RedisStore  # noqa: E402
-from tests.servers import RedisStandalone  # noqa: E402
+from tests.servers import RedisStandalone
+
+from ratewarden.limits import make_limits
+from ratewarden.stores.redis import SCRIPT, SCRIPT_SHA, RedisStore
 
 CONCURRENCY = 50
 
