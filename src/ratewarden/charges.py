@@ -1,0 +1,152 @@
+"""Adjusting counters outside a normal check: refunds, penalties and rewards.
+
+A refund (negative amount) gives units back, e.g. when a request is only meant to count if its
+response was an error; a penalty (positive amount) charges units regardless of the limit,
+saturating when the limit is exhausted. Both reuse the pure algorithms: a refund is the algorithm
+run with a negative cost, and a state that ends up with the whole limit available is simply
+deleted (which is what "nothing used" means for every algorithm).
+
+Stores opt in with an ``adjust(keys, limits, amounts)`` coroutine; ``MemoryStore`` is handled
+here directly. Other stores raise ``NotImplementedError`` naming the store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .algorithms import State
+from .decision import Decision
+from .limits import Limit
+from .stores.base import Store
+from .stores.memory import MemoryStore
+
+__all__ = ["AdjustableStore", "Charge", "adjust", "adjusted_state"]
+
+
+@runtime_checkable
+class AdjustableStore(Protocol):
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Apply ``amounts[i]`` to ``keys[i]`` without a limit check (negative = refund)."""
+        ...
+
+
+def adjusted_state(limit: Limit, state: State | None, now: float, amount: float) -> tuple[State | None, Decision]:
+    """The state after charging ``amount`` (refunding when negative) without denying.
+
+    Returns ``(None, decision)`` when the key should be deleted (its whole limit is available).
+    """
+    fn = limit.fn
+    rate = limit.rate
+    if amount >= 0:
+        new_state, decision = fn(state, now, amount, rate)
+        if new_state is None and decision.remaining > 0:
+            # Over the limit: charge what is left, so the key ends exhausted.
+            new_state, decision = fn(state, now, float(decision.remaining), rate)
+        if new_state is None:
+            _, decision = fn(state, now, 0.0, rate)
+            return state, decision
+        return new_state, decision
+    if state is None:
+        _, decision = fn(None, now, 0.0, rate)
+        return None, decision
+    if limit.algorithm == "sliding_log":
+        # One timestamp per admitted unit: drop the newest ones.
+        units = math.ceil(-amount)
+        new_state = state[: max(0, len(state) - units)]
+        _, decision = fn(new_state, now, 0.0, rate)
+    else:
+        new_state, decision = fn(state, now, amount, rate)
+        if new_state is not None and limit.algorithm == "sliding_window" and new_state[1] < 0:
+            new_state = (new_state[0], 0.0, new_state[2])
+            _, decision = fn(new_state, now, 0.0, rate)
+    if new_state is None or decision.remaining >= decision.limit:
+        _, decision = fn(None, now, 0.0, rate)
+        return None, decision
+    return new_state, decision
+
+
+def _adjust_memory(
+    store: MemoryStore, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]
+) -> list[Decision]:
+    now = store.clock()
+    out = []
+    data = store._data
+    with store._lock:
+        for key, limit, amount in zip(keys, limits, amounts, strict=True):
+            entry = data.get(key)
+            state = entry[1] if entry is not None and entry[0] > now else None
+            new_state, decision = adjusted_state(limit, state, now, amount)
+            decision.policy = limit.name
+            if new_state is None:
+                data.pop(key, None)
+            elif new_state is not state and (entry is not None or len(data) < store.max_keys):
+                data[key] = (now + decision.reset_after, new_state)
+            out.append(decision)
+    return out
+
+
+async def adjust(store: Store, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+    """Charge (positive) or refund (negative) ``amounts`` on ``keys``, never denying."""
+    if isinstance(store, MemoryStore):
+        return _adjust_memory(store, keys, limits, amounts)
+    if isinstance(store, AdjustableStore):
+        return await store.adjust(keys, limits, amounts)
+    raise NotImplementedError(
+        f"{type(store).__name__} cannot refund or penalise yet (it has no adjust() operation); "
+        "use MemoryStore or a store that implements adjust()"
+    )
+
+
+class Charge:
+    """When a request really counts, decided after its response.
+
+    The request is still checked (and charged) before the handler runs, so a client over its
+    limit is refused up front; once the response status is known, the charge is refunded unless
+    the status is one of ``statuses``: ints (``401``), classes (``"5xx"``) or ranges
+    (``"400-499"``). ``Charge.failures()`` counts only 4xx and 5xx answers (refund on success).
+    """
+
+    def __init__(self, statuses: Sequence[int | str]) -> None:
+        self.spec = tuple(statuses)
+        ranges: list[tuple[int, int]] = []
+        for item in self.spec:
+            ranges.append(_status_range(item))
+        if not ranges:
+            raise ValueError("charge: statuses must name at least one status (e.g. [401, '5xx'])")
+        self.ranges = tuple(ranges)
+
+    @classmethod
+    def failures(cls) -> Charge:
+        return cls(["4xx", "5xx"])
+
+    def counts(self, status: int) -> bool:
+        return any(lo <= status <= hi for lo, hi in self.ranges)
+
+    def __repr__(self) -> str:
+        return f"Charge({list(self.spec)!r})"
+
+
+def _status_range(item: int | str) -> tuple[int, int]:
+    if isinstance(item, bool):
+        raise ValueError(f"invalid status {item!r}")
+    if isinstance(item, int):
+        if 100 <= item <= 599:
+            return item, item
+        raise ValueError(f"invalid status {item!r}: expected 100-599")
+    if isinstance(item, str):
+        text = item.strip().lower()
+        if len(text) == 3 and text[0] in "12345" and text[1:] == "xx":
+            base = int(text[0]) * 100
+            return base, base + 99
+        lo_text, sep, hi_text = text.partition("-")
+        try:
+            lo = int(lo_text)
+            hi = int(hi_text) if sep else lo
+        except ValueError:
+            pass
+        else:
+            if 100 <= lo <= hi <= 599:
+                return lo, hi
+    raise ValueError(f"invalid status {item!r}: use a code (401), a class ('5xx') or a range ('400-499')")

@@ -1,0 +1,70 @@
+"""Delay instead of reject (nginx ``limit_req`` with ``burst``): a request over the rate waits for
+its turn instead of being refused, as long as the wait is bounded.
+
+A denied request is held when its ``retry_after`` fits in ``max_wait``, fewer than ``burst``
+requests of the same key are already waiting, and fewer than ``max_waiting`` are waiting overall;
+it then sleeps until it would be allowed and is checked again (so waiting requests still respect
+the limit exactly). Anything else is rejected at once. The nginx ``delay=`` / ``nodelay`` part
+(excess requests served immediately) is the rate's own burst, e.g. ``"10/s burst 20"`` with the
+``gcra`` or ``token_bucket`` algorithm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+from .decision import Decision
+
+__all__ = ["Delay"]
+
+
+class Delay:
+    """Bounded waiting for requests over their rate."""
+
+    def __init__(self, *, max_wait: float = 1.0, burst: int = 10, max_waiting: int = 1000) -> None:
+        if not max_wait > 0:
+            raise ValueError(f"delay: max_wait must be positive seconds, got {max_wait!r}")
+        if burst < 1 or max_waiting < 1:
+            raise ValueError(f"delay: burst and max_waiting must be at least 1, got {burst!r} and {max_waiting!r}")
+        self.max_wait = max_wait
+        self.burst = burst
+        self.max_waiting = max_waiting
+        self.waiting = 0
+        self.delayed = 0  # requests that waited and were then served
+        self._per_key: dict[str, int] = {}
+
+    async def wait(self, key: str, decision: Decision, recheck: Callable[[], Awaitable[Decision | None]]) -> Decision | None:
+        """Hold a denied request until ``recheck`` allows it or the wait would exceed ``max_wait``.
+
+        Returns the final decision (``decision`` itself when the request cannot wait).
+        """
+        retry = decision.retry_after
+        if math.isinf(retry) or retry > self.max_wait or self.waiting >= self.max_waiting:
+            return decision
+        queued = self._per_key.get(key, 0)
+        if queued >= self.burst:
+            return decision
+        self._per_key[key] = queued + 1
+        self.waiting += 1
+        deadline = time.monotonic() + self.max_wait
+        current: Decision | None = decision
+        try:
+            while current is not None and not current.allowed:
+                retry = current.retry_after
+                if math.isinf(retry) or time.monotonic() + retry > deadline:
+                    return current
+                # A hair past the boundary, so the re-check lands after it.
+                await asyncio.sleep(retry + 0.001)
+                current = await recheck()
+            self.delayed += 1
+            return current
+        finally:
+            self.waiting -= 1
+            left = self._per_key[key] - 1
+            if left:
+                self._per_key[key] = left
+            else:
+                del self._per_key[key]

@@ -1,0 +1,231 @@
+"""Metrics: Prometheus counters (extra ``metrics``) and OpenTelemetry instruments (when the SDK is
+installed), labelled by rule and group only, never by client key, so cardinality stays bounded by
+the policy.
+
+``Metrics.observe`` records one checked request; ``Metrics.instrument(store)`` wraps a store to
+time it and count its errors; ``record_cached_rejection`` is the hook a store with a local
+rejection cache calls when it answers without a round trip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .decision import Decision
+from .limits import Limit
+from .stores.base import Store
+
+__all__ = ["InstrumentedStore", "Metrics", "record_cached_rejection"]
+
+log = logging.getLogger("ratewarden.metrics")
+
+_MAX_LABEL_VALUES = 1000
+_OVERFLOW_LABEL = "other"
+_cached_rejection_sinks: list[Callable[[str], None]] = []
+
+
+def record_cached_rejection(rule: str = "") -> None:
+    """Count one rejection answered from a store's local cache (a no-op without ``Metrics``)."""
+    for sink in _cached_rejection_sinks:
+        sink(rule)
+
+
+class _Labels:
+    """Caps the distinct values of a label: past ``limit``, new values are reported as "other"."""
+
+    def __init__(self, limit: int = _MAX_LABEL_VALUES) -> None:
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self.seen:
+            return value
+        if len(self.seen) >= self.limit:
+            return _OVERFLOW_LABEL
+        self.seen.add(value)
+        return value
+
+
+class Metrics:
+    """Request, decision and store metrics.
+
+    ``near_ratio``: an allowed request counts as near the limit when it leaves at most
+    ``1 - near_ratio`` of the limit (default 0.8: 80 % used). ``registry`` defaults to a private
+    ``CollectorRegistry`` (pass ``prometheus_client.REGISTRY`` to use the global one).
+    ``otel``: also record OpenTelemetry instruments (default: when ``opentelemetry.sdk`` is importable).
+    """
+
+    def __init__(
+        self,
+        registry: Any = None,
+        *,
+        namespace: str = "ratewarden",
+        near_ratio: float = 0.8,
+        otel: bool | None = None,
+    ) -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise ImportError("ratewarden metrics need prometheus-client: pip install 'ratewarden[metrics]'") from None
+        if not 0 < near_ratio <= 1:
+            raise ValueError(f"near_ratio must be in (0, 1], got {near_ratio!r}")
+        self.near_ratio = near_ratio
+        self.registry = registry if registry is not None else prom.CollectorRegistry()
+        labels = ("rule", "group")
+
+        def counter(name: str, doc: str, names: Sequence[str] = labels) -> Any:
+            return prom.Counter(name, doc, names, namespace=namespace, registry=self.registry)
+
+        self.checked = counter("requests_checked", "Requests checked against a limit")
+        self.allowed = counter("requests_allowed", "Requests allowed")
+        self.limited = counter("requests_limited", "Requests rejected by a limit")
+        self.shadow_limited = counter("requests_shadow_limited", "Requests over a limit but allowed (shadow mode)")
+        self.near_limit = counter("requests_near_limit", "Allowed requests that used most of their limit")
+        self.delayed = counter("requests_delayed", "Requests that waited for their turn instead of being rejected")
+        self.banned = counter("requests_banned", "Requests refused because the client is banned", ("status",))
+        self.cached_rejections = counter("cached_rejections", "Rejections answered from a local cache", ("rule",))
+        self.store_errors = counter("store_errors", "Store operations that failed", ("store", "operation"))
+        self.store_latency = prom.Histogram(
+            "store_latency_seconds",
+            "Store operation latency",
+            ("store", "operation"),
+            namespace=namespace,
+            registry=self.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )
+        self._rule_label = _Labels()
+        self._group_label = _Labels()
+        self._otel: dict[str, Any] | None = None
+        if otel or (otel is None and importlib.util.find_spec("opentelemetry.sdk") is not None):
+            self._otel = _otel_instruments(namespace)
+        _cached_rejection_sinks.append(self._on_cached_rejection)
+
+    def close(self) -> None:
+        """Stop receiving cached-rejection events."""
+        if self._on_cached_rejection in _cached_rejection_sinks:
+            _cached_rejection_sinks.remove(self._on_cached_rejection)
+
+    def _labels(self, rule: str, group: str) -> tuple[str, str]:
+        return self._rule_label(rule), self._group_label(group)
+
+    def observe(self, rule: str, group: str, decision: Decision, *, shadow: bool = False) -> None:
+        """Count one checked request and what was decided."""
+        labels = self._labels(rule, group)
+        self.checked.labels(*labels).inc()
+        if not decision.allowed:
+            (self.shadow_limited if shadow else self.limited).labels(*labels).inc()
+            if shadow:
+                self.allowed.labels(*labels).inc()
+            self._otel_add("limited" if not shadow else "shadow_limited", labels)
+            return
+        self.allowed.labels(*labels).inc()
+        if decision.limit and decision.limit - decision.remaining >= self.near_ratio * decision.limit:
+            self.near_limit.labels(*labels).inc()
+            self._otel_add("near_limit", labels)
+        self._otel_add("allowed", labels)
+
+    def observe_delayed(self, rule: str, group: str) -> None:
+        self.delayed.labels(*self._labels(rule, group)).inc()
+
+    def observe_banned(self, status: int) -> None:
+        self.banned.labels(str(status)).inc()
+
+    def _on_cached_rejection(self, rule: str) -> None:
+        self.cached_rejections.labels(self._rule_label(rule)).inc()
+
+    def _otel_add(self, what: str, labels: tuple[str, str]) -> None:
+        if self._otel is not None:
+            self._otel[what].add(1, {"rule": labels[0], "group": labels[1]})
+
+    def instrument(self, store: Store) -> InstrumentedStore:
+        """``store`` wrapped so each operation is timed and its failures counted."""
+        return InstrumentedStore(store, self)
+
+    def asgi_app(self) -> Any:
+        """An ASGI app serving this registry in the Prometheus text format (mount at ``/metrics``)."""
+        import prometheus_client
+
+        return prometheus_client.make_asgi_app(registry=self.registry)
+
+    def exposition(self) -> bytes:
+        """The current metrics in the Prometheus text format."""
+        import prometheus_client
+
+        return bytes(prometheus_client.generate_latest(self.registry))
+
+
+def _otel_instruments(namespace: str) -> dict[str, Any] | None:
+    try:
+        from opentelemetry import metrics as otel_metrics
+    except ImportError:
+        return None
+    meter = otel_metrics.get_meter("ratewarden")
+    return {
+        what: meter.create_counter(f"{namespace}.requests.{what}", description=f"Requests {what.replace('_', ' ')}")
+        for what in ("allowed", "limited", "shadow_limited", "near_limit")
+    }
+
+
+class InstrumentedStore(Store):
+    """A store wrapper that records latency and errors of every operation in ``Metrics``."""
+
+    def __init__(self, inner: Store, metrics: Metrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+        self.local = inner.local
+        name = type(inner).__name__
+        self._hit_latency = metrics.store_latency.labels(name, "hit")
+        self._peek_latency = metrics.store_latency.labels(name, "peek")
+        self._name = name
+
+    def _error(self, operation: str, exc: BaseException) -> None:
+        self.metrics.store_errors.labels(self._name, operation).inc()
+        log.warning("store_error store=%s operation=%s error=%s: %s", self._name, operation, type(exc).__name__, exc)
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        start = time.perf_counter()
+        try:
+            return await self.inner.hit(keys, limits, costs)
+        except Exception as exc:
+            self._error("hit", exc)
+            raise
+        finally:
+            self._hit_latency.observe(time.perf_counter() - start)
+
+    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        start = time.perf_counter()
+        try:
+            return self.inner.hit_now(keys, limits, costs)
+        except Exception as exc:
+            self._error("hit", exc)
+            raise
+        finally:
+            self._hit_latency.observe(time.perf_counter() - start)
+
+    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        start = time.perf_counter()
+        try:
+            return await self.inner.peek(keys, limits)
+        except Exception as exc:
+            self._error("peek", exc)
+            raise
+        finally:
+            self._peek_latency.observe(time.perf_counter() - start)
+
+    async def reset(self, keys: Sequence[str]) -> None:
+        await self.inner.reset(keys)
+
+    async def clear(self) -> None:
+        await self.inner.clear()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        from .charges import adjust
+
+        return await adjust(self.inner, keys, limits, amounts)

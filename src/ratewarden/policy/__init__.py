@@ -1,0 +1,24 @@
+"""Declarative, reloadable policies: tiers of API keys, per-path rules, bans, delays, shadow mode.
+
+``load_policy(path)`` reads a TOML or YAML file into a validated ``Policy``;
+``PolicyMiddleware`` enforces it and reloads it when the file changes.
+"""
+
+from .loader import load_policy, parse_policy
+from .middleware import PolicyMiddleware
+from .reload import PolicyReloader
+from .schema import Policy, PolicyError, Problem
+from .tiers import Identity, PolicyRule, Tiers
+
+__all__ = [
+    "Identity",
+    "Policy",
+    "PolicyError",
+    "PolicyMiddleware",
+    "PolicyReloader",
+    "PolicyRule",
+    "Problem",
+    "Tiers",
+    "load_policy",
+    "parse_policy",
+]

@@ -1,0 +1,145 @@
+"""Reading policy files: TOML (``tomllib``, or ``tomli`` before Python 3.11) and YAML (PyYAML,
+the ``policy`` extra), with a line locator per format so validation errors name the line."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .schema import Locate, Policy, PolicyError, Problem, validate
+
+__all__ = ["load_policy", "parse_policy"]
+
+_HEADER_RE = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+_KEY_RE = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+_PART_RE = re.compile(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""")
+
+
+def _toml_module() -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("reading TOML policies on Python 3.10 needs tomli: pip install tomli") from None
+    return tomli
+
+
+def _dotted(text: str) -> list[str]:
+    return [p[1:-1] if p[0] in "\"'" else p for p in _PART_RE.findall(text)]
+
+
+def toml_locator(text: str) -> Locate:
+    """Map field paths (``["rules", 2, "rate"]``) to the line that sets them."""
+    lines: dict[tuple[str | int, ...], int] = {}
+    counts: dict[tuple[str | int, ...], int] = {}
+    table: tuple[str | int, ...] = ()
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _HEADER_RE.match(line)
+        if header and not line.lstrip().startswith("#"):
+            parts = tuple(_dotted(header.group(2)))
+            if header.group(1) == "[[":
+                index = counts.get(parts, 0)
+                counts[parts] = index + 1
+                table = (*parts, index)
+            else:
+                # A sub-table of the latest array element: [rules.delay] after [[rules]].
+                resolved: list[str | int] = []
+                for part in parts:
+                    resolved.append(part)
+                    if tuple(resolved) in counts:
+                        resolved.append(counts[tuple(resolved)] - 1)
+                table = tuple(resolved)
+            lines.setdefault(table, number)
+            continue
+        key = _KEY_RE.match(line)
+        if key:
+            lines.setdefault((*table, *_dotted(key.group(1))), number)
+
+    def locate(path: Sequence[str | int]) -> int | None:
+        return lines.get(tuple(path))
+
+    return locate
+
+
+def yaml_locator(text: str) -> Locate:
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return lambda path: None
+
+    def locate(path: Sequence[str | int]) -> int | None:
+        node = root
+        if node is None:
+            return None
+        for i, part in enumerate(path):
+            if isinstance(node, yaml.MappingNode):
+                for key_node, value_node in node.value:
+                    if key_node.value == str(part):
+                        if i == len(path) - 1:
+                            return int(key_node.start_mark.line) + 1
+                        node = value_node
+                        break
+                else:
+                    return None
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+                node = node.value[part]
+            else:
+                return None
+        return int(node.start_mark.line) + 1
+
+    return locate
+
+
+def parse_policy(text: str, format: str = "toml", source: str = "<policy>") -> Policy:
+    """Parse and validate policy ``text`` (``format`` is ``"toml"`` or ``"yaml"``)."""
+    if format == "toml":
+        toml = _toml_module()
+        try:
+            data = toml.loads(text)
+        except toml.TOMLDecodeError as exc:
+            line = getattr(exc, "lineno", None) or _line_from_message(str(exc))
+            raise PolicyError([Problem("", f"invalid TOML: {exc}", line, source)]) from None
+        return validate(data, toml_locator(text), source)
+    if format == "yaml":
+        try:
+            import yaml
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise ImportError("YAML policies need PyYAML: pip install 'ratewarden[policy]'") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            raise PolicyError([Problem("", f"invalid YAML: {exc}", line, source)]) from None
+        return validate(data if data is not None else {}, yaml_locator(text), source)
+    raise ValueError(f"unknown policy format {format!r}: use 'toml' or 'yaml'")
+
+
+def _line_from_message(message: str) -> int | None:
+    match = re.search(r"line (\d+)", message)
+    return int(match.group(1)) if match else None
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate the policy file at ``path`` (``.toml``, ``.yaml`` or ``.yml``)."""
+    file = Path(path)
+    suffix = file.suffix.lower()
+    if suffix == ".toml":
+        format = "toml"
+    elif suffix in (".yaml", ".yml"):
+        format = "yaml"
+    else:
+        raise PolicyError([Problem("", f"unknown policy file type {suffix or '(none)'!r}: use .toml, .yaml or .yml", None, str(file))])
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError([Problem("", f"cannot read policy file: {exc.strerror or exc}", None, str(file))]) from None
+    return parse_policy(text, format, str(file))

@@ -1,0 +1,425 @@
+"""``PolicyMiddleware``: ``RateLimitMiddleware`` plus the operational features — a reloadable
+policy file, tiers, global shadow mode, bans, delays, after-response charging and metrics.
+
+It is a separate class so the plain middleware's hot path carries none of this; features left
+off here cost a few attribute checks per request. WebSocket traffic is handled exactly as by
+``RateLimitMiddleware``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..asgi.middleware import ASGIApp, Message, RateLimitMiddleware, Receive, Scope, Send
+from ..bans import Bans
+from ..charges import adjust
+from ..decision import Decision
+from ..enforcement import LimitUnavailable, check_rules
+from ..headers import rate_limit_headers
+from ..limiter import Limiter
+from ..metrics import Metrics
+from ..responses import limited_headers, problem_body, send_problem
+from ..rules import CompiledRule, Rule, RuleSet
+from ..stats import rule_stats
+from .reload import PolicyReloader
+from .schema import Policy
+from .tiers import PolicyRule
+
+__all__ = ["PolicyMiddleware"]
+
+log = logging.getLogger("ratewarden")
+_UNAVAILABLE = problem_body(503, "Service Unavailable", "The rate limiter is unavailable; try again shortly.")
+_PLAN_CACHE_LIMIT = 4096
+_refund_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class _Runtime:
+    """Everything a request reads from the current policy, swapped as one object."""
+
+    rules: RuleSet
+    shadow: bool
+    bans: Bans | None
+    show_group: bool
+    policy: Policy | None
+
+
+class _Plan:
+    """What a matched rule tuple needs beyond a plain check (computed once per tuple)."""
+
+    __slots__ = ("charged", "delayed", "tiered")
+
+    def __init__(self, matched: Sequence[CompiledRule]) -> None:
+        self.tiered = any(isinstance(r.rule, PolicyRule) and r.rule.tiers is not None for r in matched)
+        self.delayed = any(getattr(r.rule, "delay", None) is not None for r in matched)
+        self.charged = any(getattr(r.rule, "charge", None) is not None for r in matched)
+
+
+async def _key(rule: CompiledRule, scope: Scope) -> str:
+    value = rule.key(scope)
+    if isinstance(value, Awaitable):
+        value = await value
+    return "" if value is None else str(value)
+
+
+def _owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
+    """The rule whose limit made ``decision`` (by policy name)."""
+    if len(rules) > 1:
+        for rule in rules:
+            for limit in rule.limits:
+                if limit.name == decision.policy:
+                    return rule
+    return rules[0]
+
+
+class PolicyMiddleware(RateLimitMiddleware):
+    """Rate limiting driven by rules or a policy file, with the operational modes.
+
+    ``policy``: a path to a TOML/YAML policy file (or a loaded ``Policy``); its rules replace
+    ``rules``. ``watch``: poll the file every this many seconds and reload on change (``None``
+    disables; ``reload()`` and ``SIGHUP`` with ``sighup=True`` always work).
+    ``shadow``: count and log, never block (the policy's ``settings.shadow`` overrides it).
+    ``bans``: a ``Bans`` (the policy's ``[bans]`` overrides it). ``metrics``: a ``Metrics``.
+    ``shadow_header``: add ``RateLimit-Shadow`` to responses that a shadow limit would have denied.
+    Other keyword arguments are those of ``RateLimitMiddleware``.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limiter: Limiter,
+        rules: Sequence[Rule] | RuleSet = (),
+        *,
+        policy: str | Path | Policy | None = None,
+        watch: float | None = None,
+        sighup: bool = False,
+        shadow: bool = False,
+        bans: Bans | None = None,
+        metrics: Metrics | None = None,
+        shadow_header: bool = True,
+        show_group: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(app, limiter, rules, **kwargs)
+        self.metrics = metrics
+        self.shadow_header = shadow_header
+        self._defaults = (shadow, bans, show_group)
+        self._plans: dict[tuple[CompiledRule, ...], _Plan] = {}
+        self._runtime = _Runtime(self.rules, shadow, bans, show_group, None)
+        self.reloader: PolicyReloader | None = None
+        if isinstance(policy, Policy):
+            self.apply(policy)
+        elif policy is not None:
+            self.reloader = PolicyReloader(policy, self.apply, interval=watch or 1.0)
+            self.reloader.load()
+            if watch is not None:
+                self.reloader.start()
+            if sighup:
+                self.reloader.install_sighup()
+
+    # -- policy --------------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy | None:
+        return self._runtime.policy
+
+    @property
+    def shadow(self) -> bool:
+        return self._runtime.shadow
+
+    @property
+    def bans(self) -> Bans | None:
+        return self._runtime.bans
+
+    def apply(self, policy: Policy) -> None:
+        """Swap in ``policy`` atomically (one assignment); ban lists carry over."""
+        shadow, bans, show_group = self._defaults
+        old = self._runtime.bans
+        new_bans = policy.bans if policy.bans is not None else bans
+        if old is not None and new_bans is not None and new_bans is not old:
+            new_bans = old.configure_from(new_bans)
+        ruleset = RuleSet(policy.rules, self.limiter.prefix)
+        self._runtime = _Runtime(ruleset, policy.shadow or shadow, new_bans, policy.show_group and show_group, policy)
+        self.rules = ruleset
+        self._plans = {}
+
+    def reload(self) -> bool:
+        """Reload the policy file now (an admin call); ``False`` if it was invalid (old one kept)."""
+        if self.reloader is None:
+            raise RuntimeError("this middleware was not given a policy file to reload")
+        return self.reloader.reload()
+
+    def close(self) -> None:
+        """Stop watching the policy file."""
+        if self.reloader is not None:
+            self.reloader.stop()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def block(self, key: str, seconds: float) -> None:
+        """Ban ``key`` (as produced by the bans' key function) for ``seconds``."""
+        bans = self._runtime.bans
+        if bans is None:
+            raise RuntimeError("bans are not configured (pass bans=Bans(...) or add [bans] to the policy)")
+        bans.block(key, seconds)
+
+    def _rule_named(self, name: str, group: str | None) -> CompiledRule:
+        for rule in self._runtime.rules.rules:
+            if rule.name != name:
+                continue
+            if isinstance(rule, PolicyRule) and rule.tiers is not None:
+                if group is None or group not in rule.tiers.groups:
+                    raise ValueError(f"rule {name!r} is tiered: pass group= one of {', '.join(rule.tiers.groups)}")
+                compiled = rule.group_rules(self.limiter.prefix)[group]
+                if compiled is None:
+                    raise ValueError(f"group {group!r} of rule {name!r} is unlimited")
+                return compiled
+            return CompiledRule(rule, self.limiter.prefix)
+        raise KeyError(f"no rule named {name!r}")
+
+    async def penalty(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
+        """Charge ``points`` to ``key`` under rule ``rule`` regardless of its limit (saturating)."""
+        compiled = self._rule_named(rule, group)
+        decisions = await adjust(self.limiter.store, compiled.storage_keys(key), compiled.limits, [points] * len(compiled.limits))
+        return min(decisions, key=lambda d: d.remaining)
+
+    async def reward(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
+        """Give ``points`` back to ``key`` under rule ``rule``."""
+        compiled = self._rule_named(rule, group)
+        decisions = await adjust(self.limiter.store, compiled.storage_keys(key), compiled.limits, [-points] * len(compiled.limits))
+        return min(decisions, key=lambda d: d.remaining)
+
+    async def stats(self, key: str | None = None, *, api_key: str | None = None) -> list[dict[str, object]]:
+        """Current state of a client across every limit that can apply to it, charging nothing.
+
+        ``key`` is a storage key as the rules' key functions produce it (e.g. the client IP);
+        ``api_key`` resolves the caller's group and key through the policy's identity instead.
+        """
+        group = None
+        rules = self._runtime.rules.rules
+        if api_key is not None:
+            policy = self._runtime.policy
+            if policy is None or policy.tiers is None:
+                raise ValueError("api_key= needs a policy with an [identity] section")
+            identity = policy.tiers.identity
+            group = identity.group_of(api_key)
+            key = identity.client_key(api_key)
+        if key is None:
+            raise ValueError("stats() needs key= or api_key=")
+        return await rule_stats(self.limiter, rules, key, group=group)
+
+    # -- request path --------------------------------------------------------------------------
+
+    def _plan(self, matched: tuple[CompiledRule, ...]) -> _Plan:
+        plan = self._plans.get(matched)
+        if plan is None:
+            plan = _Plan(matched)
+            if len(self._plans) >= _PLAN_CACHE_LIMIT:
+                self._plans = {}
+            self._plans[matched] = plan
+        return plan
+
+    def _expand(self, matched: Sequence[CompiledRule], scope: Scope) -> tuple[list[CompiledRule], str]:
+        """Replace tiered rules by the rule of the caller's group (dropping unlimited groups)."""
+        out: list[CompiledRule] = []
+        group = ""
+        prefix = self.limiter.prefix
+        for compiled in matched:
+            rule = compiled.rule
+            if isinstance(rule, PolicyRule) and rule.tiers is not None:
+                group = rule.tiers.identity.group(scope)
+                chosen = rule.group_rules(prefix).get(group)
+                if chosen is not None:
+                    out.append(chosen)
+            else:
+                out.append(compiled)
+        if group:
+            scope.setdefault("state", {})["ratewarden.group"] = group
+        return out, group
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        rt = self._runtime
+        matched = rt.rules.match(scope["method"], scope["path"])
+        limiter = self.limiter
+        if not matched or not limiter.enabled:
+            await self.app(scope, receive, send)
+            return
+        metrics = self.metrics
+        bans = rt.bans
+        ban_key = ""
+        if bans is not None:
+            value = bans.key(scope)
+            if isinstance(value, Awaitable):
+                value = await value
+            ban_key = "" if value is None else str(value)
+            left = bans.banned_for(ban_key)
+            if left > 0:
+                if metrics is not None:
+                    metrics.observe_banned(bans.status)
+                await self._refuse_banned(send, bans.status, left)
+                return
+        plan = self._plan(matched)
+        group = ""
+        rules: Sequence[CompiledRule] = matched
+        if plan.tiered:
+            rules, group = self._expand(matched, scope)
+            if not rules:  # an unlimited group
+                await self.app(scope, receive, send)
+                return
+        try:
+            decision = await check_rules(limiter, rules, scope)
+        except LimitUnavailable:
+            await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
+            return
+        state = scope.setdefault("state", {})
+        if decision is None:
+            await self._serve(scope, receive, send, None, rules, plan, rt)
+            return
+        owner = _owner(rules, decision)
+        if not decision.allowed and plan.delayed and not rt.shadow:
+            delay = getattr(owner.rule, "delay", None)
+            if delay is not None:
+                client = await _key(owner, scope)
+                waited = await delay.wait(client, decision, lambda: check_rules(limiter, rules, scope))
+                if waited is not None:
+                    if waited.allowed and metrics is not None:
+                        metrics.observe_delayed(owner.rule.name, group)
+                    decision = waited
+                    owner = _owner(rules, decision)
+        if metrics is not None:
+            metrics.observe(owner.rule.name, group, decision, shadow=rt.shadow)
+        state["ratewarden.decision"] = decision
+        if not decision.allowed:
+            if rt.shadow:
+                state["ratewarden.would_deny"] = decision
+                log.info(
+                    "shadow_limited rule=%s group=%s policy=%s retry_after=%.3f",
+                    owner.rule.name, group, decision.policy, decision.retry_after,
+                )
+                await self._serve(scope, receive, send, decision, rules, plan, rt, charged=False)
+                return
+            log.info(
+                "rate_limited rule=%s group=%s policy=%s limit=%d retry_after=%.3f",
+                owner.rule.name, group, decision.policy, decision.limit, decision.retry_after,
+            )
+            if bans is not None:
+                try:
+                    await bans.strike(limiter, ban_key)
+                except Exception as exc:
+                    log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
+            await self._reject_group(scope, receive, send, decision, group if rt.show_group else "")
+            return
+        await self._serve(scope, receive, send, decision, rules, plan, rt)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        decision: Decision | None,
+        rules: Sequence[CompiledRule],
+        plan: _Plan,
+        rt: _Runtime,
+        charged: bool = True,
+    ) -> None:
+        """Run the app, adding rate-limit and shadow headers, then settle after-response charges."""
+        extra: list[tuple[bytes, bytes]] = []
+        if decision is not None and self.headers == "always":
+            extra.extend(rate_limit_headers(decision, self.header_style))
+        state = scope.get("state") or {}
+        if self.shadow_header:
+            would = state.get("ratewarden.would_deny")
+            denied = [d for d in state.get("ratewarden.shadow", ()) if not d.allowed]
+            if would is not None:
+                denied.insert(0, would)
+            for d in denied[:1]:
+                retry = "inf" if math.isinf(d.retry_after) else str(max(1, math.ceil(d.retry_after)))
+                extra.append((b"ratelimit-shadow", f'"{d.policy}";deny;r={d.remaining};t={retry}'.encode("latin-1", "replace")))
+        if self.metrics is not None:
+            for d in state.get("ratewarden.shadow", ()):
+                if not d.allowed:
+                    self.metrics.shadow_limited.labels(*self.metrics._labels(d.policy, "")).inc()
+        status = 500
+        if extra or plan.charged:
+
+            async def wrapped(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = int(message["status"])
+                    if extra:
+                        message["headers"] = [*message.get("headers", ()), *extra]
+                await send(message)
+
+            try:
+                await self.app(scope, receive, wrapped)
+            finally:
+                if plan.charged and charged and decision is not None:
+                    await self._settle(scope, rules, status)
+            return
+        await self.app(scope, receive, send)
+
+    async def _settle(self, scope: Scope, rules: Sequence[CompiledRule], status: int) -> None:
+        """Refund the charge of rules whose ``charge`` says this status does not count."""
+        for rule in rules:
+            charge = getattr(rule.rule, "charge", None)
+            if charge is None or charge.counts(status):
+                continue
+            try:
+                key = await _key(rule, scope)
+                costs = rule.costs if rule.cost_fn is None else [float(rule.cost_fn(scope))] * len(rule.limits)
+                await adjust(self.limiter.store, rule.storage_keys(key), rule.limits, [-c for c in costs])
+            except NotImplementedError as exc:
+                name = type(self.limiter.store).__name__
+                if name not in _refund_warned:
+                    _refund_warned.add(name)
+                    log.warning("after-response charging unavailable: %s", exc)
+            except Exception as exc:
+                log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
+
+    async def _refuse_banned(self, send: Send, status: int, left: float) -> None:
+        title = "Forbidden" if status == 403 else "Too Many Requests"
+        seconds = max(1, math.ceil(left))
+        body = problem_body(status, title, f"Too many rejected requests; blocked for {seconds}s.", retry_after=seconds)
+        await send_problem(send, status, body, [(b"retry-after", b"%d" % seconds)])
+
+    async def _reject_group(self, scope: Scope, receive: Receive, send: Send, decision: Decision, group: str) -> None:
+        if self.on_limit is not None:
+            response = self.on_limit(scope, decision)
+            if inspect.isawaitable(response):
+                response = await response
+            await response(scope, receive, send)
+            return
+        headers = limited_headers(decision, self.header_style, self.headers != "off")
+        await send_problem(send, 429, limited_body(decision, group), headers)
+
+
+def limited_body(decision: Decision, group: str = "") -> bytes:
+    """The 429 problem+json body, with the caller's group and its current values."""
+    if math.isinf(decision.retry_after):
+        retry: int | None = None
+        detail = f"This request costs more than the limit of {decision.limit} allows; it can never be served."
+    else:
+        retry = max(1, math.ceil(decision.retry_after))
+        detail = f"Rate limit of {decision.limit} per {decision.period:g}s exceeded; retry after {retry}s."
+    extra: dict[str, object] = {
+        "policy": decision.policy,
+        "limit": decision.limit,
+        "remaining": decision.remaining,
+        "retry_after": retry,
+    }
+    if group:
+        extra["group"] = group
+        detail = f"{detail[:-1]} (group {group!r})."
+    return problem_body(429, "Too Many Requests", detail, **extra)
+

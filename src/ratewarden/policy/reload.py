@@ -1,0 +1,127 @@
+"""Reloading a policy file without a restart: on change (mtime polling in a daemon thread, no
+dependency), on ``SIGHUP``, or on an explicit ``reload()`` call (e.g. from an admin endpoint).
+
+The new policy is parsed and validated completely before ``apply`` is called, and ``apply``
+swaps it in with a single assignment, so a request sees either the old policy or the new one.
+A file with errors is rejected with its problems logged (and kept in ``last_error``); the
+previous policy stays in force.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from .loader import load_policy
+from .schema import Policy, PolicyError
+
+__all__ = ["PolicyReloader"]
+
+log = logging.getLogger("ratewarden.policy")
+
+
+class PolicyReloader:
+    """Watches ``path`` and calls ``apply(policy)`` with each valid new version."""
+
+    def __init__(self, path: str | Path, apply: Callable[[Policy], None], *, interval: float = 1.0) -> None:
+        if not interval > 0:
+            raise ValueError(f"reload interval must be positive seconds, got {interval!r}")
+        self.path = Path(path)
+        self.apply = apply
+        self.interval = interval
+        self.last_error: PolicyError | None = None
+        self.reloads = 0
+        self.failures = 0
+        self._signature = self._stat()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._previous_handler: object = None
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def load(self) -> Policy:
+        """Load and apply the file now; raises ``PolicyError`` if it is invalid (start-up use)."""
+        with self._lock:
+            self._signature = self._stat()
+            policy = load_policy(self.path)
+            self.apply(policy)
+            return policy
+
+    def reload(self) -> bool:
+        """Load and apply the file if it is valid; ``False`` (old policy kept) if not."""
+        with self._lock:
+            self._signature = self._stat()
+            try:
+                policy = load_policy(self.path)
+            except PolicyError as exc:
+                self.last_error = exc
+                self.failures += 1
+                log.error("policy reload rejected, keeping the previous policy:\n%s", exc)
+                return False
+            self.apply(policy)
+            self.last_error = None
+            self.reloads += 1
+            log.info("policy reloaded from %s (%d rules)", self.path, len(policy.rules))
+            return True
+
+    def check(self) -> bool | None:
+        """Reload if the file changed since the last load; ``None`` when it did not change."""
+        signature = self._stat()
+        if signature is None or signature == self._signature:
+            return None
+        return self.reload()
+
+    def start(self) -> None:
+        """Poll the file every ``interval`` seconds in a daemon thread."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ratewarden-policy-reload", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            woken = self._wake.wait(self.interval)
+            if self._stop.is_set():
+                return
+            try:
+                if woken:
+                    self._wake.clear()
+                    self.reload()
+                else:
+                    self.check()
+            except Exception:  # never let the watcher die
+                log.exception("policy watcher failed; will retry")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5)
+        self._wake.clear()
+
+    def install_sighup(self) -> bool:
+        """Reload on ``SIGHUP`` (main thread only, where the platform has it); ``False`` if not installed."""
+        if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
+            return False
+
+        def handler(signum: int, frame: object) -> None:
+            if self._thread is not None:
+                self._wake.set()
+            else:
+                threading.Thread(target=self.reload, daemon=True).start()
+
+        self._previous_handler = signal.signal(signal.SIGHUP, handler)
+        return True

@@ -1,0 +1,253 @@
+"""Tiers: who the caller is (an API key from one of several places), which group that puts them in,
+and rules whose limits come from the group.
+
+``Identity`` tries each source in order (``header:X-API-Key``, ``bearer``, ``query:api_key``);
+the key found is looked up exactly, then by SHA-256 hash, then by glob pattern. A listed key gets
+its group; an unlisted key gets ``unknown_group``; no key at all gets ``anonymous_group`` and is
+charged per client address. Keys are stored only as digests, never as the secret itself.
+
+A ``PolicyRule`` with ``tiers`` has one precompiled rule per group (named ``<rule>.<group>``, which
+is also its storage scope), so picking the limits is a dict lookup per request.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ..charges import Charge
+from ..delay import Delay
+from ..keys import KeyFunc, client_ip
+from ..rates import Rate
+from ..rules import CompiledRule, Rule
+
+__all__ = ["Identity", "PolicyRule", "Tiers", "parse_source"]
+
+Scope = MutableMapping[str, Any]
+Extractor = Callable[[Scope], "str | None"]
+_CACHE_LIMIT = 10_000
+_STATE_KEY = "ratewarden.identity"
+
+
+def _header_extractor(name: str) -> Extractor:
+    raw = name.lower().encode("latin-1")
+
+    def extract(scope: Scope) -> str | None:
+        for key, value in scope.get("headers") or ():
+            if key == raw:
+                text = bytes(value).decode("latin-1").strip()
+                return text or None
+        return None
+
+    return extract
+
+
+def _bearer(scope: Scope) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key == b"authorization":
+            text = bytes(value).decode("latin-1")
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip() or None
+    return None
+
+
+def _query_extractor(name: str) -> Extractor:
+    def extract(scope: Scope) -> str | None:
+        qs = scope.get("query_string") or b""
+        if qs:
+            for k, v in parse_qsl(qs.decode("latin-1")):
+                if k == name and v:
+                    return str(v)
+        return None
+
+    return extract
+
+
+def parse_source(spec: str) -> Extractor:
+    """``header:<Name>``, ``bearer`` or ``query:<name>`` as a function of the scope."""
+    kind, _, arg = spec.partition(":")
+    kind = kind.strip().lower()
+    arg = arg.strip()
+    if kind == "header" and arg:
+        return _header_extractor(arg)
+    if kind == "bearer" and not arg:
+        return _bearer
+    if kind == "query" and arg:
+        return _query_extractor(arg)
+    raise ValueError(f"invalid key source {spec!r}: use 'header:<Name>', 'bearer' or 'query:<name>'")
+
+
+def _digest(value: str) -> str:
+    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+class Identity:
+    """Finds the caller's API key and group."""
+
+    def __init__(
+        self,
+        sources: Iterable[str] = ("header:X-API-Key",),
+        *,
+        keys: Mapping[str, str] | None = None,
+        hashed_keys: Mapping[str, str] | None = None,
+        patterns: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+        unknown_group: str,
+        anonymous_group: str,
+        anonymous_key: KeyFunc = client_ip,
+    ) -> None:
+        self.sources = tuple(sources)
+        self.extractors = tuple(parse_source(s) for s in self.sources)
+        if not self.extractors:
+            raise ValueError("identity needs at least one key source (e.g. 'header:X-API-Key')")
+        self.keys = dict(keys or {})
+        self.hashed_keys = {h.lower(): g for h, g in (hashed_keys or {}).items()}
+        pairs = patterns.items() if isinstance(patterns, Mapping) else patterns
+        self.patterns = tuple((p, re.compile(fnmatch.translate(p)), g) for p, g in pairs)
+        self.unknown_group = unknown_group
+        self.anonymous_group = anonymous_group
+        self.anonymous_key = anonymous_key
+        self._cache: dict[str, tuple[str, str]] = {}
+
+    @property
+    def groups(self) -> set[str]:
+        """Every group this identity can answer."""
+        return {
+            *self.keys.values(),
+            *self.hashed_keys.values(),
+            *(g for _, _, g in self.patterns),
+            self.unknown_group,
+            self.anonymous_group,
+        }
+
+    def group_of(self, api_key: str) -> str:
+        """The group of a presented API key."""
+        group = self.keys.get(api_key)
+        if group is not None:
+            return group
+        if self.hashed_keys:
+            group = self.hashed_keys.get(hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).hexdigest())
+            if group is not None:
+                return group
+        for _, regex, pattern_group in self.patterns:
+            if regex.match(api_key):
+                return pattern_group
+        return self.unknown_group
+
+    def api_key(self, scope: Scope) -> str | None:
+        """The first API key found in the request, or ``None``."""
+        for extract in self.extractors:
+            value = extract(scope)
+            if value:
+                return value
+        return None
+
+    def client_key(self, api_key: str) -> str:
+        """The storage key of an API key (a digest: secrets never reach the store)."""
+        return "k:" + _digest(api_key)
+
+    def resolve(self, scope: Scope) -> tuple[str, str]:
+        """``(group, client key)`` of this request (remembered in the scope for the request)."""
+        state = scope.get("state")
+        if state is not None:
+            found = state.get(_STATE_KEY)
+            if found is not None:
+                return found  # type: ignore[no-any-return]
+        api_key = self.api_key(scope)
+        if api_key is None:
+            anon = self.anonymous_key(scope)
+            if isinstance(anon, Awaitable):
+                raise TypeError("identity anonymous_key must be a synchronous key function")
+            result = (self.anonymous_group, "ip:" + str(anon))
+        else:
+            result = self._cache.get(api_key)  # type: ignore[assignment]
+            if result is None:
+                result = (self.group_of(api_key), self.client_key(api_key))
+                if len(self._cache) >= _CACHE_LIMIT:
+                    self._cache.clear()
+                self._cache[api_key] = result
+        scope.setdefault("state", {})[_STATE_KEY] = result
+        return result
+
+    def key(self, scope: Scope) -> str:
+        """Key function: the caller's storage key."""
+        return self.resolve(scope)[1]
+
+    def group(self, scope: Scope) -> str:
+        """The caller's group."""
+        return self.resolve(scope)[0]
+
+
+
+class Tiers:
+    """Groups and their limits (``None`` = unlimited), with the ``Identity`` that picks the group."""
+
+    def __init__(self, groups: Mapping[str, str | Rate | Iterable[str | Rate] | None], identity: Identity) -> None:
+        if not groups:
+            raise ValueError("tiers need at least one group")
+        missing = sorted(identity.groups - set(groups))
+        if missing:
+            raise ValueError(f"identity refers to undefined group(s): {', '.join(missing)}")
+        self.groups = dict(groups)
+        self.identity = identity
+
+
+class PolicyRule(Rule):
+    """A ``Rule`` with the policy extras: limits from ``tiers`` (instead of ``rate``), a ``delay``
+    instead of immediate rejection, and a ``charge`` deciding after the response whether it counts.
+
+    Enforced by ``PolicyMiddleware`` (a plain ``RateLimitMiddleware`` ignores the tier limits).
+    """
+
+    def __init__(
+        self,
+        path: str | re.Pattern[str] = "/**",
+        rate: str | Rate | Iterable[str | Rate] | None = None,
+        *,
+        tiers: Tiers | None = None,
+        delay: Delay | None = None,
+        charge: Charge | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if tiers is not None:
+            if rate is not None:
+                raise ValueError(f"PolicyRule({path!r}): give either rate or tiers, not both")
+            kwargs.setdefault("key", tiers.identity.key)
+            super().__init__(path, "1/s", **kwargs)  # placeholder; the group decides the limits
+            self.rate = None
+            self.limits = ()
+        else:
+            super().__init__(path, rate, **kwargs)
+        self.tiers = tiers
+        self.delay = delay
+        self.charge = charge
+        self._group_rules: dict[str, dict[str, CompiledRule | None]] = {}
+
+    def group_rules(self, prefix: str) -> dict[str, CompiledRule | None]:
+        """One compiled rule per group (``None`` for unlimited groups), for storage ``prefix``."""
+        found = self._group_rules.get(prefix)
+        if found is None:
+            assert self.tiers is not None
+            found = {}
+            for group, rates in self.tiers.groups.items():
+                if rates is None:
+                    found[group] = None
+                    continue
+                rule = PolicyRule(
+                    self.path,
+                    rates,
+                    key=self.key,
+                    algorithm=self.algorithm,
+                    methods=self.methods,
+                    name=f"{self.name}.{group}",
+                    cost=self.cost,
+                    shadow=self.shadow,
+                    delay=self.delay,
+                    charge=self.charge,
+                )
+                found[group] = CompiledRule(rule, prefix)
+            self._group_rules[prefix] = found
+        return found
