@@ -1,0 +1,60 @@
+"""After-response charging: checked before the handler, refunded when the status does not count."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from ratewarden import Limiter, MemoryStore
+from ratewarden.algorithms import ALGORITHMS
+from ratewarden.charges import Charge, adjust
+from ratewarden.limits import make_limits
+from ratewarden.policy import PolicyMiddleware, parse_policy
+
+from ..policy.apps import build_app, client
+
+POLICY = """
+[[rules]]
+name = "login"
+path = "/login"
+methods = ["POST"]
+rate = "3/min"
+charge = { statuses = [401, "5xx"] }
+"""
+
+
+async def test_only_failed_logins_count() -> None:
+    app = PolicyMiddleware(build_app(), Limiter(MemoryStore()), policy=parse_policy(POLICY))
+    async with client(app) as http:
+        ok = Counter([(await http.post("/login?status=200")).status_code for _ in range(10)])
+        failed = Counter([(await http.post("/login?status=401")).status_code for _ in range(5)])
+        # Over the limit now: refused before the handler, even for a request that would succeed.
+        after = (await http.post("/login?status=200")).status_code
+    assert ok == {200: 10}
+    assert failed == {401: 3, 429: 2}
+    assert after == 429
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+async def test_refund_restores_the_allowance(algorithm: str) -> None:
+    store = MemoryStore(clock=lambda: 1000.5)
+    limits = make_limits("5/min", algorithm)
+    keys = ["k"]
+    for _ in range(3):
+        assert store.hit_now(keys, limits, [1.0]).allowed
+    assert (await store.peek(keys, limits))[0].remaining == 2
+    await adjust(store, keys, limits, [-2.0])
+    assert (await store.peek(keys, limits))[0].remaining == 4
+    await adjust(store, keys, limits, [-5.0])  # never more than the whole limit
+    assert (await store.peek(keys, limits))[0].remaining == 5
+    assert store.hit_now(keys, limits, [5.0]).allowed
+    assert not store.hit_now(keys, limits, [1.0]).allowed
+
+
+def test_charge_statuses() -> None:
+    charge = Charge([401, "5xx", "420-429"])
+    assert [charge.counts(s) for s in (200, 401, 404, 425, 500, 599)] == [False, True, False, True, True, True]
+    assert Charge.failures().counts(404) and not Charge.failures().counts(302)
+    with pytest.raises(ValueError, match="invalid status"):
+        Charge(["2xxx"])
