@@ -80,8 +80,13 @@ class RateLimitMiddleware:
             if len(matched) == 1 and rule.simple and store.local:
                 # Fast path: no coroutine, no intermediate lists.
                 try:
-                    key = rule.key(scope)
-                    decision = store.hit_now(rule.storage_keys(str(key)), rule.limits, rule.costs)
+                    raw = rule.key(scope)
+                    if type(raw) is str:
+                        key = raw
+                    else:  # a sync key function may return None or an awaitable (an async fallback)
+                        value = await raw if isinstance(raw, Awaitable) else raw
+                        key = "" if value is None else str(value)
+                    decision = store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
                 except Exception as exc:
                     decision = None
                     try:
