@@ -20,6 +20,8 @@ __all__ = ["COMMANDS", "main", "register_demo"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ratewarden.cli:register_demo", "run the interactive demo app"),
     "bench": ("ratewarden.bench.cli:register", "benchmark ratewarden against traffik, slowapi and no limiter"),
+    "check": ("ratewarden.policy.cli:register_check", "validate a policy file and print its effective rules"),
+    "explain": ("ratewarden.policy.cli:register_explain", "show which rules and limits a request would get"),
 }
 
 Subparsers = Any  # argparse's _SubParsersAction is private

@@ -1,0 +1,114 @@
+"""``ratewarden check POLICY`` and ``ratewarden explain POLICY --path /x --method GET --header "K: v"``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..limiter import Limiter
+from ..rates import parse_rates
+from ..stores.memory import MemoryStore
+from .loader import load_policy
+from .schema import Policy, PolicyError, describe_rule
+from .tiers import PolicyRule
+
+__all__ = ["register", "register_check", "register_explain"]
+
+
+def register(subparsers: Any) -> None:
+    """Add both commands."""
+    register_check(subparsers)
+    register_explain(subparsers)
+
+
+def register_check(subparsers: Any) -> None:
+    parser = subparsers.add_parser("check", help="validate a policy file and print its effective rules")
+    parser.add_argument("policy", help="policy file (.toml, .yaml or .yml)")
+    parser.set_defaults(func=_check)
+
+
+def register_explain(subparsers: Any) -> None:
+    parser = subparsers.add_parser("explain", help="show which rules and limits a request would get")
+    parser.add_argument("policy", help="policy file (.toml, .yaml or .yml)")
+    parser.add_argument("--path", required=True, help="request path, e.g. /api/items")
+    parser.add_argument("--method", default="GET", help="HTTP method (default GET)")
+    parser.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'", help="request header (repeatable)")
+    parser.add_argument("--query", default="", help="query string, e.g. api_key=k")
+    parser.add_argument("--client", default="127.0.0.1", help="client address (default 127.0.0.1)")
+    parser.set_defaults(func=_explain)
+
+
+def _load(path: str) -> Policy | None:
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        print(f"{path}: invalid policy ({len(exc.problems)} problem(s)):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return None
+
+
+def _check(args: argparse.Namespace) -> int:
+    policy = _load(args.policy)
+    if policy is None:
+        return 1
+    print("\n".join(policy.describe()))
+    print("OK")
+    return 0
+
+
+def explain(policy: Policy, method: str, path: str, headers: list[tuple[str, str]], query: str = "", client: str = "127.0.0.1") -> list[str]:
+    """Lines saying which rules and limits apply to the described request."""
+    from ..rules import RuleSet
+
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": method.upper(),
+        "path": path,
+        "query_string": query.encode("latin-1"),
+        "headers": [(k.strip().lower().encode("latin-1"), v.strip().encode("latin-1")) for k, v in headers],
+        "client": (client, 0),
+        "state": {},
+    }
+    ruleset = RuleSet(policy.rules, Limiter(MemoryStore()).prefix)
+    bypass = next((r for r in policy.rules if r.bypass and r.applies(scope["method"], path)), None)
+    if bypass is not None:
+        return [f"{scope['method']} {path}: bypassed by rule {bypass.name!r} (no limits)"]
+    matched = ruleset.match(scope["method"], path)
+    if not matched:
+        return [f"{scope['method']} {path}: no rule matches (not limited)"]
+    out = [f"{scope['method']} {path}: {len(matched)} rule(s)" + (" (shadow mode: never blocks)" if policy.shadow else "")]
+    for compiled in matched:
+        rule = compiled.rule
+        out.append("  " + describe_rule(rule))
+        if isinstance(rule, PolicyRule) and rule.tiers is not None:
+            identity = rule.tiers.identity
+            api_key = identity.api_key(scope)
+            group, key = identity.resolve(scope)
+            rates = rule.tiers.groups[group]
+            how = "no API key" if api_key is None else "API key"
+            limits = "unlimited" if rates is None else "; ".join(str(r) for r in parse_rates(rates))
+            out.append(f"    group {group} ({how}), charged as {key}: {limits}")
+        else:
+            value = rule.key(scope)
+            out.append(f"    charged as {value}")
+    return out
+
+
+def _explain(args: argparse.Namespace) -> int:
+    policy = _load(args.policy)
+    if policy is None:
+        return 1
+    headers = []
+    for item in args.header:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            print(f"--header {item!r}: expected 'Name: value'", file=sys.stderr)
+            return 2
+        headers.append((name, value))
+    lines = explain(policy, args.method, args.path, headers, args.query, args.client)
+    print("\n".join(lines))
+    return 0
+
+
