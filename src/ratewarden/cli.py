@@ -32,7 +32,7 @@ def register_demo(subparsers: Subparsers) -> None:
     parser.add_argument("rest", nargs=argparse.REMAINDER)
 
     def run(args: argparse.Namespace) -> int:
-        from ratewarden import demo  # type: ignore[attr-defined, unused-ignore]
+        from ratewarden import demo
 
         status: int = demo.main(args.rest)
         return status
@@ -55,6 +55,12 @@ def _load(name: str) -> Callable[[Subparsers], None]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:
+        # The demo parses its own arguments (including --help); hand them over untouched.
+        from ratewarden import demo
+
+        status: int = demo.main(argv[1:])
+        return status
     parser, sub = _parser()
     command = next((a for a in argv if not a.startswith("-")), None)
     if command in COMMANDS:
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if not argv else 2
     try:
-        status: int = func(args)
+        status = func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -103,3 +103,9 @@ def test_live_run_counts_statuses_and_samples_the_server(tmp_path: Path) -> None
     assert bare.throttled == 0 and bare.allowed == bare.requests > 0
     assert rw.cpu_pct is not None and rw.cpu_pct > 0 and rw.rss_mb is not None and rw.rss_mb > 10
     assert rw.vs_bare is not None and rw.vs_bare > 0
+
+
+def test_top_level_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "bench" in out and "demo" in out

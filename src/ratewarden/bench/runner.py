@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,6 +15,8 @@ from .services import StoreService
 from .stats import Row, Run, median_run
 
 __all__ = ["Options", "Result", "Task", "plan_tasks", "run_all"]
+
+_LOGGERS = ("ratewarden", "traffik", "slowapi", "limits", "asyncio")
 
 
 @dataclass
@@ -155,6 +158,11 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
     """Measure every task; a library that cannot run a task yields a skipped result, not a failure."""
     results: list[Result] = []
     services: dict[str, StoreService] = {}
+    # Store errors under load show up in the rows (allowed counts, errors); per-request log lines
+    # from the libraries would only bury the progress bar.
+    quiet = {name: logging.getLogger(name).level for name in _LOGGERS}
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         for kind in opts.stores:
             if kind != "memory":
@@ -184,6 +192,8 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
     finally:
         for service in services.values():
             service.stop()
+        for name, level in quiet.items():
+            logging.getLogger(name).setLevel(level)
     _add_ratios([r.row for r in results if r.row])
     return results
 
