@@ -94,5 +94,5 @@ def test_invalid_policies_are_rejected_clearly(snippet: str, expected: str) -> N
 def test_unknown_file_type(tmp_path: Path) -> None:
     path = tmp_path / "policy.ini"
     path.write_text("")
-    with pytest.raises(PolicyError, match="unknown policy file type '.ini'"):
+    with pytest.raises(PolicyError, match=r"unknown policy file type '\.ini'"):
         load_policy(path)
