@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path, limit in (("/api/hello", "10/min, middleware, sliding_window"), ("/items", "5/s, dependency, fixed_window")):
             with ThreadPoolExecutor(args.concurrency) as pool:
-                results = list(pool.map(lambda _: _get(base + path), range(args.requests)))
+                results = list(pool.map(_get, [base + path] * args.requests))
             allowed = sum(1 for status, _ in results if status == 200)
             limited = sum(1 for status, _ in results if status == 429)
             print(f"GET {path}  ({limit}): {args.requests} requests, {args.concurrency} concurrent")
