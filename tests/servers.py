@@ -142,11 +142,11 @@ class RedisCluster:
         )
         for port in self.ports:
             wait_until(
-                lambda p=port: "cluster_state:ok" in redis_cmd(p, "CLUSTER", "INFO"), 30, f"cluster node {port}", 0.1
+                lambda p=port: "cluster_state:ok" in redis_cmd(p, "CLUSTER", "INFO"), 60, f"cluster node {port}", 0.1
             )
         # Every node must know every slot owner before clients connect.
         wait_until(
-            lambda: all(redis_cmd(p, "CLUSTER", "SLOTS").count("\n") > 10 for p in self.ports), 30, "slot map", 0.1
+            lambda: all(redis_cmd(p, "CLUSTER", "SLOTS").count("\n") > 10 for p in self.ports), 60, "slot map", 0.1
         )
         return self
 
