@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ratewarden import Limiter, MemoryStore
 from ratewarden.algorithms import ALGORITHMS
@@ -189,3 +191,30 @@ def test_threads_on_one_key_get_exactly_the_limit(algorithm: str, clock: FakeClo
     for t in threads:
         t.join()
     assert sum(allowed) == 500
+
+
+# --- the store answers exactly what the pure algorithm answers -------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(ALL),
+    st.integers(1, 6),
+    st.sampled_from([1.0, 10.0]),
+    st.lists(st.tuples(st.sampled_from([0.0, 0.1, 0.7, 3.0, 25.0]), st.integers(0, 7)), max_size=40),
+)
+def test_store_matches_the_pure_algorithm(
+    algorithm: str, limit: int, period: float, hits: list[tuple[float, int]]
+) -> None:
+    clock = FakeClock(1_000_000.0)
+    store = MemoryStore(clock=clock)  # neighbours make the store sweep (and drop expired states)
+    lim = Limit(Rate(limit, period), algorithm)
+    fn = ALGORITHMS[algorithm]
+    state = None
+    for dt, cost in hits:
+        clock.advance(dt)
+        store.hit_now([f"other-{clock.now}"], [lim], [1])  # neighbours come and go
+        expected_state, expected = fn(state, clock.now, cost, lim.rate)
+        got = store.hit_now(["me"], [lim], [cost])
+        assert got == expected, (clock.now, cost)
+        if expected_state is not None:
+            state = expected_state
