@@ -23,6 +23,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is valid and free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port + 10000))
+            except OSError:
+                continue
+        return port
+
+
 def have(binary: str) -> bool:
     return shutil.which(binary) is not None
 
@@ -120,7 +134,7 @@ class RedisCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="rw-cluster-"))
         self.servers: list[Server] = []
         for _ in range(6):
-            port = free_port()
+            port = free_cluster_port()
             node_dir = self.dir / str(port)
             node_dir.mkdir()
             self.servers.append(
