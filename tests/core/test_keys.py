@@ -59,6 +59,9 @@ def test_forwarding_headers_from_a_trusted_proxy_are_used() -> None:
     assert PROXY(scope("10.1.2.3", [("x-forwarded-for", "10.9.9.9, 10.0.0.2")])) == "10.9.9.9"
     # No header at all: the proxy itself.
     assert PROXY(scope("10.1.2.3")) == "10.1.2.3"
+    # IPv6 proxies and clients work the same way.
+    assert PROXY(scope("fd00::1", [("x-forwarded-for", "2001:db8::5")])) == "2001:db8::/64"
+    assert PROXY(scope("2001:db8::7", [("x-forwarded-for", "5.6.7.8")])) == "2001:db8::/64"
 
 
 @pytest.mark.parametrize(
