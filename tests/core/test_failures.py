@@ -208,3 +208,29 @@ async def test_sync_key_with_async_fallback_is_awaited() -> None:
     # Different peers, no header: the async fallback puts them all on one account.
     statuses = [(await request(app, "/x", client=(f"198.51.100.{i}", 1))).status for i in range(3)]
     assert statuses == [200, 200, 429]
+
+
+class HangingStore(BrokenStore):
+    """A store that never answers and does not bound its own wait."""
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        self.calls += 1
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+async def test_hanging_store_behind_a_breaker_timeout(on_error: str) -> None:
+    from ratewarden.stores.breaker import Breaker
+
+    hanging = HangingStore(StoreError(""))
+    limiter = Limiter(Breaker(hanging, timeout=0.05, failures=2, cooldown=60), on_error=on_error)  # type: ignore[arg-type]
+    app = RateLimitMiddleware(inner, limiter=limiter, rules=[Rule("/limited/**", "5/min")])
+    replies = await asyncio.wait_for(asyncio.gather(*(request(app, "/limited/x") for _ in range(4))), 5)
+    assert [r.status for r in replies] == [200 if on_error == "open" else 503] * 4
+    # Once the breaker opened, later requests do not wait for the dead store at all.
+    calls = hanging.calls
+    reply = await request(app, "/limited/x")
+    assert reply.status == (200 if on_error == "open" else 503)
+    assert hanging.calls == calls
+    assert (await request(app, "/unrelated")).status == 200
