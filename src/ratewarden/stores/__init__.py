@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import Store, StoreError
+from .breaker import Breaker
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
     from .memcached import MemcachedStore
     from .redis import RedisStore
 
-__all__ = ["MemcachedStore", "MemoryStore", "RedisStore", "Store", "StoreError"]
+__all__ = ["Breaker", "MemcachedStore", "MemoryStore", "RedisStore", "Store", "StoreError"]
 
 
 def __getattr__(name: str) -> Any:
