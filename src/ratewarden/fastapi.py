@@ -4,7 +4,9 @@ Limits are kept per route template and method (``GET /items/{id}``), never per c
 function name; pass ``name=`` to share one limit between routes. Rate-limit headers are added to
 the response automatically; a denied request raises ``RateLimitExceeded`` (an ``HTTPException``
 with status 429, ``Retry-After`` and rate-limit headers). Call ``install(app)`` to render it as
-``application/problem+json`` instead of FastAPI's default ``{"detail": ...}`` JSON.
+``application/problem+json`` instead of FastAPI's default ``{"detail": ...}`` JSON, and to keep the
+headers on endpoints that return a ``Response`` object themselves (FastAPI drops a dependency's
+response headers in that case; the small ASGI step ``install`` adds puts them back).
 """
 
 from __future__ import annotations
@@ -93,7 +95,9 @@ class RateLimit:
             raw = limited_headers(decision, self.header_style, self.headers != "off")
             raise RateLimitExceeded(decision, {k.decode(): v.decode() for k, v in raw})
         if self.headers == "always":
-            response.headers.raw.extend(rate_limit_headers(decision, self.header_style))
+            sink = scope.get(_SINK)
+            target = sink if sink is not None else response.headers.raw
+            target.extend(rate_limit_headers(decision, self.header_style))
         return decision
 
 
@@ -102,6 +106,33 @@ async def _problem_handler(request: Request, exc: Exception) -> Response:
     return JSONResponse(exc.problem, 429, headers=exc.headers, media_type="application/problem+json")
 
 
+_SINK = "ratewarden.headers"
+
+
+class _HeaderSink:
+    """Appends the headers the dependency collected in the scope when the response starts, so
+    they survive endpoints that return their own ``Response``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        collected: list[tuple[bytes, bytes]] = []
+        scope[_SINK] = collected
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start" and collected:
+                message["headers"] = [*message.get("headers", ()), *collected]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 def install(app: FastAPI) -> None:
-    """Render ``RateLimitExceeded`` as RFC 9457 ``application/problem+json``."""
+    """Render ``RateLimitExceeded`` as RFC 9457 ``application/problem+json`` and keep rate-limit
+    headers on endpoints that return a ``Response`` themselves."""
     app.add_exception_handler(RateLimitExceeded, _problem_handler)
+    app.add_middleware(_HeaderSink)

@@ -234,7 +234,7 @@ def _digest(value: str) -> str:
     return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
-_ROUTE_CACHE: dict[tuple[int, str, str], tuple[str | None, dict[str, Any]]] = {}
+_ROUTE_CACHE: dict[tuple[object, str, str], tuple[str | None, dict[str, Any]]] = {}
 
 
 def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
@@ -244,7 +244,8 @@ def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
     routes = getattr(router, "routes", None)
     if not routes:
         return None, {}
-    cache_key = (id(router), scope.get("method", ""), scope.get("path", ""))
+    # The router itself (not its id, which could be reused once it is collected) keys the cache.
+    cache_key = (router, scope.get("method", ""), scope.get("path", ""))
     found = _ROUTE_CACHE.get(cache_key)
     if found is not None:
         return found

@@ -136,14 +136,25 @@ class Limiter:
     def peek_sync(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
     ) -> Decision:
+        store = self.store
+        if isinstance(store, MemoryStore):
+            limits = self.limits(rate, algorithm)
+            return min(store.peek_now(self.keys_for(key, limits, scope), limits), key=lambda d: d.remaining)
         return _run(self.peek(key, rate, algorithm, scope))
 
     def reset_sync(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
     ) -> None:
+        store = self.store
+        if isinstance(store, MemoryStore):
+            store.reset_now(self.keys_for(key, self.limits(rate, algorithm), scope))
+            return
         _run(self.reset(key, rate, algorithm, scope))
 
     def clear_sync(self) -> None:
+        if isinstance(self.store, MemoryStore):
+            self.store.clear_now()
+            return
         _run(self.clear())
 
 

@@ -55,8 +55,8 @@ class Rule:
 
     ``rate`` is one or several rates (``"10/s; 1000/day"``). ``key`` says who is charged (default:
     the client IP). ``bypass=True`` makes matching requests skip every rule. For WebSocket paths,
-    set ``websocket=True``: ``rate`` limits connections and ``message_rate`` limits messages on
-    each connection. ``name`` labels the limit in headers, keys and metrics (default: the path).
+    set ``websocket=True``: ``rate`` limits connections and ``message_rate`` limits the messages
+    of each client key (across all its connections). ``name`` labels the limit in headers, keys and metrics (default: the path).
     ``shadow=True`` evaluates and reports but never blocks.
     """
 
@@ -132,13 +132,15 @@ class CompiledRule:
             getattr(rule.key, "__call__", None)  # noqa: B004 - callable objects with async __call__
         )
         self.limits = rule.limits
-        self.base = f"{prefix}:{{{rule.name}|"
+        # Braces in a name (route templates) would cut the Redis Cluster hash tag short.
+        scope_name = rule.name.replace("{", "(").replace("}", ")")
+        self.base = f"{prefix}:{{{scope_name}|"
         self.suffixes = tuple("}:" + limit.suffix for limit in rule.limits)
         self.cost_fn: CostFunc | None = rule.cost if callable(rule.cost) else None
         self.cost = 1.0 if callable(rule.cost) else float(rule.cost)
         self.costs = (self.cost,) * len(rule.limits)
         self.message_limits = rule.message_limits
-        self.message_base = f"{prefix}:{{{rule.name}-msg|"
+        self.message_base = f"{prefix}:{{{scope_name}-msg|"
         self.message_costs = (1.0,) * len(rule.message_limits)
         self.shadow = rule.shadow
         self.keys_cache: dict[str, list[str]] = {}
