@@ -234,7 +234,7 @@ def _digest(value: str) -> str:
     return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
-_ROUTE_CACHE: dict[tuple[object, str, str], tuple[str | None, dict[str, Any]]] = {}
+_ROUTE_CACHE: dict[tuple[int, str, str], tuple[object, str | None, dict[str, Any]]] = {}
 
 
 def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
@@ -244,11 +244,11 @@ def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
     routes = getattr(router, "routes", None)
     if not routes:
         return None, {}
-    # The router itself (not its id, which could be reused once it is collected) keys the cache.
-    cache_key = (router, scope.get("method", ""), scope.get("path", ""))
+    cache_key = (id(router), scope.get("method", ""), scope.get("path", ""))
     found = _ROUTE_CACHE.get(cache_key)
-    if found is not None:
-        return found
+    # The entry holds the router itself: an id reused by a new router never hits a stale entry.
+    if found is not None and found[0] is router:
+        return found[1], found[2]
     result: tuple[str | None, dict[str, Any]] = (None, {})
     for route in routes:
         match, child = route.matches(scope)
@@ -258,5 +258,5 @@ def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
             break
     if len(_ROUTE_CACHE) >= _CACHE_LIMIT:
         _ROUTE_CACHE.clear()
-    _ROUTE_CACHE[cache_key] = result
+    _ROUTE_CACHE[cache_key] = (router, *result)
     return result
