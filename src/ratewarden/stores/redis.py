@@ -77,7 +77,7 @@ class RedisStore(Store):
     """Limits kept in Redis or Valkey (standalone, Sentinel or Cluster), built from a URL.
 
     Keyword arguments override the URL's query options: ``timeout`` (seconds per check,
-    default 0.01), ``connect_timeout`` (default 1), ``pool_size`` (default 8), ``coalesce``
+    default 0.025), ``connect_timeout`` (default 1), ``pool_size`` (default 8), ``coalesce``
     and ``cache`` (default on). ``prefix`` is what ``clear`` deletes (``<prefix>:*``).
     ``clock`` replaces the server clock (tests only: it makes time deterministic).
     """
@@ -97,7 +97,7 @@ class RedisStore(Store):
         cfg = parse_store_url(url, ("standalone", "sentinel", "cluster"))
         self.url = cfg.text
         self.kind = cfg.kind
-        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.01))  # type: ignore[arg-type]
+        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.025))  # type: ignore[arg-type]
         connect = float(connect_timeout if connect_timeout is not None else cfg.option("connect_timeout", 1.0))  # type: ignore[arg-type]
         self.pool_size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
         self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
