@@ -53,6 +53,22 @@ async def check_rules(
     Shadow rules are charged separately and never deny: their decision is recorded in
     ``scope["state"]["ratewarden.shadow"]`` and logged when it would have denied.
     """
+    if len(rules) == 1 and not message:
+        rule = rules[0]
+        store = limiter.store
+        if rule.simple and store.local:
+            # The common case: one enforced rule on a local store; no lists, no extra awaits.
+            try:
+                raw = rule.key(scope)
+                if type(raw) is str:
+                    key = raw
+                else:  # a sync key function may return None or an awaitable (an async fallback)
+                    value = await raw if isinstance(raw, Awaitable) else raw
+                    key = "" if value is None else str(value)
+                return store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
+            except Exception as exc:
+                report_failure(limiter, "rate limit check", exc)
+                return None
     keys: list[str] = []
     limits: list[Limit] = []
     costs: list[float] = []

@@ -62,6 +62,7 @@ class RateLimit:
         self.headers = headers
         self.header_style = header_style
         self._compiled: dict[str, tuple[CompiledRule]] = {}
+        self._by_route: dict[tuple[int, str], tuple[object, tuple[CompiledRule]]] = {}
         if name is not None:
             self._compiled[""] = (CompiledRule(self.template, limiter.prefix),)
 
@@ -69,8 +70,12 @@ class RateLimit:
         if self.name is not None:
             return self._compiled[""]
         route = scope.get("route")
+        method = scope.get("method", "GET")
+        cached = self._by_route.get((id(route), method))
+        if cached is not None and cached[0] is route:
+            return cached[1]
         template = getattr(route, "path_format", None) or getattr(route, "path", None) or "<unrouted>"
-        scope_name = f"{scope.get('method', 'GET')} {template}"
+        scope_name = f"{method} {template}"
         found = self._compiled.get(scope_name)
         if found is None:
             t = self.template
@@ -78,6 +83,8 @@ class RateLimit:
             found = (CompiledRule(rule, self.limiter.prefix),)
             if len(self._compiled) < 10_000:
                 self._compiled[scope_name] = found
+        if route is not None and len(self._by_route) < 10_000:
+            self._by_route[(id(route), method)] = (route, found)
         return found
 
     async def __call__(self, request: Request, response: Response) -> Decision | None:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from ..decision import Decision
-from ..enforcement import LimitUnavailable, check_rules, report_failure
+from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
 from ..responses import LimitHandler, limited_headers, problem_body, send_problem, too_many_requests_body
@@ -74,32 +74,11 @@ class RateLimitMiddleware:
             if not limiter.enabled:
                 await self.app(scope, receive, send)
                 return
-            rule = matched[0]
-            store = limiter.store
-            decision: Decision | None
-            if len(matched) == 1 and rule.simple and store.local:
-                # Fast path: no coroutine, no intermediate lists.
-                try:
-                    raw = rule.key(scope)
-                    if type(raw) is str:
-                        key = raw
-                    else:  # a sync key function may return None or an awaitable (an async fallback)
-                        value = await raw if isinstance(raw, Awaitable) else raw
-                        key = "" if value is None else str(value)
-                    decision = store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
-                except Exception as exc:
-                    decision = None
-                    try:
-                        report_failure(limiter, "rate limit check", exc)
-                    except LimitUnavailable:
-                        await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
-                        return
-            else:
-                try:
-                    decision = await check_rules(limiter, matched, scope)
-                except LimitUnavailable:
-                    await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
-                    return
+            try:
+                decision = await check_rules(limiter, matched, scope)
+            except LimitUnavailable:
+                await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
+                return
             if decision is None:
                 await self.app(scope, receive, send)
                 return
