@@ -24,7 +24,7 @@ from .keys import KeyFunc, client_ip
 from .limiter import Limiter
 from .limits import DEFAULT_ALGORITHM
 from .rates import Rate
-from .responses import limited_headers, too_many_requests_body
+from .responses import limited_headers, too_many_requests_problem
 from .rules import CompiledRule, CostFunc, Rule
 
 __all__ = ["RateLimit", "RateLimitExceeded", "install"]
@@ -34,10 +34,8 @@ class RateLimitExceeded(HTTPException):
     """Raised by ``RateLimit`` when a request is over its limit."""
 
     def __init__(self, decision: Decision, headers: dict[str, str]) -> None:
-        import json
-
         self.decision = decision
-        self.problem = json.loads(too_many_requests_body(decision))
+        self.problem = too_many_requests_problem(decision)
         super().__init__(status_code=429, detail=self.problem["detail"], headers=headers)
 
 
@@ -100,7 +98,7 @@ class RateLimit:
             return None
         if not decision.allowed:
             raw = limited_headers(decision, self.header_style, self.headers != "off")
-            raise RateLimitExceeded(decision, {k.decode(): v.decode() for k, v in raw})
+            raise RateLimitExceeded(decision, {k.decode("latin-1"): v.decode("latin-1") for k, v in raw})
         if self.headers == "always":
             sink = scope.get(_SINK)
             target = sink if sink is not None else response.headers.raw

@@ -10,7 +10,15 @@ from typing import Any
 from .decision import Decision
 from .headers import HeaderStyle, rate_limit_headers, retry_after_header
 
-__all__ = ["LimitHandler", "limited_headers", "problem_body", "send_problem", "too_many_requests_body"]
+__all__ = [
+    "LimitHandler",
+    "limited_headers",
+    "problem",
+    "problem_body",
+    "send_problem",
+    "too_many_requests_body",
+    "too_many_requests_problem",
+]
 
 Scope = MutableMapping[str, Any]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -20,20 +28,27 @@ LimitHandler = Callable[[Scope, Decision], "ASGIApp | Awaitable[ASGIApp]"]
 """Custom 429 handler: returns an ASGI app (e.g. a Starlette ``Response``) to send."""
 
 
+def problem(status: int, title: str, detail: str, **extra: Any) -> dict[str, Any]:
+    """An RFC 9457 problem object."""
+    return {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
+
+
 def problem_body(status: int, title: str, detail: str, **extra: Any) -> bytes:
-    return json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}).encode()
+    return json.dumps(problem(status, title, detail, **extra)).encode()
 
 
 def too_many_requests_body(decision: Decision) -> bytes:
+    return json.dumps(too_many_requests_problem(decision)).encode()
+
+
+def too_many_requests_problem(decision: Decision) -> dict[str, Any]:
     if math.isinf(decision.retry_after):
         detail = f"This request costs more than the limit of {decision.limit} allows; it can never be served."
         retry: int | None = None
     else:
         retry = max(1, math.ceil(decision.retry_after))
         detail = f"Rate limit of {decision.limit} per {decision.period:g}s exceeded; retry after {retry}s."
-    return problem_body(
-        429, "Too Many Requests", detail, policy=decision.policy, limit=decision.limit, retry_after=retry
-    )
+    return problem(429, "Too Many Requests", detail, policy=decision.policy, limit=decision.limit, retry_after=retry)
 
 
 async def send_problem(
