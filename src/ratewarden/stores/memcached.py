@@ -12,6 +12,9 @@
   second stops a state from expiring early); above 30 days it is sent as an absolute Unix time.
 * Keys over 250 bytes, or with spaces, control or non-ASCII characters, are hashed (BLAKE2b).
 * State: the algorithm's tuple of floats as ``repr`` values joined by commas (lossless).
+* ``adjust`` (refunds and penalties) uses the same read, compute, compare-and-swap loop, one
+  key at a time; a state whose whole limit is available again is written as the algorithm's
+  "nothing used" state (memcached has no compare-and-delete), which reads the same as no key.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from ..algorithms import State
 from ..decision import Decision
@@ -36,6 +39,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("MemcachedStore needs aiomcache: pip install 'ratewarden[memcached]'") from exc
 
 __all__ = ["MemcachedStore", "memcached_key"]
+
+_T = TypeVar("_T")
 
 THIRTY_DAYS = 30 * 86400
 _MAX_KEY = 250
@@ -106,14 +111,26 @@ class MemcachedStore(Store):
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         mkeys = [memcached_key(k) for k in keys]
+        return await self._run(mkeys, lambda: self._cas_hit(mkeys, limits, costs))
+
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Charge (positive) or refund (negative) ``amounts[i]`` on ``keys[i]`` without a limit
+        check, exactly as ``ratewarden.charges.adjusted_state`` computes it."""
+        if not len(keys) == len(limits) == len(amounts):
+            raise ValueError("adjust: keys, limits and amounts must have the same length")
+        mkeys = [memcached_key(k) for k in keys]
+        return await self._run(mkeys, lambda: self._cas_adjust(mkeys, limits, amounts))
+
+    async def _run(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]]) -> _T:
+        """``operation`` under this process's per-key locks, with the timeout and error mapping."""
         try:
-            return await asyncio.wait_for(self._locked_hit(mkeys, limits, costs), self.timeout)
+            return await asyncio.wait_for(self._locked(mkeys, operation), self.timeout)
         except asyncio.TimeoutError:
             raise StoreError(f"memcached store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
         except (OSError, aiomcache.exceptions.ClientException, ConnectionError) as exc:
             raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
 
-    async def _locked_hit(self, mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+    async def _locked(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]]) -> _T:
         ordered = sorted(set(mkeys))
         held: list[bytes] = []
         try:
@@ -124,7 +141,7 @@ class MemcachedStore(Store):
                 entry[1] += 1
                 held.append(key)
                 await entry[0].acquire()
-            return await self._cas_hit(mkeys, limits, costs)
+            return await operation()
         finally:
             for key in held:
                 entry = self._locks[key]
@@ -133,6 +150,41 @@ class MemcachedStore(Store):
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._locks[key]
+
+    async def _cas_adjust(
+        self, mkeys: list[bytes], limits: Sequence[Limit], amounts: Sequence[float]
+    ) -> list[Decision]:
+        from ..charges import adjusted_state  # charges imports the stores package
+
+        client = self._client
+        out: list[Decision] = []
+        for key, limit, amount in zip(mkeys, limits, amounts, strict=True):
+            for _ in range(self.retries):
+                value, token = await client.gets(key)
+                state = decode(value) if value is not None else None
+                now = self.clock()
+                new_state, decision = adjusted_state(limit, state, now, amount)
+                decision.policy = limit.name
+                if new_state is state or (new_state is None and token is None):
+                    break  # nothing changes
+                ttl = decision.reset_after
+                if new_state is None:
+                    # Whole limit available: write the algorithm's empty state (reads as no key).
+                    new_state, empty = limit.fn(None, now, 0.0, limit.rate)
+                    if new_state is None:  # pragma: no cover - a zero-cost request is always allowed
+                        await client.delete(key)
+                        break
+                    ttl = empty.reset_after
+                data = encode(new_state)
+                exptime = expiry(ttl, time.time())
+                ok = await (client.add(key, data, exptime) if token is None else client.cas(key, data, token, exptime))
+                if ok:
+                    break
+                self.cas_conflicts += 1
+            else:
+                raise StoreError(f"memcached store {self.url}: gave up after {self.retries} compare-and-swap conflicts")
+            out.append(decision)
+        return out
 
     async def _cas_hit(self, mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         client = self._client
