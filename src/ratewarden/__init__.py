@@ -1,5 +1,7 @@
 """ratewarden: fast, exact rate limiting for ASGI apps."""
 
+from typing import TYPE_CHECKING
+
 from .asgi.middleware import RateLimitMiddleware
 from .decision import Decision
 from .limiter import Limiter
@@ -9,11 +11,15 @@ from .rules import Rule, RuleSet
 from .stores.base import Store, StoreError
 from .stores.memory import MemoryStore
 
+if TYPE_CHECKING:
+    from .policy.middleware import PolicyMiddleware
+
 __all__ = [
     "Decision",
     "Limit",
     "Limiter",
     "MemoryStore",
+    "PolicyMiddleware",
     "Rate",
     "RateLimitMiddleware",
     "Rule",
@@ -25,3 +31,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # Lazy, so ``import ratewarden`` does not load the policy package (and its parsers).
+    if name == "PolicyMiddleware":
+        from .policy.middleware import PolicyMiddleware
+
+        return PolicyMiddleware
+    raise AttributeError(f"module 'ratewarden' has no attribute {name!r}")
