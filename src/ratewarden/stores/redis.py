@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -106,6 +107,10 @@ class RedisStore(Store):
             raise ValueError(f"timeout must be positive, got {self.timeout!r} seconds")
         if self.pool_size < 1:
             raise ValueError(f"pool_size must be at least 1, got {self.pool_size}")
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            path = cfg.options.get(name)
+            if path is not None and not os.path.isfile(str(path)):
+                raise ValueError(f"store URL {self.url!r}: {name} file {path!r} does not exist")
         self.prefix = prefix
         self.clock = clock
         self._cluster = cfg.kind == "cluster"
@@ -220,20 +225,25 @@ class RedisStore(Store):
         return combine(results)
 
     async def _peek_at(
-        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], mode: str = "p"
     ) -> list[Decision]:
-        """Decisions for these costs without charging (one script call per slot)."""
+        """Every limit's decision for these costs: without charging (``"p"``), or after adjusting
+        by them (``"a"``). One script call per slot, coalesced like checks when there is one slot."""
         groups = _slot_groups(keys, self._cluster)
-        replies = await self._call(
-            asyncio.gather(
-                *(
-                    self._eval_raw(
-                        [keys[i] for i in idx], self._script_args("p", [limits[i] for i in idx], [costs[i] for i in idx])
+        if len(groups) == 1 and self.coalesce:
+            replies = [await self._enqueue(keys, self._script_args(mode, limits, costs))]
+        else:
+            replies = await self._call(
+                asyncio.gather(
+                    *(
+                        self._eval_raw(
+                            [keys[i] for i in idx],
+                            self._script_args(mode, [limits[i] for i in idx], [costs[i] for i in idx]),
+                        )
+                        for idx in groups
                     )
-                    for idx in groups
                 )
             )
-        )
         out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
         for idx, reply in zip(groups, replies, strict=False):
             for j, i in enumerate(idx):
@@ -346,6 +356,19 @@ class RedisStore(Store):
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         return await self._peek_at(keys, limits, [0.0] * len(keys))
+
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Refund (negative) or penalise (positive) ``amounts`` on ``keys`` without denying, with
+        the semantics of ``ratewarden.charges.adjusted_state``: a refund never gives back more
+        than the whole limit, a penalty stops at the limit. One script call (per slot)."""
+        if not keys:
+            return []
+        if not len(keys) == len(limits) == len(amounts):
+            raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
+        decisions = await self._peek_at(keys, limits, amounts, "a")
+        for key in keys:  # a cached rejection may no longer hold
+            self._rejected.pop(key, None)
+        return decisions
 
     async def reset(self, keys: Sequence[str]) -> None:
         for key in keys:

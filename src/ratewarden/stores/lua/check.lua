@@ -4,7 +4,9 @@
 --
 -- KEYS[i]      storage key of limit i
 -- ARGV[1]      "h" = charge all or nothing and return the deciding decision,
---              "p" = peek: charge nothing, return every limit's decision
+--              "p" = peek: charge nothing, return every limit's decision,
+--              "a" = adjust: apply each cost as a refund (< 0) or penalty (>= 0) that never
+--                    denies, as ratewarden.charges.adjusted_state does; every limit's decision
 -- ARGV[2]      now in seconds ("" = the server clock, TIME; a number only in tests)
 -- ARGV[3+6(i-1) ..] per limit: algorithm id, limit, period, capacity (burst), debt, cost
 --   ids: 1 fixed_window, 2 sliding_window, 3 sliding_log, 4 token_bucket,
@@ -12,7 +14,7 @@
 -- State: a string of space-separated %.17g numbers (lossless doubles), except sliding_log,
 -- which is a list of timestamps. Every written key expires after reset_after (ceil ms, >= 1).
 -- Reply ("h"): {allowed 1/0, limit, remaining, reset_after, retry_after, index}, floats as strings.
--- Reply ("p"): those first five fields for every limit, in order.
+-- Reply ("p", "a"): those first five fields for every limit, in order.
 
 local INF = 1 / 0
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
@@ -199,36 +201,123 @@ local function gcra(st, cost, burst, interval)
   return false, burst, max(0, trunc((window - (tat - now)) / interval + 1e-9)), tat - now, retry, nil
 end
 
+local function run(algo, b, key, st, cost)
+  local limit, period = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local capacity = tonumber(ARGV[b + 4])
+  if algo == 1 then
+    return fixed_window(st, cost, limit, period)
+  elseif algo == 2 then
+    return sliding_window(st, cost, limit, period)
+  elseif algo == 3 then
+    return sliding_log(key, cost, limit, period)
+  elseif algo == 4 then
+    return token_bucket(st, cost, capacity, limit / period)
+  elseif algo == 5 then
+    return token_bucket_debt(st, cost, capacity, limit / period, tonumber(ARGV[b + 5]))
+  elseif algo == 6 then
+    return leaky_bucket(st, cost, capacity, limit / period)
+  elseif algo == 7 then
+    return gcra(st, cost, capacity, period / limit)
+  end
+  return nil
+end
+
+local function ttl_of(reset_after) return max(1, ceil(reset_after * 1000)) end
+
+-- Sliding log write: drop the entries before `first`, append `units` stamps of now.
+local function store_log(key, first, units, ttl)
+  if first > 0 then redis.call('LTRIM', key, first, -1) end
+  if units > 0 then
+    local stamp = f(now)
+    for _ = 1, units do redis.call('RPUSH', key, stamp) end
+  end
+  redis.call('PEXPIRE', key, ttl)
+end
+
 local nkeys = #KEYS
+
+-- Adjust: each key on its own, never denying (ratewarden.charges.adjusted_state).
+-- A penalty charges what fits when the whole amount does not, so the key ends exhausted;
+-- a refund that leaves the whole limit available deletes the key.
+if mode == 'a' then
+  local out = {}
+  for i = 1, nkeys do
+    local b = 2 + 6 * (i - 1)
+    local algo = tonumber(ARGV[b + 1])
+    local amount = tonumber(ARGV[b + 6])
+    local key = KEYS[i]
+    local a, l, r, s, t, n
+    local st = nil
+    if algo ~= 3 then
+      st = redis.call('GET', key)
+      if not st then st = nil end
+    end
+    if amount >= 0 then
+      a, l, r, s, t, n = run(algo, b, key, st, amount)
+      if a == nil then return redis.error_reply('ratewarden: unknown algorithm id ' .. tostring(ARGV[b + 1])) end
+      if not a and r > 0 then
+        amount = r
+        a, l, r, s, t, n = run(algo, b, key, st, amount)
+      end
+      if not a then
+        a, l, r, s, t, n = run(algo, b, key, st, 0)
+      elseif algo == 3 then
+        store_log(key, n, ceil(amount), ttl_of(s))
+      else
+        redis.call('SET', key, n, 'PX', ttl_of(s))
+      end
+    elseif (algo == 3 and redis.call('LLEN', key) == 0) or (algo ~= 3 and not st) then
+      a, l, r, s, t, n = run(algo, b, key, nil, 0)
+      if a == nil then return redis.error_reply('ratewarden: unknown algorithm id ' .. tostring(ARGV[b + 1])) end
+    else
+      if algo == 3 then
+        redis.call('LTRIM', key, 0, -ceil(-amount) - 1)  -- one stamp per unit: drop the newest
+        a, l, r, s, t, n = run(algo, b, key, nil, 0)
+      else
+        a, l, r, s, t, n = run(algo, b, key, st, amount)
+        if a == nil then return redis.error_reply('ratewarden: unknown algorithm id ' .. tostring(ARGV[b + 1])) end
+        if n and algo == 2 then
+          local v = nums(n)
+          if v[2] < 0 then
+            n = f(v[1]) .. ' 0 ' .. f(v[3])
+            a, l, r, s, t = run(algo, b, key, n, 0)
+          end
+        end
+      end
+      if n == nil or r >= l then
+        redis.call('DEL', key)
+        a, l, r, s, t, n = run(algo, b, key, nil, 0)
+      elseif algo == 3 then
+        store_log(key, n, 0, ttl_of(s))
+      else
+        redis.call('SET', key, n, 'PX', ttl_of(s))
+      end
+    end
+    local j = 5 * (i - 1)
+    out[j + 1] = a and 1 or 0
+    out[j + 2] = l
+    out[j + 3] = r
+    out[j + 4] = f(s)
+    out[j + 5] = f(t)
+  end
+  return out
+end
+
 local ok, lim, rem, rst, rty, new = {}, {}, {}, {}, {}, {}
 local all = true
 for i = 1, nkeys do
   local b = 2 + 6 * (i - 1)
   local algo = tonumber(ARGV[b + 1])
-  local limit, period = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local capacity, cost = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 6])
+  local cost = tonumber(ARGV[b + 6])
   local key = KEYS[i]
-  local a, l, r, s, t, n
-  if algo == 3 then
-    a, l, r, s, t, n = sliding_log(key, cost, limit, period)
-  else
-    local st = redis.call('GET', key)
+  local st = nil
+  if algo ~= 3 then
+    st = redis.call('GET', key)
     if not st then st = nil end
-    if algo == 1 then
-      a, l, r, s, t, n = fixed_window(st, cost, limit, period)
-    elseif algo == 2 then
-      a, l, r, s, t, n = sliding_window(st, cost, limit, period)
-    elseif algo == 4 then
-      a, l, r, s, t, n = token_bucket(st, cost, capacity, limit / period)
-    elseif algo == 5 then
-      a, l, r, s, t, n = token_bucket_debt(st, cost, capacity, limit / period, tonumber(ARGV[b + 5]))
-    elseif algo == 6 then
-      a, l, r, s, t, n = leaky_bucket(st, cost, capacity, limit / period)
-    elseif algo == 7 then
-      a, l, r, s, t, n = gcra(st, cost, capacity, period / limit)
-    else
-      return redis.error_reply('ratewarden: unknown algorithm id ' .. tostring(ARGV[b + 1]))
-    end
+  end
+  local a, l, r, s, t, n = run(algo, b, key, st, cost)
+  if a == nil then
+    return redis.error_reply('ratewarden: unknown algorithm id ' .. tostring(ARGV[b + 1]))
   end
   ok[i], lim[i], rem[i], rst[i], rty[i], new[i] = a, l, r, s, t, n
   all = all and a
@@ -250,16 +339,9 @@ end
 if all then
   for i = 1, nkeys do
     local key = KEYS[i]
-    local ttl = max(1, ceil(rst[i] * 1000))
+    local ttl = ttl_of(rst[i])
     if tonumber(ARGV[2 + 6 * (i - 1) + 1]) == 3 then
-      local first = new[i]
-      if first > 0 then redis.call('LTRIM', key, first, -1) end
-      local units = ceil(tonumber(ARGV[2 + 6 * i]))
-      if units > 0 then
-        local stamp = f(now)
-        for _ = 1, units do redis.call('RPUSH', key, stamp) end
-      end
-      redis.call('PEXPIRE', key, ttl)
+      store_log(key, new[i], ceil(tonumber(ARGV[2 + 6 * i])), ttl)
     else
       redis.call('SET', key, new[i], 'PX', ttl)
     end
