@@ -2,22 +2,29 @@
 
 After ``after`` rejections within ``within`` seconds a key is banned for ``duration`` seconds;
 with ``growth > 1`` each further ban of the same key lasts ``growth`` times longer (up to
-``max_duration``), and the offence level is forgotten once ``max_duration`` passes without a ban.
+``max_duration``); the offence level drops by one for every ``max_duration`` without a ban.
 Banned requests are answered with ``status`` (429 or 403) before any limit is checked.
 
-Rejections are counted in the limiter's store, so they add up across workers when the store is
-shared; the ban list itself lives in each process (a ban reaches another worker the next time it
-rejects that key). ``block``/``unblock`` act on this process's list.
+Everything lives in the limiter's store, so with Redis or Memcached every worker sees the same
+bans: the rejection count, the offence level and the ban itself. A ban is stored as a GCRA
+state ``(until,)`` under ``<prefix>:{ban|<key>}:until`` (expiring when the ban ends), which any
+GCRA limit reads back as "``until - now`` seconds left", whatever ban length wrote it. Each
+process keeps the bans it has seen as a cache for ``cache_for`` seconds (default 1), so a banned
+client costs no store read while the cache holds, and a lifted ban reaches every worker within
+``cache_for`` seconds. Checking a key that is not banned is one store read (``peek``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .keys import KeyFunc, client_ip
+from .limiter import storage_key
+from .limits import Limit
 from .rates import Rate
 
 if TYPE_CHECKING:
@@ -27,9 +34,14 @@ __all__ = ["Bans"]
 
 log = logging.getLogger("ratewarden.bans")
 
+# Reads a ban state: with one unit per second and a burst of one, a zero-cost GCRA check reports
+# reset_after = until - now for any stored (until,).
+_UNTIL = Limit(Rate(1, 1.0), "gcra", "ban")
+_LEVELS = 1000  # offences a key can accumulate (far past max_duration anyway)
+
 
 class Bans:
-    """Ban list with automatic bans after repeated rejections."""
+    """Shared ban list with automatic bans after repeated rejections."""
 
     def __init__(
         self,
@@ -41,6 +53,7 @@ class Bans:
         max_duration: float = 86400.0,
         status: int = 403,
         key: KeyFunc = client_ip,
+        cache_for: float = 1.0,
         max_entries: int = 100_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -52,6 +65,8 @@ class Bans:
             raise ValueError(f"bans: 'growth' must be 1 (constant) or more, got {growth!r}")
         if status not in (403, 429):
             raise ValueError(f"bans: 'status' must be 403 or 429, got {status!r}")
+        if not cache_for >= 0:
+            raise ValueError(f"bans: 'cache_for' must be zero or more seconds, got {cache_for!r}")
         self.after = after
         self.within = within
         self.duration = duration
@@ -59,72 +74,113 @@ class Bans:
         self.max_duration = max(max_duration, duration)
         self.status = status
         self.key = key
+        self.cache_for = cache_for
         self.max_entries = max_entries
         self.clock = clock
         self.strike_rate = Rate(after, within)
         # An exact log for the usual small thresholds; a counter for large ones.
         self.strike_algorithm = "sliding_log" if after <= 1000 else "sliding_window"
-        self._until: dict[str, float] = {}
-        self._levels: dict[str, tuple[int, float]] = {}  # key -> (offences, forget_at)
+        # One level per offence, each forgotten after max_duration (GCRA: interval = max_duration).
+        self._level_limit = Limit(Rate(_LEVELS, _LEVELS * self.max_duration), "gcra", "ban-level")
+        self._cache: dict[str, tuple[float, float]] = {}  # key -> (banned until, re-read the store at)
 
     def configure_from(self, other: Bans) -> Bans:
-        """``other``'s settings with this object's ban list (used by policy reloads)."""
-        other._until = self._until
-        other._levels = self._levels
+        """``other``'s settings with this object's cache (used by policy reloads)."""
+        other._cache = self._cache
         return other
 
+    # -- storage -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _storage(limiter: Limiter, key: str, what: str) -> str:
+        return f"{storage_key(limiter.prefix, 'ban', key)}:{what}"
+
+    def _remember(self, key: str, left: float, now: float) -> None:
+        if key not in self._cache and len(self._cache) >= self.max_entries:
+            self._expire(now)
+        self._cache[key] = (now + left, now + min(self.cache_for, left))
+
+    # -- reading -------------------------------------------------------------------------------
+
     def banned_for(self, key: str) -> float:
-        """Seconds left on ``key``'s ban (0 when not banned)."""
-        until = self._until.get(key)
-        if until is None:
+        """Seconds left on ``key``'s ban as this process last saw it (0 when not banned)."""
+        entry = self._cache.get(key)
+        if entry is None:
             return 0.0
-        left = until - self.clock()
+        left = entry[0] - self.clock()
         if left <= 0:
-            self._until.pop(key, None)
+            self._cache.pop(key, None)
             return 0.0
         return left
 
-    def block(self, key: str, seconds: float) -> None:
-        """Ban ``key`` for ``seconds`` (replacing a shorter ban)."""
-        if not seconds > 0:
-            raise ValueError(f"block: seconds must be positive, got {seconds!r}")
-        until = self.clock() + seconds
-        if until > self._until.get(key, 0.0):
-            if len(self._until) >= self.max_entries:
-                self._expire()
-            self._until[key] = until
-
-    def unblock(self, key: str) -> None:
-        self._until.pop(key, None)
-        self._levels.pop(key, None)
+    async def check(self, limiter: Limiter, key: str) -> float:
+        """Seconds left on ``key``'s ban (0 when not banned): from the cache while it is fresh,
+        else one read of the shared store. A store failure falls back to the cache."""
+        now = self.clock()
+        entry = self._cache.get(key)
+        if entry is not None and now < entry[1] and now < entry[0]:
+            return entry[0] - now
+        try:
+            decision = (await limiter.store.peek([self._storage(limiter, key, "until")], [_UNTIL]))[0]
+        except Exception as exc:
+            log.warning("ban check failed: %s: %s", type(exc).__name__, exc)
+            return max(0.0, entry[0] - now) if entry is not None else 0.0
+        left = decision.reset_after
+        if left > 1e-6:
+            self._remember(key, left, now)
+            return left
+        if entry is not None:
+            del self._cache[key]
+        return 0.0
 
     def banned(self) -> dict[str, float]:
-        """Every current ban: key -> seconds left."""
+        """The bans this process has seen and that are still running: key -> seconds left."""
         now = self.clock()
-        return {k: u - now for k, u in list(self._until.items()) if u > now}
+        return {k: u - now for k, (u, _) in list(self._cache.items()) if u > now}
+
+    # -- writing -------------------------------------------------------------------------------
+
+    async def block(self, limiter: Limiter, key: str, seconds: float) -> float:
+        """Ban ``key`` for ``seconds`` in the shared store, unless a longer ban is already running;
+        returns the seconds left on the ban now in force."""
+        if not seconds > 0 or math.isinf(seconds):
+            raise ValueError(f"block: seconds must be positive and finite, got {seconds!r}")
+        store = limiter.store
+        until_key = self._storage(limiter, key, "until")
+        left = (await store.peek([until_key], [_UNTIL]))[0].reset_after
+        if left < seconds:
+            await store.reset([until_key])
+            await store.hit([until_key], [Limit(Rate(1, float(seconds)), "gcra", "ban")], [1.0])
+            left = seconds
+        self._remember(key, left, self.clock())
+        return left
+
+    async def unblock(self, limiter: Limiter, key: str) -> None:
+        """Lift ``key``'s ban and forget its offences and rejections (other workers follow
+        within ``cache_for`` seconds)."""
+        self._cache.pop(key, None)
+        await limiter.store.reset([self._storage(limiter, key, "until"), self._storage(limiter, key, "level")])
+        await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, scope="ban")
 
     async def strike(self, limiter: Limiter, key: str) -> float:
         """Record one rejection of ``key``; returns the ban length when this one triggers a ban, else 0."""
         decision = await limiter.hit(key, self.strike_rate, algorithm=self.strike_algorithm, scope="ban")
         if decision.allowed and decision.remaining > 0:
             return 0.0
-        now = self.clock()
-        level, forget_at = self._levels.get(key, (0, 0.0))
-        if forget_at <= now:
-            level = 0
+        level = 0
+        if self.growth > 1:
+            offence = await limiter.store.hit([self._storage(limiter, key, "level")], [self._level_limit], [1.0])
+            # reset_after spans every remembered offence, this one included.
+            level = max(0, math.ceil(offence.reset_after / self.max_duration - 1e-6) - offence.allowed)
         seconds = min(self.max_duration, self.duration * self.growth**level)
-        self.block(key, seconds)
-        if len(self._levels) >= self.max_entries:
-            self._levels = {k: v for k, v in self._levels.items() if v[1] > now}
-        self._levels[key] = (level + 1, now + seconds + self.max_duration)
+        await self.block(limiter, key, seconds)
         await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, scope="ban")
         log.warning("banned key=%s for %.0fs after %d rejections (offence %d)", key, seconds, self.after, level + 1)
         return seconds
 
-    def _expire(self) -> None:
-        now = self.clock()
-        self._until = {k: u for k, u in self._until.items() if u > now}
-        if len(self._until) >= self.max_entries:
-            # Still full of live bans: drop the ones closest to expiry.
-            keep = sorted(self._until.items(), key=lambda kv: kv[1])[len(self._until) // 10 :]
-            self._until = dict(keep)
+    def _expire(self, now: float) -> None:
+        self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+        if len(self._cache) >= self.max_entries:
+            # Still full of live bans: drop the ones closest to expiry (the store still has them).
+            keep = sorted(self._cache.items(), key=lambda kv: kv[1][0])[len(self._cache) // 10 :]
+            self._cache = dict(keep)

@@ -52,14 +52,17 @@ async def test_ban_after_n_rejections_then_growing() -> None:
 async def test_block_and_unblock_answer_429_when_configured() -> None:
     bans = Bans(after=5, status=429, key=header("X-Client"))
     app = PolicyMiddleware(build_app(), Limiter(MemoryStore()), [Rule("/api/**", "100/min", key=header("X-Client"))], bans=bans)
-    app.block("x-client:mallory", 30)
+    assert await app.block("x-client:mallory", 30) == 30
+    assert 29 < await app.block("x-client:mallory", 10) <= 30  # a shorter ban never shortens one in force
     async with client(app) as http:
         r = await http.get("/api/x", headers={"X-Client": "mallory"})
         assert r.status_code == 429 and int(r.headers["retry-after"]) == 30
-        bans.unblock("x-client:mallory")
+        await app.unblock("x-client:mallory")
         assert (await http.get("/api/x", headers={"X-Client": "mallory"})).status_code == 200
     with pytest.raises(ValueError, match="positive"):
-        bans.block("x", 0)
+        await app.block("x", 0)
+    with pytest.raises(RuntimeError, match="not configured"):
+        await PolicyMiddleware(build_app(), Limiter(MemoryStore()), []).block("x", 1)
 
 
 async def test_penalty_and_reward_move_the_counter() -> None:

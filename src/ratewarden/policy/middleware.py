@@ -164,12 +164,20 @@ class PolicyMiddleware(RateLimitMiddleware):
 
     # -- operations ----------------------------------------------------------------------------
 
-    def block(self, key: str, seconds: float) -> None:
-        """Ban ``key`` (as produced by the bans' key function) for ``seconds``."""
+    def _bans(self) -> Bans:
         bans = self._runtime.bans
         if bans is None:
             raise RuntimeError("bans are not configured (pass bans=Bans(...) or add [bans] to the policy)")
-        bans.block(key, seconds)
+        return bans
+
+    async def block(self, key: str, seconds: float) -> float:
+        """Ban ``key`` (as produced by the bans' key function) for ``seconds``, in every worker
+        sharing the store; returns the seconds left on the ban in force."""
+        return await self._bans().block(self.limiter, key, seconds)
+
+    async def unblock(self, key: str) -> None:
+        """Lift ``key``'s ban (other workers follow within the bans' ``cache_for`` seconds)."""
+        await self._bans().unblock(self.limiter, key)
 
     def _rule_named(self, name: str, group: str | None) -> CompiledRule:
         for rule in self._runtime.rules.rules:
@@ -263,7 +271,7 @@ class PolicyMiddleware(RateLimitMiddleware):
             if isinstance(value, Awaitable):
                 value = await value
             ban_key = "" if value is None else str(value)
-            left = bans.banned_for(ban_key)
+            left = await bans.check(limiter, ban_key)
             if left > 0:
                 if metrics is not None:
                     metrics.observe_banned(bans.status)
