@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 
 import pytest
@@ -11,6 +12,7 @@ from ratewarden.algorithms import ALGORITHMS
 from ratewarden.charges import Charge, adjust
 from ratewarden.limits import make_limits
 from ratewarden.policy import PolicyMiddleware, parse_policy
+from tests.servers import Memcached
 
 from ..policy.apps import build_app, client
 
@@ -58,3 +60,34 @@ def test_charge_statuses() -> None:
     assert Charge.failures().counts(404) and not Charge.failures().counts(302)
     with pytest.raises(ValueError, match="invalid status"):
         Charge(["2xxx"])
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_log", "gcra"])
+async def test_after_response_charging_on_memcached(memcached_server: Memcached, algorithm: str) -> None:
+    """The same login policy through PolicyMiddleware, with the counters in a real memcached:
+    successes are refunded by ``MemcachedStore.adjust``, failures count. (Per hour, so a fixed
+    window cannot roll over mid-test.)"""
+    from ratewarden.stores.memcached import MemcachedStore
+
+    prefix = f"rwmc{uuid.uuid4().hex[:8]}"
+    store = MemcachedStore(memcached_server.url, timeout=5)
+    policy = parse_policy(POLICY.replace('rate = "3/min"', f'rate = "3/hour"\nalgorithm = "{algorithm}"'))
+    app = PolicyMiddleware(build_app(), Limiter(store, prefix=prefix), policy=policy)
+    try:
+        async with client(app) as http:
+            ok = Counter([(await http.post("/login?status=200")).status_code for _ in range(10)])
+            failed = Counter([(await http.post(f"/login?status={s}")).status_code for s in (401, 404, 503, 401, 500)])
+            after = (await http.post("/login?status=200")).status_code
+        assert ok == {200: 10}  # successes were refunded: never limited
+        assert failed == {401: 2, 404: 1, 503: 1, 429: 1}  # 404 is not charged, so 401, 503, 401 fill the limit
+        assert after == 429
+        # Penalty and reward act on the same memcached counter.
+        (stats,) = await app.stats("10.0.0.1")
+        assert stats["remaining"] == 0
+        assert (await app.reward("login", "10.0.0.1", 2)).remaining == 2
+        assert (await app.penalty("login", "10.0.0.1", 1)).remaining == 1
+        (stats,) = await app.stats("10.0.0.1")
+        assert stats["remaining"] == 1
+    finally:
+        await store.clear()
+        await store.close()
