@@ -3,8 +3,9 @@ installed), labelled by rule and group only, never by client key, so cardinality
 the policy.
 
 ``Metrics.observe`` records one checked request; ``Metrics.instrument(store)`` wraps a store to
-time it and count its errors; ``record_cached_rejection`` is the hook a store with a local
-rejection cache calls when it answers without a round trip.
+time it and count its errors. Rejections a store answers from its local cache (``RedisStore``
+counts them in ``store.cached_rejections``) are read from the watched stores at scrape time, so
+the hot path pays nothing for that metric.
 """
 
 from __future__ import annotations
@@ -12,26 +13,48 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .decision import Decision
 from .limits import Limit
 from .stores.base import Store
 
-__all__ = ["InstrumentedStore", "Metrics", "record_cached_rejection"]
+__all__ = ["InstrumentedStore", "Metrics"]
 
 log = logging.getLogger("ratewarden.metrics")
 
 _MAX_LABEL_VALUES = 1000
 _OVERFLOW_LABEL = "other"
-_cached_rejection_sinks: list[Callable[[str], None]] = []
 
 
-def record_cached_rejection(rule: str = "") -> None:
-    """Count one rejection answered from a store's local cache (a no-op without ``Metrics``)."""
-    for sink in _cached_rejection_sinks:
-        sink(rule)
+class _CachedRejections:
+    """A Prometheus collector reading ``cached_rejections`` from the watched stores when scraped."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stores: weakref.WeakSet[Store] = weakref.WeakSet()
+
+    def _family(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        return CounterMetricFamily(
+            self.name, "Rejections a store answered from its local cache, without a round trip", labels=["store"]
+        )
+
+    def describe(self) -> Iterator[Any]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Any]:
+        family = self._family()
+        totals: dict[str, float] = {}
+        for store in list(self.stores):
+            name = type(store).__name__
+            totals[name] = totals.get(name, 0.0) + float(getattr(store, "cached_rejections", 0))
+        for name, total in sorted(totals.items()):
+            family.add_metric([name], total)
+        yield family
 
 
 class _Labels:
@@ -87,7 +110,8 @@ class Metrics:
         self.near_limit = counter("requests_near_limit", "Allowed requests that used most of their limit")
         self.delayed = counter("requests_delayed", "Requests that waited for their turn instead of being rejected")
         self.banned = counter("requests_banned", "Requests refused because the client is banned", ("status",))
-        self.cached_rejections = counter("cached_rejections", "Rejections answered from a local cache", ("rule",))
+        self._cached = _CachedRejections(f"{namespace}_cached_rejections")
+        self.registry.register(self._cached)
         self.store_errors = counter("store_errors", "Store operations that failed", ("store", "operation"))
         self.store_latency = prom.Histogram(
             "store_latency_seconds",
@@ -102,12 +126,23 @@ class Metrics:
         self._otel: dict[str, Any] | None = None
         if otel or (otel is None and importlib.util.find_spec("opentelemetry.sdk") is not None):
             self._otel = _otel_instruments(namespace)
-        _cached_rejection_sinks.append(self._on_cached_rejection)
+
+    def watch(self, store: Store) -> None:
+        """Report ``store``'s local-cache rejections (``ratewarden_cached_rejections_total{store}``).
+        Wrappers (``instrument``, ``Breaker``) are looked through; stores without a cache are ignored."""
+        seen = 0
+        while seen < 8:  # wrappers of wrappers, bounded
+            inner = getattr(store, "inner", None) or getattr(store, "store", None)
+            if not isinstance(inner, Store):
+                break
+            store = inner
+            seen += 1
+        if hasattr(store, "cached_rejections"):
+            self._cached.stores.add(store)
 
     def close(self) -> None:
-        """Stop receiving cached-rejection events."""
-        if self._on_cached_rejection in _cached_rejection_sinks:
-            _cached_rejection_sinks.remove(self._on_cached_rejection)
+        """Stop reporting the watched stores."""
+        self._cached.stores.clear()
 
     def _labels(self, rule: str, group: str) -> tuple[str, str]:
         return self._rule_label(rule), self._group_label(group)
@@ -134,15 +169,14 @@ class Metrics:
     def observe_banned(self, status: int) -> None:
         self.banned.labels(str(status)).inc()
 
-    def _on_cached_rejection(self, rule: str) -> None:
-        self.cached_rejections.labels(self._rule_label(rule)).inc()
-
     def _otel_add(self, what: str, labels: tuple[str, str]) -> None:
         if self._otel is not None:
             self._otel[what].add(1, {"rule": labels[0], "group": labels[1]})
 
     def instrument(self, store: Store) -> InstrumentedStore:
-        """``store`` wrapped so each operation is timed and its failures counted."""
+        """``store`` wrapped so each operation is timed and its failures counted (and its
+        cached rejections reported)."""
+        self.watch(store)
         return InstrumentedStore(store, self)
 
     def asgi_app(self) -> Any:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+import uuid
+from collections import Counter
 
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from ratewarden import Limiter, MemoryStore
-from ratewarden.metrics import Metrics, record_cached_rejection
+from ratewarden import Limiter, MemoryStore, Rule
+from ratewarden.keys import header
+from ratewarden.metrics import Metrics
 from ratewarden.policy import PolicyMiddleware, parse_policy
+from tests.servers import RedisStandalone
 
 from ..policy.apps import build_app, client, tiered_policy
 
@@ -32,7 +36,6 @@ async def test_metrics_endpoint_counts() -> None:
             await http.get("/api/x", headers={"X-API-Key": "trial-1"})
         for _ in range(3):
             await http.get("/api/x", headers={"X-API-Key": "sk-standard"})
-        record_cached_rejection("api.basic")
         text = (await http.get("/metrics/")).text
     assert _value(text, "ratewarden_requests_checked_total", rule="api.basic", group="basic") == 7
     assert _value(text, "ratewarden_requests_allowed_total", rule="api.basic", group="basic") == 5
@@ -41,7 +44,7 @@ async def test_metrics_endpoint_counts() -> None:
     assert _value(text, "ratewarden_requests_near_limit_total", rule="api.basic", group="basic") == 2
     assert _value(text, "ratewarden_requests_allowed_total", rule="api.standard", group="standard") == 3
     assert "ratewarden_requests_near_limit_total{group=\"standard\"" not in text
-    assert _value(text, "ratewarden_cached_rejections_total", rule="api.basic") == 1
+    assert "ratewarden_cached_rejections_total{" not in text  # the memory store has no rejection cache
     assert _value(text, "ratewarden_store_latency_seconds_count", store="MemoryStore", operation="hit") == 10
     # Never a raw key in a label.
     assert "trial-1" not in text and "sk-standard" not in text
@@ -76,3 +79,37 @@ async def test_store_errors_are_counted() -> None:
     assert _value(metrics.exposition().decode(), "ratewarden_store_errors_total", store="Broken", operation="hit") == 3
     assert isinstance(Broken(), Store)
     metrics.close()
+
+
+async def test_cached_rejections_are_read_from_a_real_redis_store(redis_standalone: RedisStandalone) -> None:
+    """Rejections the Redis store answers from its local cache show up at scrape time, wrapped
+    in ``instrument`` or not, with nothing recorded on the request path."""
+    from ratewarden.stores.redis import RedisStore
+
+    prefix = f"rwmet{uuid.uuid4().hex[:8]}"
+    metrics = Metrics()
+    store = RedisStore(redis_standalone.url, timeout=5, prefix=prefix)
+    rules = [Rule("/api/**", "2/hour", key=header("X-Client"), name="api")]
+    app = PolicyMiddleware(build_app(), Limiter(metrics.instrument(store), prefix=prefix), rules, metrics=metrics)
+    outer = Starlette(routes=[Mount("/metrics", metrics.asgi_app()), Mount("/", app)])
+    try:
+        async with client(outer) as http:
+            statuses = Counter([(await http.get("/api/x", headers={"X-Client": "c"})).status_code for _ in range(9)])
+            text = (await http.get("/metrics/")).text
+        assert statuses == {200: 2, 429: 7}
+        # The first rejection went to Redis; the six after it were answered from the cache.
+        assert store.cached_rejections == 6
+        assert _value(text, "ratewarden_cached_rejections_total", store="RedisStore") == 6
+        assert _value(text, "ratewarden_requests_limited_total", rule="api", group="") == 7
+        assert _value(text, "ratewarden_store_latency_seconds_count", store="RedisStore", operation="hit") == 9
+        # A second store of the same kind adds to the same series; closing stops the reporting.
+        other = RedisStore(redis_standalone.url, timeout=5, prefix=prefix, cache=True)
+        other.cached_rejections = 4
+        metrics.watch(other)
+        assert _value(metrics.exposition().decode(), "ratewarden_cached_rejections_total", store="RedisStore") == 10
+        await other.close()
+        metrics.close()
+        assert "ratewarden_cached_rejections_total{" not in metrics.exposition().decode()
+    finally:
+        await store.clear()
+        await store.close()

@@ -108,6 +108,8 @@ class PolicyMiddleware(RateLimitMiddleware):
     ) -> None:
         super().__init__(app, limiter, rules, **kwargs)
         self.metrics = metrics
+        if metrics is not None:
+            metrics.watch(limiter.store)
         self.shadow_header = shadow_header
         self._defaults = (shadow, bans, show_group)
         self._plans: dict[tuple[CompiledRule, ...], _Plan] = {}
