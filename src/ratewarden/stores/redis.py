@@ -22,7 +22,7 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -38,7 +38,8 @@ try:
     from redis.asyncio.sentinel import Sentinel
     from redis.backoff import NoBackoff
     from redis.crc import key_slot
-    from redis.exceptions import NoScriptError, RedisError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import NoScriptError, RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "RedisStore needs the redis client: pip install 'ratewarden[redis]'"
@@ -61,15 +62,28 @@ ALGORITHM_IDS = {
 _ONE = "1"
 _CACHE_MAX = 100_000
 _Reply = Any
+# Pre-encoded RESP pieces of the EVALSHA command (standalone and Sentinel send raw bytes).
+_SHA_HEAD = b"$7\r\nEVALSHA\r\n$40\r\n" + SCRIPT_SHA.encode() + b"\r\n"
+_SCRIPT_B = SCRIPT.encode()
+_EVAL_HEAD = b"$4\r\nEVAL\r\n$%d\r\n%s\r\n" % (len(_SCRIPT_B), _SCRIPT_B)
+_COST_ONE = b"$1\r\n1\r\n"
+_MODES = {m: b"$1\r\n%s\r\n" % m.encode() for m in ("h", "p", "a")}
+_NO_CLOCK = b"$0\r\n\r\n"
+
+
+def _bulk(text: str) -> bytes:
+    data = text.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
 class _Batch:
-    """Checks queued in one event-loop tick, sent as one pipeline."""
+    """Checks queued in one event-loop tick, sent as one pipeline. An item's request is the
+    packed command tail (standalone, Sentinel) or ``(keys, args)`` (Cluster, via redis-py)."""
 
     __slots__ = ("items", "task", "timer")
 
     def __init__(self) -> None:
-        self.items: list[tuple[Sequence[str], list[str], asyncio.Future[_Reply]]] = []
+        self.items: list[tuple[Any, asyncio.Future[_Reply]]] = []
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
 
@@ -116,6 +130,8 @@ class RedisStore(Store):
         self._cluster = cfg.kind == "cluster"
         self._client: Any = _make_client(cfg, connect, self.pool_size)
         self._limit_args: dict[Limit, list[str]] = {}
+        self._limit_packed: dict[Limit, bytes] = {}
+        self._idle: list[Any] = []  # our own connections (standalone, Sentinel), one per pipeline in flight
         self._rejected: dict[str, tuple[float, float, Decision]] = {}
         self._batch: _Batch | None = None
         self._inflight = 0
@@ -141,6 +157,25 @@ class RedisStore(Store):
                 self._limit_args[limit] = args
         return args
 
+    def _packed(self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> bytes:
+        """The whole ``EVALSHA`` command in RESP: numkeys, keys, mode, clock, then the cached
+        per-limit arguments and each cost."""
+        parts = [b"*%d\r\n" % (5 + len(keys) + 6 * len(limits)), _SHA_HEAD, b"$%d\r\n%d\r\n" % (len(str(len(keys))), len(keys))]
+        for key in keys:
+            parts.append(_bulk(key))
+        parts.append(_MODES[mode])
+        parts.append(_NO_CLOCK if self.clock is None else _bulk(repr(float(self.clock()))))
+        cache = self._limit_packed
+        for limit, cost in zip(limits, costs, strict=False):
+            packed = cache.get(limit)
+            if packed is None:
+                packed = b"".join(_bulk(a) for a in self._args_of(limit))
+                if len(cache) < 4096:
+                    cache[limit] = packed
+            parts.append(packed)
+            parts.append(_COST_ONE if cost == 1 else _bulk(repr(float(cost))))
+        return b"".join(parts)
+
     def _script_args(self, mode: str, limits: Sequence[Limit], costs: Sequence[float]) -> list[str]:
         args = [mode, "" if self.clock is None else repr(float(self.clock()))]
         for limit, cost in zip(limits, costs, strict=False):
@@ -159,11 +194,7 @@ class RedisStore(Store):
         if self._cluster and len(keys) > 1 and _spans_slots(keys):
             return await self._hit_across_slots(keys, limits, costs)
         sent_at = self._now()
-        args = self._script_args("h", limits, costs)
-        if self.coalesce:
-            reply = await self._enqueue(keys, args)
-        else:
-            reply = await self._call(self._eval_raw(keys, args))
+        reply = await self._request("h", keys, limits, costs)
         try:
             index = reply[5]
             limit = limits[index]
@@ -230,8 +261,8 @@ class RedisStore(Store):
         """Every limit's decision for these costs: without charging (``"p"``), or after adjusting
         by them (``"a"``). One script call per slot, coalesced like checks when there is one slot."""
         groups = _slot_groups(keys, self._cluster)
-        if len(groups) == 1 and self.coalesce:
-            replies = [await self._enqueue(keys, self._script_args(mode, limits, costs))]
+        if len(groups) == 1:
+            replies = [await self._request(mode, keys, limits, costs)]
         else:
             replies = await self._call(
                 asyncio.gather(
@@ -262,7 +293,17 @@ class RedisStore(Store):
 
     # -- coalescing --------------------------------------------------------------------------
 
-    def _enqueue(self, keys: Sequence[str], args: list[str]) -> asyncio.Future[_Reply]:
+    def _request(
+        self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Awaitable[_Reply]:
+        """One script call (keys on one slot): queued into the next pipeline when coalescing."""
+        if not self.coalesce:
+            return self._call(self._eval_raw(keys, self._script_args(mode, limits, costs)))
+        if self._cluster:
+            return self._enqueue((keys, self._script_args(mode, limits, costs)))
+        return self._enqueue(self._packed(mode, keys, limits, costs))
+
+    def _enqueue(self, request: Any) -> asyncio.Future[_Reply]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Reply] = loop.create_future()
         batch = self._batch
@@ -271,7 +312,7 @@ class RedisStore(Store):
             batch.timer = loop.call_later(self.timeout, self._expire, batch)
             if self._inflight < self.pool_size:
                 loop.call_soon(self._send)
-        batch.items.append((keys, args, future))
+        batch.items.append((request, future))
         return future
 
     def _send(self) -> None:
@@ -284,7 +325,7 @@ class RedisStore(Store):
 
     def _expire(self, batch: _Batch) -> None:
         error = StoreError(f"redis store {self.url}: no reply within {self.timeout * 1000:g} ms")
-        for _, _, future in batch.items:
+        for _, future in batch.items:
             if not future.done():
                 future.set_exception(error)
         if self._batch is batch:  # never sent: drop it, so nothing is charged behind our back
@@ -295,23 +336,11 @@ class RedisStore(Store):
     async def _run(self, batch: _Batch) -> None:
         items = batch.items
         try:
-            if len(items) == 1:
-                keys, args, future = items[0]
-                replies: list[_Reply] = [await self._eval_raw(keys, args)]
+            if self._cluster:
+                replies = await self._execute_cluster([request for request, _ in items])
             else:
-                pipe = self._client.pipeline(transaction=False)
-                for keys, args, _ in items:
-                    pipe.execute_command("EVALSHA", SCRIPT_SHA, len(keys), *keys, *args)
-                replies = await pipe.execute(raise_on_error=False)
-                missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-                if missing:
-                    again = await asyncio.gather(
-                        *(self._client.eval(SCRIPT, len(items[i][0]), *items[i][0], *items[i][1]) for i in missing),
-                        return_exceptions=True,
-                    )
-                    for i, reply in zip(missing, again, strict=False):
-                        replies[i] = reply
-            for (_, _, future), reply in zip(items, replies, strict=False):
+                replies = await self._execute([request for request, _ in items])
+            for (_, future), reply in zip(items, replies, strict=False):
                 if future.done():
                     continue
                 if isinstance(reply, BaseException):
@@ -322,7 +351,7 @@ class RedisStore(Store):
             pass  # the timer expired: the futures already carry the timeout
         except Exception as exc:
             error = self._error(exc)
-            for _, _, future in items:
+            for _, future in items:
                 if not future.done():
                     future.set_exception(error)
         finally:
@@ -331,6 +360,69 @@ class RedisStore(Store):
             self._inflight -= 1
             if self._batch is not None and self._batch.task is None:
                 self._send()
+
+    async def _execute(self, commands: list[bytes]) -> list[_Reply]:
+        """Send packed ``EVALSHA`` commands on one connection of ours and read every reply
+        (an error reply is returned as its exception). ``NOSCRIPT`` replies are sent again as
+        ``EVAL``. A connection that fails before any reply was read (e.g. left stale by a
+        server restart) is reconnected and tried once more, as redis-py's own retry does."""
+        conn = self._idle.pop() if self._idle else self._new_connection()
+        try:
+            for attempt in (0, 1):
+                replies: list[_Reply] = []
+                try:
+                    await self._exchange(conn, commands, replies)
+                    break
+                except (RedisConnectionError, OSError):
+                    await conn.disconnect(nowait=True)
+                    if attempt or replies:
+                        raise
+            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+            if missing:
+                again: list[_Reply] = []
+                await self._exchange(conn, [commands[i].replace(_SHA_HEAD, _EVAL_HEAD, 1) for i in missing], again)
+                for i, reply in zip(missing, again, strict=False):
+                    replies[i] = reply
+        except BaseException:
+            await conn.disconnect(nowait=True)  # replies may be left unread: never reuse it as is
+            self._idle.append(conn)
+            raise
+        self._idle.append(conn)
+        return replies
+
+    @staticmethod
+    async def _exchange(conn: Any, commands: list[bytes], replies: list[_Reply]) -> None:
+        if not conn.is_connected:
+            await conn.connect()  # not left to send_packed_command: Sentinel's connect() finds the primary
+        await conn.send_packed_command(commands, check_health=False)
+        read = conn.read_response
+        for _ in commands:
+            try:
+                replies.append(await read())
+            except ResponseError as exc:
+                replies.append(exc)
+
+    def _new_connection(self) -> Any:
+        conn = self._client.connection_pool.make_connection()
+        conn.socket_timeout = None  # every exchange is bounded by our own timer instead
+        return conn
+
+    async def _execute_cluster(self, requests: list[tuple[Sequence[str], list[str]]]) -> list[_Reply]:
+        if len(requests) == 1:
+            return [await self._eval_raw(*requests[0])]
+        pipe = self._client.pipeline(transaction=False)
+        for keys, args in requests:
+            pipe.execute_command("EVALSHA", SCRIPT_SHA, len(keys), *keys, *args)
+        replies: list[_Reply] = await pipe.execute(raise_on_error=False)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            again = await asyncio.gather(
+                *(self._client.eval(SCRIPT, len(requests[i][0]), *requests[i][0], *requests[i][1]) for i in missing),
+                return_exceptions=True,
+            )
+            for i, reply in zip(missing, again, strict=False):
+                replies[i] = reply
+        return replies
 
     # -- plain calls -----------------------------------------------------------------------
 
@@ -407,6 +499,9 @@ class RedisStore(Store):
 
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
+            for conn in self._idle:
+                await conn.disconnect()
+            self._idle.clear()
             await self._client.aclose()
 
     @property
