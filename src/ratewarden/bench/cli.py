@@ -13,8 +13,7 @@ from .scenarios import QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
 
 __all__ = ["register", "run"]
 
-DEFAULT_LIBRARIES = "ratewarden,traffik,slowapi,bare"
-STORES = ("memory", "redis", "memcached")
+QUICK_LIBRARIES = "ratewarden,traffik,slowapi,bare"
 
 
 def _csv(value: str) -> list[str]:
@@ -24,7 +23,7 @@ def _csv(value: str) -> list[str]:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="benchmark ratewarden against traffik, slowapi and no limiter",
+        help="benchmark ratewarden against traffik, slowapi, limits and no limiter",
         description="Runs the reference benchmark scenarios for several rate limiters on the same app and "
                     "writes JSON, CSV, Markdown and a self-contained HTML report.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -34,10 +33,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--scenario", action="append", default=None, metavar="NAMES",
                    help="comma-separated scenario keys or groups (dependency, middleware, correctness, websocket, "
                         "strategy, headers, rules, workload, tiered, live, http, mw, ws, all); see --list")
-    p.add_argument("--library", default=DEFAULT_LIBRARIES, metavar="NAMES",
-                   help="comma-separated libraries: ratewarden, traffik, slowapi, bare")
-    p.add_argument("--store", default="memory", metavar="NAMES", help="comma-separated: memory, redis, memcached")
+    p.add_argument("--library", default="", metavar="NAMES",
+                   help="comma-separated libraries: ratewarden, traffik, slowapi, limits, bare (default: all; "
+                        f"--quick: {QUICK_LIBRARIES})")
+    p.add_argument("--store", default="memory", metavar="NAMES",
+                   help="comma-separated: memory, redis, redis-cluster, memcached")
     p.add_argument("--redis-url", default="", help="Redis to use (default: start a private redis-server)")
+    p.add_argument("--redis-cluster-url", default="",
+                   help="Redis Cluster to use, redis+cluster://host:port (default: start a private 6-node "
+                        "cluster, 3 primaries + 3 replicas)")
     p.add_argument("--memcached-url", default="", help="Memcached to use, memcached://host:port "
                                                        "(default: start a private memcached)")
     p.add_argument("--driver", choices=("all", "inprocess", "live"), default="all",
@@ -67,11 +71,10 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         names = list(QUICK_SCENARIOS + QUICK_LIVE) if args.scenario is None else []
         duration = args.duration if args.duration != 10.0 else 3.0
-        warmup_duration = 1.0
     else:
         names = []
         duration = args.duration
-        warmup_duration = min(2.0, duration)
+    warmup_duration = max(1.0, min(2.0, duration / 2))
     for value in args.scenario or ([] if args.quick else ["all"]):
         names += _csv(value)
     try:
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         scenarios = [s for s in scenarios if s.mode == "live"]
     if not scenarios:
         return _fail("no scenario left to run (check --scenario and --driver)")
-    libraries = _csv(args.library)
+    libraries = _csv(args.library or (QUICK_LIBRARIES if args.quick else ",".join(LIBRARIES)))
     for lib in libraries:
         if lib not in LIBRARIES:
             return _fail(f"unknown library {lib!r}; choose from {', '.join(LIBRARIES)}")
@@ -93,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as exc:
             return _fail(str(exc))
     stores = _csv(args.store)
+    from .services import STORES
+
     for store in stores:
         if store not in STORES:
             return _fail(f"unknown store {store!r}; choose from {', '.join(STORES)}")
@@ -117,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=args.iterations,
                    warmup=args.warmup, concurrency=levels or None, duration=duration,
-                   warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url)
+                   warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url,
+                   redis_cluster_url=args.redis_cluster_url)
     command = "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "ratewarden bench"
     meta = collect_meta(command, {

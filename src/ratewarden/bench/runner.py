@@ -33,6 +33,7 @@ class Options:
     warmup_duration: float = 2.0
     redis_url: str = ""
     memcached_url: str = ""
+    redis_cluster_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,13 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
     for name in quiet:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
+        if any(t.scenario.mode == "live" for t in plan_tasks(opts)):
+            # Before any server starts: children (redis-server, uvicorn, wrk) inherit the limit.
+            live.raise_fd_limit(max(opts.concurrency or [0]) * 2 + 1024)
+        urls = {"redis": opts.redis_url, "redis-cluster": opts.redis_cluster_url, "memcached": opts.memcached_url}
         for kind in opts.stores:
             if kind != "memory":
-                url = opts.redis_url if kind == "redis" else opts.memcached_url
-                services[kind] = StoreService(kind, url)
+                services[kind] = StoreService(kind, urls.get(kind, ""))
                 services[kind].start()
         for task in plan_tasks(opts):
             if on_start:

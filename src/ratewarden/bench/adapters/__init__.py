@@ -13,6 +13,7 @@ LIBRARIES: dict[str, tuple[str, str, str]] = {
     "ratewarden": ("ratewarden", "RatewardenAdapter", "ratewarden"),
     "traffik": ("traffik", "TraffikAdapter", "traffik"),
     "slowapi": ("slowapi", "SlowapiAdapter", "slowapi"),
+    "limits": ("limits_aio", "LimitsAdapter", "limits"),
     "bare": ("bare", "BareAdapter", "fastapi"),
 }
 

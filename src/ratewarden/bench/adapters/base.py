@@ -18,7 +18,10 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """Which store the limiter uses: ``memory``, ``redis`` or ``memcached``, with its URL."""
+    """Which store the limiter uses: ``memory``, ``redis``, ``redis-cluster`` or ``memcached``, with its URL.
+
+    A cluster URL is ``redis+cluster://host:port`` (any one node; clients discover the rest).
+    """
 
     kind: str = "memory"
     url: str = ""
@@ -27,7 +30,7 @@ class StoreSpec:
     def host_port(self) -> tuple[str, int]:
         rest = self.url.split("://", 1)[-1].split("/", 1)[0]
         host, _, port = rest.rpartition(":")
-        return host or "127.0.0.1", int(port or 11211)
+        return host or "127.0.0.1", int(port or (11211 if self.kind == "memcached" else 6379))
 
 
 class Adapter(ABC):

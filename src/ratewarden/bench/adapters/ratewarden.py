@@ -33,7 +33,7 @@ class RatewardenAdapter(Adapter):
         kind = self.store.kind
         if kind == "memory":
             return MemoryStore()
-        if kind == "redis":
+        if kind in ("redis", "redis-cluster"):
             from ratewarden.stores.redis import RedisStore
 
             return RedisStore(self.store.url)

@@ -51,6 +51,12 @@ class TraffikAdapter(Adapter):
             from traffik.backends.redis.aioredis import RedisBackend
 
             return RedisBackend(self.store.url, namespace="bench", persistent=False)
+        if kind == "redis-cluster":
+            from traffik.backends.redis.aioredis import RedisBackend
+
+            # A list of nodes makes traffik build a RedisCluster client. Its clear() fails on a cluster
+            # (a 0-key SCAN script), so the state is kept (persistent) and the harness flushes the primaries.
+            return RedisBackend([self.store.host_port], namespace="bench", persistent=True)
         if kind == "memcached":
             try:
                 from traffik.backends.memcached.aiomcache import MemcachedBackend
@@ -126,7 +132,8 @@ class TraffikAdapter(Adapter):
         await self.backend.initialize()
 
     async def reset(self) -> None:
-        await self.backend.reset()
+        if self.store.kind != "redis-cluster":
+            await self.backend.reset()
 
     async def stop(self) -> None:
         await self.backend.close()

@@ -23,7 +23,7 @@ from ..adapters.base import StoreSpec
 from ..scenarios import Scenario
 from ..stats import Run
 
-__all__ = ["LiveError", "LiveServer", "cpu_plan", "require_wrk", "run_iteration", "wrk_script"]
+__all__ = ["LiveError", "LiveServer", "cpu_plan", "raise_fd_limit", "require_wrk", "run_iteration", "wrk_script"]
 
 
 class LiveError(RuntimeError):
@@ -36,6 +36,26 @@ def require_wrk() -> str:
         raise LiveError("wrk (the load generator) is not installed: run `apt-get install wrk` "
                         "(or scripts/install-system-deps.sh), or use --driver inprocess")
     return path
+
+
+def raise_fd_limit(needed: int) -> int:
+    """Raise the soft open-files limit (``ulimit -n``) towards the hard one; returns the new soft limit.
+
+    wrk holds one socket per connection and uvicorn one per accepted connection, so 1000 connections
+    need well over the common default soft limit of 1024. Only the soft limit is changed, for this
+    process and the servers it starts; a hard limit below ``needed`` is an error to fix outside.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return int(soft)
+    target = max(needed, 65536) if hard == resource.RLIM_INFINITY else min(max(needed, 65536), hard)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise LiveError(f"the open-files hard limit ({hard}) is below the {needed} this run needs; "
+                        f"raise it (`ulimit -Hn {needed}` as root, or in limits.conf) or lower --concurrency")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
 
 
 def cpu_plan() -> tuple[set[int] | None, set[int] | None]:

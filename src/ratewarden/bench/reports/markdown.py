@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..stats import Row
 from .meta import Meta
 
-__all__ = ["GROUP_TITLES", "Table", "build_tables", "library_order", "render_markdown"]
+__all__ = ["GROUP_TITLES", "Table", "build_tables", "cluster_tables", "library_order", "render_markdown"]
 
 GROUP_TITLES = {
     "dependency": "HTTP dependency mode",
@@ -22,7 +22,7 @@ GROUP_TITLES = {
     "tiered": "Tiered API keys",
     "live": "Live server (uvicorn + wrk): overhead against no limiter",
 }
-_LIB_ORDER = ("ratewarden", "traffik", "slowapi")
+_LIB_ORDER = ("ratewarden", "traffik", "slowapi", "limits")
 
 
 @dataclass
@@ -79,6 +79,51 @@ def build_tables(rows: list[Row]) -> list[Table]:
                 continue
             section = _section(next(r for r in grows if r.library != "bare"))
             tables.extend(_group_tables(section, group, grows))
+    tables.extend(cluster_tables(rows))
+    return tables
+
+
+def _mix(r: Row) -> str:
+    other = max(0, r.requests - r.allowed - r.throttled)
+    return f"{_n(r.allowed)} / {_n(r.throttled)} / {_n(other)}"
+
+
+def cluster_tables(rows: list[Row]) -> list[Table]:
+    """Live Redis standalone vs Redis Cluster, side by side per workload, concurrency and library.
+
+    Only built when the same live scenario ran on both ``redis`` and ``redis-cluster``.
+    """
+    live = [r for r in rows if r.driver == "live"]
+    both = {r.scenario for r in live if r.store == "redis"} & {r.scenario for r in live if r.store == "redis-cluster"}
+    tables: list[Table] = []
+    for sc in [s for s in dict.fromkeys(r.scenario for r in live) if s in both]:
+        srows = [r for r in live if r.scenario == sc]
+        by = {(r.store, r.concurrency, r.library): r for r in srows}
+        header = ["Conns", "Library", "standalone req/s", "p50 / p99 ms", "2xx / 429 / other", "CPU / RSS",
+                  "cluster req/s", "p50 / p99 ms", "2xx / 429 / other", "CPU / RSS", "cluster ÷ standalone"]
+        body = []
+        for conc in sorted({r.concurrency for r in srows}):
+            for lib in library_order([r.library for r in srows]):
+                cells = [str(conc), lib if lib != "bare" else "bare (no limiter)"]
+                pair = [by.get(("none" if lib == "bare" else store, conc, lib)) for store in ("redis", "redis-cluster")]
+                if lib == "bare":
+                    pair[1] = None
+                if pair == [None, None]:
+                    continue
+                for r in pair:
+                    if r is None:
+                        cells += ["—"] * 4
+                        continue
+                    res = (f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—") + " / " + (
+                        f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—")
+                    cells += [_n(r.rps) + (f" ({r.vs_bare:.2f}x bare)" if r.vs_bare and lib != "bare" else ""),
+                              f"{_ms(r.p50_ms)} / {_ms(r.p99_ms)}", _mix(r), res]
+                a, b = pair
+                cells.append(f"{b.rps / a.rps:.2f}" if a and b and a.rps else "—")
+                body.append(cells)
+        title = next(r.title for r in srows)
+        tables.append(Table("live · Redis standalone vs Redis Cluster (3 primaries + 3 replicas)", "cluster",
+                            title, header, body))
     return tables
 
 
