@@ -47,7 +47,7 @@ def test_private_cluster_has_three_primaries_with_a_replica_each_and_flushes_the
 
 
 def test_unreachable_cluster_url_is_a_clear_error() -> None:
-    with pytest.raises(BenchError, match="redis-cluster store at redis\\+cluster://127.0.0.1:1 does not answer"):
+    with pytest.raises(BenchError, match=r"redis-cluster store at redis\+cluster://127\.0\.0\.1:1 does not answer"):
         StoreService("redis-cluster", "redis+cluster://127.0.0.1:1").start()
 
 
