@@ -125,3 +125,12 @@ async def test_no_ban_read_without_bans() -> None:
 def test_bad_settings_are_named(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         Bans(**bad)  # type: ignore[arg-type]
+
+
+def test_policy_file_sets_the_ban_cache() -> None:
+    from ratewarden.policy import PolicyError, parse_policy
+
+    policy = parse_policy('[bans]\nafter = 3\nduration = "10m"\ncache_for = "250ms"\n[[rules]]\npath = "/**"\nrate = "1/s"\n')
+    assert policy.bans is not None and policy.bans.cache_for == 0.25 and policy.bans.duration == 600
+    with pytest.raises(PolicyError, match="cache_for"):
+        parse_policy('[bans]\ncache_for = "soon"\n[[rules]]\npath = "/**"\nrate = "1/s"\n')

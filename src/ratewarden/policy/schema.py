@@ -40,7 +40,7 @@ _GROUP = ("limits", "unlimited")
 _RULE = ("path", "name", "methods", "rate", "tiered", "key", "algorithm", "cost", "bypass", "shadow", "delay", "charge")
 _DELAY = ("max_wait", "burst", "max_waiting")
 _CHARGE = ("statuses",)
-_BANS = ("after", "within", "duration", "growth", "max_duration", "status", "key")
+_BANS = ("after", "within", "duration", "growth", "max_duration", "status", "key", "cache_for")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
@@ -367,7 +367,7 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
     if "bans" in top:
         b = v.table(top["bans"], ["bans"], _BANS)
         kwargs: dict[str, Any] = {}
-        for name in ("within", "duration", "max_duration"):
+        for name in ("within", "duration", "max_duration", "cache_for"):
             if name in b:
                 kwargs[name] = v.attempt(["bans", name], parse_duration, b[name])
         for name, kind in (("after", int), ("status", int), ("growth", (int, float))):
