@@ -26,6 +26,7 @@ from .keys import KeyFunc, client_ip
 from .limiter import storage_key
 from .limits import Limit
 from .rates import Rate
+from .stores.memory import MemoryStore
 
 if TYPE_CHECKING:
     from .limiter import Limiter
@@ -37,6 +38,7 @@ log = logging.getLogger("ratewarden.bans")
 # Reads a ban state: with one unit per second and a burst of one, a zero-cost GCRA check reports
 # reset_after = until - now for any stored (until,).
 _UNTIL = Limit(Rate(1, 1.0), "gcra", "ban")
+_UNTIL_LIST = [_UNTIL]
 _LEVELS = 1000  # offences a key can accumulate (far past max_duration anyway)
 
 
@@ -120,8 +122,13 @@ class Bans:
         entry = self._cache.get(key)
         if entry is not None and now < entry[1] and now < entry[0]:
             return entry[0] - now
+        store = limiter.store
         try:
-            decision = (await limiter.store.peek([self._storage(limiter, key, "until")], [_UNTIL]))[0]
+            keys = [f"{storage_key(limiter.prefix, 'ban', key)}:until"]
+            if type(store) is MemoryStore:  # no coroutine for an in-process read
+                decision = store.peek_now(keys, _UNTIL_LIST)[0]
+            else:
+                decision = (await store.peek(keys, _UNTIL_LIST))[0]
         except Exception as exc:
             log.warning("ban check failed: %s: %s", type(exc).__name__, exc)
             return max(0.0, entry[0] - now) if entry is not None else 0.0
