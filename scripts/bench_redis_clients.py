@@ -55,6 +55,21 @@ async def redis_py(url: str, rounds: int, pipelined: bool) -> float:
     return rounds * CONCURRENCY / elapsed
 
 
+async def packed(url: str, rounds: int) -> float:
+    """What RedisStore does now: pre-packed RESP written on one redis-py connection, replies read
+    with hiredis (no Pipeline object, no per-argument encoding)."""
+    store = RedisStore(url, timeout=5)
+    (limit,) = make_limits("1000000000/hour", "token_bucket")
+    commands = [store._packed("h", [f"rw:{{bench|{i}}}:{limit.suffix}"], [limit], [1.0]) for i in range(CONCURRENCY)]
+    await store._execute(commands[:1])  # connects and loads the script
+    started = time.perf_counter()
+    for _ in range(rounds):
+        await store._execute(commands)
+    elapsed = time.perf_counter() - started
+    await store.close()
+    return rounds * CONCURRENCY / elapsed
+
+
 async def glide(port: int, rounds: int, pipelined: bool) -> float:
     from glide import Batch, GlideClient, GlideClientConfiguration, NodeAddress
 
@@ -99,6 +114,7 @@ def main() -> None:
         cases = {
             "redis-py  pipeline of 50 EVALSHA": lambda: redis_py(server.url, opts.rounds, True),
             "redis-py  50 concurrent EVALSHA": lambda: redis_py(server.url, opts.rounds, False),
+            "redis-py connection, 50 pre-packed": lambda: packed(server.url, opts.rounds),
             "glide     batch of 50 EVALSHA": lambda: glide(server.port, opts.rounds, True),
             "glide     50 concurrent EVALSHA": lambda: glide(server.port, opts.rounds, False),
             "RedisStore.hit, coalesced": lambda: store_path(server.url, opts.rounds, True),
