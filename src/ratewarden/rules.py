@@ -143,20 +143,21 @@ class CompiledRule:
         self.message_base = f"{prefix}:{{{scope_name}-msg|"
         self.message_costs = (1.0,) * len(rule.message_limits)
         self.shadow = rule.shadow
-        self.keys_cache: dict[str, list[str]] = {}
+        self.keys_cache: dict[str, tuple[str, ...]] = {}
         # The middleware's fast path: one sync key, a fixed cost, enforced.
         self.simple = not self.key_is_async and self.cost_fn is None and not self.shadow and bool(self.limits)
 
-    def storage_keys(self, key: str, message: bool = False) -> list[str]:
-        """Storage keys of this rule's limits for client ``key`` (cached for recent keys; callers
-        must not mutate the list)."""
+    def storage_keys(self, key: str, message: bool = False) -> tuple[str, ...]:
+        """Storage keys of this rule's limits for client ``key``, cached for recent keys (as
+        tuples of strings, which the garbage collector stops tracking: no GC pauses that grow with
+        the number of clients)."""
         if message:
-            return [f"{self.message_base}{safe_key(key)}}}:{limit.suffix}" for limit in self.message_limits]
+            return tuple(f"{self.message_base}{safe_key(key)}}}:{limit.suffix}" for limit in self.message_limits)
         cache = self.keys_cache
         found = cache.get(key)
         if found is None:
             base = self.base + safe_key(key)
-            found = [base + suffix for suffix in self.suffixes]
+            found = tuple([base + suffix for suffix in self.suffixes])
             if len(cache) >= _KEYS_CACHE_LIMIT:
                 cache.clear()
             cache[key] = found
