@@ -52,4 +52,8 @@ def client_process(kind: str, url: str, prefix: str, index: int, barrier: Any, o
             counts[name] += allowed
         return counts
 
-    out.put((index, asyncio.run(main())))
+    try:
+        out.put((index, asyncio.run(main())))
+    except BaseException as exc:  # report instead of leaving the parent waiting on the queue
+        out.put((index, f"{type(exc).__name__}: {exc}"))
+        raise

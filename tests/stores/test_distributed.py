@@ -65,6 +65,8 @@ def test_ten_processes_exactly_1000_allowed(kind_url: tuple[str, str]) -> None:
     for p in procs:
         p.start()
     results = [out.get(timeout=120) for _ in procs]
+    errors = [r for _, r in results if isinstance(r, str)]
+    assert not errors, f"{kind}: client processes failed: {errors}"
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
