@@ -18,14 +18,22 @@
 
 local INF = 1 / 0
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-local tonumber, fmt = tonumber, string.format
+local tonumber, fmt, find, sub = tonumber, string.format, string.find, string.sub
 
-local function f(x) return fmt('%.17g', x) end
+local function f(x) if x == 0 then return '0' end return fmt('%.17g', x) end
 local function trunc(x) if x >= 0 then return floor(x) end return ceil(x) end
-local function nums(s)
-  local out, n = {}, 0
-  for w in string.gmatch(s, '%S+') do n = n + 1; out[n] = tonumber(w) end
-  return out
+local function nums(s)  -- plain find/sub: cheaper than gmatch on this hot path
+  local out, n, i = {}, 0, 1
+  while true do
+    local j = find(s, ' ', i, true)
+    n = n + 1
+    if not j then
+      out[n] = tonumber(sub(s, i))
+      return out
+    end
+    out[n] = tonumber(sub(s, i, j - 1))
+    i = j + 1
+  end
 end
 
 local mode = ARGV[1]
@@ -49,7 +57,7 @@ local function fixed_window(st, cost, limit, period)
   local reset_after = start + period - now
   local total = count + cost
   if total <= limit then
-    return true, limit, trunc(limit - total), reset_after, 0, f(start) .. ' ' .. f(total)
+    return true, limit, trunc(limit - total), reset_after, 0, fmt('%.17g %.17g', start, total)
   end
   local retry = reset_after
   if cost > limit then retry = INF end
@@ -82,7 +90,7 @@ local function sliding_window(st, cost, limit, period)
       reset_after = 0
     end
     return true, limit, trunc(limit - used + 1e-9), reset_after, 0,
-      f(start) .. ' ' .. f(current) .. ' ' .. f(previous)
+      fmt('%.17g %.17g %.17g', start, current, previous)
   end
   if current > 0 then
     reset_after = start + 2 * period - now
@@ -144,7 +152,7 @@ local function token_bucket(st, cost, capacity, per_second)
   end
   if tokens >= cost then
     tokens = tokens - cost
-    return true, capacity, trunc(tokens + 1e-9), (capacity - tokens) / per_second, 0, f(tokens) .. ' ' .. f(now)
+    return true, capacity, trunc(tokens + 1e-9), (capacity - tokens) / per_second, 0, fmt('%.17g %.17g', tokens, now)
   end
   local retry = INF
   if cost <= capacity then retry = (cost - tokens) / per_second end
@@ -163,7 +171,7 @@ local function token_bucket_debt(st, cost, capacity, per_second, debt)
   if tokens >= needed then
     tokens = tokens - cost
     return true, capacity, max(0, trunc(tokens + 1e-9)), (capacity - tokens) / per_second, 0,
-      f(tokens) .. ' ' .. f(now)
+      fmt('%.17g %.17g', tokens, now)
   end
   local retry = INF
   if needed <= capacity then retry = (needed - tokens) / per_second end
@@ -178,7 +186,7 @@ local function leaky_bucket(st, cost, capacity, per_second)
   end
   if level + cost <= capacity then
     level = level + cost
-    return true, capacity, trunc(capacity - level + 1e-9), level / per_second, 0, f(level) .. ' ' .. f(now)
+    return true, capacity, trunc(capacity - level + 1e-9), level / per_second, 0, fmt('%.17g %.17g', level, now)
   end
   local retry = INF
   if cost <= capacity then retry = (level + cost - capacity) / per_second end
