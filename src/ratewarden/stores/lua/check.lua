@@ -311,6 +311,29 @@ if mode == 'a' then
   return out
 end
 
+-- The common case, one limit: no per-limit tables, straight to the reply.
+if nkeys == 1 and mode == 'h' then
+  local algo = tonumber(ARGV[3])
+  local key = KEYS[1]
+  local st = nil
+  if algo ~= 3 then
+    st = redis.call('GET', key)
+    if not st then st = nil end
+  end
+  local a, l, r, s, t, n = run(algo, 2, key, st, tonumber(ARGV[8]))
+  if a == nil then
+    return redis.error_reply('ratewarden: unknown algorithm id ' .. tostring(ARGV[3]))
+  end
+  if a then
+    if algo == 3 then
+      store_log(key, n, ceil(tonumber(ARGV[8])), ttl_of(s))
+    else
+      redis.call('SET', key, n, 'PX', ttl_of(s))
+    end
+  end
+  return {a and 1 or 0, l, r, f(s), f(t), 0}
+end
+
 local ok, lim, rem, rst, rty, new = {}, {}, {}, {}, {}, {}
 local all = true
 for i = 1, nkeys do
