@@ -164,3 +164,35 @@ def test_urls() -> None:
         parse_store_url("http://h", ("standalone", "cluster"))
     with pytest.raises(ValueError, match="timeout='x' must be a float"):
         RedisStore("redis://127.0.0.1:1?timeout=x")
+
+
+async def test_one_bad_check_does_not_fail_its_pipeline(redis_standalone: RedisStandalone) -> None:
+    """An error reply (a key of the wrong type) fails only its own check; the other checks of the
+    same coalesced pipeline get their answers, and the connection stays usable."""
+    store = RedisStore(redis_standalone.url, timeout=5)
+    (limit,) = make_limits("10/min", "fixed_window")
+    tag = uuid.uuid4().hex
+    bad = f"rw:{{bad|{tag}}}:{limit.suffix}"
+    redis_cmd(redis_standalone.port, "HSET", bad, "f", "v")
+    good = [f"rw:{{good{i}|{tag}}}:{limit.suffix}" for i in range(20)]
+    try:
+        results = await asyncio.gather(
+            *(store.hit([key], [limit], [1.0]) for key in [*good[:10], bad, *good[10:]]), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(errors) == 1 and isinstance(errors[0], StoreError) and "WRONGTYPE" in str(errors[0])
+        assert all(not isinstance(r, BaseException) and r.allowed and r.remaining == 9 for r in results[:10])
+        assert (await store.hit(good[:1], [limit], [1.0])).remaining == 8
+    finally:
+        await store.close()
+
+
+async def test_close_releases_connections(redis_standalone: RedisStandalone) -> None:
+    name = f"rwclose{uuid.uuid4().hex[:8]}"
+    store = RedisStore(f"{redis_standalone.url}?client_name={name}", timeout=5)
+    (limit,) = make_limits("10/min", "gcra")
+    await asyncio.gather(*(store.hit([f"rw:{{close{i}|x}}:{limit.suffix}"], [limit], [1.0]) for i in range(30)))
+    assert name in redis_cmd(redis_standalone.port, "CLIENT", "LIST")
+    await store.close()
+    await asyncio.sleep(0.05)
+    assert name not in redis_cmd(redis_standalone.port, "CLIENT", "LIST")
