@@ -69,6 +69,8 @@ _EVAL_HEAD = b"$4\r\nEVAL\r\n$%d\r\n%s\r\n" % (len(_SCRIPT_B), _SCRIPT_B)
 _COST_ONE = b"$1\r\n1\r\n"
 _MODES = {m: b"$1\r\n%s\r\n" % m.encode() for m in ("h", "p", "a")}
 _NO_CLOCK = b"$0\r\n\r\n"
+_ONE_KEY_HEAD = b"*12\r\n" + _SHA_HEAD + b"$1\r\n1\r\n"  # 12 = EVALSHA sha 1 key h now + 6 per limit
+_HIT_NO_CLOCK = _MODES["h"] + _NO_CLOCK
 
 
 def _bulk(text: str) -> bytes:
@@ -160,6 +162,15 @@ class RedisStore(Store):
     def _packed(self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> bytes:
         """The whole ``EVALSHA`` command in RESP: numkeys, keys, mode, clock, then the cached
         per-limit arguments and each cost."""
+        if len(keys) == 1 and mode == "h" and self.clock is None:  # the common check: one format
+            packed = self._limit_packed.get(limits[0])
+            if packed is not None:
+                key = keys[0].encode()
+                cost = costs[0]
+                return b"%s$%d\r\n%s\r\n%s%s%s" % (
+                    _ONE_KEY_HEAD, len(key), key, _HIT_NO_CLOCK, packed,
+                    _COST_ONE if cost == 1 else _bulk(repr(float(cost))),
+                )
         parts = [b"*%d\r\n" % (5 + len(keys) + 6 * len(limits)), _SHA_HEAD, b"$%d\r\n%d\r\n" % (len(str(len(keys))), len(keys))]
         for key in keys:
             parts.append(_bulk(key))
