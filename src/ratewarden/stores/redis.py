@@ -165,10 +165,10 @@ class RedisStore(Store):
         if len(keys) == 1 and mode == "h" and self.clock is None:  # the common check: one format
             packed = self._limit_packed.get(limits[0])
             if packed is not None:
-                key = keys[0].encode()
+                key_b = keys[0].encode()
                 cost = costs[0]
                 return b"%s$%d\r\n%s\r\n%s%s%s" % (
-                    _ONE_KEY_HEAD, len(key), key, _HIT_NO_CLOCK, packed,
+                    _ONE_KEY_HEAD, len(key_b), key_b, _HIT_NO_CLOCK, packed,
                     _COST_ONE if cost == 1 else _bulk(repr(float(cost))),
                 )
         parts = [b"*%d\r\n" % (5 + len(keys) + 6 * len(limits)), _SHA_HEAD, b"$%d\r\n%d\r\n" % (len(str(len(keys))), len(keys))]
