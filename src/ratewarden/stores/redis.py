@@ -39,7 +39,7 @@ try:
     from redis.backoff import NoBackoff
     from redis.crc import key_slot
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import NoScriptError, RedisError, ResponseError
+    from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "RedisStore needs the redis client: pip install 'ratewarden[redis]'"
@@ -388,6 +388,8 @@ class RedisStore(Store):
                     await conn.disconnect(nowait=True)
                     if attempt or replies:
                         raise
+            if any(isinstance(r, ReadOnlyError) for r in replies):
+                await conn.disconnect()  # a demoted primary: reconnecting asks Sentinel again
             missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
             if missing:
                 again: list[_Reply] = []
@@ -406,7 +408,11 @@ class RedisStore(Store):
         if not conn.is_connected:
             await conn.connect()  # not left to send_packed_command: Sentinel's connect() finds the primary
         await conn.send_packed_command(commands, check_health=False)
-        read = conn.read_response
+        # The parser itself (hiredis when installed) returns error replies as exception objects,
+        # without the connection's per-reply wrapper (timeout context, health bookkeeping): our
+        # own timer bounds the exchange, and any failure disconnects the connection.
+        parser = getattr(conn, "_parser", None)
+        read = conn.read_response if parser is None else parser.read_response
         for _ in commands:
             try:
                 replies.append(await read())
