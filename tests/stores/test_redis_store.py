@@ -196,3 +196,24 @@ async def test_close_releases_connections(redis_standalone: RedisStandalone) -> 
     await store.close()
     await asyncio.sleep(0.05)
     assert name not in redis_cmd(redis_standalone.port, "CLIENT", "LIST")
+
+
+async def test_demoted_primary_drops_the_connection() -> None:
+    """A READONLY reply (the server became a replica, as an old primary does after a Sentinel
+    failover) fails the check and drops the connection, so the next check reconnects."""
+    server = RedisStandalone().start()
+    name = f"rwro{uuid.uuid4().hex[:8]}"
+    store = RedisStore(f"{server.url}?client_name={name}", timeout=5)
+    (limit,) = make_limits("10/min", "token_bucket")
+    key = f"rw:{{ro|{uuid.uuid4().hex}}}:{limit.suffix}"
+    try:
+        assert (await store.hit([key], [limit], [1.0])).allowed
+        redis_cmd(server.port, "REPLICAOF", "127.0.0.1", "1")
+        with pytest.raises(StoreError, match="ReadOnlyError"):
+            await store.hit([key], [limit], [1.0])
+        assert f"name={name}" not in redis_cmd(server.port, "CLIENT", "LIST")
+        redis_cmd(server.port, "REPLICAOF", "NO", "ONE")
+        assert (await store.hit([key], [limit], [1.0])).remaining == 8
+    finally:
+        await store.close()
+        server.close()
