@@ -3,7 +3,8 @@
 
 Each library's app is called directly through ASGI (no HTTP, no server), 50 requests in flight at
 once, one process; the limit is never reached (the allowed path), except in the "rejection" rows.
-All apps run interleaved in the same process, and every figure is the median of ``--runs``.
+All apps run interleaved in the same process (in an order rotated from run to run), and every
+figure is the median of ``--runs``.
 
 Garbage collection: once every app is built, the long-lived heap (imported libraries, apps) is
 frozen (``gc.freeze()``, as servers that preload their app do) and each measurement starts after
@@ -162,9 +163,11 @@ async def run(url: str, port: int, runs: int, requests: int, freeze: bool = True
     if freeze:
         gc.collect()
         gc.freeze()
-    for _ in range(runs):
+    order = list(apps.items())
+    for run_index in range(runs):
         redis_cmd(port, "FLUSHALL")
-        for name, app in apps.items():
+        shift = run_index * len(order) // runs  # rotate the order, so no app always runs first
+        for name, app in order[shift:] + order[:shift]:
             if freeze:
                 gc.collect()
             us, tail, seen = await measure(app, requests)
