@@ -160,3 +160,26 @@ async def test_unreachable_store_raises_store_error_naming_url(kind_url: tuple[s
         await store.hit(["rw:{x|y}:z"], [limit], [1.0])
     assert f"127.0.0.1:{port}" in str(info.value)
     assert "secret" not in str(info.value)
+
+
+async def test_cluster_burst_right_after_script_flush(redis_cluster: Any) -> None:
+    """A burst of 840 concurrent checks on nodes that lost the script (restart, failover): the
+    NOSCRIPT retry must not open one connection per check and exhaust the nodes' pools."""
+    from tests.servers import redis_cmd
+
+    for port in redis_cluster.ports:
+        redis_cmd(port, "SCRIPT", "FLUSH")
+    store = make_store("cluster", redis_cluster.url)
+    prefix = f"rw:flush{uuid.uuid4().hex[:8]}"
+    limits = {name: limit_of(name) for name in ALGORITHM_NAMES}
+    try:
+        decisions = await asyncio.gather(
+            *(
+                store.hit([f"{prefix}:{{client{j % 10}}}:{limits[name].suffix}"], [limits[name]], [1.0])
+                for name in ALGORITHM_NAMES
+                for j in range(120)
+            )
+        )
+    finally:
+        await store.close()
+    assert sum(d.allowed for d in decisions) == 840  # 12 per key, far below 100

@@ -433,11 +433,14 @@ class RedisStore(Store):
         replies: list[_Reply] = await pipe.execute(raise_on_error=False)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
-            again = await asyncio.gather(
-                *(self._client.eval(SCRIPT, len(requests[i][0]), *requests[i][0], *requests[i][1]) for i in missing),
-                return_exceptions=True,
-            )
-            for i, reply in zip(missing, again, strict=False):
+            # Once per node, after a restart or failover. Sent as one pipeline (one connection per
+            # node), not one call per check, which would exhaust the nodes' connection pools.
+            pipe = self._client.pipeline(transaction=False)
+            for i in missing:
+                keys, args = requests[i]
+                pipe.execute_command("EVAL", SCRIPT, len(keys), *keys, *args)
+            again = await pipe.execute(raise_on_error=False)
+            for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
         return replies
 
