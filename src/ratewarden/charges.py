@@ -56,6 +56,12 @@ def adjusted_state(limit: Limit, state: State | None, now: float, amount: float)
         units = math.ceil(-amount)
         new_state = state[: max(0, len(state) - units)]
         _, decision = fn(new_state, now, 0.0, rate)
+    elif limit.algorithm == "token_bucket_debt":
+        # Plain arithmetic: the admission rule (a whole token) must not refuse a refund in debt.
+        capacity = float(rate.capacity)
+        tokens = min(capacity, state[0] + max(0.0, now - state[1]) * (rate.limit / rate.period))
+        new_state = (min(capacity, tokens - amount), now)
+        _, decision = fn(new_state, now, 0.0, rate)
     else:
         new_state, decision = fn(state, now, amount, rate)
         if new_state is not None and limit.algorithm == "sliding_window" and new_state[1] < 0:

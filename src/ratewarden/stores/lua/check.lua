@@ -281,6 +281,14 @@ if mode == 'a' then
       if algo == 3 then
         redis.call('LTRIM', key, 0, -ceil(-amount) - 1)  -- one stamp per unit: drop the newest
         a, l, r, s, t, n = run(algo, b, key, nil, 0)
+      elseif algo == 5 then
+        -- Plain arithmetic: the admission rule (a whole token) must not refuse a refund in debt.
+        local capacity = tonumber(ARGV[b + 4])
+        local per_second = tonumber(ARGV[b + 2]) / tonumber(ARGV[b + 3])
+        local v = nums(st)
+        local tokens = min(capacity, v[1] + max(0, now - v[2]) * per_second)
+        n = fmt('%.17g %.17g', min(capacity, tokens - amount), now)
+        a, l, r, s, t = run(algo, b, key, n, 0)
       else
         a, l, r, s, t, n = run(algo, b, key, st, amount)
         if a == nil then return redis.error_reply('ratewarden: unknown algorithm id ' .. tostring(ARGV[b + 1])) end
