@@ -56,8 +56,9 @@ async def check_rules(
     if len(rules) == 1 and not message:
         rule = rules[0]
         store = limiter.store
-        if rule.simple and store.local:
-            # The common case: one enforced rule on a local store; no lists, no extra awaits.
+        if rule.simple:
+            # The common case: one enforced rule; no lists, and no await on a local store or for a
+            # rejection the store already knows (a remote store's rejection cache).
             try:
                 raw = rule.key(scope)
                 if type(raw) is str:
@@ -65,7 +66,11 @@ async def check_rules(
                 else:  # a sync key function may return None or an awaitable (an async fallback)
                     value = await raw if isinstance(raw, Awaitable) else raw
                     key = "" if value is None else str(value)
-                return store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
+                storage_keys = rule.storage_keys(key)
+                if store.local:
+                    return store.hit_now(storage_keys, rule.limits, rule.costs)
+                cached = store.cached_rejection(storage_keys, rule.costs)
+                return cached or await store.hit(storage_keys, rule.limits, rule.costs)
             except Exception as exc:
                 report_failure(limiter, "rate limit check", exc)
                 return None

@@ -48,6 +48,10 @@ class Store(ABC):
         """Synchronous ``hit`` for local stores."""
         raise NotImplementedError(f"{type(self).__name__} has no synchronous hit")
 
+    def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
+        """A rejection this process already knows to hold, answered without I/O (or ``None``)."""
+        return None
+
 
 def combine(decisions: Sequence[Decision]) -> Decision:
     """The decision to report for several limits: the longest wait among denials, else the

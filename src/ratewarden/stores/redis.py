@@ -196,6 +196,9 @@ class RedisStore(Store):
 
     # -- the check -------------------------------------------------------------------------
 
+    def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
+        return self._cached(keys, costs) if self._rejected else None
+
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         rejected = self._rejected
         if rejected:
