@@ -161,7 +161,7 @@ def _run_with_progress(opts: Any) -> list[Any]:
             progress.update(bar, description=task.label)
 
         def on_done(result: Result) -> None:
-            if result.skipped and not result.skipped.startswith(("traffik never", "slowapi has no")):
+            if result.skipped and not result.skipped.startswith(("traffik never", "slowapi has no", "limits has no", "limits sends no")):
                 progress.console.print(f"[yellow]skipped[/] {result.task.label}: {result.skipped}")
             progress.advance(bar)
 

@@ -55,7 +55,7 @@ def free_cluster_port() -> int:
 
 
 def _host_port(url: str, default: int) -> tuple[str, int]:
-    rest = url.split("://", 1)[-1].split("/", 1)[0].split(",", 1)[0].rsplit("@", 1)[-1]
+    rest = url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0].split(",", 1)[0].rsplit("@", 1)[-1]
     host, _, port = rest.rpartition(":")
     return host or HOST, int(port or default)
 
