@@ -217,3 +217,28 @@ async def test_demoted_primary_drops_the_connection() -> None:
     finally:
         await store.close()
         server.close()
+
+
+@pytest.mark.parametrize("extensions", [3, 0], ids=["default", "no-extension"])
+async def test_a_busy_event_loop_does_not_time_out_a_healthy_check(
+    redis_standalone: RedisStandalone, extensions: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeout bounds the store, not the loop: a 100 ms CPU-bound stretch on the loop while a
+    check is in flight must not turn the check into a timeout (and, failing open, an allowance)."""
+    import ratewarden.stores.redis as redis_module
+
+    monkeypatch.setattr(redis_module, "_MAX_EXTENSIONS", extensions)
+    store = RedisStore(redis_standalone.url, timeout=0.02)
+    (limit,) = make_limits("5/min")
+    key = f"rw:{{busy|{uuid.uuid4().hex}}}:{limit.suffix}"
+    try:
+        await store.hit([key], [limit], [1.0])  # connect and load the script first
+        check = asyncio.ensure_future(store.hit([key], [limit], [1.0]))
+        asyncio.get_running_loop().call_soon(time.sleep, 0.1)  # the loop is busy for 100 ms
+        if extensions:
+            assert (await check).allowed
+        else:  # the behaviour the extension removes: the late timer wins over the waiting reply
+            with pytest.raises(StoreError, match="no reply within"):
+                await check
+    finally:
+        await store.close()

@@ -61,6 +61,8 @@ ALGORITHM_IDS = {
 }
 _ONE = "1"
 _CACHE_MAX = 100_000
+_LATE = 0.002  # a timeout timer firing this much after its due time means the loop was busy
+_MAX_EXTENSIONS = 3  # so a busy loop can stretch a check's wait to at most 4 timeouts
 _Reply = Any
 # Pre-encoded RESP pieces of the EVALSHA command (standalone and Sentinel send raw bytes).
 _SHA_HEAD = b"$7\r\nEVALSHA\r\n$40\r\n" + SCRIPT_SHA.encode() + b"\r\n"
@@ -82,12 +84,14 @@ class _Batch:
     """Checks queued in one event-loop tick, sent as one pipeline. An item's request is the
     packed command tail (standalone, Sentinel) or ``(keys, args)`` (Cluster, via redis-py)."""
 
-    __slots__ = ("items", "task", "timer")
+    __slots__ = ("due", "extensions", "items", "task", "timer")
 
-    def __init__(self) -> None:
+    def __init__(self, due: float) -> None:
         self.items: list[tuple[Any, asyncio.Future[_Reply]]] = []
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.due = due
+        self.extensions = 0
 
 
 class RedisStore(Store):
@@ -322,7 +326,7 @@ class RedisStore(Store):
         future: asyncio.Future[_Reply] = loop.create_future()
         batch = self._batch
         if batch is None:
-            batch = self._batch = _Batch()
+            batch = self._batch = _Batch(loop.time() + self.timeout)
             batch.timer = loop.call_later(self.timeout, self._expire, batch)
             if self._inflight < self.pool_size:
                 loop.call_soon(self._send)
@@ -338,6 +342,15 @@ class RedisStore(Store):
         batch.task = asyncio.get_running_loop().create_task(self._run(batch))
 
     def _expire(self, batch: _Batch) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() - batch.due > _LATE and batch.extensions < _MAX_EXTENSIONS:
+            # The timer fired late: the event loop was busy elsewhere (a CPU-bound handler, a
+            # backlog of requests), so the reply may already be waiting in the socket, read only
+            # after this callback. The timeout bounds the store, not the loop: measure it again.
+            batch.extensions += 1
+            batch.due = loop.time() + self.timeout
+            batch.timer = loop.call_later(self.timeout, self._expire, batch)
+            return
         error = StoreError(f"redis store {self.url}: no reply within {self.timeout * 1000:g} ms")
         for _, future in batch.items:
             if not future.done():
