@@ -23,6 +23,7 @@ from typing import TypeVar
 from ..decision import Decision
 from ..limits import Limit
 from .base import Store, StoreError
+from .deadline import wait_for_store
 
 __all__ = ["Breaker"]
 
@@ -79,7 +80,7 @@ class Breaker(Store):
             self._probing = probe = True
         try:
             awaitable = call(self.store)
-            result = await (awaitable if self.timeout is None else asyncio.wait_for(awaitable, self.timeout))
+            result = await (awaitable if self.timeout is None else wait_for_store(awaitable, self.timeout))
         except (StoreError, asyncio.TimeoutError) as exc:
             error = exc if isinstance(exc, StoreError) else StoreError(f"{self.store!r}: no reply within {self.timeout}s")
             self._failure(probe, error)

@@ -31,6 +31,7 @@ from ..algorithms import State
 from ..decision import Decision
 from ..limits import Limit
 from .base import Store, StoreError, combine
+from .deadline import wait_for_store
 from .urls import parse_store_url
 
 try:
@@ -124,7 +125,7 @@ class MemcachedStore(Store):
     async def _run(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]]) -> _T:
         """``operation`` under this process's per-key locks, with the timeout and error mapping."""
         try:
-            return await asyncio.wait_for(self._locked(mkeys, operation), self.timeout)
+            return await wait_for_store(self._locked(mkeys, operation), self.timeout)
         except asyncio.TimeoutError:
             raise StoreError(f"memcached store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
         except (OSError, aiomcache.exceptions.ClientException, ConnectionError) as exc:

@@ -29,6 +29,7 @@ from typing import Any
 from ..decision import Decision
 from ..limits import Limit
 from .base import Store, StoreError, combine
+from .deadline import EXTENSIONS, LATE, wait_for_store
 from .urls import StoreURL, parse_store_url
 
 try:
@@ -61,8 +62,7 @@ ALGORITHM_IDS = {
 }
 _ONE = "1"
 _CACHE_MAX = 100_000
-_LATE = 0.002  # a timeout timer firing this much after its due time means the loop was busy
-_MAX_EXTENSIONS = 3  # so a busy loop can stretch a check's wait to at most 4 timeouts
+_MAX_EXTENSIONS = EXTENSIONS  # a busy loop can stretch a check's wait to at most 4 timeouts
 _Reply = Any
 # Pre-encoded RESP pieces of the EVALSHA command (standalone and Sentinel send raw bytes).
 _SHA_HEAD = b"$7\r\nEVALSHA\r\n$40\r\n" + SCRIPT_SHA.encode() + b"\r\n"
@@ -343,7 +343,7 @@ class RedisStore(Store):
 
     def _expire(self, batch: _Batch) -> None:
         loop = asyncio.get_running_loop()
-        if loop.time() - batch.due > _LATE and batch.extensions < _MAX_EXTENSIONS:
+        if loop.time() - batch.due > LATE and batch.extensions < _MAX_EXTENSIONS:
             # The timer fired late: the event loop was busy elsewhere (a CPU-bound handler, a
             # backlog of requests), so the reply may already be waiting in the socket, read only
             # after this callback. The timeout bounds the store, not the loop: measure it again.
@@ -471,7 +471,7 @@ class RedisStore(Store):
     async def _call(self, coro: Any) -> Any:
         """Await a client call within the timeout, turning every failure into ``StoreError``."""
         try:
-            return await asyncio.wait_for(coro, self.timeout)
+            return await wait_for_store(coro, self.timeout)
         except asyncio.TimeoutError:
             raise StoreError(f"redis store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
         except (RedisError, OSError) as exc:
