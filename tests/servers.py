@@ -14,27 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ratewarden.bench.services import free_cluster_port, free_port
+
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is valid and free too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((HOST, port + 10000))
-            except OSError:
-                continue
-        return port
 
 
 def have(binary: str) -> bool:

@@ -118,7 +118,9 @@ class RedisStore(Store):
         cfg = parse_store_url(url, ("standalone", "sentinel", "cluster"))
         self.url = cfg.text
         self.kind = cfg.kind
-        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.025))  # type: ignore[arg-type]
+        # Cluster pipelines go through redis-py's slot routing (slower than our packed path).
+        default_timeout = 0.1 if cfg.kind == "cluster" else 0.025
+        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", default_timeout))  # type: ignore[arg-type]
         connect = float(connect_timeout if connect_timeout is not None else cfg.option("connect_timeout", 1.0))  # type: ignore[arg-type]
         self.pool_size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
         self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
