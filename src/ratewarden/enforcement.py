@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
 
 from .decision import Decision
 from .limiter import Limiter
 from .limits import Limit
 from .rules import CompiledRule
+from .types import Scope
 
 __all__ = ["LimitUnavailable", "check_rules", "report_failure"]
 
 log = logging.getLogger("ratewarden")
-Scope = MutableMapping[str, Any]
 
 _last_error_log = 0.0
 

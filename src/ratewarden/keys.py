@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
+
+from .types import Scope
 
 __all__ = [
     "ClientIP",
@@ -25,7 +27,6 @@ __all__ = [
     "route_template",
 ]
 
-Scope = MutableMapping[str, Any]
 KeyFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
 _CACHE_LIMIT = 10_000
 

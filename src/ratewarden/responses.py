@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .decision import Decision
 from .headers import HeaderStyle, rate_limit_headers, retry_after_header
+from .types import ASGIApp, Scope, Send
 
 __all__ = [
     "LimitHandler",
@@ -20,10 +21,6 @@ __all__ = [
     "too_many_requests_problem",
 ]
 
-Scope = MutableMapping[str, Any]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LimitHandler = Callable[[Scope, Decision], "ASGIApp | Awaitable[ASGIApp]"]
 """Custom 429 handler: returns an ASGI app (e.g. a Starlette ``Response``) to send."""
 

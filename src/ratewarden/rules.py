@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from .keys import KeyFunc, client_ip
 from .limiter import safe_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .rates import Rate
+from .types import Scope
 
 __all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path"]
 
-Scope = MutableMapping[str, Any]
 CostFunc = Callable[[Scope], float]
 _MATCH_CACHE_LIMIT = 4096
 _KEYS_CACHE_LIMIT = 4096

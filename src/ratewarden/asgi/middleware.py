@@ -7,8 +7,7 @@ through untouched, so streaming and server-sent responses are unaffected.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
@@ -16,15 +15,11 @@ from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
 from ..responses import LimitHandler, limited_headers, problem_body, send_problem, too_many_requests_body
 from ..rules import Rule, RuleSet
+from ..types import ASGIApp, Message, Receive, Scope, Send
 from .websocket import WebSocketLimits
 
 __all__ = ["RateLimitMiddleware"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _UNAVAILABLE = problem_body(503, "Service Unavailable", "The rate limiter is unavailable; try again shortly.")
 

@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import retry_after_header
 from ..limiter import Limiter
 from ..responses import too_many_requests_body
 from ..rules import CompiledRule
+from ..types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["WebSocketLimits"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013

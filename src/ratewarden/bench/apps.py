@@ -8,19 +8,16 @@ identical for every library, so a ratio against the bare app is the limiter's ow
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.params import Depends
 
+from ..types import ASGIApp, Receive, Scope, Send
+
 __all__ = ["LIMITED_PATHS", "ASGIApp", "BenchApp", "WsCheck", "build_app", "client_identity", "heavy_work"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Endpoint = Callable[..., Awaitable[Any]]
 # Called once per WebSocket message; returns True when the message is allowed.
 WsCheck = Callable[[WebSocket], Awaitable[bool]]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..asgi.middleware import ASGIApp, Message, RateLimitMiddleware, Receive, Scope, Send
+from ..asgi.middleware import RateLimitMiddleware
 from ..bans import Bans
 from ..charges import adjust
 from ..decision import Decision
@@ -27,6 +27,7 @@ from ..metrics import Metrics
 from ..responses import limited_headers, problem_body, send_problem
 from ..rules import CompiledRule, Rule, RuleSet
 from ..stats import rule_stats
+from ..types import ASGIApp, Message, Receive, Scope, Send
 from .reload import PolicyReloader
 from .schema import Policy
 from .tiers import PolicyRule

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -24,10 +24,10 @@ from ..delay import Delay
 from ..keys import KeyFunc, client_ip
 from ..rates import Rate
 from ..rules import CompiledRule, Rule
+from ..types import Scope
 
 __all__ = ["Identity", "PolicyRule", "Tiers", "parse_source"]
 
-Scope = MutableMapping[str, Any]
 Extractor = Callable[[Scope], "str | None"]
 _CACHE_LIMIT = 10_000
 _STATE_KEY = "ratewarden.identity"

@@ -16,7 +16,8 @@ from limits.aio import strategies
 from limits.aio.storage import Storage
 from limits.storage import storage_from_string
 
-from ..apps import ASGIApp, Receive, Scope, Send, build_app
+from ...types import Receive, Scope, Send
+from ..apps import ASGIApp, build_app
 from .base import Adapter, Unsupported
 
 _STRATEGIES: dict[str, Any] = {
