@@ -123,6 +123,23 @@ SCOPE = {
 }
 
 
+async def drive_httpx(app: FastAPI, requests: int, concurrency: int) -> tuple[float, dict[int, int]]:
+    """Like ``drive``, through ``httpx.ASGITransport`` (the peers' old in-process method)."""
+    import httpx
+
+    statuses: dict[int, int] = {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
+
+        async def one() -> None:
+            status = (await client.get("/test")).status_code
+            statuses[status] = statuses.get(status, 0) + 1
+
+        start = time.perf_counter()
+        for _ in range(0, requests, concurrency):
+            await asyncio.gather(*(one() for _ in range(concurrency)))
+    return (time.perf_counter() - start) / requests * 1e6, statuses
+
+
 async def drive(app: FastAPI, requests: int, concurrency: int) -> tuple[float, dict[int, int]]:
     """Mean µs per request, and the status counts."""
     statuses: dict[int, int] = {}
@@ -148,18 +165,21 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--transport", choices=("asgi", "httpx"), default="asgi",
+                        help="direct ASGI calls (default) or httpx.ASGITransport")
     args = parser.parse_args()
+    run = drive if args.transport == "asgi" else drive_httpx
     apps = {name: build() for name, build in VARIANTS.items()}
     for app in apps.values():
         backend = getattr(app.state, "backend", None)
         if backend is not None:
             await backend.initialize()
-        await drive(app, 500, args.concurrency)  # warm-up
+        await run(app, 500, args.concurrency)  # warm-up
     samples: dict[str, list[float]] = {name: [] for name in apps}
     last: dict[str, dict[int, int]] = {}
     for _ in range(args.runs):
         for name, app in apps.items():
-            micros, statuses = await drive(app, args.requests, args.concurrency)
+            micros, statuses = await run(app, args.requests, args.concurrency)
             samples[name].append(micros)
             last[name] = statuses
     median = {name: statistics.median(values) for name, values in samples.items()}
