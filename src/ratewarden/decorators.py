@@ -17,7 +17,7 @@ from .keys import KeyFunc, client_ip
 from .limiter import Limiter
 from .limits import DEFAULT_ALGORITHM
 from .rates import Rate
-from .responses import limited_headers, problem_body, too_many_requests_body
+from .responses import UNAVAILABLE_BODY, limited_headers, too_many_requests_body
 from .rules import CompiledRule, CostFunc, Rule
 
 __all__ = ["limit"]
@@ -54,8 +54,7 @@ def limit(
                 try:
                     decision = await check_rules(limiter, rules, request.scope)
                 except LimitUnavailable:
-                    body = problem_body(503, "Service Unavailable", "The rate limiter is unavailable.")
-                    return Response(body, 503, {"Retry-After": "1"}, media_type="application/problem+json")
+                    return Response(UNAVAILABLE_BODY, 503, {"Retry-After": "1"}, media_type="application/problem+json")
             if decision is not None and not decision.allowed:
                 response = Response(too_many_requests_body(decision), 429, media_type="application/problem+json")
                 response.headers.raw.extend(limited_headers(decision, header_style, headers != "off"))

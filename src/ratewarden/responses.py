@@ -12,11 +12,13 @@ from .headers import HeaderStyle, rate_limit_headers, retry_after_header
 from .types import ASGIApp, Scope, Send
 
 __all__ = [
+    "UNAVAILABLE_BODY",
     "LimitHandler",
     "limited_headers",
     "problem",
     "problem_body",
     "send_problem",
+    "send_unavailable",
     "too_many_requests_body",
     "too_many_requests_problem",
 ]
@@ -32,6 +34,15 @@ def problem(status: int, title: str, detail: str, **extra: Any) -> dict[str, Any
 
 def problem_body(status: int, title: str, detail: str, **extra: Any) -> bytes:
     return json.dumps(problem(status, title, detail, **extra)).encode()
+
+
+UNAVAILABLE_BODY = problem_body(503, "Service Unavailable", "The rate limiter is unavailable; try again shortly.")
+"""The fail-closed answer's body (the store or a key function failed)."""
+
+
+async def send_unavailable(send: Send) -> None:
+    """Answer 503 with ``Retry-After: 1``: the fail-closed policy."""
+    await send_problem(send, 503, UNAVAILABLE_BODY, [(b"retry-after", b"1")])
 
 
 def too_many_requests_body(decision: Decision) -> bytes:

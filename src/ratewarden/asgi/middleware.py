@@ -13,7 +13,13 @@ from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
-from ..responses import LimitHandler, limited_headers, problem_body, send_problem, too_many_requests_body
+from ..responses import (
+    LimitHandler,
+    limited_headers,
+    send_problem,
+    send_unavailable,
+    too_many_requests_body,
+)
 from ..rules import Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .websocket import WebSocketLimits
@@ -21,7 +27,6 @@ from .websocket import WebSocketLimits
 __all__ = ["RateLimitMiddleware"]
 
 
-_UNAVAILABLE = problem_body(503, "Service Unavailable", "The rate limiter is unavailable; try again shortly.")
 
 
 class RateLimitMiddleware:
@@ -72,7 +77,7 @@ class RateLimitMiddleware:
             try:
                 decision = await check_rules(limiter, matched, scope)
             except LimitUnavailable:
-                await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
+                await send_unavailable(send)
                 return
             if decision is None:
                 await self.app(scope, receive, send)

@@ -24,7 +24,7 @@ from ..enforcement import LimitUnavailable, check_rules
 from ..headers import rate_limit_headers
 from ..limiter import Limiter
 from ..metrics import Metrics
-from ..responses import limited_headers, problem_body, send_problem
+from ..responses import limited_headers, problem_body, send_problem, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet
 from ..stats import rule_stats
 from ..types import ASGIApp, Message, Receive, Scope, Send
@@ -35,7 +35,6 @@ from .tiers import PolicyRule
 __all__ = ["PolicyMiddleware"]
 
 log = logging.getLogger("ratewarden")
-_UNAVAILABLE = problem_body(503, "Service Unavailable", "The rate limiter is unavailable; try again shortly.")
 _PLAN_CACHE_LIMIT = 4096
 _refund_warned: set[str] = set()
 
@@ -291,7 +290,7 @@ class PolicyMiddleware(RateLimitMiddleware):
         try:
             decision = await check_rules(limiter, rules, scope)
         except LimitUnavailable:
-            await send_problem(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
+            await send_unavailable(send)
             return
         state = scope.setdefault("state", {})
         if decision is None:
