@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 
+from ._mypyc import mypyc_attr
+
 __all__ = ["Decision"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Decision:
     """Outcome of a check.
 

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 
+from ._mypyc import mypyc_attr
 from .decision import Decision
 from .limiter import Limiter
 from .limits import Limit
@@ -23,6 +24,7 @@ log = logging.getLogger("ratewarden")
 _last_error_log = 0.0
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LimitUnavailable(Exception):
     """The limit could not be checked and the policy is fail-closed: answer 503."""
 

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from ._mypyc import mypyc_attr
 from .types import Scope
 
 __all__ = [
@@ -38,6 +39,7 @@ def _get_header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ClientIP:
     """The client address as a key.
 

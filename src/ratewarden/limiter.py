@@ -8,6 +8,7 @@ import logging
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
+from ._mypyc import mypyc_attr
 from .decision import Decision
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .rates import Rate
@@ -36,6 +37,7 @@ def storage_key(prefix: str, scope: str, key: str) -> str:
     return f"{prefix}:{{{scope}|{safe_key(key)}}}"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Limiter:
     """Checks keys against rates on a store.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from ._mypyc import mypyc_attr
 from .algorithms import Algorithm, get_algorithm
 from .rates import Rate, parse_rates
 
@@ -14,6 +15,7 @@ DEFAULT_ALGORITHM = "fixed_window"
 _TOKEN_RE = re.compile(r"[^A-Za-z0-9_.:/*-]+")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Limit:
     """A ``Rate`` bound to an algorithm, with its precomputed storage-key suffix and policy name."""
 

@@ -6,6 +6,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Sequence
 
+from ._mypyc import mypyc_attr
 from .keys import KeyFunc, client_ip
 from .limiter import safe_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
@@ -49,6 +50,7 @@ def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Rule:
     """A limit on the requests whose path matches ``path`` (and ``methods``, if given).
 
@@ -103,6 +105,7 @@ class Rule:
         return (self.methods is None or method in self.methods) and self.pattern.fullmatch(path) is not None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CompiledRule:
     """A rule bound to a limiter prefix: everything the hot path needs, precomputed."""
 
@@ -163,6 +166,7 @@ class CompiledRule:
         return found
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RuleSet:
     """Rules compiled once, with matches cached per (method, path), so many rules cost about the
     same as one. ``replace`` swaps the whole table atomically (used by policy reloads)."""

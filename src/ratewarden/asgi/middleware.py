@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
+from .._mypyc import mypyc_attr
 from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
@@ -27,8 +28,7 @@ from .websocket import WebSocketLimits
 __all__ = ["RateLimitMiddleware"]
 
 
-
-
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RateLimitMiddleware:
     """Applies ``rules`` to every HTTP request and WebSocket connection.
 

@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Sequence
 
+from .._mypyc import mypyc_attr
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import retry_after_header
 from ..limiter import Limiter
@@ -27,6 +28,7 @@ POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class WebSocketLimits:
     """Connection and message limiting for the WebSocket rules of a middleware."""
 

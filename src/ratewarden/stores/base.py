@@ -5,16 +5,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from .._mypyc import mypyc_attr
 from ..decision import Decision
 from ..limits import Limit
 
 __all__ = ["Store", "StoreError", "combine"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StoreError(Exception):
     """A store could not answer (unreachable, timed out, broken reply)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Store(ABC):
     """Stores evaluate the algorithms themselves, so each check is one atomic step.
 

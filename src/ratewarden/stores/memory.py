@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from .._mypyc import mypyc_attr
 from ..algorithms import State
 from ..decision import Decision
 from ..limits import Limit
@@ -35,6 +36,7 @@ _Entry = tuple[float, State]  # (expires_at, state)
 _OVERFLOW = "\x00overflow:"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MemoryStore(Store):
     """A bounded, lock-light, O(1)-per-check store living in this process."""
 
