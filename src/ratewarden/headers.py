@@ -18,35 +18,43 @@ HeaderMode = Literal["always", "on_limit", "off"]
 HeaderStyle = Literal["ietf", "legacy", "both"]
 Headers = list[tuple[bytes, bytes]]
 
-_policy_cache: dict[tuple[str, int, float], bytes] = {}
+_Fixed = tuple[bytes, bytes, bytes]  # (RateLimit-Policy value, RateLimit value prefix, limit)
+_fixed_cache: dict[tuple[str, int, float], _Fixed] = {}
 
 
-def _policy_value(decision: Decision) -> bytes:
+def _fixed_parts(decision: Decision) -> _Fixed:
+    """The parts of the headers that depend only on the policy, built once per policy."""
     cache_key = (decision.policy, decision.limit, decision.period)
-    value = _policy_cache.get(cache_key)
-    if value is None:
+    parts = _fixed_cache.get(cache_key)
+    if parts is None:
         window = max(1, math.ceil(decision.period))
-        value = f'"{decision.policy}";q={decision.limit};w={window}'.encode("latin-1", "replace")
-        if len(_policy_cache) < 4096:
-            _policy_cache[cache_key] = value
-    return value
+        name = decision.policy.encode("latin-1", "replace")
+        parts = (b'"%s";q=%d;w=%d' % (name, decision.limit, window), b'"%s";' % name, b"%d" % decision.limit)
+        if len(_fixed_cache) < 4096:
+            _fixed_cache[cache_key] = parts
+    return parts
 
 
 def rate_limit_headers(decision: Decision, style: HeaderStyle = "both") -> Headers:
     """Headers describing ``decision`` (without ``Retry-After``)."""
-    reset = b"%d" % math.ceil(decision.reset_after)
-    remaining = b"%d" % decision.remaining
-    out: Headers = []
-    if style != "legacy":
-        out.append((b"ratelimit-policy", _policy_value(decision)))
-        out.append(
-            (b"ratelimit", b'"%s";r=%s;t=%s' % (decision.policy.encode("latin-1", "replace"), remaining, reset))
-        )
-    if style != "ietf":
-        out.append((b"x-ratelimit-limit", b"%d" % decision.limit))
-        out.append((b"x-ratelimit-remaining", remaining))
-        out.append((b"x-ratelimit-reset", reset))
-    return out
+    policy, prefix, limit = _fixed_parts(decision)
+    reset = math.ceil(decision.reset_after)
+    remaining = decision.remaining
+    if style == "both":
+        return [
+            (b"ratelimit-policy", policy),
+            (b"ratelimit", b"%sr=%d;t=%d" % (prefix, remaining, reset)),
+            (b"x-ratelimit-limit", limit),
+            (b"x-ratelimit-remaining", b"%d" % remaining),
+            (b"x-ratelimit-reset", b"%d" % reset),
+        ]
+    if style == "ietf":
+        return [(b"ratelimit-policy", policy), (b"ratelimit", b"%sr=%d;t=%d" % (prefix, remaining, reset))]
+    return [
+        (b"x-ratelimit-limit", limit),
+        (b"x-ratelimit-remaining", b"%d" % remaining),
+        (b"x-ratelimit-reset", b"%d" % reset),
+    ]
 
 
 def retry_after_header(decision: Decision) -> tuple[bytes, bytes] | None:

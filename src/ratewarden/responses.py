@@ -17,6 +17,7 @@ __all__ = [
     "limited_headers",
     "problem",
     "problem_body",
+    "rejection",
     "send_problem",
     "send_unavailable",
     "too_many_requests_body",
@@ -47,6 +48,38 @@ async def send_unavailable(send: Send) -> None:
 
 def too_many_requests_body(decision: Decision) -> bytes:
     return json.dumps(too_many_requests_problem(decision)).encode()
+
+
+_Headers = list[tuple[bytes, bytes]]
+_rejections: dict[tuple[object, ...], tuple[bytes, tuple[tuple[bytes, bytes], ...]]] = {}
+_REJECTIONS_LIMIT = 4096
+
+
+def rejection(decision: Decision, style: HeaderStyle, with_rate_headers: bool) -> tuple[bytes, _Headers]:
+    """The 429 body and its complete header list (content type and length included).
+
+    Both depend only on a few small integers of the decision, so they are built once and reused:
+    a flood of rejections costs a dictionary lookup each, not a JSON encoding. The header list is a
+    fresh copy every time, since outer middleware may append to it.
+    """
+    retry = None if math.isinf(decision.retry_after) else max(1, math.ceil(decision.retry_after))
+    cache_key = (
+        decision.policy, decision.limit, decision.period, decision.remaining,
+        math.ceil(decision.reset_after), retry, style, with_rate_headers,
+    )
+    found = _rejections.get(cache_key)
+    if found is None:
+        body = too_many_requests_body(decision)
+        headers = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", b"%d" % len(body)),
+            *limited_headers(decision, style, with_rate_headers),
+        ]
+        found = (body, tuple(headers))
+        if len(_rejections) >= _REJECTIONS_LIMIT:
+            _rejections.clear()
+        _rejections[cache_key] = found
+    return found[0], list(found[1])
 
 
 def too_many_requests_problem(decision: Decision) -> dict[str, Any]:

@@ -92,6 +92,35 @@ async def test_429_answer(limiter: Limiter, clock: FakeClock) -> None:
     assert (await request(app, "/api/x")).status == 200
 
 
+async def test_reused_429_answers_track_the_clock_and_survive_outer_middleware(
+    limiter: Limiter, clock: FakeClock
+) -> None:
+    """429 bodies and headers are built once and reused: a later rejection must still carry its
+    own Retry-After, and an outer middleware appending to the header list must not leak into the
+    next rejection."""
+    app = wrap(limiter, [Rule("/api/**", "1/min", name="api")])
+
+    async def outer(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        async def appending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"].append((b"x-outer", b"1"))  # in place, as CORS middleware does
+            await send(message)
+
+        await app(scope, receive, appending)
+
+    assert (await request(outer, "/api/x")).status == 200
+    first, second = await request(outer, "/api/x"), await request(outer, "/api/x")
+    clock.advance(30.0)
+    later = await request(outer, "/api/x")
+    for reply in (first, second, later):
+        assert reply.status == 429
+        assert reply.headers_named("x-outer") == ["1"]
+        assert int(reply.header("content-length") or -1) == len(reply.body)
+    assert first.header("retry-after") == second.header("retry-after") == "60"
+    assert later.header("retry-after") == "30" and later.json()["retry_after"] == 30
+    assert later.header("ratelimit") == '"api";r=0;t=30'
+
+
 async def test_cost_that_can_never_fit_has_no_retry_after(limiter: Limiter) -> None:
     app = wrap(limiter, [Rule("/api/**", "3/min", cost=5)])
     limited = await request(app, "/api/x")

@@ -14,13 +14,7 @@ from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
-from ..responses import (
-    LimitHandler,
-    limited_headers,
-    send_problem,
-    send_unavailable,
-    too_many_requests_body,
-)
+from ..responses import LimitHandler, rejection, send_unavailable
 from ..rules import Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .websocket import WebSocketLimits
@@ -112,5 +106,6 @@ class RateLimitMiddleware:
                 response = await response
             await response(scope, receive, send)
             return
-        headers = limited_headers(decision, self.header_style, self.headers != "off")
-        await send_problem(send, 429, too_many_requests_body(decision), headers)
+        body, headers = rejection(decision, self.header_style, self.headers != "off")
+        await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
