@@ -2,12 +2,14 @@
 
 from typing import TYPE_CHECKING
 
+from . import _mypyc
 from .asgi.middleware import RateLimitMiddleware
 from .decision import Decision
 from .limiter import Limiter
 from .limits import Limit
 from .rates import Rate, parse_rate, parse_rates
 from .rules import Rule, RuleSet
+from .stores import memory as _memory
 from .stores.base import Store, StoreError
 from .stores.memory import MemoryStore
 
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
     from .policy.middleware import PolicyMiddleware
 
 __all__ = [
+    "COMPILED",
     "Decision",
     "Limit",
     "Limiter",
@@ -31,6 +34,13 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+COMPILED: bool = _mypyc.is_compiled(_memory)
+"""True when the hot path (algorithms, stores, rules, middleware...) runs as mypyc-compiled
+extension modules (a wheel built with mypyc); False for the pure-Python package
+(``RATEWARDEN_PURE_PYTHON=1`` at install time, an editable install, or no compiler)."""
+if COMPILED:
+    _mypyc.repair_compiled_abcs()
 
 
 def __getattr__(name: str) -> object:

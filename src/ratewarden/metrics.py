@@ -210,11 +210,14 @@ class InstrumentedStore(Store):
     def __init__(self, inner: Store, metrics: Metrics) -> None:
         self.inner = inner
         self.metrics = metrics
-        self.local = inner.local
         name = type(inner).__name__
         self._hit_latency = metrics.store_latency.labels(name, "hit")
         self._peek_latency = metrics.store_latency.labels(name, "peek")
         self._name = name
+
+    @property
+    def local(self) -> bool:  # type: ignore[override]  # as local as the wrapped store
+        return self.inner.local
 
     def _error(self, operation: str, exc: BaseException) -> None:
         self.metrics.store_errors.labels(self._name, operation).inc()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import ClassVar
 
 from .._mypyc import mypyc_attr
 from ..decision import Decision
@@ -26,7 +27,7 @@ class Store(ABC):
     """
 
     #: True when ``hit_now`` answers without I/O (the middleware then skips the coroutine).
-    local: bool = False
+    local: ClassVar[bool] = False
 
     @abstractmethod
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:

@@ -1,0 +1,98 @@
+"""Optional mypyc compilation of ratewarden's hot path (metadata lives in pyproject.toml).
+
+A wheel or a regular install compiles the modules in ``HOT_MODULES`` with mypyc (shipped inside
+mypy, a build requirement only: mypyc's runtime is embedded in the built extension, so the
+package keeps no runtime dependency). The result stays pure Python when
+
+* ``RATEWARDEN_PURE_PYTHON=1`` is set,
+* the install is editable (``pip install -e``): compiled modules inside ``src/`` would shadow the
+  ``.py`` files being edited,
+* or compilation fails (mypyc or the C compiler): a warning is printed and the pure-Python
+  package is built instead. ``RATEWARDEN_REQUIRE_COMPILED=1`` turns that fallback into an error.
+
+``python -c "import ratewarden; print(ratewarden.COMPILED)"`` tells which one is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+# The modules a request goes through (paths relative to this file). rates.py (parsing, at start-up
+# only) stays interpreted: compiled, it would raise TypeError instead of ValueError for bad input.
+HOT_MODULES = [
+    "src/ratewarden/decision.py",
+    "src/ratewarden/limits.py",
+    "src/ratewarden/algorithms/__init__.py",
+    "src/ratewarden/algorithms/base.py",
+    "src/ratewarden/algorithms/fixed_window.py",
+    "src/ratewarden/algorithms/gcra.py",
+    "src/ratewarden/algorithms/leaky_bucket.py",
+    "src/ratewarden/algorithms/sliding_log.py",
+    "src/ratewarden/algorithms/sliding_window.py",
+    "src/ratewarden/algorithms/token_bucket.py",
+    "src/ratewarden/algorithms/token_bucket_debt.py",
+    "src/ratewarden/stores/base.py",
+    "src/ratewarden/stores/memory.py",
+    "src/ratewarden/rules.py",
+    "src/ratewarden/keys.py",
+    "src/ratewarden/headers.py",
+    "src/ratewarden/enforcement.py",
+    "src/ratewarden/responses.py",
+    "src/ratewarden/limiter.py",
+    "src/ratewarden/asgi/middleware.py",
+    "src/ratewarden/asgi/websocket.py",
+]
+
+# Commands that build the package (metadata-only commands such as egg_info/dist_info must not pay
+# for a mypyc run); editable builds never compile.
+_BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "bdist", "install"}
+_EDITABLE_COMMANDS = {"develop", "editable_wheel"}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _fail_or_warn(message: str) -> None:
+    if _flag("RATEWARDEN_REQUIRE_COMPILED"):
+        raise SystemExit(f"ratewarden: {message} (RATEWARDEN_REQUIRE_COMPILED is set)")
+    warnings.warn(f"ratewarden: {message}; building the pure-Python package instead", stacklevel=1)
+
+
+def _ext_modules() -> list[Any]:
+    commands = set(sys.argv[1:])
+    if _flag("RATEWARDEN_PURE_PYTHON") or commands & _EDITABLE_COMMANDS or not commands & _BUILD_COMMANDS:
+        return []
+    try:
+        from mypyc.build import mypycify
+
+        return list(mypycify(HOT_MODULES, opt_level="3", debug_level="0"))
+    except (Exception, SystemExit) as exc:  # mypyc exits on type errors
+        _fail_or_warn(f"mypyc could not compile the hot-path modules ({type(exc).__name__}: {exc})")
+        return []
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that falls back to pure Python when the C compiler fails: every extension or
+    none (a half-built set would import a shim without its shared library)."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:
+            for output in self.get_outputs():
+                Path(output).unlink(missing_ok=True)
+            if self.build_temp:
+                shutil.rmtree(self.build_temp, ignore_errors=True)
+            _fail_or_warn(f"compiling the mypyc extensions failed ({type(exc).__name__}: {exc})")
+
+
+setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
