@@ -15,6 +15,7 @@ package keeps no runtime dependency). The result stays pure Python when
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import sys
@@ -74,7 +75,10 @@ def _ext_modules() -> list[Any]:
     try:
         from mypyc.build import mypycify
 
-        return list(mypycify(HOT_MODULES, opt_level="3", debug_level="0"))
+        options: dict[str, Any] = {"opt_level": "3", "debug_level": "0"}
+        if "group_name" in inspect.signature(mypycify).parameters:  # newer mypyc (older: a hashed name)
+            options["group_name"] = "ratewarden"  # the shared library: ratewarden__mypyc.*.so
+        return list(mypycify(HOT_MODULES, **options))
     except (Exception, SystemExit) as exc:  # mypyc exits on type errors
         _fail_or_warn(f"mypyc could not compile the hot-path modules ({type(exc).__name__}: {exc})")
         return []

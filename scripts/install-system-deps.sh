@@ -6,6 +6,10 @@ for pair in redis-server:redis-server redis-cli:redis-tools memcached:memcached 
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
+# `make compiled` (mypyc) needs a C compiler and the Python headers.
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || need+=(python3-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "installing system packages: ${need[*]}"
 sudo=""

@@ -29,6 +29,7 @@ __all__ = [
     "RuleSet",
     "Store",
     "StoreError",
+    "build_description",
     "parse_rate",
     "parse_rates",
 ]
@@ -41,6 +42,11 @@ extension modules (a wheel built with mypyc); False for the pure-Python package
 (``RATEWARDEN_PURE_PYTHON=1`` at install time, an editable install, or no compiler)."""
 if COMPILED:
     _mypyc.repair_compiled_abcs()
+
+
+def build_description() -> str:
+    """``"mypyc-compiled"`` or ``"pure Python"`` (shown by ``ratewarden --version`` and bench reports)."""
+    return "mypyc-compiled" if COMPILED else "pure Python"
 
 
 def __getattr__(name: str) -> object:

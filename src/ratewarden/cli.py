@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["COMMANDS", "main", "register_demo"]
+__all__ = ["COMMANDS", "main", "register_demo", "version_text"]
 
 # name -> ("module:register function", one-line help shown by ``ratewarden --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -40,8 +40,18 @@ def register_demo(subparsers: Subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def version_text() -> str:
+    """``ratewarden --version``: the version and whether the hot path is mypyc-compiled."""
+    import platform
+
+    import ratewarden
+
+    return f"ratewarden {ratewarden.__version__} ({ratewarden.build_description()}), Python {platform.python_version()}"
+
+
 def _parser() -> tuple[argparse.ArgumentParser, Subparsers]:
     parser = argparse.ArgumentParser(prog="ratewarden", description="Rate limiting for ASGI apps.")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     return parser, sub
 

@@ -23,6 +23,7 @@ class Meta:
     python: str = ""
     machine: str = ""
     cpus: int = 0
+    compiled: bool = False  # ratewarden's hot path ran mypyc-compiled (ratewarden.COMPILED)
     versions: dict[str, str] = field(default_factory=dict)
     method: dict[str, Any] = field(default_factory=dict)
 
@@ -42,12 +43,16 @@ def _cpu_model() -> str:
 
 
 def collect_meta(command: str, method: dict[str, Any]) -> Meta:
+    import ratewarden
+
     versions: dict[str, str] = {}
     for name in _PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+    # The build that actually ran (a compiled tree on PYTHONPATH may differ from the installed one).
+    versions["ratewarden"] = f"{ratewarden.__version__} ({ratewarden.build_description()})"
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
@@ -58,6 +63,7 @@ def collect_meta(command: str, method: dict[str, Any]) -> Meta:
         python=platform.python_version(),
         machine=f"{_cpu_model()}, {os.cpu_count()} CPUs, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}",
         cpus=os.cpu_count() or 0,
+        compiled=ratewarden.COMPILED,
         versions=versions,
         method=method,
     )
