@@ -6,7 +6,8 @@ EXTRAS := dev,fastapi,redis,memcached,policy,metrics,bench
 # install stays pure Python, and a .so inside src/ would shadow the .py files being edited.
 COMPILED := build/compiled
 COMPILED_PATH := $(abspath $(COMPILED))
-SOURCES := $(shell find src/ratewarden -name __pycache__ -prune -o -type f -print)
+# Files and directories (a directory's time changes when a file in it is added or removed).
+SOURCES := $(shell find src/ratewarden -name __pycache__ -prune -o -print)
 
 .PHONY: setup compiled demo bench test test-pure test-compiled lint clean
 
