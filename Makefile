@@ -1,18 +1,21 @@
-# Two commands do everything on a fresh Debian machine: `make demo` and `make test`.
+# Two commands do everything on a fresh Debian machine: `make bench` and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS := dev,fastapi,redis,memcached,policy,metrics,bench
-# The mypyc-compiled package tree (what a wheel installs), built outside src/: the editable .venv
-# install stays pure Python, and a .so inside src/ would shadow the .py files being edited.
-COMPILED := build/compiled
-COMPILED_PATH := $(abspath $(COMPILED))
-# Files and directories (a directory's time changes when a file in it is added or removed).
+# CPython 3.10+ interpreters on this machine, oldest first (pyenv, PATH); `make test` runs the
+# wheel passes on the oldest (with the oldest supported optional dependencies) and the newest.
+PYTHONS := $(shell scripts/pythons.sh)
+OLDEST := $(firstword $(PYTHONS))
+NEWEST := $(lastword $(PYTHONS))
+# What `make bench` runs: the compiled wheel, built as pip builds it and installed in its own venv.
+WHEEL_VENV := build/venv-wheel
 SOURCES := $(shell find src/ratewarden -name __pycache__ -prune -o -print)
 
-.PHONY: setup compiled demo bench test test-pure test-compiled lint clean
+.PHONY: setup demo bench test test-pure test-wheels matrix dist lint clean
 
 setup: $(VENV)/.installed
 
+# The development venv: an editable, pure-Python install with every extra (lint, the pure pass).
 $(VENV)/.installed: pyproject.toml scripts/install-system-deps.sh
 	bash scripts/install-system-deps.sh
 	python3 -m venv $(VENV)
@@ -20,21 +23,17 @@ $(VENV)/.installed: pyproject.toml scripts/install-system-deps.sh
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
-# Rebuilt when any source changes (about 7 s when only pure-Python modules changed, 25 s when a
-# compiled one did); from scratch when the build set-up changed or a source file was removed.
-compiled: $(COMPILED)/.built
+$(WHEEL_VENV)/.installed: $(VENV)/.installed setup.py pyproject.toml $(SOURCES)
+	rm -rf $(WHEEL_VENV) build/wheels
+	python3 -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
+	RATEWARDEN_REQUIRE_COMPILED=1 $(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps -w build/wheels .
+	$(WHEEL_VENV)/bin/python -m pip install -q "ratewarden[bench] @ file://$$(ls $(abspath build/wheels)/ratewarden-*.whl)"
+	touch $@
 
-$(COMPILED)/.built: $(VENV)/.installed setup.py pyproject.toml $(SOURCES)
-	@if [ -e $@ ] && [ -n "$$(find $(VENV)/.installed setup.py pyproject.toml -newer $@; \
-	    cd $(COMPILED) && find ratewarden -type f ! -name '*.so' ! -path '*/__pycache__/*' | \
-	    while read -r f; do [ -e ../../src/$$f ] || echo $$f; done)" ]; then rm -rf $(COMPILED); fi
-	@mkdir -p $(COMPILED) && touch $@.new  # sources edited during the build make the next run rebuild
-	RATEWARDEN_REQUIRE_COMPILED=1 $(PY) setup.py -q build --build-base build/mypyc --build-lib $(COMPILED)
-	mv $@.new $@
-
-# Users install compiled wheels, so the benchmark runs the compiled tree.
-bench: setup compiled
-	PYTHONPATH=$(COMPILED_PATH) $(VENV)/bin/ratewarden bench --quick
+# Users install compiled wheels, so the benchmark runs one.
+bench: $(WHEEL_VENV)/.installed
+	$(WHEEL_VENV)/bin/ratewarden bench --quick
 
 demo: setup
 	$(VENV)/bin/ratewarden demo
@@ -43,15 +42,25 @@ lint: setup
 	$(PY) -m ruff check src tests
 	$(PY) -m mypy
 
-# The whole suite twice: the pure-Python package, then the compiled tree (subprocesses the tests
-# start inherit PYTHONPATH, so they run the same build).
-test: setup lint test-pure test-compiled
+# ruff and mypy --strict; the suite on the pure-Python package (the fallback where no compiler
+# exists); the suite on the compiled wheel installed in a fresh venv, oldest and newest Python.
+test: setup lint test-pure test-wheels
 
 test-pure: setup
 	RATEWARDEN_EXPECT_COMPILED=0 $(PY) -m pytest
 
-test-compiled: setup compiled
-	RATEWARDEN_EXPECT_COMPILED=1 PYTHONPATH=$(COMPILED_PATH) $(PY) -m pytest
+test-wheels: setup
+	@[ -n "$(OLDEST)" ] || { echo "no CPython 3.10+ found for the wheel passes"; exit 1; }
+	scripts/test-wheel.sh $(OLDEST) scripts/oldest-deps.txt
+	@if [ "$(NEWEST)" != "$(OLDEST)" ]; then scripts/test-wheel.sh $(NEWEST); fi
+
+# Every CPython found, each a compiled wheel and the whole suite (newest dependencies).
+matrix: setup
+	@for py in $(PYTHONS); do scripts/test-wheel.sh $$py || exit 1; done
+
+# Release artifacts: sdist, then the wheel built from that sdist; metadata and contents checked.
+dist: setup
+	scripts/dist.sh
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -7,8 +7,10 @@ package keeps no runtime dependency). The result stays pure Python when
 * ``RATEWARDEN_PURE_PYTHON=1`` is set,
 * the install is editable (``pip install -e``): compiled modules inside ``src/`` would shadow the
   ``.py`` files being edited,
-* or compilation fails (mypyc or the C compiler): a warning is printed and the pure-Python
-  package is built instead. ``RATEWARDEN_REQUIRE_COMPILED=1`` turns that fallback into an error.
+* or compilation fails (mypyc or the C compiler, e.g. no ``cc`` or no Python headers): one line
+  saying so goes to the build log (``pip install -v``, ``python -m build``) and the pure-Python
+  package is built instead (``ratewarden --version`` then says "pure Python").
+  ``RATEWARDEN_REQUIRE_COMPILED=1`` turns that fallback into an error.
 
 ``python -c "import ratewarden; print(ratewarden.COMPILED)"`` tells which one is installed.
 """
@@ -19,7 +21,8 @@ import inspect
 import os
 import shutil
 import sys
-import warnings
+import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,13 @@ HOT_MODULES = [
     "src/ratewarden/asgi/websocket.py",
 ]
 
+# How mypyc's type check runs in a build. The build needs the hot modules' types, not a lint pass
+# (``make lint`` runs mypy --strict with every extra installed): pip's isolated build environment
+# holds only setuptools and mypy, so the optional libraries (redis, aiomcache, prometheus_client,
+# yaml...) are missing there. Their imports become ``Any`` and the modules that use them are
+# followed silently: the hot modules, which never import an optional library, compile the same.
+BUILD_TYPE_CHECK = ["--ignore-missing-imports", "--follow-imports=silent"]
+
 # Commands that build the package (metadata-only commands such as egg_info/dist_info must not pay
 # for a mypyc run); editable builds never compile.
 _BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "bdist", "install"}
@@ -63,14 +73,43 @@ def _flag(name: str) -> bool:
 
 
 def _fail_or_warn(message: str) -> None:
+    message = " ".join(message.split())  # one line, whatever the compiler printed
     if _flag("RATEWARDEN_REQUIRE_COMPILED"):
         raise SystemExit(f"ratewarden: {message} (RATEWARDEN_REQUIRE_COMPILED is set)")
-    warnings.warn(f"ratewarden: {message}; building the pure-Python package instead", stacklevel=1)
+    print(f"ratewarden: {message}; building the pure-Python package instead "
+          "(set RATEWARDEN_REQUIRE_COMPILED=1 to make this an error)", file=sys.stderr, flush=True)
+
+
+def _toolchain_problem() -> str | None:
+    """Why no extension can be built here (no Python headers, no working C compiler), or None.
+
+    Checked before mypyc runs, so such a machine gets a pure-Python wheel tagged ``py3-none-any``.
+    """
+    include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        return f"no Python headers (Python.h is not in {include}; install python3-dev)"
+    from distutils.ccompiler import new_compiler  # setuptools' own copy, also on Python 3.12+
+    from distutils.sysconfig import customize_compiler
+
+    compiler = new_compiler()
+    customize_compiler(compiler)
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp, "probe.c")
+        probe.write_text("#include <Python.h>\nint probe(void) { return 0; }\n")
+        try:
+            compiler.compile([str(probe)], output_dir=tmp, include_dirs=[include])
+        except Exception as exc:
+            return f"no working C compiler ({type(exc).__name__}: {exc})"
+    return None
 
 
 def _ext_modules() -> list[Any]:
     commands = set(sys.argv[1:])
     if _flag("RATEWARDEN_PURE_PYTHON") or commands & _EDITABLE_COMMANDS or not commands & _BUILD_COMMANDS:
+        return []
+    problem = _toolchain_problem()
+    if problem:
+        _fail_or_warn(f"cannot compile the hot path: {problem}")
         return []
     try:
         from mypyc.build import mypycify
@@ -78,7 +117,7 @@ def _ext_modules() -> list[Any]:
         options: dict[str, Any] = {"opt_level": "3", "debug_level": "0"}
         if "group_name" in inspect.signature(mypycify).parameters:  # newer mypyc (older: a hashed name)
             options["group_name"] = "ratewarden"  # the shared library: ratewarden__mypyc.*.so
-        return list(mypycify(HOT_MODULES, **options))
+        return list(mypycify([*BUILD_TYPE_CHECK, *HOT_MODULES], **options))
     except (Exception, SystemExit) as exc:  # mypyc exits on type errors
         _fail_or_warn(f"mypyc could not compile the hot-path modules ({type(exc).__name__}: {exc})")
         return []

@@ -1,9 +1,9 @@
 """The mypyc-compiled hot path (setup.py): the tested build is the expected one, and compiled
 classes behave like the pure-Python ones where users can tell.
 
-``make test`` runs the suite twice: against the editable pure-Python package
-(``RATEWARDEN_EXPECT_COMPILED=0``) and against the compiled tree in ``build/compiled``
-(``RATEWARDEN_EXPECT_COMPILED=1``, on ``PYTHONPATH``).
+``make test`` runs the suite on the editable pure-Python package (``RATEWARDEN_EXPECT_COMPILED=0``)
+and on the compiled wheel installed in a fresh virtualenv, for the oldest and the newest Python
+found (``scripts/test-wheel.sh``: ``RATEWARDEN_EXPECT_COMPILED=1``, ``RATEWARDEN_EXPECT_INSTALLED=1``).
 """
 
 from __future__ import annotations
