@@ -51,7 +51,7 @@ test-pure: setup
 
 test-wheels: setup
 	@[ -n "$(OLDEST)" ] || { echo "no CPython 3.10+ found for the wheel passes"; exit 1; }
-	scripts/test-wheel.sh $(OLDEST) scripts/oldest-deps.txt
+	scripts/test-wheel.sh $(OLDEST) scripts/oldest-deps.txt -- --ignore=tests/bench
 	@if [ "$(NEWEST)" != "$(OLDEST)" ]; then scripts/test-wheel.sh $(NEWEST); fi
 
 # Every CPython found, each a compiled wheel and the whole suite (newest dependencies).

@@ -9,8 +9,9 @@ headers on endpoints that return a ``Response`` object themselves (FastAPI drops
 response headers in that case; the small ASGI step ``install`` adds puts them back).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: FastAPI reads the dependency's signature, and
+# FastAPI before 0.115 cannot resolve string annotations on a callable instance's ``__call__``
+# (``response: Response`` became a required query parameter: every request a 422).
 from collections.abc import Iterable
 from typing import Any
 

@@ -124,7 +124,7 @@ class Metrics:
         self._rule_label = _Labels()
         self._group_label = _Labels()
         self._otel: dict[str, Any] | None = None
-        if otel or (otel is None and importlib.util.find_spec("opentelemetry.sdk") is not None):
+        if otel or (otel is None and _importable("opentelemetry.sdk")):
             self._otel = _otel_instruments(namespace)
 
     def watch(self, store: Store) -> None:
@@ -190,6 +190,14 @@ class Metrics:
         import prometheus_client
 
         return bytes(prometheus_client.generate_latest(self.registry))
+
+
+def _importable(name: str) -> bool:
+    """Whether ``name`` can be imported; ``find_spec`` of a submodule raises when its parent is missing."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def _otel_instruments(namespace: str) -> dict[str, Any] | None:

@@ -482,7 +482,13 @@ class RedisStore(Store):
     def _error(self, exc: BaseException) -> StoreError:
         if isinstance(exc, StoreError):
             return exc
-        return StoreError(f"redis store {self.url}: {type(exc).__name__}: {exc}")
+        message = f"{type(exc).__name__}: {exc}"
+        root = exc  # the reason itself (e.g. the SSL verification error), which older redis-py omits
+        while (root.__cause__ or root.__context__) is not None and root is not (root.__cause__ or root.__context__):
+            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        if root is not exc and str(root) not in message:
+            message += f" ({type(root).__name__}: {root})"
+        return StoreError(f"redis store {self.url}: {message}")
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         return await self._peek_at(keys, limits, [0.0] * len(keys))
