@@ -11,7 +11,7 @@ NEWEST := $(lastword $(PYTHONS))
 WHEEL_VENV := build/venv-wheel
 SOURCES := $(shell find src/ratewarden -name __pycache__ -prune -o -print)
 
-.PHONY: setup demo bench test test-pure test-wheels matrix dist lint clean
+.PHONY: setup demo bench test test-pure test-wheels matrix dist docs lint clean
 
 setup: $(VENV)/.installed
 
@@ -42,9 +42,14 @@ lint: setup
 	$(PY) -m ruff check src tests
 	$(PY) -m mypy
 
-# ruff and mypy --strict; the suite on the pure-Python package (the fallback where no compiler
+# The documentation site (README, docs/*.md, the API reference from the docstrings) in build/site;
+# strict: a broken link or reference fails.
+docs: setup
+	$(PY) -m mkdocs build --strict --quiet
+
+# ruff and mypy --strict; the strict docs build; the suite on the pure-Python package (the fallback where no compiler
 # exists); the suite on the compiled wheel installed in a fresh venv, oldest and newest Python.
-test: setup lint test-pure test-wheels
+test: setup lint docs test-pure test-wheels
 
 test-pure: setup
 	RATEWARDEN_EXPECT_COMPILED=0 $(PY) -m pytest
