@@ -24,14 +24,21 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _make_ca(name: str, cwd: Path) -> None:
+    # Python 3.13 verifies strictly (VERIFY_X509_STRICT): a CA needs key usage, certificates need
+    # key identifiers.
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.crt",
-             "-subj", f"/CN=ratewarden test {name}", "-days", "1", cwd=cwd)
+             "-subj", f"/CN=ratewarden test {name}", "-days", "1",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             "-addext", "subjectKeyIdentifier=hash", cwd=cwd)
 
 
 def _make_cert(name: str, ca: str, cwd: Path, extensions: str) -> None:
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
              "-subj", f"/CN={name}", cwd=cwd)
-    (cwd / f"{name}.ext").write_text(extensions + "\n")
+    (cwd / f"{name}.ext").write_text(
+        f"{extensions}\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+    )
     _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
              "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext", cwd=cwd)
 
