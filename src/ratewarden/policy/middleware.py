@@ -24,7 +24,7 @@ from ..enforcement import LimitUnavailable, check_rules
 from ..headers import rate_limit_headers
 from ..limiter import Limiter
 from ..metrics import Metrics
-from ..responses import limited_headers, problem_body, send_problem, send_unavailable
+from ..responses import adding_missing_headers, limited_headers, problem_body, send_problem, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet
 from ..stats import rule_stats
 from ..types import ASGIApp, Message, Receive, Scope, Send
@@ -300,13 +300,19 @@ class PolicyMiddleware(RateLimitMiddleware):
         if not decision.allowed and plan.delayed and not rt.shadow:
             delay = getattr(owner.rule, "delay", None)
             if delay is not None:
-                client = await _key(owner, scope)
-                waited = await delay.wait(client, decision, lambda: check_rules(limiter, rules, scope))
-                if waited is not None:
-                    if waited.allowed and metrics is not None:
-                        metrics.observe_delayed(owner.rule.name, group)
-                    decision = waited
-                    owner = _owner(rules, decision)
+                try:
+                    client = await _key(owner, scope)
+                    waited = await delay.wait(client, decision, lambda: check_rules(limiter, rules, scope))
+                except LimitUnavailable:
+                    await send_unavailable(send)
+                    return
+                if waited is None:  # the re-check failed under fail-open: serve, as for any failed check
+                    await self._serve(scope, receive, send, None, rules, plan, rt)
+                    return
+                if waited.allowed and metrics is not None:
+                    metrics.observe_delayed(owner.rule.name, group)
+                decision = waited
+                owner = _owner(rules, decision)
         if metrics is not None:
             metrics.observe(owner.rule.name, group, decision, shadow=rt.shadow)
         state["ratewarden.decision"] = decision
@@ -408,7 +414,8 @@ class PolicyMiddleware(RateLimitMiddleware):
             response = self.on_limit(scope, decision)
             if inspect.isawaitable(response):
                 response = await response
-            await response(scope, receive, send)
+            headers = limited_headers(decision, self.header_style, self.headers != "off")
+            await response(scope, receive, adding_missing_headers(send, headers))
             return
         headers = limited_headers(decision, self.header_style, self.headers != "off")
         await send_problem(send, 429, limited_body(decision, group), headers)
