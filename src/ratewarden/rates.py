@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Rate", "parse_rate", "parse_rates"]
+__all__ = ["Rate", "freeze_rates", "parse_rate", "parse_rates"]
 
 _UNITS: dict[str, float] = {}
 for _names, _seconds in (
@@ -115,10 +115,21 @@ def parse_rate(text: str | Rate) -> Rate:
     return Rate(amount, count * seconds, burst)
 
 
+def freeze_rates(value: str | Rate | Iterable[str | Rate], what: str = "rate") -> str | Rate | tuple[str | Rate, ...]:
+    """``value`` with any iterable (a list, a generator) read once into a tuple, so it can be kept,
+    reused and hashed; ``TypeError`` naming ``what`` for anything that is not a rate."""
+    if isinstance(value, (str, Rate)):
+        return value
+    if value is None or isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
+        raise TypeError(f"{what} must be a rate string, a Rate or a list of them, got {type(value).__name__} {value!r} ({_EXAMPLE})")
+    return tuple(value)
+
+
 def parse_rates(value: str | Rate | Iterable[str | Rate]) -> tuple[Rate, ...]:
     """Parse several rates: ``"10/s; 1000/day"``, a list of strings/``Rate``, or a single rate."""
     if isinstance(value, Rate):
         return (value,)
+    value = freeze_rates(value)
     if isinstance(value, str):
         parts = [p for p in re.split(r"[;,]", value) if p.strip()]
         if not parts:

@@ -22,6 +22,7 @@ from ..charges import adjust
 from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import rate_limit_headers
+from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..responses import adding_missing_headers, limited_headers, problem_body, send_problem, send_unavailable
@@ -65,7 +66,7 @@ async def _key(rule: CompiledRule, scope: Scope) -> str:
     value = rule.key(scope)
     if isinstance(value, Awaitable):
         value = await value
-    return "" if value is None else str(value)
+    return key_text(value, scope)
 
 
 def _owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
@@ -272,7 +273,7 @@ class PolicyMiddleware(RateLimitMiddleware):
             value = bans.key(scope)
             if isinstance(value, Awaitable):
                 value = await value
-            ban_key = "" if value is None else str(value)
+            ban_key = key_text(value, scope)
             left = await bans.check(limiter, ban_key)
             if left > 0:
                 if metrics is not None:
