@@ -106,6 +106,8 @@ def parse_policy(text: str, format: str = "toml", source: str = "<policy>") -> P
             data = toml.loads(text)
         except toml.TOMLDecodeError as exc:
             line = getattr(exc, "lineno", None) or _line_from_message(str(exc))
+            if line is None and "end of document" in str(exc):
+                line = max(1, len(text.splitlines()))
             raise PolicyError([Problem("", f"invalid TOML: {exc}", line, source)]) from None
         return validate(data, toml_locator(text), source)
     if format == "yaml":
@@ -116,11 +118,25 @@ def parse_policy(text: str, format: str = "toml", source: str = "<policy>") -> P
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            raise PolicyError([Problem("", f"invalid YAML: {exc}", line, source)]) from None
+            line, message = _yaml_problem(exc)
+            raise PolicyError([Problem("", message, line, source)]) from None
         return validate(data if data is not None else {}, yaml_locator(text), source)
     raise ValueError(f"unknown policy format {format!r}: use 'toml' or 'yaml'")
+
+
+def _yaml_problem(exc: Exception) -> tuple[int | None, str]:
+    """PyYAML's multi-line error (with a source excerpt and a caret) as one line and its line
+    number: ``invalid YAML (column 5): mapping values are not allowed here``."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None)
+    if problem:
+        context = getattr(exc, "context", None)
+        what = f"{problem} ({context})" if context else str(problem)
+    else:  # e.g. a ReaderError (a control character): its text is already short
+        what = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    if mark is None:
+        return None, f"invalid YAML: {what}"
+    return int(mark.line) + 1, f"invalid YAML (column {int(mark.column) + 1}): {what}"
 
 
 def _line_from_message(message: str) -> int | None:
@@ -142,4 +158,9 @@ def load_policy(path: str | Path) -> Policy:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError([Problem("", f"cannot read policy file: {exc.strerror or exc}", None, str(file))]) from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError([Problem(
+            "", f"not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "policy files are TOML or YAML text", None, str(file),
+        )]) from None
     return parse_policy(text, format, str(file))
