@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -172,7 +173,7 @@ class Limiter:
 def _check_cost(cost: float) -> None:
     if isinstance(cost, bool) or not isinstance(cost, (int, float)):
         raise TypeError(f"cost must be a number, got {type(cost).__name__} {cost!r}")
-    if not cost >= 0:
+    if not 0 <= cost < math.inf:
         raise ValueError(f"cost must be zero or positive, got {cost!r}")
 
 

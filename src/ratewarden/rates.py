@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ for _names, _seconds in (
         _UNITS[_name] = _seconds
 
 _EXAMPLE = 'e.g. "100/min", "10/second", "5 per 30 seconds", "100/5m" or "10/s; 1000/day"'
+_BURST_RE = re.compile(r"\s+(\d+)\s*$")
 _RATE_RE = re.compile(
     r"^\s*(?P<amount>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
     re.IGNORECASE,
@@ -43,8 +45,8 @@ class Rate:
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
             raise ValueError(f"rate limit must be a positive integer, got {self.limit!r} ({_EXAMPLE})")
-        if not self.period > 0:
-            raise ValueError(f"rate period must be positive, got {self.period!r} seconds ({_EXAMPLE})")
+        if not (self.period > 0 and math.isfinite(self.period)):
+            raise ValueError(f"rate period must be positive and finite, got {self.period!r} seconds ({_EXAMPLE})")
         if self.burst is not None and self.burst <= 0:
             raise ValueError(f"rate burst must be positive, got {self.burst!r}")
         if self.debt is not None and self.debt < 0:
@@ -90,10 +92,14 @@ def parse_rate(text: str | Rate) -> Rate:
         raise ValueError(f"rate must be a string, got {type(text).__name__} ({_EXAMPLE})")
     burst: int | None = None
     body = text
-    burst_match = re.search(r"\s+burst\s+(\d+)\s*$", body, re.IGNORECASE)
-    if burst_match:
-        burst = int(burst_match.group(1))
-        body = body[: burst_match.start()]
+    # rfind + an anchored match, not re.search: a search would retry at every whitespace
+    # position, quadratic in the length of the text.
+    at = text.lower().rfind("burst")
+    if at > 0 and text[at - 1].isspace():
+        burst_match = _BURST_RE.match(text, at + 5)
+        if burst_match:
+            burst = int(burst_match.group(1))
+            body = text[:at].rstrip()
     match = _RATE_RE.match(body)
     if match is None:
         raise ValueError(f"invalid rate {text!r}: expected '<amount>/<period>', {_EXAMPLE}")

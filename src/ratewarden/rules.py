@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 
@@ -95,8 +96,8 @@ class Rule:
         self.methods = frozenset(m.upper() for m in methods) if methods else None
         self.bypass = bypass
         self.name = name or (path if isinstance(path, str) else path.pattern)
-        if not callable(cost) and not cost >= 0:
-            raise ValueError(f"Rule({path!r}) cost must be >= 0, got {cost!r}")
+        if not callable(cost) and not 0 <= cost < math.inf:
+            raise ValueError(f"Rule({path!r}) cost must be a finite number >= 0, got {cost!r}")
         self.cost = cost
         self.message_rate = message_rate
         self.websocket = websocket or message_rate is not None

@@ -99,7 +99,15 @@ def yaml_locator(text: str) -> Locate:
 
 
 def parse_policy(text: str, format: str = "toml", source: str = "<policy>") -> Policy:
-    """Parse and validate policy ``text`` (``format`` is ``"toml"`` or ``"yaml"``)."""
+    """Parse and validate policy ``text`` (``format`` is ``"toml"`` or ``"yaml"``); every problem
+    with the text raises ``PolicyError``."""
+    try:
+        return _parse_policy(text, format, source)
+    except RecursionError:  # the parsers recurse per nesting level: "[[[[..." thousands deep
+        raise PolicyError([Problem("", f"invalid {format.upper()}: nested too deeply", None, source)]) from None
+
+
+def _parse_policy(text: str, format: str, source: str) -> Policy:
     if format == "toml":
         toml = _toml_module()
         try:
