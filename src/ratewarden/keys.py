@@ -17,8 +17,8 @@ from ._mypyc import mypyc_attr
 from .types import Scope
 
 __all__ = [
-    "ClientIP",
     "MAX_FORWARDED_HOPS",
+    "ClientIP",
     "KeyFunc",
     "bearer_token",
     "client_ip",

@@ -133,15 +133,15 @@ def freeze_rates(value: str | Rate | Iterable[str | Rate], what: str = "rate") -
 
 def parse_rates(value: str | Rate | Iterable[str | Rate]) -> tuple[Rate, ...]:
     """Parse several rates: ``"10/s; 1000/day"``, a list of strings/``Rate``, or a single rate."""
-    if isinstance(value, Rate):
-        return (value,)
-    value = freeze_rates(value)
-    if isinstance(value, str):
-        parts = [p for p in re.split(r"[;,]", value) if p.strip()]
+    frozen = freeze_rates(value)
+    if isinstance(frozen, Rate):
+        return (frozen,)
+    if isinstance(frozen, str):
+        parts = [p for p in re.split(r"[;,]", frozen) if p.strip()]
         if not parts:
-            raise ValueError(f"invalid rate {value!r}: empty ({_EXAMPLE})")
+            raise ValueError(f"invalid rate {frozen!r}: empty ({_EXAMPLE})")
         return tuple(parse_rate(p) for p in parts)
-    rates = tuple(parse_rate(v) for v in value)
+    rates = tuple(parse_rate(v) for v in frozen)
     if not rates:
         raise ValueError(f"no rate given ({_EXAMPLE})")
     return rates

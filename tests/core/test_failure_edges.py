@@ -182,8 +182,9 @@ async def test_breaker_adjusts_through_to_the_memory_store() -> None:
     await _breaker_adjust_roundtrip(MemoryStore())
 
 
-async def test_breaker_adjusts_through_to_redis(redis_standalone: RedisStandalone) -> None:
-    store = RedisStore(redis_standalone.url, timeout=5)
+async def test_breaker_adjusts_through_to_redis(request: pytest.FixtureRequest) -> None:
+    server: RedisStandalone = request.getfixturevalue("redis_standalone")
+    store = RedisStore(server.url, timeout=5)
     try:
         await _breaker_adjust_roundtrip(store)
     finally:

@@ -149,5 +149,5 @@ class PolicyReloader:
             log.warning("SIGHUP handler not restored: stop() was called outside the main thread")
             return
         if signal.getsignal(signal.SIGHUP) is handler:
-            signal.signal(signal.SIGHUP, self._previous_handler)  # type: ignore[arg-type]
+            signal.signal(signal.SIGHUP, self._previous_handler)
         self._previous_handler = None
