@@ -112,9 +112,10 @@ def test_yaml_policy_loader_raises_only_policy_error(text: str) -> None:
     assert isinstance(policy, Policy)
 
 
-@settings(deadline=timedelta(seconds=2), max_examples=10)
+@settings(deadline=timedelta(seconds=1), max_examples=20)
 @given(st.integers(100, 20_000), st.sampled_from([("toml", "a = ", "[", "]"), ("yaml", "rules: ", "[", "]"),
-                                                  ("yaml", "", "- ", ""), ("toml", "", "[", "]")]))
+                                                  ("yaml", "", "- ", ""), ("toml", "", "[", "]"),
+                                                  ("yaml", "rules: ", "{a: ", "}"), ("yaml", "", "? ", "")]))
 def test_deeply_nested_policies_raise_policy_error(depth: int, shape: tuple[str, str, str, str]) -> None:
     fmt, head, open_, close = shape
     text = head + open_ * depth + close * depth

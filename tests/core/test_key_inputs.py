@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from fastapi import Depends, FastAPI
 
+import ratewarden
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
 from ratewarden.bans import Bans
 from ratewarden.fastapi import RateLimit
@@ -83,6 +84,13 @@ async def test_rates_given_as_a_generator_work_through_the_limiter_and_rules() -
     assert [(await request(app, "/api/x")).status for _ in range(2)] == [200, 429]
 
 
+def _or_compiled(match: str) -> str:
+    """In the mypyc-compiled build a compiled function rejects an argument of the wrong type at
+    the call itself, with its own TypeError naming the expected type ("str object expected; got
+    None"): also immediate and clear, but worded by mypyc."""
+    return f"{match}|object expected; got" if ratewarden.COMPILED else match
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
@@ -96,7 +104,7 @@ async def test_rates_given_as_a_generator_work_through_the_limiter_and_rules() -
     ],
 )
 def test_bad_arguments_fail_at_construction_naming_the_parameter(call: Any, match: str) -> None:
-    with pytest.raises((TypeError, ValueError), match=match) as info:
+    with pytest.raises((TypeError, ValueError), match=_or_compiled(match)) as info:
         call()
     assert "object is not iterable" not in str(info.value)
     assert "not supported between" not in str(info.value)
@@ -114,7 +122,7 @@ def test_bad_arguments_fail_at_construction_naming_the_parameter(call: Any, matc
 )
 async def test_bad_limiter_arguments_name_the_parameter(args: tuple[Any, ...], match: str) -> None:
     limiter = Limiter()
-    with pytest.raises((TypeError, ValueError), match=match) as info:
+    with pytest.raises((TypeError, ValueError), match=_or_compiled(match)) as info:
         await limiter.hit(*args)
     assert "object is not iterable" not in str(info.value)
     assert "not supported between" not in str(info.value)
