@@ -197,3 +197,20 @@ async def test_breaker_adjust_uses_the_fallback_while_the_store_is_down() -> Non
     breaker = Breaker(FlakyStore(up_for=0), fallback=fallback)
     assert (await adjust(breaker, ["k"], limits, [2.0]))[0].remaining == 3
     assert (await fallback.peek(["k"], limits))[0].remaining == 3
+
+
+def _raising_key(scope: Any) -> str:
+    raise RuntimeError("key function bug")
+
+
+@pytest.mark.parametrize(("on_error", "status"), [("open", 200), ("closed", 503)])
+async def test_a_raising_ban_key_function_follows_the_failure_policy(on_error: str, status: int) -> None:
+    from ratewarden.bans import Bans
+
+    bans = Bans(after=1, duration=60, key=_raising_key)
+    app = PolicyMiddleware(build_app(), Limiter(MemoryStore(), on_error=on_error),  # type: ignore[arg-type]
+                           [Rule("/api/**", "1/min")], bans=bans)
+    first = await request(app, "/api/x")
+    second = await request(app, "/api/x")
+    assert first.status == status
+    assert second.status == (429 if on_error == "open" else 503)  # limits still apply when open

@@ -20,7 +20,7 @@ from ..asgi.middleware import RateLimitMiddleware
 from ..bans import Bans
 from ..charges import adjust
 from ..decision import Decision
-from ..enforcement import LimitUnavailable, check_rules
+from ..enforcement import LimitUnavailable, check_rules, report_failure
 from ..headers import rate_limit_headers
 from ..keys import key_text
 from ..limiter import Limiter
@@ -268,12 +268,20 @@ class PolicyMiddleware(RateLimitMiddleware):
             return
         metrics = self.metrics
         bans = rt.bans
-        ban_key = ""
+        ban_key: str | None = None
         if bans is not None:
-            value = bans.key(scope)
-            if isinstance(value, Awaitable):
-                value = await value
-            ban_key = key_text(value, scope)
+            try:
+                value = bans.key(scope)
+                if isinstance(value, Awaitable):
+                    value = await value
+                ban_key = key_text(value, scope)
+            except Exception as exc:  # a broken key function: the failure policy decides, bans are skipped
+                try:
+                    report_failure(limiter, "ban key function", exc)
+                except LimitUnavailable:
+                    await send_unavailable(send)
+                    return
+        if bans is not None and ban_key is not None:
             left = await bans.check(limiter, ban_key)
             if left > 0:
                 if metrics is not None:
@@ -307,6 +315,9 @@ class PolicyMiddleware(RateLimitMiddleware):
                 except LimitUnavailable:
                     await send_unavailable(send)
                     return
+                except Exception as exc:  # the delay key could not be computed: refuse as without a delay
+                    log.warning("delay skipped rule=%s: %s: %s", owner.rule.name, type(exc).__name__, exc)
+                    waited = decision
                 if waited is None:  # the re-check failed under fail-open: serve, as for any failed check
                     await self._serve(scope, receive, send, None, rules, plan, rt)
                     return
@@ -330,7 +341,7 @@ class PolicyMiddleware(RateLimitMiddleware):
                 "rate_limited rule=%s group=%s policy=%s limit=%d retry_after=%.3f",
                 owner.rule.name, group, decision.policy, decision.limit, decision.retry_after,
             )
-            if bans is not None:
+            if bans is not None and ban_key is not None:
                 try:
                     await bans.strike(limiter, ban_key)
                 except Exception as exc:
