@@ -52,8 +52,9 @@ class ClientIP:
     ``trusted_proxies`` (CIDRs); the chain is walked from the right, skipping trusted hops, and the
     first untrusted address is the client. At most ``MAX_FORWARDED_HOPS`` entries are examined;
     when all of them are trusted, the client is the direct peer (leftmost entries could have been
-    written by the client itself, so a header value never decides then). IPv6 clients are grouped by ``ipv6_prefix`` (default
-    /64, since one subscriber usually owns a whole /64); IPv4-mapped IPv6 becomes plain IPv4.
+    written by the client itself, so a header value never decides then). IPv6 clients are grouped
+    by ``ipv6_prefix`` (default /64, since one subscriber usually owns a whole /64); IPv4-mapped
+    IPv6 becomes plain IPv4.
     """
 
     __slots__ = ("_norm_cache", "_trust_cache", "ipv6_prefix", "trusted")
