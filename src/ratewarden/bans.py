@@ -95,7 +95,7 @@ class Bans:
 
     @staticmethod
     def _storage(limiter: Limiter, key: str, what: str) -> str:
-        return f"{storage_key(limiter.prefix, 'ban', key)}:{what}"
+        return storage_key(limiter.prefix, "ban", key, what)
 
     def _remember(self, key: str, left: float, now: float) -> None:
         if key not in self._cache and len(self._cache) >= self.max_entries:
@@ -124,7 +124,7 @@ class Bans:
             return entry[0] - now
         store = limiter.store
         try:
-            keys = [f"{storage_key(limiter.prefix, 'ban', key)}:until"]
+            keys = [self._storage(limiter, key, "until")]
             if type(store) is MemoryStore:  # no coroutine for an in-process read
                 decision = store.peek_now(keys, _UNTIL_LIST)[0]
             else:

@@ -39,7 +39,10 @@ class Delay:
     async def wait(self, key: str, decision: Decision, recheck: Callable[[], Awaitable[Decision | None]]) -> Decision | None:
         """Hold a denied request until ``recheck`` allows it or the wait would exceed ``max_wait``.
 
-        Returns the final decision (``decision`` itself when the request cannot wait).
+        Returns the final decision (``decision`` itself when the request cannot wait), or
+        ``None`` when a re-check could not decide (a store failure under fail-open): the caller
+        then serves the request as for any undecided check, and it is not counted as delayed.
+        A fail-closed re-check raises ``LimitUnavailable`` through to the caller.
         """
         retry = decision.retry_after
         if math.isinf(retry) or retry > self.max_wait or self.waiting >= self.max_waiting:
@@ -59,7 +62,8 @@ class Delay:
                 # A hair past the boundary, so the re-check lands after it.
                 await asyncio.sleep(retry + 0.001)
                 current = await recheck()
-            self.delayed += 1
+            if current is not None:
+                self.delayed += 1
             return current
         finally:
             self.waiting -= 1

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Sequence
 
 from ._mypyc import mypyc_attr
 from .decision import Decision
+from .keys import key_text
 from .limiter import Limiter
 from .limits import Limit
 from .rules import CompiledRule
@@ -42,7 +43,7 @@ async def _key_of(rule: CompiledRule, scope: Scope) -> str:
     value = rule.key(scope)
     if rule.key_is_async or isinstance(value, Awaitable):
         value = await value  # type: ignore[misc]
-    return "" if value is None else str(value)
+    return key_text(value, scope)
 
 
 async def check_rules(
@@ -62,11 +63,11 @@ async def check_rules(
             # rejection the store already knows (a remote store's rejection cache).
             try:
                 raw = rule.key(scope)
-                if type(raw) is str:
+                if type(raw) is str and raw:
                     key = raw
-                else:  # a sync key function may return None or an awaitable (an async fallback)
+                else:  # no value (the client IP then), or an awaitable (an async fallback)
                     value = await raw if isinstance(raw, Awaitable) else raw
-                    key = "" if value is None else str(value)
+                    key = key_text(value, scope)
                 storage_keys = rule.storage_keys(key)
                 if store.local:
                     return store.hit_now(storage_keys, rule.limits, rule.costs)

@@ -17,12 +17,14 @@ from ._mypyc import mypyc_attr
 from .types import Scope
 
 __all__ = [
+    "MAX_FORWARDED_HOPS",
     "ClientIP",
     "KeyFunc",
     "bearer_token",
     "client_ip",
     "compose",
     "header",
+    "key_text",
     "path_param",
     "query_param",
     "route_template",
@@ -30,6 +32,9 @@ __all__ = [
 
 KeyFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
 _CACHE_LIMIT = 10_000
+MAX_FORWARDED_HOPS = 32
+"""Forwarding-header entries examined from the right (a proxy chain is rarely longer than a few
+hops); entries further left are never read, so a long forged header costs no more than this."""
 
 
 def _get_header(scope: Scope, name: bytes) -> str | None:
@@ -45,8 +50,11 @@ class ClientIP:
 
     ``X-Forwarded-For`` / ``Forwarded`` are read only when the direct peer is inside one of
     ``trusted_proxies`` (CIDRs); the chain is walked from the right, skipping trusted hops, and the
-    first untrusted address is the client. IPv6 clients are grouped by ``ipv6_prefix`` (default
-    /64, since one subscriber usually owns a whole /64); IPv4-mapped IPv6 becomes plain IPv4.
+    first untrusted address is the client. At most ``MAX_FORWARDED_HOPS`` entries are examined;
+    when all of them are trusted, the client is the direct peer (leftmost entries could have been
+    written by the client itself, so a header value never decides then). IPv6 clients are grouped
+    by ``ipv6_prefix`` (default /64, since one subscriber usually owns a whole /64); IPv4-mapped
+    IPv6 becomes plain IPv4.
     """
 
     __slots__ = ("_norm_cache", "_trust_cache", "ipv6_prefix", "trusted")
@@ -118,20 +126,22 @@ class ClientIP:
         hops = _forwarded_for(_get_header(scope, b"forwarded"))
         if not hops:
             xff = _get_header(scope, b"x-forwarded-for")
-            hops = [h.strip() for h in xff.split(",") if h.strip()] if xff else []
-        chain = [*hops, peer]
-        for address in reversed(chain):
-            if not self._is_trusted(address):
+            if xff:
+                hops = [h.strip() for h in xff.rsplit(",", MAX_FORWARDED_HOPS)[-MAX_FORWARDED_HOPS:]]
+        for address in reversed(hops):
+            if address and not self._is_trusted(address):
                 return self.normalize(address)
-        return self.normalize(chain[0])
+        # Every examined hop is a trusted proxy: only the peer is known not to come from the client.
+        return self.normalize(peer)
 
 
 def _forwarded_for(value: str | None) -> list[str]:
-    """The ``for=`` addresses of an RFC 7239 ``Forwarded`` header, ports stripped."""
+    """The ``for=`` addresses of an RFC 7239 ``Forwarded`` header, ports stripped (the rightmost
+    ``MAX_FORWARDED_HOPS`` elements only)."""
     if not value:
         return []
     out = []
-    for element in value.split(","):
+    for element in value.rsplit(",", MAX_FORWARDED_HOPS)[-MAX_FORWARDED_HOPS:]:
         for pair in element.split(";"):
             name, _, raw = pair.strip().partition("=")
             if name.lower() != "for" or not raw:
@@ -192,8 +202,9 @@ def query_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
     return key
 
 
-def path_param(name: str, *, fallback: KeyFunc | None = None) -> KeyFunc:
-    """The value of path parameter ``name`` (resolved through the app's router in middleware)."""
+def path_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
+    """The value of path parameter ``name`` (resolved through the app's router in middleware);
+    when the route has no such parameter, ``fallback`` decides (default: the client IP)."""
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
         params = scope.get("path_params")
@@ -217,20 +228,35 @@ def route_template(scope: Scope) -> str:
 
 
 def compose(*funcs: KeyFunc, separator: str = "|") -> KeyFunc:
-    """Several key functions joined into one key (``compose(client_ip, header("X-Tenant"))``)."""
+    """Several key functions joined into one key (``compose(client_ip, header("X-Tenant"))``).
+    A part without a value is left empty; when no part has one, the key is missing (``None``), so
+    the request is charged to its client IP like any key without a value."""
     if not funcs:
         raise ValueError("compose() needs at least one key function")
 
-    async def key(scope: Scope) -> str:
+    async def key(scope: Scope) -> str | None:
         parts = []
+        found = False
         for func in funcs:
             value = func(scope)
             if isinstance(value, Awaitable):
                 value = await value
-            parts.append("" if value is None else str(value))
-        return separator.join(parts)
+            if value is None or value == "":
+                parts.append("")
+            else:
+                found = True
+                parts.append(str(value))
+        return separator.join(parts) if found else None
 
     return key
+
+
+def key_text(value: object, scope: Scope) -> str:
+    """A key function's answer as the key to charge: a missing value (``None`` or ``""``) falls
+    back to the client IP, so requests without the value never share one bucket."""
+    if value is None or value == "":
+        return client_ip(scope)
+    return value if type(value) is str else str(value)
 
 
 def _digest(value: str) -> str:

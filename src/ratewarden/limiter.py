@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from ._mypyc import mypyc_attr
 from .decision import Decision
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
-from .rates import Rate
+from .rates import Rate, freeze_rates
 from .stores.base import Store
 from .stores.memory import MemoryStore
 
@@ -31,10 +32,16 @@ def safe_key(key: str) -> str:
     return key
 
 
-def storage_key(prefix: str, scope: str, key: str) -> str:
-    """``prefix:{scope|key}``; the braces are a Redis Cluster hash tag, so every limit of one
-    (scope, key) shares a slot."""
-    return f"{prefix}:{{{scope}|{safe_key(key)}}}"
+def storage_key(prefix: str, scope: str, key: str, suffix: str = "") -> str:
+    """``prefix:{scope|key}:suffix``, the one place storage keys are built (the limiter, compiled
+    rules and bans all call it, so ``Limiter.reset`` reaches what a rule charged). The braces are
+    a Redis Cluster hash tag, so every limit of one (scope, key) shares a slot; braces in
+    ``scope`` (route templates such as ``/items/{item_id}``) become parentheses so they cannot cut
+    the tag short."""
+    if "{" in scope or "}" in scope:
+        scope = scope.replace("{", "(").replace("}", ")")
+    base = f"{prefix}:{{{scope}|{safe_key(key)}}}"
+    return f"{base}:{suffix}" if suffix else base
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -63,17 +70,20 @@ class Limiter:
 
     def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
         """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse)."""
-        cache_key = (rates if isinstance(rates, (str, Rate)) else tuple(rates), algorithm)
+        spec = freeze_rates(rates)  # a generator is read once, for the cache key and the limits alike
+        cache_key = (spec, algorithm)
         found = self._limits_cache.get(cache_key)
         if found is None:
-            found = make_limits(rates, algorithm)
+            found = make_limits(spec, algorithm)
             if len(self._limits_cache) < 1024:
                 self._limits_cache[cache_key] = found
         return found
 
     def keys_for(self, key: str, limits: Sequence[Limit], scope: str = "") -> list[str]:
-        base = storage_key(self.prefix, scope, key)
-        return [f"{base}:{limit.suffix}" for limit in limits]
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a string (e.g. the client IP), got {type(key).__name__} {key!r}")
+        prefix = self.prefix
+        return [storage_key(prefix, scope, key, limit.suffix) for limit in limits]
 
     async def check(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
@@ -161,7 +171,9 @@ class Limiter:
 
 
 def _check_cost(cost: float) -> None:
-    if not cost >= 0:
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)):
+        raise TypeError(f"cost must be a number, got {type(cost).__name__} {cost!r}")
+    if not 0 <= cost < math.inf:
         raise ValueError(f"cost must be zero or positive, got {cost!r}")
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Rate", "parse_rate", "parse_rates"]
+__all__ = ["Rate", "freeze_rates", "parse_rate", "parse_rates"]
 
 _UNITS: dict[str, float] = {}
 for _names, _seconds in (
@@ -21,6 +22,7 @@ for _names, _seconds in (
         _UNITS[_name] = _seconds
 
 _EXAMPLE = 'e.g. "100/min", "10/second", "5 per 30 seconds", "100/5m" or "10/s; 1000/day"'
+_BURST_RE = re.compile(r"\s+(\d+)\s*$")
 _RATE_RE = re.compile(
     r"^\s*(?P<amount>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
     re.IGNORECASE,
@@ -43,8 +45,8 @@ class Rate:
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
             raise ValueError(f"rate limit must be a positive integer, got {self.limit!r} ({_EXAMPLE})")
-        if not self.period > 0:
-            raise ValueError(f"rate period must be positive, got {self.period!r} seconds ({_EXAMPLE})")
+        if not (self.period > 0 and math.isfinite(self.period)):
+            raise ValueError(f"rate period must be positive and finite, got {self.period!r} seconds ({_EXAMPLE})")
         if self.burst is not None and self.burst <= 0:
             raise ValueError(f"rate burst must be positive, got {self.burst!r}")
         if self.debt is not None and self.debt < 0:
@@ -90,10 +92,14 @@ def parse_rate(text: str | Rate) -> Rate:
         raise ValueError(f"rate must be a string, got {type(text).__name__} ({_EXAMPLE})")
     burst: int | None = None
     body = text
-    burst_match = re.search(r"\s+burst\s+(\d+)\s*$", body, re.IGNORECASE)
-    if burst_match:
-        burst = int(burst_match.group(1))
-        body = body[: burst_match.start()]
+    # rfind + an anchored match, not re.search: a search would retry at every whitespace
+    # position, quadratic in the length of the text.
+    at = text.lower().rfind("burst")
+    if at > 0 and text[at - 1].isspace():
+        burst_match = _BURST_RE.match(text, at + 5)
+        if burst_match:
+            burst = int(burst_match.group(1))
+            body = text[:at].rstrip()
     match = _RATE_RE.match(body)
     if match is None:
         raise ValueError(f"invalid rate {text!r}: expected '<amount>/<period>', {_EXAMPLE}")
@@ -115,16 +121,27 @@ def parse_rate(text: str | Rate) -> Rate:
     return Rate(amount, count * seconds, burst)
 
 
+def freeze_rates(value: str | Rate | Iterable[str | Rate], what: str = "rate") -> str | Rate | tuple[str | Rate, ...]:
+    """``value`` with any iterable (a list, a generator) read once into a tuple, so it can be kept,
+    reused and hashed; ``TypeError`` naming ``what`` for anything that is not a rate."""
+    if isinstance(value, (str, Rate)):
+        return value
+    if value is None or isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
+        raise TypeError(f"{what} must be a rate string, a Rate or a list of them, got {type(value).__name__} {value!r} ({_EXAMPLE})")
+    return tuple(value)
+
+
 def parse_rates(value: str | Rate | Iterable[str | Rate]) -> tuple[Rate, ...]:
     """Parse several rates: ``"10/s; 1000/day"``, a list of strings/``Rate``, or a single rate."""
-    if isinstance(value, Rate):
-        return (value,)
-    if isinstance(value, str):
-        parts = [p for p in re.split(r"[;,]", value) if p.strip()]
+    frozen = freeze_rates(value)
+    if isinstance(frozen, Rate):
+        return (frozen,)
+    if isinstance(frozen, str):
+        parts = [p for p in re.split(r"[;,]", frozen) if p.strip()]
         if not parts:
-            raise ValueError(f"invalid rate {value!r}: empty ({_EXAMPLE})")
+            raise ValueError(f"invalid rate {frozen!r}: empty ({_EXAMPLE})")
         return tuple(parse_rate(p) for p in parts)
-    rates = tuple(parse_rate(v) for v in value)
+    rates = tuple(parse_rate(v) for v in frozen)
     if not rates:
         raise ValueError(f"no rate given ({_EXAMPLE})")
     return rates

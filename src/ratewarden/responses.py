@@ -9,11 +9,12 @@ from typing import Any
 
 from .decision import Decision
 from .headers import HeaderStyle, rate_limit_headers, retry_after_header
-from .types import ASGIApp, Scope, Send
+from .types import ASGIApp, Message, Scope, Send
 
 __all__ = [
     "UNAVAILABLE_BODY",
     "LimitHandler",
+    "adding_missing_headers",
     "limited_headers",
     "problem",
     "problem_body",
@@ -111,3 +112,18 @@ def limited_headers(decision: Decision, style: HeaderStyle, with_rate_headers: b
     if retry is not None:
         headers.append(retry)
     return headers
+
+
+def adding_missing_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    """``send`` that adds ``headers`` to the response start, except those whose name the app
+    already set (so a custom ``on_limit`` answer keeps ``Retry-After`` and the rate-limit headers
+    without getting a second copy of any it wrote itself)."""
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start" and headers:
+            own = message.get("headers") or []
+            present = {bytes(name).lower() for name, _ in own}
+            message["headers"] = [*own, *(h for h in headers if h[0] not in present)]
+        await send(message)
+
+    return send_with_headers

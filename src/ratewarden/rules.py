@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 
 from ._mypyc import mypyc_attr
 from .keys import KeyFunc, client_ip
-from .limiter import safe_key
+from .limiter import storage_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
-from .rates import Rate
+from .rates import Rate, freeze_rates
 from .types import Scope
 
 __all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path"]
@@ -78,6 +79,15 @@ class Rule:
     ) -> None:
         if rate is None and message_rate is None and not bypass:
             raise ValueError(f"Rule({path!r}) needs a rate (e.g. '100/min') unless bypass=True")
+        # Read iterables (a generator) once: the rate is reused by every compiled copy of the rule.
+        if rate is not None:
+            rate = freeze_rates(rate, f"Rule({path!r}) rate")
+        if message_rate is not None:
+            message_rate = freeze_rates(message_rate, f"Rule({path!r}) message_rate")
+        if not callable(key):
+            raise TypeError(f"Rule({path!r}) key must be a key function of the scope (e.g. client_ip), got {key!r}")
+        if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, (int, float))):
+            raise TypeError(f"Rule({path!r}) cost must be a number or a function of the scope, got {cost!r}")
         self.path = path
         self.pattern = compile_path(path)
         self.rate = rate
@@ -86,8 +96,8 @@ class Rule:
         self.methods = frozenset(m.upper() for m in methods) if methods else None
         self.bypass = bypass
         self.name = name or (path if isinstance(path, str) else path.pattern)
-        if not callable(cost) and not cost >= 0:
-            raise ValueError(f"Rule({path!r}) cost must be >= 0, got {cost!r}")
+        if not callable(cost) and not 0 <= cost < math.inf:
+            raise ValueError(f"Rule({path!r}) cost must be a finite number >= 0, got {cost!r}")
         self.cost = cost
         self.message_rate = message_rate
         self.websocket = websocket or message_rate is not None
@@ -110,7 +120,6 @@ class CompiledRule:
     """A rule bound to a limiter prefix: everything the hot path needs, precomputed."""
 
     __slots__ = (
-        "base",
         "cost",
         "cost_fn",
         "costs",
@@ -118,9 +127,9 @@ class CompiledRule:
         "key_is_async",
         "keys_cache",
         "limits",
-        "message_base",
         "message_costs",
         "message_limits",
+        "prefix",
         "rule",
         "shadow",
         "simple",
@@ -134,15 +143,12 @@ class CompiledRule:
             getattr(rule.key, "__call__", None)  # noqa: B004 - callable objects with async __call__
         )
         self.limits = rule.limits
-        # Braces in a name (route templates) would cut the Redis Cluster hash tag short.
-        scope_name = rule.name.replace("{", "(").replace("}", ")")
-        self.base = f"{prefix}:{{{scope_name}|"
-        self.suffixes = tuple("}:" + limit.suffix for limit in rule.limits)
+        self.prefix = prefix
+        self.suffixes = tuple(limit.suffix for limit in rule.limits)
         self.cost_fn: CostFunc | None = rule.cost if callable(rule.cost) else None
         self.cost = 1.0 if callable(rule.cost) else float(rule.cost)
         self.costs = (self.cost,) * len(rule.limits)
         self.message_limits = rule.message_limits
-        self.message_base = f"{prefix}:{{{scope_name}-msg|"
         self.message_costs = (1.0,) * len(rule.message_limits)
         self.shadow = rule.shadow
         self.keys_cache: dict[str, tuple[str, ...]] = {}
@@ -153,13 +159,15 @@ class CompiledRule:
         """Storage keys of this rule's limits for client ``key``, cached for recent keys (as
         tuples of strings, which the garbage collector stops tracking: no GC pauses that grow with
         the number of clients)."""
+        prefix = self.prefix
         if message:
-            return tuple(f"{self.message_base}{safe_key(key)}}}:{limit.suffix}" for limit in self.message_limits)
+            scope = self.rule.name + "-msg"
+            return tuple([storage_key(prefix, scope, key, limit.suffix) for limit in self.message_limits])
         cache = self.keys_cache
         found = cache.get(key)
         if found is None:
-            base = self.base + safe_key(key)
-            found = tuple([base + suffix for suffix in self.suffixes])
+            name = self.rule.name
+            found = tuple([storage_key(prefix, name, key, suffix) for suffix in self.suffixes])
             if len(cache) >= _KEYS_CACHE_LIMIT:
                 cache.clear()
             cache[key] = found

@@ -14,7 +14,7 @@ from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
-from ..responses import LimitHandler, rejection, send_unavailable
+from ..responses import LimitHandler, adding_missing_headers, limited_headers, rejection, send_unavailable
 from ..rules import Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .websocket import WebSocketLimits
@@ -104,7 +104,8 @@ class RateLimitMiddleware:
             response = self.on_limit(scope, decision)
             if inspect.isawaitable(response):
                 response = await response
-            await response(scope, receive, send)
+            headers = limited_headers(decision, self.header_style, self.headers != "off")
+            await response(scope, receive, adding_missing_headers(send, headers))
             return
         body, headers = rejection(decision, self.header_style, self.headers != "off")
         await send({"type": "http.response.start", "status": 429, "headers": headers})

@@ -4,7 +4,9 @@ A denied connection is answered with an HTTP 429 when the server supports the AS
 ``websocket.http.response`` extension, otherwise closed with code 1008 (policy violation).
 A limited message is dropped (the app never sees it); by default the client is told with a JSON
 message ``{"type": "rate_limit", "retry_after": ...}`` and the connection stays open; with
-``on_message_limit="close"`` the connection is closed with 1008 instead.
+``on_message_limit="close"`` the connection is closed with 1008 instead. When the limiter is
+unavailable under ``on_error="closed"``, the connection is closed with 1013 (try again later) and
+the app sees a disconnect: no message reaches it unchecked.
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ class WebSocketLimits:
                 try:
                     decision = await check_rules(limiter, message_rules, scope, message=True)
                 except LimitUnavailable:
-                    decision = None
+                    # Fail-closed: no message may reach the app unchecked; the client may reconnect later.
+                    await send({"type": "websocket.close", "code": TRY_AGAIN_LATER, "reason": "rate limiter unavailable"})
+                    return {"type": "websocket.disconnect", "code": TRY_AGAIN_LATER}
                 if decision is None or decision.allowed:
                     return message
                 if close:

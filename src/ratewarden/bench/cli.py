@@ -116,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
             require_wrk()
         except LiveError as exc:
             return _fail(str(exc))
+    out = Path(args.out)
+    problem = _unwritable(out)
+    if problem:
+        return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
+
     from .reports import write_all
     from .reports.meta import collect_meta
     from .runner import Options
@@ -139,12 +144,31 @@ def run(args: argparse.Namespace) -> int:
         results = _run_with_progress(opts)
     except (BenchError, LiveError) as exc:
         return _fail(str(exc))
-    out = Path(args.out)
-    paths = write_all(out, results, meta)
+    try:
+        paths = write_all(out, results, meta)
+    except OSError as exc:
+        _summary(results)
+        return _fail(f"--out {out}: cannot write the reports: {exc.strerror or exc}")
     _summary(results)
     print(f"reports: {out / 'report.html'}, {out / 'report.md'}, {out / 'summary.csv'}, {out / 'results.json'} "
           f"({len(paths)} files) in {time.monotonic() - t0:.0f} s")
     return 0
+
+
+def _unwritable(out: Path) -> str:
+    """Why the reports could not be written into ``out`` ("" when they can): checked before the
+    run, by creating the directory and a probe file, so a bad ``--out`` never costs the results."""
+    import tempfile
+
+    if out.exists() and not out.is_dir():
+        return "is an existing file, not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".ratewarden-probe-"):
+            pass
+    except OSError as exc:
+        return f"not writable ({exc.strerror or exc})"
+    return ""
 
 
 def _run_with_progress(opts: Any) -> list[Any]:

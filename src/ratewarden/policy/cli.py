@@ -39,20 +39,28 @@ def register_explain(subparsers: Any) -> None:
     parser.set_defaults(func=_explain)
 
 
-def _load(path: str) -> Policy | None:
+def _load(path: str) -> Policy | int:
+    """The policy, or the exit status after printing why not: 1 for an invalid file (one line
+    when it has one problem), 2 when it cannot be read at all (a missing extra)."""
     try:
         return load_policy(path)
     except PolicyError as exc:
+        if len(exc.problems) == 1:
+            print(f"invalid policy: {exc.problems[0]}", file=sys.stderr)
+            return 1
         print(f"{path}: invalid policy ({len(exc.problems)} problem(s)):", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
-        return None
+        return 1
+    except ImportError as exc:  # YAML without PyYAML, TOML on Python 3.10 without tomli
+        print(f"ratewarden: {path}: {exc}", file=sys.stderr)
+        return 2
 
 
 def _check(args: argparse.Namespace) -> int:
     policy = _load(args.policy)
-    if policy is None:
-        return 1
+    if isinstance(policy, int):
+        return policy
     print("\n".join(policy.describe()))
     print("OK")
     return 0
@@ -98,8 +106,8 @@ def explain(policy: Policy, method: str, path: str, headers: list[tuple[str, str
 
 def _explain(args: argparse.Namespace) -> int:
     policy = _load(args.policy)
-    if policy is None:
-        return 1
+    if isinstance(policy, int):
+        return policy
     headers = []
     for item in args.header:
         name, sep, value = item.partition(":")

@@ -99,13 +99,23 @@ def yaml_locator(text: str) -> Locate:
 
 
 def parse_policy(text: str, format: str = "toml", source: str = "<policy>") -> Policy:
-    """Parse and validate policy ``text`` (``format`` is ``"toml"`` or ``"yaml"``)."""
+    """Parse and validate policy ``text`` (``format`` is ``"toml"`` or ``"yaml"``); every problem
+    with the text raises ``PolicyError``."""
+    try:
+        return _parse_policy(text, format, source)
+    except RecursionError:  # the parsers recurse per nesting level: "[[[[..." thousands deep
+        raise PolicyError([Problem("", f"invalid {format.upper()}: nested too deeply", None, source)]) from None
+
+
+def _parse_policy(text: str, format: str, source: str) -> Policy:
     if format == "toml":
         toml = _toml_module()
         try:
             data = toml.loads(text)
         except toml.TOMLDecodeError as exc:
             line = getattr(exc, "lineno", None) or _line_from_message(str(exc))
+            if line is None and "end of document" in str(exc):
+                line = max(1, len(text.splitlines()))
             raise PolicyError([Problem("", f"invalid TOML: {exc}", line, source)]) from None
         return validate(data, toml_locator(text), source)
     if format == "yaml":
@@ -113,14 +123,48 @@ def parse_policy(text: str, format: str = "toml", source: str = "<policy>") -> P
             import yaml
         except ImportError:  # pragma: no cover - depends on the environment
             raise ImportError("YAML policies need PyYAML: pip install 'ratewarden[policy]'") from None
+        if _flow_depth(text) > _MAX_DEPTH:
+            # PyYAML's scanner is quadratic in flow nesting: refuse before it spends seconds.
+            raise PolicyError([Problem("", f"invalid YAML: nested more than {_MAX_DEPTH} levels deep", None, source)])
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            raise PolicyError([Problem("", f"invalid YAML: {exc}", line, source)]) from None
+            line, message = _yaml_problem(exc)
+            raise PolicyError([Problem("", message, line, source)]) from None
         return validate(data if data is not None else {}, yaml_locator(text), source)
     raise ValueError(f"unknown policy format {format!r}: use 'toml' or 'yaml'")
+
+
+_MAX_DEPTH = 64  # a policy needs a handful of levels
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest ``[``/``{`` nesting in ``text`` (brackets inside strings count too, which only
+    matters past ``_MAX_DEPTH`` of them)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif char in "]}" and depth:
+            depth -= 1
+    return deepest
+
+
+def _yaml_problem(exc: Exception) -> tuple[int | None, str]:
+    """PyYAML's multi-line error (with a source excerpt and a caret) as one line and its line
+    number: ``invalid YAML (column 5): mapping values are not allowed here``."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None)
+    if problem:
+        context = getattr(exc, "context", None)
+        what = f"{problem} ({context})" if context else str(problem)
+    else:  # e.g. a ReaderError (a control character): its text is already short
+        what = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    if mark is None:
+        return None, f"invalid YAML: {what}"
+    return int(mark.line) + 1, f"invalid YAML (column {int(mark.column) + 1}): {what}"
 
 
 def _line_from_message(message: str) -> int | None:
@@ -142,4 +186,9 @@ def load_policy(path: str | Path) -> Policy:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError([Problem("", f"cannot read policy file: {exc.strerror or exc}", None, str(file))]) from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError([Problem(
+            "", f"not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "policy files are TOML or YAML text", None, str(file),
+        )]) from None
     return parse_policy(text, format, str(file))

@@ -20,11 +20,12 @@ from ..asgi.middleware import RateLimitMiddleware
 from ..bans import Bans
 from ..charges import adjust
 from ..decision import Decision
-from ..enforcement import LimitUnavailable, check_rules
+from ..enforcement import LimitUnavailable, check_rules, report_failure
 from ..headers import rate_limit_headers
+from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
-from ..responses import limited_headers, problem_body, send_problem, send_unavailable
+from ..responses import adding_missing_headers, limited_headers, problem_body, send_problem, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet
 from ..stats import rule_stats
 from ..types import ASGIApp, Message, Receive, Scope, Send
@@ -65,7 +66,7 @@ async def _key(rule: CompiledRule, scope: Scope) -> str:
     value = rule.key(scope)
     if isinstance(value, Awaitable):
         value = await value
-    return "" if value is None else str(value)
+    return key_text(value, scope)
 
 
 def _owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
@@ -267,12 +268,20 @@ class PolicyMiddleware(RateLimitMiddleware):
             return
         metrics = self.metrics
         bans = rt.bans
-        ban_key = ""
+        ban_key: str | None = None
         if bans is not None:
-            value = bans.key(scope)
-            if isinstance(value, Awaitable):
-                value = await value
-            ban_key = "" if value is None else str(value)
+            try:
+                value = bans.key(scope)
+                if isinstance(value, Awaitable):
+                    value = await value
+                ban_key = key_text(value, scope)
+            except Exception as exc:  # a broken key function: the failure policy decides, bans are skipped
+                try:
+                    report_failure(limiter, "ban key function", exc)
+                except LimitUnavailable:
+                    await send_unavailable(send)
+                    return
+        if bans is not None and ban_key is not None:
             left = await bans.check(limiter, ban_key)
             if left > 0:
                 if metrics is not None:
@@ -300,13 +309,22 @@ class PolicyMiddleware(RateLimitMiddleware):
         if not decision.allowed and plan.delayed and not rt.shadow:
             delay = getattr(owner.rule, "delay", None)
             if delay is not None:
-                client = await _key(owner, scope)
-                waited = await delay.wait(client, decision, lambda: check_rules(limiter, rules, scope))
-                if waited is not None:
-                    if waited.allowed and metrics is not None:
-                        metrics.observe_delayed(owner.rule.name, group)
-                    decision = waited
-                    owner = _owner(rules, decision)
+                try:
+                    client = await _key(owner, scope)
+                    waited = await delay.wait(client, decision, lambda: check_rules(limiter, rules, scope))
+                except LimitUnavailable:
+                    await send_unavailable(send)
+                    return
+                except Exception as exc:  # the delay key could not be computed: refuse as without a delay
+                    log.warning("delay skipped rule=%s: %s: %s", owner.rule.name, type(exc).__name__, exc)
+                    waited = decision
+                if waited is None:  # the re-check failed under fail-open: serve, as for any failed check
+                    await self._serve(scope, receive, send, None, rules, plan, rt)
+                    return
+                if waited.allowed and metrics is not None:
+                    metrics.observe_delayed(owner.rule.name, group)
+                decision = waited
+                owner = _owner(rules, decision)
         if metrics is not None:
             metrics.observe(owner.rule.name, group, decision, shadow=rt.shadow)
         state["ratewarden.decision"] = decision
@@ -323,7 +341,7 @@ class PolicyMiddleware(RateLimitMiddleware):
                 "rate_limited rule=%s group=%s policy=%s limit=%d retry_after=%.3f",
                 owner.rule.name, group, decision.policy, decision.limit, decision.retry_after,
             )
-            if bans is not None:
+            if bans is not None and ban_key is not None:
                 try:
                     await bans.strike(limiter, ban_key)
                 except Exception as exc:
@@ -408,7 +426,8 @@ class PolicyMiddleware(RateLimitMiddleware):
             response = self.on_limit(scope, decision)
             if inspect.isawaitable(response):
                 response = await response
-            await response(scope, receive, send)
+            headers = limited_headers(decision, self.header_style, self.headers != "off")
+            await response(scope, receive, adding_missing_headers(send, headers))
             return
         headers = limited_headers(decision, self.header_style, self.headers != "off")
         await send_problem(send, 429, limited_body(decision, group), headers)

@@ -15,6 +15,7 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .loader import load_policy
 from .schema import Policy, PolicyError
@@ -41,7 +42,8 @@ class PolicyReloader:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._previous_handler: object = None
+        self._previous_handler: Any = None
+        self._sighup_handler: Callable[[int, Any], None] | None = None
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -105,6 +107,8 @@ class PolicyReloader:
                 log.exception("policy watcher failed; will retry")
 
     def stop(self) -> None:
+        """Stop polling and give ``SIGHUP`` back to the handler installed before ours."""
+        self.uninstall_sighup()
         self._stop.set()
         self._wake.set()
         thread, self._thread = self._thread, None
@@ -113,15 +117,37 @@ class PolicyReloader:
         self._wake.clear()
 
     def install_sighup(self) -> bool:
-        """Reload on ``SIGHUP`` (main thread only, where the platform has it); ``False`` if not installed."""
+        """Reload on ``SIGHUP`` (main thread only, where the platform has it); ``False`` if not
+        installed. A Python handler installed before is still called after ours (so the app's own
+        ``SIGHUP`` use keeps working), and ``stop()`` puts it back."""
         if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
             return False
+        if self._sighup_handler is not None:
+            return True
+        previous = signal.getsignal(signal.SIGHUP)
 
-        def handler(signum: int, frame: object) -> None:
+        def handler(signum: int, frame: Any) -> None:
             if self._thread is not None:
                 self._wake.set()
             else:
                 threading.Thread(target=self.reload, daemon=True).start()
+            if callable(previous):
+                previous(signum, frame)
 
-        self._previous_handler = signal.signal(signal.SIGHUP, handler)
+        signal.signal(signal.SIGHUP, handler)
+        self._previous_handler = previous
+        self._sighup_handler = handler
         return True
+
+    def uninstall_sighup(self) -> None:
+        """Restore the ``SIGHUP`` handler found by ``install_sighup``, unless another one replaced
+        ours since (then it is left alone). Needs the main thread, like ``signal.signal``."""
+        handler, self._sighup_handler = self._sighup_handler, None
+        if handler is None:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("SIGHUP handler not restored: stop() was called outside the main thread")
+            return
+        if signal.getsignal(signal.SIGHUP) is handler:
+            signal.signal(signal.SIGHUP, self._previous_handler)
+        self._previous_handler = None

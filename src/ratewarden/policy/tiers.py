@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl
 
 from ..charges import Charge
 from ..delay import Delay
-from ..keys import KeyFunc, client_ip
+from ..keys import KeyFunc, client_ip, key_text
 from ..rates import Rate
 from ..rules import CompiledRule, Rule
 from ..types import Scope
@@ -161,7 +161,7 @@ class Identity:
             anon = self.anonymous_key(scope)
             if isinstance(anon, Awaitable):
                 raise TypeError("identity anonymous_key must be a synchronous key function")
-            result = (self.anonymous_group, "ip:" + str(anon))
+            result = (self.anonymous_group, "ip:" + key_text(anon, scope))
         else:
             result = self._cache.get(api_key)  # type: ignore[assignment]
             if result is None:

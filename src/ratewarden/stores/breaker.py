@@ -122,6 +122,14 @@ class Breaker(Store):
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         return await self._guard(lambda s: s.peek(keys, limits))
 
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Refunds and penalties (``ratewarden.charges.adjust``) through the breaker, so they use
+        the fallback while the store is failing; a store without ``adjust`` still raises
+        ``NotImplementedError`` naming that store."""
+        from ..charges import adjust  # charges imports the stores package: import on use
+
+        return await self._guard(lambda s: adjust(s, keys, limits, amounts))
+
     async def reset(self, keys: Sequence[str]) -> None:
         if self.fallback is not None:
             await self.fallback.reset(keys)
