@@ -19,11 +19,13 @@ def gcra(state: State | None, now: float, cost: float, rate: Rate) -> tuple[Stat
     burst = rate.capacity
     interval = rate.period / rate.limit
     window = burst * interval
-    tat = now if state is None or state[0] < now else state[0]
-    new_tat = tat + cost * interval
-    if new_tat - now <= window + 1e-9:
-        remaining = int((window - (new_tat - now)) / interval + 1e-9)
-        return (new_tat,), Decision(True, burst, remaining, new_tat - now, 0.0, rate.period)
-    retry_after = math.inf if cost > burst else new_tat - window - now
-    remaining = max(0, int((window - (tat - now)) / interval + 1e-9))
-    return None, Decision(False, burst, remaining, tat - now, retry_after, rate.period)
+    # Offsets from ``now``, never ``(now + x) - now``: at wall-clock times (~1.8e9 s) that loses
+    # ~2e-7 s, and a burst-1 limit such as 1/200ms would refuse every request.
+    ahead = 0.0 if state is None or state[0] < now else state[0] - now
+    used = ahead + cost * interval
+    if used <= window + 1e-9:
+        remaining = int((window - used) / interval + 1e-9)
+        return (now + used,), Decision(True, burst, remaining, used, 0.0, rate.period)
+    retry_after = math.inf if cost > burst else used - window
+    remaining = max(0, int((window - ahead) / interval + 1e-9))
+    return None, Decision(False, burst, remaining, ahead, retry_after, rate.period)

@@ -195,18 +195,18 @@ end
 
 local function gcra(st, cost, burst, interval)
   local window = burst * interval
-  local tat = now
+  local ahead = 0  -- offsets from now: (now + x) - now loses ~2e-7 s at wall-clock times
   if st then
     local s = tonumber(st)
-    if not (s < now) then tat = s end
+    if not (s < now) then ahead = s - now end
   end
-  local new_tat = tat + cost * interval
-  if new_tat - now <= window + 1e-9 then
-    return true, burst, trunc((window - (new_tat - now)) / interval + 1e-9), new_tat - now, 0, f(new_tat)
+  local used = ahead + cost * interval
+  if used <= window + 1e-9 then
+    return true, burst, trunc((window - used) / interval + 1e-9), used, 0, f(now + used)
   end
   local retry = INF
-  if cost <= burst then retry = new_tat - window - now end
-  return false, burst, max(0, trunc((window - (tat - now)) / interval + 1e-9)), tat - now, retry, nil
+  if cost <= burst then retry = used - window end
+  return false, burst, max(0, trunc((window - ahead) / interval + 1e-9)), ahead, retry, nil
 end
 
 local function run(algo, b, key, st, cost)
