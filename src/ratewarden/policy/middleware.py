@@ -20,7 +20,7 @@ from ..asgi.middleware import RateLimitMiddleware
 from ..bans import Bans
 from ..charges import adjust
 from ..decision import Decision
-from ..enforcement import LimitUnavailable, check_rules
+from ..enforcement import LimitUnavailable, check_rules, report_failure
 from ..headers import rate_limit_headers
 from ..limiter import Limiter
 from ..metrics import Metrics
@@ -269,12 +269,22 @@ class PolicyMiddleware(RateLimitMiddleware):
         bans = rt.bans
         ban_key = ""
         if bans is not None:
-            value = bans.key(scope)
-            if isinstance(value, Awaitable):
-                value = await value
+            try:
+                value = bans.key(scope)
+                if isinstance(value, Awaitable):
+                    value = await value
+            except Exception as exc:
+                # Like a failing rule key: the failure policy decides (no ban check, no strike).
+                try:
+                    report_failure(limiter, "ban key function", exc)
+                except LimitUnavailable:
+                    await send_unavailable(send)
+                    return
+                bans = None
+                value = None
             ban_key = "" if value is None else str(value)
-            left = await bans.check(limiter, ban_key)
-            if left > 0:
+            left = await bans.check(limiter, ban_key) if bans is not None else 0.0
+            if left > 0 and bans is not None:
                 if metrics is not None:
                     metrics.observe_banned(bans.status)
                 await self._refuse_banned(send, bans.status, left)
