@@ -79,6 +79,7 @@ def build_app(redis_url: str, limit: int, on_error: str) -> Any:
         if scope["path"] == "/stats":
             body = json.dumps({
                 "pid": os.getpid(), "allowed": allowed, "unchecked": unchecked, "statuses": statuses,
+                "inflight": getattr(limiter.store, "_inflight", None),
             }).encode()
         else:
             if dict(scope["headers"]).get(b"x-key") == HOT.encode():
@@ -233,6 +234,9 @@ def run(args: argparse.Namespace) -> int:
         tracebacks = sum(line.startswith("Traceback") for line in log_lines)
         print(f"server log: {len(log_lines)} lines, {failed_checks} 'rate limit check failed' (at most one a second), "
               f"{tracebacks} tracebacks")
+        kinds = Counter(line.split(": ", 1)[-1].split(f"{HOST}:{redis_port}")[-1][:90] for line in log_lines)
+        for kind, count in kinds.most_common(4):
+            print(f"server log: {count} x {kind}")
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
@@ -256,7 +260,7 @@ def report(
     for line in other:
         print(f"wrk: {line}")
     app_status = {int(k): v for k, v in stats["statuses"].items()}
-    print(f"app: statuses {dict(sorted(app_status.items()))}")
+    print(f"app: statuses {dict(sorted(app_status.items()))}; store pipelines in flight at the end: {stats.get('inflight')}")
     five_hundreds = wrk_status.get(500, 0) + app_status.get(500, 0)
     if five_hundreds or not wrk_status:
         failures.append(f"{five_hundreds} HTTP 500s" if wrk_status else "wrk reported no responses")

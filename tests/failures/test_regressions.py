@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+import uuid
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -10,8 +13,12 @@ import pytest
 
 from ratewarden import Limiter, MemoryStore, Rule
 from ratewarden.bans import Bans
+from ratewarden.limits import make_limits
 from ratewarden.policy import PolicyMiddleware
+from ratewarden.stores.base import StoreError
+from ratewarden.stores.redis import RedisStore
 from tests.core.asgi import request
+from tests.servers import RedisStandalone
 
 
 def broken_key(scope: MutableMapping[str, Any]) -> str:
@@ -41,3 +48,30 @@ async def test_a_ban_key_function_that_raises_follows_the_failure_policy(
         assert [r.status for r in replies] == [503] * 3
     assert any("ban key function" in r.getMessage() for r in caplog.records)
     assert (await request(app, "/unrelated")).status == 200
+
+
+async def test_a_redis_pipeline_expiring_before_its_task_starts_frees_its_slot(
+    redis_standalone: RedisStandalone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline whose timeout fired before its task took its first step was cancelled without
+    running, so its slot (one of ``pool_size``) was never given back: after ``pool_size`` of
+    those (seen under wrk at 1,000 connections, scripts/soak.py) no pipeline was ever sent again
+    and every check timed out with Redis up."""
+    monkeypatch.setattr("ratewarden.stores.redis._MAX_EXTENSIONS", 0, raising=False)  # a late timer expires
+    store = RedisStore(redis_standalone.url, timeout=0.05, pool_size=1)
+    (limit,) = make_limits("100/hour", "gcra")
+    key = f"rw:{{slot|{uuid.uuid4().hex}}}:{limit.suffix}"
+    try:
+        assert (await store.hit([key], [limit], [1.0])).allowed
+        loop = asyncio.get_running_loop()
+        check = asyncio.ensure_future(store.hit([key], [limit], [1.0]))
+        # The loop is busy (a CPU-bound handler) right after the check is queued: when it comes
+        # back, the pipeline's task is created and its timer fires in the same pass.
+        loop.call_soon(time.sleep, 0.08)
+        with pytest.raises(StoreError):
+            await check
+        await asyncio.sleep(0.01)
+        decision = await asyncio.wait_for(store.hit([key], [limit], [1.0]), 5)
+        assert decision.allowed and decision.remaining == 98  # the expired check was never sent
+    finally:
+        await store.close()
