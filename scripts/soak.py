@@ -261,6 +261,8 @@ def report(
         print(f"wrk: {line}")
     app_status = {int(k): v for k, v in stats["statuses"].items()}
     print(f"app: statuses {dict(sorted(app_status.items()))}; store pipelines in flight at the end: {stats.get('inflight')}")
+    if stats.get("inflight"):
+        failures.append(f"{stats['inflight']} store pipelines still in flight after the load (a leaked slot wedges the store)")
     five_hundreds = wrk_status.get(500, 0) + app_status.get(500, 0)
     if five_hundreds or not wrk_status:
         failures.append(f"{five_hundreds} HTTP 500s" if wrk_status else "wrk reported no responses")
