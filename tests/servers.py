@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -79,6 +80,15 @@ class Server:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but answers nothing until ``resume``."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
 
 def redis_server(directory: Path, port: int | None = None, *extra: str) -> Server:
@@ -161,7 +171,8 @@ class RedisSentinel:
 
     service = "mymaster"
 
-    def __init__(self) -> None:
+    def __init__(self, down_after_ms: int = 400) -> None:
+        self.down_after_ms = down_after_ms
         self.dir = Path(tempfile.mkdtemp(prefix="rw-sentinel-"))
         (self.dir / "p").mkdir()
         (self.dir / "r").mkdir()
@@ -187,7 +198,7 @@ class RedisSentinel:
             conf.write_text(
                 f"port {s.port}\nbind {HOST}\ndir {conf.parent}\nprotected-mode no\n"
                 f"sentinel monitor {self.service} {HOST} {self.primary.port} 2\n"
-                f"sentinel down-after-milliseconds {self.service} 400\n"
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.service} 2000\n"
                 f"sentinel parallel-syncs {self.service} 1\n"
             )

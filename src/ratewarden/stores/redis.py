@@ -84,7 +84,7 @@ class _Batch:
     """Checks queued in one event-loop tick, sent as one pipeline. An item's request is the
     packed command tail (standalone, Sentinel) or ``(keys, args)`` (Cluster, via redis-py)."""
 
-    __slots__ = ("due", "extensions", "items", "task", "timer")
+    __slots__ = ("due", "extensions", "items", "started", "task", "timer")
 
     def __init__(self, due: float) -> None:
         self.items: list[tuple[Any, asyncio.Future[_Reply]]] = []
@@ -92,6 +92,7 @@ class _Batch:
         self.timer: asyncio.TimerHandle | None = None
         self.due = due
         self.extensions = 0
+        self.started = False
 
 
 class RedisStore(Store):
@@ -361,8 +362,13 @@ class RedisStore(Store):
             self._batch = None
         elif batch.task is not None:
             batch.task.cancel()
+            if not batch.started:
+                # Cancelled before its first step: _run's body, and the finally that gives its
+                # pipeline slot back, will never run.
+                self._finish(batch)
 
     async def _run(self, batch: _Batch) -> None:
+        batch.started = True
         items = batch.items
         try:
             if self._cluster:
@@ -384,11 +390,15 @@ class RedisStore(Store):
                 if not future.done():
                     future.set_exception(error)
         finally:
-            if batch.timer is not None:
-                batch.timer.cancel()
-            self._inflight -= 1
-            if self._batch is not None and self._batch.task is None:
-                self._send()
+            self._finish(batch)
+
+    def _finish(self, batch: _Batch) -> None:
+        """Give the batch's pipeline slot back and send the next queued batch."""
+        if batch.timer is not None:
+            batch.timer.cancel()
+        self._inflight -= 1
+        if self._batch is not None and self._batch.task is None:
+            self._send()
 
     async def _execute(self, commands: list[bytes]) -> list[_Reply]:
         """Send packed ``EVALSHA`` commands on one connection of ours and read every reply
