@@ -107,7 +107,7 @@ def measure(variant: str, duration: float, connections: int) -> float:
                 time.sleep(0.1)
         url = f"http://127.0.0.1:{port}/test"
         subprocess.run(["wrk", "-t1", f"-c{connections}", "-d1s", url], capture_output=True, check=True)  # warm-up
-        out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration}s", url],
+        out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", url],
                              capture_output=True, text=True, check=True).stdout
         found = re.search(r"Requests/sec:\s+([\d.]+)", out)
         assert found, out

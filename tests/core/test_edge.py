@@ -11,6 +11,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocket
 
 from ratewarden import Limiter, MemoryStore
 from ratewarden.decision import Decision
@@ -384,3 +386,79 @@ def test_openapi_documents_429_and_headers(limiter: Limiter) -> None:
     problem = schema["components"]["schemas"]["RateLimitProblem"]
     assert {"type", "title", "status", "detail", "retry_after"} <= set(problem["properties"])
     assert app.openapi() is schema  # built once
+
+
+# --- options and odd cases ----------------------------------------------------------------------
+
+
+async def test_header_settings_of_the_dependency_apply_at_the_edge(limiter: Limiter) -> None:
+    app = FastAPI()
+
+    @app.get("/quiet", dependencies=[Depends(RateLimit("1/min", limiter=limiter, headers="off"))])
+    async def quiet() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/ietf", dependencies=[Depends(RateLimit("1/min", limiter=limiter, header_style="ietf"))])
+    async def ietf() -> dict[str, bool]:
+        return {"ok": True}
+
+    install(app)
+    ok, limited = await request(app, "/quiet"), await request(app, "/quiet")
+    assert ok.header("ratelimit") is None and ok.header("x-ratelimit-limit") is None
+    assert limited.status == 429 and limited.header("retry-after") == "60" and limited.header("ratelimit") is None
+    ok = await request(app, "/ietf")
+    assert ok.header("ratelimit") == '"GET-/ietf";r=0;t=60' and ok.header("x-ratelimit-limit") is None
+
+
+async def test_limits_on_two_limiters_both_apply(store: MemoryStore, clock: FakeClock) -> None:
+    other_store = MemoryStore(clock=clock)
+    app = FastAPI()
+    first = RateLimit("3/min", limiter=Limiter(store), name="a")
+    second = RateLimit("2/min", limiter=Limiter(other_store), name="b")
+
+    @app.get("/x", dependencies=[Depends(first), Depends(second)])
+    async def x() -> dict[str, bool]:
+        return {"ok": True}
+
+    install(app)
+    replies = [await request(app, "/x") for _ in range(4)]
+    assert [r.status for r in replies] == [200, 200, 429, 429]
+    assert replies[0].header("ratelimit") == '"b";r=1;t=60'  # the binding (least remaining) limit
+    assert list(counters(store).values()) == [3.0]  # the first limiter was charged before the second denied
+    assert list(counters(other_store).values()) == [2.0]
+
+
+async def test_fail_open_store_error_lets_the_request_through_uncharged_once() -> None:
+    calls: list[int] = []
+
+    class Broken(MemoryStore):
+        def hit_now(self, *args: Any) -> Decision:
+            calls.append(1)
+            raise OSError("store down")
+
+    app = limited_app(Limiter(Broken()), Calls())
+    reply = await request(app, "/work")
+    assert reply.status == 200 and reply.header("ratelimit") is None
+    assert len(calls) == 1  # the dependency did not try the store a second time
+
+
+def test_websockets_pass_through(limiter: Limiter, store: MemoryStore) -> None:
+    app = limited_app(limiter, Calls(), "1/min")
+
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text("hi")
+        await websocket.close()
+
+    for _ in range(2):
+        with TestClient(app).websocket_connect("/ws") as connection:
+            assert connection.receive_text() == "hi"
+    assert counters(store) == {}
+
+
+async def test_unknown_paths_and_methods_are_not_charged(limiter: Limiter, store: MemoryStore) -> None:
+    app = limited_app(limiter, Calls(), "1/min")
+    assert (await request(app, "/missing")).status == 404
+    assert (await request(app, "/work", method="POST")).status == 405
+    assert counters(store) == {}
