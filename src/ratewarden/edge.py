@@ -87,10 +87,16 @@ def _enter(route: BaseRoute, child: Scope, scope: Scope) -> Resolved | None:
     return route, None, child.get("path_params") or {}
 
 
+_lifted: dict[int, tuple[Any, tuple[RateLimit, ...]]] = {}
+"""Dependants whose unused ``RateLimit`` dependencies ``lift_declared`` took out of FastAPI's
+solving, by ``id``: (the dependant, kept alive so its id stays its own; the dependencies lifted)."""
+
+
 def declared_limits(dependant: Any) -> list[RateLimit]:
     """The ``RateLimit`` dependencies in a dependency tree, in the order FastAPI runs them (each
-    once, as FastAPI caches a dependency's result within a request)."""
-    found: list[RateLimit] = []
+    once, as FastAPI caches a dependency's result within a request), lifted ones included."""
+    lifted = _lifted.get(id(dependant))
+    found: list[RateLimit] = list(lifted[1]) if lifted is not None and lifted[0] is dependant else []
 
     def walk(node: Any) -> None:
         for sub in getattr(node, "dependencies", ()):
@@ -101,6 +107,20 @@ def declared_limits(dependant: Any) -> list[RateLimit]:
 
     walk(dependant)
     return found
+
+
+def lift_declared(dependant: Any, covered: frozenset[RateLimit]) -> None:
+    """Take the ``RateLimit`` dependencies in ``covered`` whose value nobody uses (those declared in
+    a ``dependencies=[...]`` list) out of FastAPI's dependency solving for this route: the edge is
+    their check. The list is replaced, not changed in place, so requests being solved keep theirs."""
+    current = list(getattr(dependant, "dependencies", ()))
+    lift = [d for d in current if d.name is None and isinstance(d.call, RateLimit) and d.call in covered]
+    if not lift:
+        return
+    previous = _lifted.get(id(dependant))
+    already = previous[1] if previous is not None and previous[0] is dependant else ()
+    _lifted[id(dependant)] = (dependant, (*already, *(d.call for d in lift)))
+    dependant.dependencies = [d for d in current if all(d is not x for x in lift)]
 
 
 def _walk_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
@@ -151,8 +171,9 @@ class _Routes:
     """The route table seen from the edge: resolution results cached per (method, root path, path)
     and rebuilt when the app's routes change (checked at most once a second for nested routers)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, lift: bool = False) -> None:
         self.app = app
+        self.lift = lift
         self.version: object = None
         self.next_check = 0.0
         self.cacheable = True
@@ -203,6 +224,8 @@ class _Routes:
         limits = declared_limits(dependant) if dependant is not None else []
         provider = getattr(owner, "dependency_overrides_provider", None)
         target = _Target(route, context, limits, method, provider) if limits else None
+        if target is not None and self.lift:
+            lift_declared(dependant, target.covered)
         self.targets[key] = target
         return target
 
@@ -217,9 +240,9 @@ class EdgeLayer:
     ``ratewarden.fastapi``) on endpoints that return their own ``Response``.
     """
 
-    def __init__(self, app: ASGIApp, fastapi_app: Any) -> None:
+    def __init__(self, app: ASGIApp, fastapi_app: Any, lift: bool = False) -> None:
         self.app = app
-        self.routes = _Routes(fastapi_app)
+        self.routes = _Routes(fastapi_app, lift)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

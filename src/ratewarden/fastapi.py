@@ -146,7 +146,7 @@ async def _problem_handler(request: Request, exc: Exception) -> Response:
 _SINK = "ratewarden.headers"
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, *, edge_only: bool = False) -> None:
     """Set ``app`` up for its ``RateLimit`` dependencies.
 
     * Edge enforcement: the limits declared with ``Depends(RateLimit(...))`` (on routes, routers
@@ -155,10 +155,15 @@ def install(app: FastAPI) -> None:
     * ``RateLimitExceeded`` is rendered as RFC 9457 ``application/problem+json``.
     * Rate-limit headers stay on endpoints that return a ``Response`` themselves.
     * The OpenAPI schema documents the 429 answer and the rate-limit headers of limited routes.
+
+    ``edge_only=True`` also takes the ``RateLimit`` dependencies whose value is unused (those in
+    ``dependencies=[...]`` lists) out of FastAPI's dependency solving once the edge has placed
+    their route, which saves what FastAPI spends running a dependency (about 10 µs) on every
+    allowed request. Their ``app.dependency_overrides`` are then no longer called.
     """
     from .edge import EdgeLayer
     from .openapi import document_limits
 
     app.add_exception_handler(RateLimitExceeded, _problem_handler)
-    app.add_middleware(EdgeLayer, fastapi_app=app)
+    app.add_middleware(EdgeLayer, fastapi_app=app, lift=edge_only)
     document_limits(app)

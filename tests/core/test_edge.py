@@ -462,3 +462,31 @@ async def test_unknown_paths_and_methods_are_not_charged(limiter: Limiter, store
     assert (await request(app, "/missing")).status == 404
     assert (await request(app, "/work", method="POST")).status == 405
     assert counters(store) == {}
+
+
+async def test_edge_only_takes_unused_limits_out_of_fastapi(limiter: Limiter, store: MemoryStore) -> None:
+    calls = Calls()
+    app = FastAPI()
+    dep = RateLimit("2/min", limiter=limiter)
+    router = APIRouter(prefix="/r", dependencies=[Depends(dep), Depends(calls.other_dependency)])
+
+    @router.get("/x")
+    async def x() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/used")
+    async def used(decision: Decision = Depends(dep)) -> dict[str, int]:  # noqa: B008
+        return {"remaining": decision.remaining}  # a used value stays a dependency
+
+    app.include_router(router)
+    install(app, edge_only=True)
+    replies = [await request(app, "/r/x") for _ in range(3)]
+    assert [r.status for r in replies] == [200, 200, 429]
+    assert replies[0].header("x-ratelimit-remaining") == "1" and calls.other == 2
+    assert [(await request(app, "/used")).json() for _ in range(2)] == [{"remaining": 1}, {"remaining": 0}]
+    assert sorted(counters(store).values()) == [2.0, 2.0]
+    # FastAPI no longer solves the lifted dependency; the edge and the OpenAPI schema still see it.
+    context_dependants = [c.dependant for r in app.routes for c in getattr(r, "effective_route_contexts", list)()]
+    lifted = context_dependants or [r.dependant for r in app.routes if getattr(r, "path", "") == "/r/x"]  # type: ignore[attr-defined]
+    assert all(d.call is not dep for d in lifted[0].dependencies)
+    assert "429" in app.openapi()["paths"]["/r/x"]["get"]["responses"]
