@@ -294,9 +294,14 @@ async def main() -> None:
     parser.add_argument("--transport", choices=("asgi", "httpx"), default="asgi",
                         help="direct ASGI calls (default) or httpx.ASGITransport")
     parser.add_argument("--edge", action="store_true", help="the issue-12 targets (edge, floors, header styles)")
+    parser.add_argument("--only", default="", help="comma-separated variants (with --edge): fewer, so less drift")
     args = parser.parse_args()
     run = drive if args.transport == "asgi" else drive_httpx
-    apps = {name: build() for name, build in (EDGE_VARIANTS if args.edge else VARIANTS).items()}
+    chosen = EDGE_VARIANTS if args.edge else VARIANTS
+    if args.only:
+        wanted = {"bare", *args.only.split(",")}
+        chosen = {name: build for name, build in chosen.items() if name in wanted}
+    apps = {name: build() for name, build in chosen.items()}
     for app in apps.values():
         backend = getattr(app.state, "backend", None)
         if backend is not None:
@@ -363,17 +368,21 @@ def report_edge(samples: dict[str, list[float]], last: dict[str, dict[int, int]]
         print(f"{name:26s} {min(values):8.1f} {med:8.1f} {med - base:10.1f}  {last[name]}")
     rounds = range(len(samples["bare"]))
 
-    def total(name: str) -> tuple[float, list[float]]:
-        return min(samples[name]), samples[name]
+    def total(name: str) -> tuple[float, list[float]] | None:
+        return (min(samples[name]), samples[name]) if name in samples else None
 
-    def extra(name: str) -> tuple[float, list[float]]:
+    def extra(name: str) -> tuple[float, list[float]] | None:
+        if name not in samples:
+            return None
         return min(samples[name]) - min(samples["bare"]), [samples[name][i] - samples["bare"][i] for i in rounds]
 
-    def ratio(a: tuple[float, list[float]], b: tuple[float, list[float]]) -> tuple[float, float]:
-        """(ratio of the minimums, median of the per-round ratios)."""
+    def ratio(a: tuple[float, list[float]] | None, b: tuple[float, list[float]] | None) -> tuple[float, float] | None:
+        """(ratio of the minimums, median of the per-round ratios); ``None`` for variants not run."""
+        if a is None or b is None:
+            return None
         return a[0] / b[0], statistics.median(x / y for x, y in zip(a[1], b[1], strict=True))
 
-    rows = [
+    rows: list[tuple[str, float | None, tuple[float, float] | None]] = [
         ("dependency+edge 429 total / middleware 429 total", 1.3,
          ratio(total("ours dependency+edge 429"), total("ours middleware 429"))),
         ("dependency (no edge) 429 total / middleware 429", None,
@@ -399,7 +408,10 @@ def report_edge(samples: dict[str, list[float]], last: dict[str, dict[int, int]]
     ]
     print()
     print(f"{'ratio':52s} {'target':>7s} {'of mins':>7s} {'median':>7s}")
-    for label, target, (low, mid) in rows:
+    for label, target, measured in rows:
+        if measured is None:
+            continue
+        low, mid = measured
         shown = f"{target:7.2f}" if target is not None else f"{'-':>7s}"
         print(f"{label:52s} {shown} {low:7.2f} {mid:7.2f}")
     print("of mins: ratio of the fastest rounds (extras: fastest variant minus fastest bare); "
