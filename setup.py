@@ -50,6 +50,7 @@ HOT_MODULES = [
     "src/ratewarden/limiter.py",
     "src/ratewarden/asgi/middleware.py",
     "src/ratewarden/asgi/websocket.py",
+    "src/ratewarden/asgi/edge.py",
 ]
 
 # Commands that build the package (metadata-only commands such as egg_info/dist_info must not pay

@@ -8,49 +8,28 @@ dependency solving. A denied request gets the same problem+json 429 as ``RateLim
 never reaches the router. An allowed one carries an ``EdgeCheck`` in
 ``scope["state"]["ratewarden.edge"]``, so each dependency returns the decision without charging
 again. Requests the layer cannot resolve (and dependencies it did not see) fall back to the
-dependency checking the limit itself.
+dependency checking the limit itself. The per-request part is ``ratewarden.asgi.edge`` (compiled);
+this module resolves routes and builds their targets, once per route and path.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from starlette.routing import BaseRoute, Host, Match, Mount
 
-from .decision import Decision
-from .enforcement import LimitUnavailable, check_rules
-from .fastapi import EDGE_STATE_KEY, RateLimit
-from .headers import HeaderMode, HeaderStyle, rate_limit_headers
+from .asgi.edge import EdgeCheck, EdgeLayer, EdgeTarget
+from .fastapi import RateLimit
 from .limiter import Limiter
-from .responses import rejection, send_unavailable
 from .rules import CompiledRule, policy_of
-from .types import ASGIApp, Message, Receive, Scope, Send
+from .types import ASGIApp, Scope
 
-__all__ = ["EdgeCheck", "EdgeLayer", "Resolved", "declared_limits", "resolve"]
-
-_CACHE_LIMIT = 4096
-_RECHECK_SECONDS = 1.0
+__all__ = ["EdgeCheck", "Resolved", "declared_limits", "edge_layer", "lift_declared", "resolve"]
 
 Resolved = tuple[BaseRoute, Any, dict[str, Any]]
 """The route FastAPI will run (``scope["route"]`` there), FastAPI's inclusion context for it (or
 ``None``), and the path parameters."""
-
-
-class EdgeCheck:
-    """What the edge decided for one request: ``decision`` (``None`` when nothing was decided, e.g.
-    a fail-open store error) for the ``covered`` dependencies of ``route``."""
-
-    __slots__ = ("covered", "decision", "route")
-
-    def __init__(self, route: object, covered: frozenset[RateLimit], decision: Decision | None) -> None:
-        self.route = route
-        self.covered = covered
-        self.decision = decision
-
-    def covers(self, dependency: RateLimit, route: object) -> bool:
-        return route is self.route and dependency in self.covered
 
 
 # --- which route FastAPI will run -----------------------------------------------------------------
@@ -142,79 +121,51 @@ def _routes_version(app: Any) -> object:
 # --- the limits of one route ----------------------------------------------------------------------
 
 
-class _Target:
-    """Everything the edge needs for one (route, method): built once, reused by every request."""
-
-    __slots__ = ("covered", "groups", "headers", "overrides", "policy", "route", "style")
-
-    def __init__(self, route: object, context: object, limits: list[RateLimit], method: str, overrides: Any) -> None:
-        self.route = route
-        self.covered = frozenset(limits)
-        groups: dict[int, tuple[Limiter, list[CompiledRule]]] = {}
-        for dependency in limits:
-            rules = dependency.rules_for_route(route, context, method)
-            groups.setdefault(id(dependency.limiter), (dependency.limiter, []))[1].extend(rules)
-        self.groups = tuple((limiter, tuple(rules)) for limiter, rules in groups.values())
-        all_rules = tuple(rule for _, rules in self.groups for rule in rules)
-        self.policy = policy_of(all_rules)
-        # Several dependencies on one route answer with one set of headers: the first one's settings.
-        self.headers: HeaderMode = limits[0].headers
-        self.style: HeaderStyle = limits[0].header_style
-        self.overrides = overrides  # the app whose dependency_overrides may replace these
-
-    def overridden(self) -> bool:
-        overrides: dict[Any, Any] | None = getattr(self.overrides, "dependency_overrides", None)
-        return bool(overrides) and not self.covered.isdisjoint(overrides or ())
+def make_target(route: object, context: object, limits: list[RateLimit], method: str, overrides: object) -> EdgeTarget:
+    """The ``EdgeTarget`` of ``limits`` on ``route`` for ``method``: their rules grouped by limiter."""
+    groups: dict[int, tuple[Limiter, list[CompiledRule]]] = {}
+    for dependency in limits:
+        rules = dependency.rules_for_route(route, context, method)
+        groups.setdefault(id(dependency.limiter), (dependency.limiter, []))[1].extend(rules)
+    grouped = tuple((limiter, tuple(rules)) for limiter, rules in groups.values())
+    policy = policy_of(tuple(rule for _, rules in grouped for rule in rules))
+    # Several dependencies on one route answer with one set of headers: the first one's settings.
+    first = limits[0]
+    return EdgeTarget(route, frozenset(limits), grouped, first.headers, first.header_style, policy, overrides)
 
 
-class _Routes:
-    """The route table seen from the edge: resolution results cached per (method, root path, path)
-    and rebuilt when the app's routes change (checked at most once a second for nested routers)."""
+class _Resolver:
+    """The route table seen from the edge (the slow path of ``EdgeLayer``): which target a request
+    has, with targets built once per (route, method)."""
 
     def __init__(self, app: Any, lift: bool = False) -> None:
         self.app = app
         self.lift = lift
         self.version: object = None
-        self.next_check = 0.0
         self.cacheable = True
-        self.cache: dict[tuple[str, str, str], tuple[_Target | None, dict[str, Any]]] = {}
-        self.targets: dict[tuple[int, str], _Target | None] = {}
-        self.count = -1
+        self.targets: dict[tuple[int, str], EdgeTarget | None] = {}
 
-    def refresh(self) -> None:
-        routes = self.app.routes
-        now = time.monotonic()
-        if len(routes) == self.count and now < self.next_check:
-            return
-        self.count = len(routes)
-        self.next_check = now + _RECHECK_SECONDS
+    def routes(self) -> Sequence[BaseRoute]:
+        return self.app.routes  # type: ignore[no-any-return]
+
+    def changed(self) -> bool:
         version = _routes_version(self.app)
-        if version != self.version:
-            self.version = version
-            self.cache = {}
-            self.targets = {}
-            # Host routes match on the Host header, which the cache key leaves out.
-            self.cacheable = not any(isinstance(r, Host) for r in _walk_routes(routes))
+        if version == self.version:
+            return False
+        self.version = version
+        self.targets = {}
+        # Host routes match on the Host header, which the layer's cache key leaves out.
+        self.cacheable = not any(isinstance(r, Host) for r in _walk_routes(self.app.routes))
+        return True
 
-    def target(self, scope: Scope) -> _Target | None:
-        self.refresh()
-        cache_key = (scope["method"], scope.get("root_path", ""), scope["path"])
-        found = self.cache.get(cache_key) if self.cacheable else None
-        if found is None:
-            resolved = resolve(self.app.routes, scope)
-            target = None if resolved is None else self._target_of(resolved, scope["method"])
-            found = (target, resolved[2] if resolved is not None and target is not None else {})
-            if self.cacheable:
-                if len(self.cache) >= _CACHE_LIMIT:
-                    self.cache.clear()
-                self.cache[cache_key] = found
-        target, params = found
-        if params and "path_params" not in scope:
-            # Key and cost functions may read path parameters; the router sets the same values later.
-            scope["path_params"] = dict(params)
-        return target
+    def lookup(self, scope: Scope) -> tuple[EdgeTarget | None, dict[str, Any]]:
+        resolved = resolve(self.app.routes, scope)
+        if resolved is None:
+            return None, {}
+        target = self._target_of(resolved, scope["method"])
+        return target, resolved[2] if target is not None else {}
 
-    def _target_of(self, resolved: Resolved, method: str) -> _Target | None:
+    def _target_of(self, resolved: Resolved, method: str) -> EdgeTarget | None:
         route, context, _ = resolved
         owner = context if context is not None else route
         key = (id(owner), method)
@@ -223,98 +174,13 @@ class _Routes:
         dependant = getattr(owner, "dependant", None)
         limits = declared_limits(dependant) if dependant is not None else []
         provider = getattr(owner, "dependency_overrides_provider", None)
-        target = _Target(route, context, limits, method, provider) if limits else None
+        target = make_target(route, context, limits, method, provider) if limits else None
         if target is not None and self.lift:
-            lift_declared(dependant, target.covered)
+            lift_declared(dependant, frozenset(limits))
         self.targets[key] = target
         return target
 
 
-# --- the ASGI layer ---------------------------------------------------------------------------------
-
-
-class EdgeLayer:
-    """Charges the ``RateLimit`` dependencies of the route a request will reach, before routing.
-
-    Also keeps the headers a dependency that checks for itself collected in the scope (see
-    ``ratewarden.fastapi``) on endpoints that return their own ``Response``.
-    """
-
-    def __init__(self, app: ASGIApp, fastapi_app: Any, lift: bool = False) -> None:
-        self.app = app
-        self.routes = _Routes(fastapi_app, lift)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        target = self.routes.target(scope)
-        if target is None or target.overridden():
-            await _with_collected_headers(self.app, scope, receive, send)
-            return
-        groups = target.groups
-        decision: Decision | None = None
-        try:
-            if len(groups) == 1:
-                limiter, rules = groups[0]
-                if limiter.enabled:
-                    decision = await check_rules(limiter, rules, scope)
-            else:
-                decision = await _check_groups(groups, scope)
-        except LimitUnavailable:
-            await send_unavailable(send)
-            return
-        state = scope.get("state")
-        if state is None:
-            state = scope["state"] = {}
-        state[EDGE_STATE_KEY] = EdgeCheck(target.route, target.covered, decision)
-        if decision is None:
-            await self.app(scope, receive, send)
-            return
-        if not decision.allowed:
-            body, headers = rejection(decision, target.style, target.headers != "off", target.policy)
-            await send({"type": "http.response.start", "status": 429, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
-        if target.headers != "always":
-            await self.app(scope, receive, send)
-            return
-        extra = rate_limit_headers(decision, target.style, target.policy)
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), *extra]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
-async def _check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:
-    """Dependencies on different limiters: checked in order, as the dependencies would be; the
-    first denial wins, else the decision with the least remaining."""
-    decision: Decision | None = None
-    for limiter, rules in groups:
-        if not limiter.enabled:
-            continue
-        found = await check_rules(limiter, rules, scope)
-        if found is None:
-            continue
-        if not found.allowed:
-            return found
-        if decision is None or found.remaining < decision.remaining:
-            decision = found
-    return decision
-
-
-async def _with_collected_headers(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-    from .fastapi import _SINK
-
-    collected: list[tuple[bytes, bytes]] = []
-    scope[_SINK] = collected
-
-    async def send_with_headers(message: Message) -> None:
-        if message["type"] == "http.response.start" and collected:
-            message["headers"] = [*message.get("headers", ()), *collected]
-        await send(message)
-
-    await app(scope, receive, send_with_headers)
+def edge_layer(app: ASGIApp, fastapi_app: Any, lift: bool = False) -> EdgeLayer:
+    """The edge layer for ``fastapi_app`` wrapping ``app`` (what ``install`` adds as middleware)."""
+    return EdgeLayer(app, _Resolver(fastapi_app, lift))

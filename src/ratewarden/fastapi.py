@@ -17,6 +17,8 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, Response
 from starlette.responses import JSONResponse
 
+from .asgi.edge import EDGE_STATE_KEY
+from .asgi.edge import SINK_KEY as _SINK
 from .decision import Decision
 from .enforcement import LimitUnavailable, check_rules
 from .headers import HeaderMode, HeaderStyle, rate_limit_headers
@@ -125,8 +127,6 @@ class RateLimit:
         return decision
 
 
-EDGE_STATE_KEY = "ratewarden.edge"
-"""``scope["state"]`` key of the ``EdgeCheck`` the edge layer leaves on requests it has charged."""
 
 
 def route_context(scope: Any, route: object) -> object:
@@ -143,7 +143,6 @@ async def _problem_handler(request: Request, exc: Exception) -> Response:
     return JSONResponse(exc.problem, 429, headers=exc.headers, media_type="application/problem+json")
 
 
-_SINK = "ratewarden.headers"
 
 
 def install(app: FastAPI, *, edge_only: bool = False) -> None:
@@ -161,9 +160,9 @@ def install(app: FastAPI, *, edge_only: bool = False) -> None:
     their route, which saves what FastAPI spends running a dependency (about 10 µs) on every
     allowed request. Their ``app.dependency_overrides`` are then no longer called.
     """
-    from .edge import EdgeLayer
+    from .edge import edge_layer
     from .openapi import document_limits
 
     app.add_exception_handler(RateLimitExceeded, _problem_handler)
-    app.add_middleware(EdgeLayer, fastapi_app=app, lift=edge_only)
+    app.add_middleware(edge_layer, fastapi_app=app, lift=edge_only)
     document_limits(app)
