@@ -490,3 +490,19 @@ async def test_edge_only_takes_unused_limits_out_of_fastapi(limiter: Limiter, st
     lifted = context_dependants or [r.dependant for r in app.routes if getattr(r, "path", "") == "/r/x"]  # type: ignore[attr-defined]
     assert all(d.call is not dep for d in lifted[0].dependencies)
     assert "429" in app.openapi()["paths"]["/r/x"]["get"]["responses"]
+
+
+async def test_nested_or_repeated_install_charges_once(limiter: Limiter, store: MemoryStore) -> None:
+    sub = FastAPI()
+
+    @sub.get("/x", dependencies=[Depends(RateLimit("3/min", limiter=limiter))])
+    async def x() -> dict[str, bool]:
+        return {"ok": True}
+
+    install(sub)
+    install(sub)
+    app = FastAPI()
+    app.mount("/sub", sub)
+    install(app)
+    assert [(await request(app, "/sub/x")).status for _ in range(4)] == [200, 200, 200, 429]
+    assert list(counters(store).values()) == [3.0]

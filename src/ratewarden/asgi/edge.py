@@ -131,6 +131,15 @@ class EdgeLayer:
         if target is None or target.overridden():
             await with_collected_headers(self.app, scope, receive, send)
             return
+        state = scope.get("state")
+        if state is None:
+            state = {}
+            scope["state"] = state
+        previous = state.get(EDGE_STATE_KEY)
+        if previous is not None and previous.route is target.route:
+            # An outer edge layer (install() on a parent app, or called twice) charged this already.
+            await self.app(scope, receive, send)
+            return
         groups = target.groups
         decision: Decision | None = None
         try:
@@ -143,10 +152,6 @@ class EdgeLayer:
         except LimitUnavailable:
             await send_unavailable(send)
             return
-        state = scope.get("state")
-        if state is None:
-            state = {}
-            scope["state"] = state
         state[EDGE_STATE_KEY] = EdgeCheck(target.route, target.covered, decision)
         if decision is None:
             await self.app(scope, receive, send)
