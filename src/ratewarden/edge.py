@@ -1,6 +1,6 @@
 """Edge enforcement: limits declared with ``Depends(RateLimit(...))`` checked before FastAPI routes.
 
-``ratewarden.fastapi.install(app)`` adds ``EdgeLayer``. For each HTTP request it finds the route
+``ratewarden.fastapi.install(app)`` adds ``edge_layer(...)``. For each HTTP request it finds the route
 FastAPI will run, using FastAPI's and Starlette's own ``route.matches`` in route order (prefixes,
 included routers, mounts, path converters, methods), collects the ``RateLimit`` dependencies of that
 route's dependency tree (route, router and app level) and charges them once, before routing and
