@@ -53,6 +53,7 @@ HOT_MODULES = [
     "src/ratewarden/limiter.py",
     "src/ratewarden/asgi/middleware.py",
     "src/ratewarden/asgi/websocket.py",
+    "src/ratewarden/asgi/edge.py",
 ]
 
 # How mypyc's type check runs in a build. The build needs the hot modules' types, not a lint pass

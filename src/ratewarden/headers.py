@@ -8,11 +8,13 @@ reset. ``Retry-After`` (whole seconds, at least 1) goes on 429 and 503 answers o
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 from .decision import Decision
+from .limits import Limit
 
-__all__ = ["HeaderMode", "HeaderStyle", "rate_limit_headers", "retry_after_header"]
+__all__ = ["HeaderMode", "HeaderStyle", "policy_value", "rate_limit_headers", "retry_after_header"]
 
 HeaderMode = Literal["always", "on_limit", "off"]
 HeaderStyle = Literal["ietf", "legacy", "both"]
@@ -35,9 +37,25 @@ def _fixed_parts(decision: Decision) -> _Fixed:
     return parts
 
 
-def rate_limit_headers(decision: Decision, style: HeaderStyle = "both") -> Headers:
-    """Headers describing ``decision`` (without ``Retry-After``)."""
-    policy, prefix, limit = _fixed_parts(decision)
+def policy_value(limits: Sequence[Limit]) -> bytes:
+    """The ``RateLimit-Policy`` value listing every limit in ``limits`` (draft-10 allows a list):
+    ``"a";q=10;w=1, "b";q=1000;w=86400``. Quota and window are what each limit's algorithm reports
+    for a fresh key, so they match the decisions it makes. Built once per rule set, not per request.
+    """
+    items = []
+    for limit in limits:
+        probe = limit.fn(None, 0.0, 0.0, limit.rate)[1]
+        name = limit.name.encode("latin-1", "replace")
+        items.append(b'"%s";q=%d;w=%d' % (name, probe.limit, max(1, math.ceil(probe.period))))
+    return b", ".join(items)
+
+
+def rate_limit_headers(decision: Decision, style: HeaderStyle = "both", policy: bytes | None = None) -> Headers:
+    """Headers describing ``decision`` (without ``Retry-After``); ``policy``, when given, is the
+    ``RateLimit-Policy`` value listing every limit that applied (see ``policy_value``)."""
+    fixed_policy, prefix, limit = _fixed_parts(decision)
+    if policy is None:
+        policy = fixed_policy
     reset = math.ceil(decision.reset_after)
     remaining = decision.remaining
     if style == "both":

@@ -56,7 +56,9 @@ _rejections: dict[tuple[object, ...], tuple[bytes, tuple[tuple[bytes, bytes], ..
 _REJECTIONS_LIMIT = 4096
 
 
-def rejection(decision: Decision, style: HeaderStyle, with_rate_headers: bool) -> tuple[bytes, _Headers]:
+def rejection(
+    decision: Decision, style: HeaderStyle, with_rate_headers: bool, policy: bytes | None = None
+) -> tuple[bytes, _Headers]:
     """The 429 body and its complete header list (content type and length included).
 
     Both depend only on a few small integers of the decision, so they are built once and reused:
@@ -66,7 +68,7 @@ def rejection(decision: Decision, style: HeaderStyle, with_rate_headers: bool) -
     retry = None if math.isinf(decision.retry_after) else max(1, math.ceil(decision.retry_after))
     cache_key = (
         decision.policy, decision.limit, decision.period, decision.remaining,
-        math.ceil(decision.reset_after), retry, style, with_rate_headers,
+        math.ceil(decision.reset_after), retry, style, with_rate_headers, policy,
     )
     found = _rejections.get(cache_key)
     if found is None:
@@ -74,7 +76,7 @@ def rejection(decision: Decision, style: HeaderStyle, with_rate_headers: bool) -
         headers = [
             (b"content-type", b"application/problem+json"),
             (b"content-length", b"%d" % len(body)),
-            *limited_headers(decision, style, with_rate_headers),
+            *limited_headers(decision, style, with_rate_headers, policy),
         ]
         found = (body, tuple(headers))
         if len(_rejections) >= _REJECTIONS_LIMIT:
@@ -105,9 +107,11 @@ async def send_problem(
     await send({"type": "http.response.body", "body": body})
 
 
-def limited_headers(decision: Decision, style: HeaderStyle, with_rate_headers: bool) -> list[tuple[bytes, bytes]]:
+def limited_headers(
+    decision: Decision, style: HeaderStyle, with_rate_headers: bool, policy: bytes | None = None
+) -> list[tuple[bytes, bytes]]:
     """Headers for a 429: the rate-limit headers (if on) and ``Retry-After``."""
-    headers = rate_limit_headers(decision, style) if with_rate_headers else []
+    headers = rate_limit_headers(decision, style, policy) if with_rate_headers else []
     retry = retry_after_header(decision)
     if retry is not None:
         headers.append(retry)

@@ -8,13 +8,14 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 
 from ._mypyc import mypyc_attr
+from .headers import policy_value
 from .keys import KeyFunc, client_ip
 from .limiter import storage_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .rates import Rate, freeze_rates
 from .types import Scope
 
-__all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path"]
+__all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path", "policy_of"]
 
 CostFunc = Callable[[Scope], float]
 _MATCH_CACHE_LIMIT = 4096
@@ -129,6 +130,7 @@ class CompiledRule:
         "limits",
         "message_costs",
         "message_limits",
+        "policy",
         "prefix",
         "rule",
         "shadow",
@@ -151,6 +153,8 @@ class CompiledRule:
         self.message_limits = rule.message_limits
         self.message_costs = (1.0,) * len(rule.message_limits)
         self.shadow = rule.shadow
+        # This rule's entries of the RateLimit-Policy header (none for a shadow rule: it never applies).
+        self.policy = b"" if rule.shadow else policy_value(rule.limits)
         self.keys_cache: dict[str, tuple[str, ...]] = {}
         # The middleware's fast path: one sync key, a fixed cost, enforced.
         self.simple = not self.key_is_async and self.cost_fn is None and not self.shadow and bool(self.limits)
@@ -217,3 +221,19 @@ class RuleSet:
             cache.clear()
         cache[cache_key] = found
         return found
+
+
+_policies: dict[tuple[CompiledRule, ...], bytes] = {}
+
+
+def policy_of(rules: tuple[CompiledRule, ...]) -> bytes:
+    """The ``RateLimit-Policy`` value for a request matched by ``rules``: every limit that applied."""
+    if len(rules) == 1:
+        return rules[0].policy
+    found = _policies.get(rules)
+    if found is None:
+        found = b", ".join([r.policy for r in rules if r.policy])
+        if len(_policies) >= _MATCH_CACHE_LIMIT:
+            _policies.clear()
+        _policies[rules] = found
+    return found

@@ -15,7 +15,7 @@ from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
 from ..responses import LimitHandler, adding_missing_headers, limited_headers, rejection, send_unavailable
-from ..rules import Rule, RuleSet
+from ..rules import Rule, RuleSet, policy_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .websocket import WebSocketLimits
 
@@ -78,12 +78,12 @@ class RateLimitMiddleware:
                 return
             scope.setdefault("state", {})["ratewarden.decision"] = decision
             if not decision.allowed:
-                await self._reject(scope, receive, send, decision)
+                await self._reject(scope, receive, send, decision, policy_of(matched))
                 return
             if self.headers != "always":
                 await self.app(scope, receive, send)
                 return
-            extra = rate_limit_headers(decision, self.header_style)
+            extra = rate_limit_headers(decision, self.header_style, policy_of(matched))
 
             async def send_with_headers(message: Message) -> None:
                 if message["type"] == "http.response.start":
@@ -99,14 +99,16 @@ class RateLimitMiddleware:
                 return
         await self.app(scope, receive, send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
+    async def _reject(
+        self, scope: Scope, receive: Receive, send: Send, decision: Decision, policy: bytes | None = None
+    ) -> None:
         if self.on_limit is not None:
             response = self.on_limit(scope, decision)
             if inspect.isawaitable(response):
                 response = await response
-            headers = limited_headers(decision, self.header_style, self.headers != "off")
+            headers = limited_headers(decision, self.header_style, self.headers != "off", policy)
             await response(scope, receive, adding_missing_headers(send, headers))
             return
-        body, headers = rejection(decision, self.header_style, self.headers != "off")
+        body, headers = rejection(decision, self.header_style, self.headers != "off", policy)
         await send({"type": "http.response.start", "status": 429, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,147 @@
+"""Live cost of each rate-limit header style under uvicorn + wrk (one worker, loopback).
+
+Each variant is one FastAPI app served by its own uvicorn process (uvloop, httptools); wrk runs
+``--duration`` seconds against it, variants interleaved over ``--rounds`` rounds; the median req/s
+of each is printed with its ratio to the matching floor: a pure ASGI layer adding the same number of
+fixed headers (for allowed traffic) or bare FastAPI (headers off, limited traffic).
+
+    PYTHONPATH=build/compiled .venv/bin/python scripts/bench_headers_live.py --duration 3 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+ALLOW = 10**9
+FIXED = [
+    (b"ratelimit-policy", b'"/test";q=1000000000;w=60'), (b"ratelimit", b'"/test";r=999999999;t=60'),
+    (b"x-ratelimit-limit", b"1000000000"), (b"x-ratelimit-remaining", b"999999999"), (b"x-ratelimit-reset", b"60"),
+]
+VARIANTS = [
+    "bare", "floor 5 headers", "floor 2 headers", "floor 3 headers",
+    "middleware both", "middleware ietf", "middleware legacy", "middleware off",
+    "dependency+edge both", "middleware 429", "dependency+edge 429",
+]
+FLOORS = {
+    "middleware both": "floor 5 headers", "middleware ietf": "floor 2 headers",
+    "middleware legacy": "floor 3 headers", "middleware off": "bare", "dependency+edge both": "floor 5 headers",
+    "middleware 429": "bare", "dependency+edge 429": "bare",
+}
+
+
+def build(variant: str) -> Any:
+    from fastapi import Depends, FastAPI
+
+    from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
+    from ratewarden.fastapi import RateLimit, install
+
+    app = FastAPI()
+    limit = 1 if variant.endswith("429") else ALLOW
+    deps = []
+    if variant.startswith("dependency"):
+        deps = [Depends(RateLimit(f"{limit}/min", limiter=Limiter(MemoryStore())))]
+
+    @app.get("/test", dependencies=deps)
+    async def endpoint() -> dict[str, bool]:
+        return {"ok": True}
+
+    if variant.startswith("dependency"):
+        install(app)
+    elif variant.startswith("middleware"):
+        style = variant.split()[1]
+        options: dict[str, Any] = {"headers": "off"} if style == "off" else {}
+        if style in ("ietf", "legacy", "both"):
+            options["header_style"] = style
+        app.add_middleware(RateLimitMiddleware, limiter=Limiter(MemoryStore()), rules=[Rule("/test", f"{limit}/min")],
+                           **options)
+    elif variant.startswith("floor"):
+        count = int(variant.split()[1])
+        fixed = FIXED[:count] if count != 3 else FIXED[2:]
+
+        class FloorHeaders:
+            def __init__(self, inner: Any) -> None:
+                self.app = inner
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                async def send_with_headers(message: Any) -> None:
+                    if message["type"] == "http.response.start":
+                        message["headers"] = [*message.get("headers", ()), *fixed]
+                    await send(message)
+
+                await self.app(scope, receive, send_with_headers)
+
+        app.add_middleware(FloorHeaders)
+    return app
+
+
+def serve(variant: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(build(variant), host="127.0.0.1", port=port, loop="uvloop", http="httptools",
+                log_level="warning", access_log=False, workers=1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(variant: str, duration: float, connections: int) -> float:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve", variant, "--port", str(port)])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/test"
+        subprocess.run(["wrk", "-t1", f"-c{connections}", "-d1s", url], capture_output=True, check=True)  # warm-up
+        out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", url],
+                             capture_output=True, text=True, check=True).stdout
+        found = re.search(r"Requests/sec:\s+([\d.]+)", out)
+        assert found, out
+        return float(found.group(1))
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port)
+        return
+    names = args.variants.split(",")
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(args.rounds):
+        for name in names:
+            samples[name].append(measure(name, args.duration, args.connections))
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    print(f"{'variant':24s} {'req/s (median)':>15s} {'vs floor':>9s}  floor / all rounds")
+    for name in names:
+        floor = FLOORS.get(name)
+        ratio = f"{median[name] / median[floor]:9.3f}" if floor in median else f"{'':9s}"
+        rounds = ", ".join(f"{v:,.0f}" for v in samples[name])
+        print(f"{name:24s} {median[name]:15,.0f} {ratio}  {floor or ''} / {rounds}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The per-request half of edge enforcement, compiled with the rest of the hot path.
+
+``EdgeLayer`` finds the request's ``EdgeTarget`` (the declared limits of the route it will reach)
+in a cache keyed by (method, root path, path), charges them once, and answers a denial itself.
+Resolving a route and building its target need FastAPI, so they live in ``ratewarden.edge`` and run
+on a cache miss only, through the ``resolver`` given to the layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._mypyc import mypyc_attr
+from ..decision import Decision
+from ..enforcement import LimitUnavailable, check_rules
+from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..limiter import Limiter
+from ..responses import rejection, send_unavailable
+from ..rules import CompiledRule
+from ..types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["EDGE_STATE_KEY", "SINK_KEY", "EdgeCheck", "EdgeLayer", "EdgeTarget"]
+
+EDGE_STATE_KEY = "ratewarden.edge"
+"""``scope["state"]`` key of the ``EdgeCheck`` left on requests the edge has charged."""
+SINK_KEY = "ratewarden.headers"
+"""Scope key of the list a dependency that checks for itself appends its headers to."""
+
+_CACHE_LIMIT = 4096
+_RECHECK_SECONDS = 1.0
+
+Groups = tuple[tuple[Limiter, tuple[CompiledRule, ...]], ...]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class EdgeTarget:
+    """The declared limits of one (route, method), grouped by limiter, with the answer's settings."""
+
+    __slots__ = ("covered", "groups", "headers", "overrides", "policy", "route", "style")
+
+    def __init__(
+        self,
+        route: object,
+        covered: frozenset[object],
+        groups: Groups,
+        headers: HeaderMode,
+        style: HeaderStyle,
+        policy: bytes,
+        overrides: object,
+    ) -> None:
+        self.route = route
+        self.covered = covered
+        self.groups = groups
+        self.headers: HeaderMode = headers
+        self.style: HeaderStyle = style
+        self.policy = policy
+        self.overrides = overrides  # the app whose dependency_overrides may replace these limits
+
+    def overridden(self) -> bool:
+        overrides = getattr(self.overrides, "dependency_overrides", None)
+        if not overrides:
+            return False
+        return not self.covered.isdisjoint(overrides)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class EdgeCheck:
+    """What the edge decided for one request: ``decision`` (``None`` when nothing was decided, e.g.
+    a fail-open store error) for the ``covered`` dependencies of ``route``."""
+
+    __slots__ = ("covered", "decision", "route")
+
+    def __init__(self, route: object, covered: frozenset[object], decision: Decision | None) -> None:
+        self.route = route
+        self.covered = covered
+        self.decision = decision
+
+    def covers(self, dependency: object, route: object) -> bool:
+        return route is self.route and dependency in self.covered
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class EdgeLayer:
+    """Charges the declared limits of the route a request will reach, before routing.
+
+    ``resolver`` (see ``ratewarden.edge``) has ``routes()`` (the app's top-level route list),
+    ``changed()`` (whether the route table changed since the last call), ``cacheable`` and
+    ``lookup(scope)`` returning ``(target or None, path parameters)``. Requests without a target
+    pass through with the headers sink a self-checking dependency uses.
+    """
+
+    def __init__(self, app: ASGIApp, resolver: Any) -> None:
+        self.app = app
+        self.resolver = resolver
+        self.cache: dict[tuple[str, str, str], tuple[EdgeTarget | None, dict[str, Any]]] = {}
+        self.cacheable = True
+        self.count = -1
+        self.next_check = 0.0
+
+    def target(self, scope: Scope) -> EdgeTarget | None:
+        now = time.monotonic()
+        count = len(self.resolver.routes())
+        if count != self.count or now >= self.next_check:
+            self.count = count
+            self.next_check = now + _RECHECK_SECONDS
+            if self.resolver.changed():
+                self.cache = {}
+                self.cacheable = bool(self.resolver.cacheable)
+        method: str = scope["method"]
+        cache_key = (method, scope.get("root_path", ""), scope["path"])
+        found = self.cache.get(cache_key) if self.cacheable else None
+        if found is None:
+            found = self.resolver.lookup(scope)
+            if self.cacheable:
+                if len(self.cache) >= _CACHE_LIMIT:
+                    self.cache.clear()
+                self.cache[cache_key] = found
+        target, params = found
+        if params and "path_params" not in scope:
+            # Key and cost functions may read path parameters; the router sets the same values later.
+            scope["path_params"] = dict(params)
+        return target
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        target = self.target(scope)
+        if target is None or target.overridden():
+            await with_collected_headers(self.app, scope, receive, send)
+            return
+        state = scope.get("state")
+        if state is None:
+            state = {}
+            scope["state"] = state
+        previous = state.get(EDGE_STATE_KEY)
+        if previous is not None and previous.route is target.route:
+            # An outer edge layer (install() on a parent app, or called twice) charged this already.
+            await self.app(scope, receive, send)
+            return
+        groups = target.groups
+        decision: Decision | None = None
+        try:
+            if len(groups) == 1:
+                limiter, rules = groups[0]
+                if limiter.enabled:
+                    decision = await check_rules(limiter, rules, scope)
+            else:
+                decision = await check_groups(groups, scope)
+        except LimitUnavailable:
+            await send_unavailable(send)
+            return
+        state[EDGE_STATE_KEY] = EdgeCheck(target.route, target.covered, decision)
+        if decision is None:
+            await self.app(scope, receive, send)
+            return
+        if not decision.allowed:
+            body, headers = rejection(decision, target.style, target.headers != "off", target.policy)
+            await send({"type": "http.response.start", "status": 429, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if target.headers != "always":
+            await self.app(scope, receive, send)
+            return
+        extra = rate_limit_headers(decision, target.style, target.policy)
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *extra]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:
+    """Limits on different limiters: checked in order, as the dependencies would be; the first
+    denial wins, else the decision with the least remaining."""
+    decision: Decision | None = None
+    for limiter, rules in groups:
+        if not limiter.enabled:
+            continue
+        found = await check_rules(limiter, rules, scope)
+        if found is None:
+            continue
+        if not found.allowed:
+            return found
+        if decision is None or found.remaining < decision.remaining:
+            decision = found
+    return decision
+
+
+async def with_collected_headers(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run ``app`` with a headers sink in the scope, appending what was collected to the response."""
+    collected: list[tuple[bytes, bytes]] = []
+    scope[SINK_KEY] = collected
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start" and collected:
+            message["headers"] = [*message.get("headers", ()), *collected]
+        await send(message)
+
+    await app(scope, receive, send_with_headers)
