@@ -5,12 +5,13 @@ from typing import TYPE_CHECKING
 from . import _mypyc
 from .asgi.middleware import RateLimitMiddleware
 from .decision import Decision
+from .errors import ConfigurationError, LimitUnavailable, RatewardenError, StoreError
 from .limiter import Limiter
 from .limits import Limit
 from .rates import Rate, parse_rate, parse_rates
 from .rules import Rule, RuleSet
 from .stores import memory as _memory
-from .stores.base import Store, StoreError
+from .stores.base import Store
 from .stores.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -18,13 +19,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPILED",
+    "ConfigurationError",
     "Decision",
     "Limit",
+    "LimitUnavailable",
     "Limiter",
     "MemoryStore",
     "PolicyMiddleware",
     "Rate",
     "RateLimitMiddleware",
+    "RatewardenError",
     "Rule",
     "RuleSet",
     "Store",

@@ -10,8 +10,8 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 
-from ._mypyc import mypyc_attr
 from .decision import Decision
+from .errors import LimitUnavailable
 from .keys import key_text
 from .limiter import Limiter
 from .limits import Limit
@@ -23,11 +23,6 @@ __all__ = ["LimitUnavailable", "check_rules", "report_failure"]
 log = logging.getLogger("ratewarden")
 
 _last_error_log = 0.0
-
-
-@mypyc_attr(allow_interpreted_subclasses=True)
-class LimitUnavailable(Exception):
-    """The limit could not be checked and the policy is fail-closed: answer 503."""
 
 
 def _report_failure(what: str, exc: BaseException) -> None:

@@ -22,6 +22,7 @@ from .asgi.edge import EDGE_STATE_KEY
 from .asgi.edge import SINK_KEY as _SINK
 from .decision import Decision
 from .enforcement import LimitUnavailable, check_rules
+from .errors import RatewardenError
 from .headers import HeaderMode, HeaderStyle, rate_limit_headers
 from .keys import KeyFunc, client_ip
 from .limiter import Limiter
@@ -33,7 +34,7 @@ from .rules import CompiledRule, CostFunc, Rule
 __all__ = ["EDGE_STATE_KEY", "RateLimit", "RateLimitExceeded", "install"]
 
 
-class RateLimitExceeded(HTTPException):
+class RateLimitExceeded(HTTPException, RatewardenError):
     """Raised by ``RateLimit`` when a request is over its limit."""
 
     def __init__(self, decision: Decision, headers: dict[str, str]) -> None:

@@ -7,6 +7,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .errors import ConfigurationError
+
 __all__ = ["Rate", "freeze_rates", "parse_rate", "parse_rates"]
 
 _UNITS: dict[str, float] = {}
@@ -44,13 +46,13 @@ class Rate:
 
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
-            raise ValueError(f"rate limit must be a positive integer, got {self.limit!r} ({_EXAMPLE})")
+            raise ConfigurationError(f"rate limit must be a positive integer, got {self.limit!r} ({_EXAMPLE})")
         if not (self.period > 0 and math.isfinite(self.period)):
-            raise ValueError(f"rate period must be positive and finite, got {self.period!r} seconds ({_EXAMPLE})")
+            raise ConfigurationError(f"rate period must be positive and finite, got {self.period!r} seconds ({_EXAMPLE})")
         if self.burst is not None and self.burst <= 0:
-            raise ValueError(f"rate burst must be positive, got {self.burst!r}")
+            raise ConfigurationError(f"rate burst must be positive, got {self.burst!r}")
         if self.debt is not None and self.debt < 0:
-            raise ValueError(f"rate debt must not be negative, got {self.debt!r}")
+            raise ConfigurationError(f"rate debt must not be negative, got {self.debt!r}")
 
     @property
     def capacity(self) -> int:
@@ -84,12 +86,12 @@ class Rate:
 def parse_rate(text: str | Rate) -> Rate:
     """Parse one rate such as ``"100/min"``, ``"5 per 30 seconds"`` or ``"100/5m"``.
 
-    Raises ``ValueError`` quoting the bad part and showing a valid example.
+    Raises ``ConfigurationError`` (a ``ValueError``) quoting the bad part and showing a valid example.
     """
     if isinstance(text, Rate):
         return text
     if not isinstance(text, str):
-        raise ValueError(f"rate must be a string, got {type(text).__name__} ({_EXAMPLE})")
+        raise ConfigurationError(f"rate must be a string, got {type(text).__name__} ({_EXAMPLE})")
     burst: int | None = None
     body = text
     # rfind + an anchored match, not re.search: a search would retry at every whitespace
@@ -102,22 +104,22 @@ def parse_rate(text: str | Rate) -> Rate:
             body = text[:at].rstrip()
     match = _RATE_RE.match(body)
     if match is None:
-        raise ValueError(f"invalid rate {text!r}: expected '<amount>/<period>', {_EXAMPLE}")
+        raise ConfigurationError(f"invalid rate {text!r}: expected '<amount>/<period>', {_EXAMPLE}")
     amount = int(match.group("amount"))
     count = float(match.group("count")) if match.group("count") else 1.0
     unit = match.group("unit").lower()
     seconds = _UNITS.get(unit)
     if seconds is None:
-        raise ValueError(
+        raise ConfigurationError(
             f"invalid rate {text!r}: unknown time unit {match.group('unit')!r}; "
             f"use ms, s, m, h, d or w (or second, minute, ...), {_EXAMPLE}"
         )
     if amount <= 0:
-        raise ValueError(f"invalid rate {text!r}: the amount must be positive ({_EXAMPLE})")
+        raise ConfigurationError(f"invalid rate {text!r}: the amount must be positive ({_EXAMPLE})")
     if count <= 0:
-        raise ValueError(f"invalid rate {text!r}: the period must be positive ({_EXAMPLE})")
+        raise ConfigurationError(f"invalid rate {text!r}: the period must be positive ({_EXAMPLE})")
     if burst is not None and burst <= 0:
-        raise ValueError(f"invalid rate {text!r}: burst must be positive ({_EXAMPLE})")
+        raise ConfigurationError(f"invalid rate {text!r}: burst must be positive ({_EXAMPLE})")
     return Rate(amount, count * seconds, burst)
 
 
@@ -139,9 +141,9 @@ def parse_rates(value: str | Rate | Iterable[str | Rate]) -> tuple[Rate, ...]:
     if isinstance(frozen, str):
         parts = [p for p in re.split(r"[;,]", frozen) if p.strip()]
         if not parts:
-            raise ValueError(f"invalid rate {frozen!r}: empty ({_EXAMPLE})")
+            raise ConfigurationError(f"invalid rate {frozen!r}: empty ({_EXAMPLE})")
         return tuple(parse_rate(p) for p in parts)
     rates = tuple(parse_rate(v) for v in frozen)
     if not rates:
-        raise ValueError(f"no rate given ({_EXAMPLE})")
+        raise ConfigurationError(f"no rate given ({_EXAMPLE})")
     return rates

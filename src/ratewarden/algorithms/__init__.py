@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import ConfigurationError
 from .base import Algorithm, State
 from .fixed_window import fixed_window
 from .gcra import gcra
@@ -29,4 +30,4 @@ def get_algorithm(name: str) -> Algorithm:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}") from None
+        raise ConfigurationError(f"unknown algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}") from None

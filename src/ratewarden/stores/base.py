@@ -8,14 +8,10 @@ from typing import ClassVar
 
 from .._mypyc import mypyc_attr
 from ..decision import Decision
+from ..errors import StoreError
 from ..limits import Limit
 
 __all__ = ["Store", "StoreError", "combine"]
-
-
-@mypyc_attr(allow_interpreted_subclasses=True)
-class StoreError(Exception):
-    """A store could not answer (unreachable, timed out, broken reply)."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

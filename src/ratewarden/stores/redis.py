@@ -498,7 +498,9 @@ class RedisStore(Store):
             root = root.__cause__ or root.__context__  # type: ignore[assignment]
         if root is not exc and str(root) not in message:
             message += f" ({type(root).__name__}: {root})"
-        return StoreError(f"redis store {self.url}: {message}")
+        error = StoreError(f"redis store {self.url}: {message}")
+        error.__cause__ = exc  # also where the error reaches its callers through a future, not a raise
+        return error
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         return await self._peek_at(keys, limits, [0.0] * len(keys))
