@@ -28,6 +28,8 @@ def test_bad_configuration_is_a_configuration_error(make) -> None:  # type: igno
 
 
 async def test_an_unreachable_store_is_a_store_error_that_keeps_its_cause() -> None:
+    from redis.exceptions import RedisError
+
     from ratewarden.stores.redis import RedisStore
 
     store = RedisStore("redis://127.0.0.1:1/0", timeout=0.5)  # nothing listens on port 1
@@ -35,6 +37,6 @@ async def test_an_unreachable_store_is_a_store_error_that_keeps_its_cause() -> N
         with pytest.raises(StoreError) as info:
             await store.hit(["rw:errors:k"], [Limit(parse_rate("1/s"))], [1.0])
         assert isinstance(info.value, RatewardenError)
-        assert isinstance(info.value.__cause__, OSError | ConnectionError) or "no reply" in str(info.value), repr(info.value.__cause__)
+        assert isinstance(info.value.__cause__, RedisError | OSError), repr(info.value.__cause__)
     finally:
         await store.close()
