@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import Depends, FastAPI
 from starlette.applications import Starlette
@@ -210,3 +211,40 @@ async def test_decorator_options(limiter: Limiter) -> None:
     app = starlette_app(limiter)
     ok = await request(app, "/quiet", headers=[("x-api-key", "k")])
     assert ok.status == 200 and ok.header("ratelimit") is None
+
+
+def _install_app(with_install: bool) -> FastAPI:
+    limiter = Limiter(MemoryStore())
+    app = FastAPI()
+
+    @app.get("/own", dependencies=[Depends(RateLimit("2/min", limiter=limiter))])
+    async def own() -> JSONResponse:
+        return JSONResponse({"a": 1})
+
+    @app.get("/plain", dependencies=[Depends(RateLimit("2/min", limiter=limiter))])
+    async def plain() -> dict[str, int]:
+        return {"a": 1}
+
+    if with_install:
+        install(app)
+    return app
+
+
+async def _get_via_httpx(app: FastAPI, path: str) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        return await client.get(path)
+
+
+async def test_install_keeps_headers_on_endpoints_returning_a_response() -> None:
+    app = _install_app(with_install=True)
+    own = await _get_via_httpx(app, "/own")
+    plain = await _get_via_httpx(app, "/plain")
+    assert own.headers.get_list("ratelimit") == ['"GET-/own";r=1;t=' + own.headers["ratelimit"].split("t=")[1]]
+    assert len(plain.headers.get_list("ratelimit")) == 1  # not duplicated
+    assert plain.headers["x-ratelimit-remaining"] == "1"
+
+
+async def test_without_install_plain_endpoints_still_get_headers() -> None:
+    app = _install_app(with_install=False)
+    plain = await _get_via_httpx(app, "/plain")
+    assert plain.headers["x-ratelimit-remaining"] == "1"

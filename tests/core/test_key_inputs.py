@@ -229,3 +229,10 @@ def test_rate_objects_still_accepted_everywhere() -> None:
     rule = Rule("/x", Rate(3, 60.0))
     assert rule.limits[0].rate == Rate(3, 60.0)
     assert Rule("/x", [Rate(3, 60.0), "10/hour"]).rate == (Rate(3, 60.0), "10/hour")
+
+
+def test_route_template_braces_do_not_cut_the_hash_tag() -> None:
+    compiled = CompiledRule(Rule("/**", "1/s", name="GET /items/{item_id}"), "rw")
+    (key,) = compiled.storage_keys("1.2.3.4")
+    tag = key[key.index("{") + 1 : key.index("}")]
+    assert "1.2.3.4" in tag  # the client key is inside the tag, so clients spread over slots

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -142,3 +143,13 @@ async def test_disabled_limiter_flag_and_default_store() -> None:
     limiter = Limiter()
     assert isinstance(limiter.store, MemoryStore)
     assert limiter.enabled and limiter.on_error == "open"
+
+
+async def test_sync_facade_works_inside_a_running_loop() -> None:
+    limiter = Limiter(MemoryStore())
+    assert limiter.hit_sync("k", "1/min").allowed
+    assert limiter.peek_sync("k", "1/min").remaining == 0
+    limiter.reset_sync("k", "1/min")
+    assert limiter.peek_sync("k", "1/min").remaining == 1
+    limiter.clear_sync()
+    await asyncio.sleep(0)

@@ -18,7 +18,7 @@ from starlette.responses import StreamingResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ratewarden import RateLimitMiddleware, Rule
-from tests.core.readme import first_example, run_block
+from tests.readme import first_example, run_block
 from tests.vectors.runner import FakeClock
 
 CHUNKS = 200

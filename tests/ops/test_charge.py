@@ -91,3 +91,16 @@ async def test_after_response_charging_on_memcached(memcached_server: Memcached,
     finally:
         await store.clear()
         await store.close()
+
+
+def test_refund_of_a_bucket_in_debt_is_arithmetic_not_a_reset() -> None:
+    from ratewarden.charges import adjusted_state
+    from ratewarden.limits import Limit
+    from ratewarden.rates import Rate
+
+    limit = Limit(Rate(5, 60.0, None, 10), "token_bucket_debt")
+    state, decision = adjusted_state(limit, (-5.0, 100.0), 100.0, -1.0)
+    assert state == (-4.0, 100.0)  # one token back, still in debt: not a full allowance
+    assert decision.remaining == 0
+    state, _ = adjusted_state(limit, (4.5, 100.0), 100.0, -3.0)
+    assert state is None  # refunded past capacity: capped, the key reads as untouched
