@@ -24,10 +24,11 @@ from ..algorithms import ALGORITHMS
 from ..bans import Bans
 from ..charges import Charge
 from ..delay import Delay
-from ..keys import KeyFunc, bearer_token, client_ip, header, query_param
+from ..keys import KeyFunc, client_ip
 from ..rates import parse_rates
 from ..rules import Rule, compile_path
-from .tiers import Identity, PolicyRule, Tiers, parse_source
+from .keyspec import key_function, parse_source
+from .tiers import Identity, PolicyRule, Tiers
 
 __all__ = ["Policy", "PolicyError", "Problem", "validate"]
 
@@ -218,26 +219,6 @@ def _type_name(kind: type | tuple[type, ...]) -> str:
     return names.get(kind, kind.__name__)
 
 
-def _key_function(spec: str, identity: Identity | None) -> KeyFunc:
-    """``ip``, ``identity``, ``header:<Name>``, ``bearer`` or ``query:<name>``."""
-    kind, _, arg = spec.partition(":")
-    kind = kind.strip().lower()
-    arg = arg.strip()
-    if kind == "ip" and not arg:
-        return client_ip
-    if kind == "identity" and not arg:
-        if identity is None:
-            raise ValueError("key 'identity' needs an [identity] section")
-        return identity.key
-    if kind == "header" and arg:
-        return header(arg)
-    if kind == "bearer" and not arg:
-        return bearer_token()
-    if kind == "query" and arg:
-        return query_param(arg)
-    raise ValueError(f"invalid key {spec!r}: use 'ip', 'identity', 'header:<Name>', 'bearer' or 'query:<name>'")
-
-
 def validate(data: Any, locate: Locate = lambda path: None, source: str = "<policy>") -> Policy:
     """Check a parsed policy document and build the ``Policy``; raises ``PolicyError`` listing
     every problem (with line numbers when ``locate`` can find them)."""
@@ -376,7 +357,7 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
         if "key" in b:
             key_spec = v.typed(b, "key", ["bans"], str)
             if key_spec is not None:
-                kwargs["key"] = v.attempt(["bans", "key"], lambda: _key_function(key_spec, identity))
+                kwargs["key"] = v.attempt(["bans", "key"], lambda: key_function(key_spec, identity))
         if not any(value is None for value in kwargs.values()):
             bans = v.attempt(["bans"], lambda: Bans(**kwargs))
 
@@ -440,7 +421,7 @@ def _rule(
         if not isinstance(key_spec, str):
             v.error([*path, "key"], f"expected a string such as 'ip' or 'header:X-API-Key', got {_kind(key_spec)}")
         else:
-            key = v.attempt([*path, "key"], lambda: _key_function(key_spec, identity)) or client_ip
+            key = v.attempt([*path, "key"], lambda: key_function(key_spec, identity)) or client_ip
         if tiered:
             v.error([*path, "key"], "a tiered rule is keyed by the caller's identity; remove 'key'")
     delay = None
