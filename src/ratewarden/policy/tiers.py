@@ -25,12 +25,12 @@ from ..keys import KeyFunc, client_ip, key_text
 from ..rates import Rate
 from ..rules import CompiledRule, Rule
 from ..types import Scope
+from .context import context_of
 from .keyspec import parse_source
 
 __all__ = ["Identity", "PolicyRule", "Tiers", "parse_source"]
 
 _CACHE_LIMIT = 10_000
-_STATE_KEY = "ratewarden.identity"
 
 
 class Identity:
@@ -98,12 +98,13 @@ class Identity:
         return "k:" + digest(api_key)
 
     def resolve(self, scope: Scope) -> tuple[str, str]:
-        """``(group, client key)`` of this request (remembered in the scope for the request)."""
-        state = scope.get("state")
-        if state is not None:
-            found = state.get(_STATE_KEY)
-            if found is not None:
-                return found  # type: ignore[no-any-return]
+        """``(group, client key)`` of this request (remembered in the request's ``PolicyMiddleware``
+        context, so the group choice and the key function resolve it once)."""
+        context = context_of(scope)
+        if context is not None:
+            found = context.identity
+            if found is not None and found[0] is self:
+                return found[1]
         api_key = self.api_key(scope)
         if api_key is None:
             anon = self.anonymous_key(scope)
@@ -111,13 +112,15 @@ class Identity:
                 raise TypeError("identity anonymous_key must be a synchronous key function")
             result = (self.anonymous_group, "ip:" + key_text(anon, scope))
         else:
-            result = self._cache.get(api_key)  # type: ignore[assignment]
-            if result is None:
-                result = (self.group_of(api_key), self.client_key(api_key))
+            cached = self._cache.get(api_key)
+            if cached is None:
+                cached = (self.group_of(api_key), self.client_key(api_key))
                 if len(self._cache) >= _CACHE_LIMIT:
                     self._cache.clear()
-                self._cache[api_key] = result
-        scope.setdefault("state", {})[_STATE_KEY] = result
+                self._cache[api_key] = cached
+            result = cached
+        if context is not None:
+            context.identity = (self, result)
         return result
 
     def key(self, scope: Scope) -> str:
@@ -127,7 +130,6 @@ class Identity:
     def group(self, scope: Scope) -> str:
         """The caller's group."""
         return self.resolve(scope)[0]
-
 
 
 class Tiers:
