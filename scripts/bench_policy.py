@@ -1,103 +1,103 @@
 """Cost per request of ``PolicyMiddleware`` on direct ASGI calls (no HTTP client, memory store).
 
 Three variants: the bare app, a request the middleware allows, and one it refuses with a 429.
-``--compare SRC`` runs the same measurement against another source tree (e.g. an export of the
-previous commit) in alternating subprocesses, round by round, so drift and noise hit both alike;
-it prints min and median µs per request for each tree and the ratio of their medians.
+``--compare SRC`` loads the ``ratewarden`` package of another source tree (e.g. an export of the
+previous commit: ``git archive HEAD~1 src | tar -x -C /tmp/base``) under another name in the same
+process, and alternates the two round by round, so drift and noise hit both alike; it prints min
+and median µs per request for each tree and the ratios of this tree's figures to the other's.
 
-    python scripts/bench_policy.py --rounds 7 --requests 20000 --compare /tmp/base/src
+    python scripts/bench_policy.py --rounds 15 --requests 5000 --compare /tmp/base/src
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
+import importlib
+import shutil
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 VARIANTS = ("bare", "allowed", "limited")
+TEMPLATE = {
+    "type": "http", "method": "GET", "headers": [(b"host", b"local")], "query_string": b"",
+    "client": ("10.0.0.1", 1234), "server": ("local", 80), "scheme": "http", "root_path": "",
+}
 
 
-def _measure(requests: int) -> dict[str, float]:
-    """µs per request of each variant, in this process (the tree on ``sys.path`` decides)."""
-    from ratewarden import Limiter, MemoryStore, Rule
-    from ratewarden.policy import PolicyMiddleware
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: Any) -> None:
-        return None
-
-    rules = [Rule("/allowed", "1000000000/min", name="allowed"), Rule("/limited", "1/hour", name="limited")]
-    middleware = PolicyMiddleware(app, Limiter(MemoryStore()), rules)
-    template = {
-        "type": "http", "method": "GET", "headers": [(b"host", b"local")], "query_string": b"",
-        "client": ("10.0.0.1", 1234), "server": ("local", 80), "scheme": "http", "root_path": "",
-    }
-
-    async def run(target: Any, path: str) -> float:
-        start = time.perf_counter()
-        for _ in range(requests):
-            await target({**template, "path": path}, receive, send)
-        return (time.perf_counter() - start) / requests * 1e6
-
-    async def main() -> dict[str, float]:
-        await run(middleware, "/limited")  # warm-up; leaves "/limited" over its limit
-        await run(middleware, "/allowed")
-        return {
-            "bare": await run(app, "/allowed"),
-            "allowed": await run(middleware, "/allowed"),
-            "limited": await run(middleware, "/limited"),
-        }
-
-    return asyncio.run(main())
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
 
 
-def _subprocess(src: str, requests: int) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": src}
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", "--requests", str(requests)],
-        env=env, check=True, capture_output=True, text=True,
-    )
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+async def _receive() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def _send(message: Any) -> None:
+    return None
+
+
+def _middleware(package: ModuleType) -> Any:
+    policy = importlib.import_module(package.__name__ + ".policy")
+    rules = [package.Rule("/allowed", "1000000000/min", name="allowed"), package.Rule("/limited", "1/hour", name="limited")]
+    return policy.PolicyMiddleware(_app, package.Limiter(package.MemoryStore()), rules)
+
+
+async def _run(target: Any, path: str, requests: int) -> float:
+    start = time.perf_counter()
+    for _ in range(requests):
+        await target({**TEMPLATE, "path": path}, _receive, _send)
+    return (time.perf_counter() - start) / requests * 1e6
+
+
+def _load_copy(src: str, name: str) -> ModuleType:
+    """The ``ratewarden`` package of ``src`` imported as ``name`` (its imports are relative)."""
+    root = Path(tempfile.mkdtemp(prefix="bench-policy-"))
+    shutil.copytree(Path(src) / "ratewarden", root / name)
+    sys.path.insert(0, str(root))
+    return importlib.import_module(name)
+
+
+async def _bench(trees: dict[str, ModuleType], rounds: int, requests: int) -> dict[str, dict[str, list[float]]]:
+    results: dict[str, dict[str, list[float]]] = {t: {v: [] for v in VARIANTS} for t in trees}
+    apps = {t: _middleware(p) for t, p in trees.items()}
+    for middleware in apps.values():  # warm-up; leaves "/limited" over its limit
+        await _run(middleware, "/limited", requests)
+        await _run(middleware, "/allowed", requests)
+    order = list(trees)
+    for _ in range(rounds):
+        for tree in order:
+            results[tree]["bare"].append(await _run(_app, "/allowed", requests))
+            results[tree]["allowed"].append(await _run(apps[tree], "/allowed", requests))
+            results[tree]["limited"].append(await _run(apps[tree], "/limited", requests))
+        order.reverse()
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--requests", type=int, default=5000, help="requests per variant and round")
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--compare", metavar="SRC", help="another source tree to measure alongside this one")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(_measure(args.requests)))
-        return
-    trees = {"this": str(Path(__file__).resolve().parents[1] / "src")}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    trees = {"this": importlib.import_module("ratewarden")}
     if args.compare:
-        trees["compare"] = args.compare
-    results: dict[str, dict[str, list[float]]] = {t: {v: [] for v in VARIANTS} for t in trees}
-    for _ in range(args.rounds):
-        for tree, src in trees.items():
-            for variant, us in _subprocess(src, args.requests).items():
-                results[tree][variant].append(us)
+        trees["compare"] = _load_copy(args.compare, "ratewarden_compare")
+    results = asyncio.run(_bench(trees, args.rounds, args.requests))
     for tree in trees:
         cells = [f"{v} min {min(results[tree][v]):.2f} median {statistics.median(results[tree][v]):.2f}" for v in VARIANTS]
         print(f"{tree:8} µs/request: " + "; ".join(cells))
     if args.compare:
         for v in VARIANTS:
-            ratio = statistics.median(results["this"][v]) / statistics.median(results["compare"][v])
-            print(f"{v}: this/compare median ratio {ratio:.3f}")
+            this, other = results["this"][v], results["compare"][v]
+            print(f"{v}: this/compare min {min(this) / min(other):.3f}, median {statistics.median(this) / statistics.median(other):.3f}")
 
 
 if __name__ == "__main__":

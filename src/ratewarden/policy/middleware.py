@@ -30,9 +30,9 @@ from ..limiter import Limiter
 from ..metrics import Metrics
 from ..responses import adding_missing_headers, limited_headers, problem_body, send_problem, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet
-from ..stats import rule_stats
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .context import STATE_KEY, RequestContext
+from .operations import Operations
 from .reload import PolicyReloader
 from .schema import Policy
 from .tiers import PolicyRule
@@ -83,7 +83,7 @@ def _owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
     return rules[0]
 
 
-class PolicyMiddleware(RateLimitMiddleware):
+class PolicyMiddleware(RateLimitMiddleware, Operations):
     """Rate limiting driven by rules or a policy file, with the operational modes.
 
     ``policy``: a path to a TOML/YAML policy file (or a loaded ``Policy``); its rules replace
@@ -169,68 +169,6 @@ class PolicyMiddleware(RateLimitMiddleware):
         if self.metrics is not None:
             self.metrics.close()
 
-    # -- operations ----------------------------------------------------------------------------
-
-    def _bans(self) -> Bans:
-        bans = self._runtime.bans
-        if bans is None:
-            raise RuntimeError("bans are not configured (pass bans=Bans(...) or add [bans] to the policy)")
-        return bans
-
-    async def block(self, key: str, seconds: float) -> float:
-        """Ban ``key`` (as produced by the bans' key function) for ``seconds``, in every worker
-        sharing the store; returns the seconds left on the ban in force."""
-        return await self._bans().block(self.limiter, key, seconds)
-
-    async def unblock(self, key: str) -> None:
-        """Lift ``key``'s ban (other workers follow within the bans' ``cache_for`` seconds)."""
-        await self._bans().unblock(self.limiter, key)
-
-    def _rule_named(self, name: str, group: str | None) -> CompiledRule:
-        for rule in self._runtime.rules.rules:
-            if rule.name != name:
-                continue
-            if isinstance(rule, PolicyRule) and rule.tiers is not None:
-                if group is None or group not in rule.tiers.groups:
-                    raise ValueError(f"rule {name!r} is tiered: pass group= one of {', '.join(rule.tiers.groups)}")
-                compiled = rule.group_rules(self.limiter.prefix)[group]
-                if compiled is None:
-                    raise ValueError(f"group {group!r} of rule {name!r} is unlimited")
-                return compiled
-            return CompiledRule(rule, self.limiter.prefix)
-        raise KeyError(f"no rule named {name!r}")
-
-    async def penalty(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
-        """Charge ``points`` to ``key`` under rule ``rule`` regardless of its limit (saturating)."""
-        compiled = self._rule_named(rule, group)
-        decisions = await adjust(self.limiter.store, compiled.storage_keys(key), compiled.limits, [points] * len(compiled.limits))
-        return min(decisions, key=lambda d: d.remaining)
-
-    async def reward(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
-        """Give ``points`` back to ``key`` under rule ``rule``."""
-        compiled = self._rule_named(rule, group)
-        decisions = await adjust(self.limiter.store, compiled.storage_keys(key), compiled.limits, [-points] * len(compiled.limits))
-        return min(decisions, key=lambda d: d.remaining)
-
-    async def stats(self, key: str | None = None, *, api_key: str | None = None) -> list[dict[str, object]]:
-        """Current state of a client across every limit that can apply to it, charging nothing.
-
-        ``key`` is a storage key as the rules' key functions produce it (e.g. the client IP);
-        ``api_key`` resolves the caller's group and key through the policy's identity instead.
-        """
-        group = None
-        rules = self._runtime.rules.rules
-        if api_key is not None:
-            policy = self._runtime.policy
-            if policy is None or policy.tiers is None:
-                raise ValueError("api_key= needs a policy with an [identity] section")
-            identity = policy.tiers.identity
-            group = identity.group_of(api_key)
-            key = identity.client_key(api_key)
-        if key is None:
-            raise ValueError("stats() needs key= or api_key=")
-        return await rule_stats(self.limiter, rules, key, group=group)
-
     # -- request path: a pipeline of stages over one RequestContext ------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -249,7 +187,8 @@ class PolicyMiddleware(RateLimitMiddleware):
                 return
             if ctx.plan.tiered:
                 self._choose_group(ctx, scope)
-            decision = await self._check(ctx, scope)
+            rules = ctx.rules  # empty when the caller's group is unlimited
+            decision = await check_rules(self.limiter, rules, scope, False, ctx.shadow) if rules else None
             if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
                 decision = await self._delay(ctx, scope, decision)
         except LimitUnavailable:
@@ -310,11 +249,6 @@ class PolicyMiddleware(RateLimitMiddleware):
                 rules.append(compiled)
         ctx.rules = rules
 
-    async def _check(self, ctx: RequestContext, scope: Scope) -> Decision | None:
-        if not ctx.rules:  # the caller's group is unlimited
-            return None
-        return await check_rules(self.limiter, ctx.rules, scope, False, ctx.shadow)
-
     async def _delay(self, ctx: RequestContext, scope: Scope, decision: Decision) -> Decision | None:
         """Hold a refused request for its turn when its rule has a ``delay``; ``None`` when the
         re-check could not decide (fail-open: served as for any failed check)."""
@@ -324,7 +258,7 @@ class PolicyMiddleware(RateLimitMiddleware):
             return decision
         try:
             client = await _key(owner, scope)
-            waited = await delay.wait(client, decision, lambda: self._check(ctx, scope))
+            waited = await delay.wait(client, decision, lambda: check_rules(self.limiter, ctx.rules, scope, False, ctx.shadow))
         except LimitUnavailable:
             raise
         except Exception as exc:  # the delay key could not be computed: refuse as without a delay
