@@ -5,6 +5,8 @@ Three variants: the bare app, a request the middleware allows, and one it refuse
 previous commit: ``git archive HEAD~1 src | tar -x -C /tmp/base``) under another name in the same
 process, and alternates the two round by round, so drift and noise hit both alike; it prints min
 and median µs per request for each tree and the ratios of this tree's figures to the other's.
+A mypyc-compiled build (``--src`` its lib directory) cannot be loaded under another name: compare
+two builds by running the script on each, alternately.
 
     python scripts/bench_policy.py --rounds 15 --requests 5000 --compare /tmp/base/src
 """
@@ -84,9 +86,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=5000, help="requests per variant and round")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--src", default=str(Path(__file__).resolve().parents[1] / "src"),
+                        help="the tree measured as 'this' (default: this checkout's src; a build's lib dir works too)")
     parser.add_argument("--compare", metavar="SRC", help="another source tree to measure alongside this one")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    sys.path.insert(0, args.src)
     trees = {"this": importlib.import_module("ratewarden")}
     if args.compare:
         trees["compare"] = _load_copy(args.compare, "ratewarden_compare")
