@@ -46,6 +46,7 @@ HOT_MODULES = [
     "src/ratewarden/stores/base.py",
     "src/ratewarden/stores/memory.py",
     "src/ratewarden/rules.py",
+    "src/ratewarden/credentials.py",
     "src/ratewarden/keys.py",
     "src/ratewarden/headers.py",
     "src/ratewarden/enforcement.py",

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from .keys import KeyFunc, client_ip
 from .limiter import storage_key
@@ -31,7 +31,10 @@ from .stores.memory import MemoryStore
 if TYPE_CHECKING:
     from .limiter import Limiter
 
-__all__ = ["Bans"]
+__all__ = ["BanStatus", "Bans"]
+
+BanStatus = Literal[403, 429]
+"""How a banned request is answered: 403 Forbidden or 429 Too Many Requests."""
 
 log = logging.getLogger("ratewarden.bans")
 
@@ -53,7 +56,7 @@ class Bans:
         duration: float = 300.0,
         growth: float = 1.0,
         max_duration: float = 86400.0,
-        status: int = 403,
+        status: BanStatus = 403,
         key: KeyFunc = client_ip,
         cache_for: float = 1.0,
         max_entries: int = 100_000,
@@ -74,7 +77,7 @@ class Bans:
         self.duration = duration
         self.growth = growth
         self.max_duration = max(max_duration, duration)
-        self.status = status
+        self.status: BanStatus = status
         self.key = key
         self.cache_for = cache_for
         self.max_entries = max_entries

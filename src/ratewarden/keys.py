@@ -7,13 +7,12 @@ peer is a configured trusted proxy.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
-from urllib.parse import parse_qsl
 
 from ._mypyc import mypyc_attr
+from .credentials import bearer_token_of, digest, header_value, query_value
 from .types import Scope
 
 __all__ = [
@@ -35,13 +34,6 @@ _CACHE_LIMIT = 10_000
 MAX_FORWARDED_HOPS = 32
 """Forwarding-header entries examined from the right (a proxy chain is rarely longer than a few
 hops); entries further left are never read, so a long forged header costs no more than this."""
-
-
-def _get_header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or ():
-        if key == name:
-            return bytes(value).decode("latin-1")
-    return None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -123,9 +115,9 @@ class ClientIP:
         return result
 
     def _from_headers(self, scope: Scope, peer: str) -> str:
-        hops = _forwarded_for(_get_header(scope, b"forwarded"))
+        hops = _forwarded_for(header_value(scope, b"forwarded"))
         if not hops:
-            xff = _get_header(scope, b"x-forwarded-for")
+            xff = header_value(scope, b"x-forwarded-for")
             if xff:
                 hops = [h.strip() for h in xff.rsplit(",", MAX_FORWARDED_HOPS)[-MAX_FORWARDED_HOPS:]]
         for address in reversed(hops):
@@ -166,9 +158,9 @@ def header(name: str, *, fallback: KeyFunc | None = client_ip, hashed: bool = Fa
     label = name.lower()
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
-        value = _get_header(scope, raw)
+        value = header_value(scope, raw)
         if value:
-            return f"{label}:{_digest(value) if hashed else value}"
+            return f"{label}:{digest(value) if hashed else value}"
         return fallback(scope) if fallback is not None else None
 
     return key
@@ -178,11 +170,9 @@ def bearer_token(*, fallback: KeyFunc | None = client_ip) -> KeyFunc:
     """The token of ``Authorization: Bearer <token>``, hashed so secrets never reach the store."""
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
-        value = _get_header(scope, b"authorization")
-        if value and value[:7].lower() == "bearer ":
-            token = value[7:].strip()
-            if token:
-                return "bearer:" + _digest(token)
+        token = bearer_token_of(scope)
+        if token is not None:
+            return "bearer:" + digest(token)
         return fallback(scope) if fallback is not None else None
 
     return key
@@ -192,11 +182,9 @@ def query_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
     """The value of query parameter ``name``."""
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
-        qs = scope.get("query_string") or b""
-        if qs:
-            for k, v in parse_qsl(qs.decode("latin-1"), keep_blank_values=False):
-                if k == name:
-                    return f"q.{name}:{v}"
+        value = query_value(scope, name)
+        if value is not None:
+            return f"q.{name}:{value}"
         return fallback(scope) if fallback is not None else None
 
     return key
@@ -257,10 +245,6 @@ def key_text(value: object, scope: Scope) -> str:
     if value is None or value == "":
         return client_ip(scope)
     return value if type(value) is str else str(value)
-
-
-def _digest(value: str) -> str:
-    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
 _ROUTE_CACHE: dict[tuple[int, str, str], tuple[object, str | None, dict[str, Any]]] = {}

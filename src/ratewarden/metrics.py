@@ -166,6 +166,11 @@ class Metrics:
     def observe_delayed(self, rule: str, group: str) -> None:
         self.delayed.labels(*self._labels(rule, group)).inc()
 
+    def observe_shadow_rule(self, decision: Decision) -> None:
+        """Count a shadow rule's decision (labelled by its policy name) if it would have denied."""
+        if not decision.allowed:
+            self.shadow_limited.labels(*self._labels(decision.policy, "")).inc()
+
     def observe_banned(self, status: int) -> None:
         self.banned.labels(str(status)).inc()
 

@@ -96,3 +96,26 @@ def test_unknown_file_type(tmp_path: Path) -> None:
     path.write_text("")
     with pytest.raises(PolicyError, match=r"unknown policy file type '\.ini'"):
         load_policy(path)
+
+
+_TIERED = (
+    '[identity]\nunknown_group = "free"\nanonymous_group = "free"\n[groups.free]\nlimits = "1/s"\n'
+    '[[rules]]\npath = "/api/**"\ntiered = true\n[[rules]]\npath = "/b"\nrate = "1/s"\nkey = "identity"\n'
+    '[bans]\nkey = "identity"\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("broken", "expected"),
+    [
+        (_TIERED.replace("[identity]", '[settings]\nalgorithm = "bogus"\n[identity]'), "settings.algorithm: unknown algorithm"),
+        (_TIERED.replace('limits = "1/s"', 'limits = "1/sx"'), "groups.free.limits: invalid rate '1/sx'"),
+        (_TIERED.replace('unknown_group = "free"', 'unknown_group = "gold"'), "identity.unknown_group: unknown group 'gold'"),
+    ],
+)
+def test_a_problem_elsewhere_is_the_only_one_reported(broken: str, expected: str) -> None:
+    """Regression: a problem in [settings], [groups] or [identity] also reported every tiered rule
+    and every key = "identity" as lacking the [identity] section and [groups] that are there."""
+    assert parse_policy(_TIERED).tiers is not None
+    problems = _problems(broken)
+    assert len(problems) == 1 and expected in problems[0], problems

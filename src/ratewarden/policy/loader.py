@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .schema import Locate, Policy, PolicyError, Problem, validate
+from .problems import Locate, PolicyError, Problem
+from .schema import Policy, validate
 
 __all__ = ["load_policy", "parse_policy"]
 

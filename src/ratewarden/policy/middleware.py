@@ -1,9 +1,11 @@
 """``PolicyMiddleware``: ``RateLimitMiddleware`` plus the operational features — a reloadable
 policy file, tiers, global shadow mode, bans, delays, after-response charging and metrics.
 
-It is a separate class so the plain middleware's hot path carries none of this; features left
-off here cost a few attribute checks per request. WebSocket traffic is handled exactly as by
-``RateLimitMiddleware``.
+A request goes through named stages over one ``RequestContext`` (``context.py``): refuse if
+banned, choose the caller's group, check, delay, record, then refuse or serve (and settle
+after-response charges). It is a separate class so the plain middleware's hot path carries none
+of this; features left off here cost a few attribute checks per request. WebSocket traffic is
+handled exactly as by ``RateLimitMiddleware``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..asgi.middleware import RateLimitMiddleware
 from ..bans import Bans
 from ..charges import adjust
 from ..decision import Decision
+from ..delay import Delay
 from ..enforcement import LimitUnavailable, check_rules, report_failure
 from ..headers import rate_limit_headers
 from ..keys import key_text
@@ -27,8 +30,9 @@ from ..limiter import Limiter
 from ..metrics import Metrics
 from ..responses import adding_missing_headers, limited_headers, problem_body, send_problem, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet
-from ..stats import rule_stats
 from ..types import ASGIApp, Message, Receive, Scope, Send
+from .context import STATE_KEY, RequestContext
+from .operations import Operations
 from .reload import PolicyReloader
 from .schema import Policy
 from .tiers import PolicyRule
@@ -41,7 +45,7 @@ _refund_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
-class _Runtime:
+class Runtime:
     """Everything a request reads from the current policy, swapped as one object."""
 
     rules: RuleSet
@@ -51,7 +55,7 @@ class _Runtime:
     policy: Policy | None
 
 
-class _Plan:
+class Plan:
     """What a matched rule tuple needs beyond a plain check (computed once per tuple)."""
 
     __slots__ = ("charged", "delayed", "tiered")
@@ -79,7 +83,7 @@ def _owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
     return rules[0]
 
 
-class PolicyMiddleware(RateLimitMiddleware):
+class PolicyMiddleware(RateLimitMiddleware, Operations):
     """Rate limiting driven by rules or a policy file, with the operational modes.
 
     ``policy``: a path to a TOML/YAML policy file (or a loaded ``Policy``); its rules replace
@@ -113,8 +117,8 @@ class PolicyMiddleware(RateLimitMiddleware):
             metrics.watch(limiter.store)
         self.shadow_header = shadow_header
         self._defaults = (shadow, bans, show_group)
-        self._plans: dict[tuple[CompiledRule, ...], _Plan] = {}
-        self._runtime = _Runtime(self.rules, shadow, bans, show_group, None)
+        self._plans: dict[tuple[CompiledRule, ...], Plan] = {}
+        self._runtime = Runtime(self.rules, shadow, bans, show_group, None)
         self.reloader: PolicyReloader | None = None
         if isinstance(policy, Policy):
             self.apply(policy)
@@ -148,7 +152,7 @@ class PolicyMiddleware(RateLimitMiddleware):
         if old is not None and new_bans is not None and new_bans is not old:
             new_bans = old.configure_from(new_bans)
         ruleset = RuleSet(policy.rules, self.limiter.prefix)
-        self._runtime = _Runtime(ruleset, policy.shadow or shadow, new_bans, policy.show_group and show_group, policy)
+        self._runtime = Runtime(ruleset, policy.shadow or shadow, new_bans, policy.show_group and show_group, policy)
         self.rules = ruleset
         self._plans = {}
 
@@ -165,96 +169,7 @@ class PolicyMiddleware(RateLimitMiddleware):
         if self.metrics is not None:
             self.metrics.close()
 
-    # -- operations ----------------------------------------------------------------------------
-
-    def _bans(self) -> Bans:
-        bans = self._runtime.bans
-        if bans is None:
-            raise RuntimeError("bans are not configured (pass bans=Bans(...) or add [bans] to the policy)")
-        return bans
-
-    async def block(self, key: str, seconds: float) -> float:
-        """Ban ``key`` (as produced by the bans' key function) for ``seconds``, in every worker
-        sharing the store; returns the seconds left on the ban in force."""
-        return await self._bans().block(self.limiter, key, seconds)
-
-    async def unblock(self, key: str) -> None:
-        """Lift ``key``'s ban (other workers follow within the bans' ``cache_for`` seconds)."""
-        await self._bans().unblock(self.limiter, key)
-
-    def _rule_named(self, name: str, group: str | None) -> CompiledRule:
-        for rule in self._runtime.rules.rules:
-            if rule.name != name:
-                continue
-            if isinstance(rule, PolicyRule) and rule.tiers is not None:
-                if group is None or group not in rule.tiers.groups:
-                    raise ValueError(f"rule {name!r} is tiered: pass group= one of {', '.join(rule.tiers.groups)}")
-                compiled = rule.group_rules(self.limiter.prefix)[group]
-                if compiled is None:
-                    raise ValueError(f"group {group!r} of rule {name!r} is unlimited")
-                return compiled
-            return CompiledRule(rule, self.limiter.prefix)
-        raise KeyError(f"no rule named {name!r}")
-
-    async def penalty(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
-        """Charge ``points`` to ``key`` under rule ``rule`` regardless of its limit (saturating)."""
-        compiled = self._rule_named(rule, group)
-        decisions = await adjust(self.limiter.store, compiled.storage_keys(key), compiled.limits, [points] * len(compiled.limits))
-        return min(decisions, key=lambda d: d.remaining)
-
-    async def reward(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
-        """Give ``points`` back to ``key`` under rule ``rule``."""
-        compiled = self._rule_named(rule, group)
-        decisions = await adjust(self.limiter.store, compiled.storage_keys(key), compiled.limits, [-points] * len(compiled.limits))
-        return min(decisions, key=lambda d: d.remaining)
-
-    async def stats(self, key: str | None = None, *, api_key: str | None = None) -> list[dict[str, object]]:
-        """Current state of a client across every limit that can apply to it, charging nothing.
-
-        ``key`` is a storage key as the rules' key functions produce it (e.g. the client IP);
-        ``api_key`` resolves the caller's group and key through the policy's identity instead.
-        """
-        group = None
-        rules = self._runtime.rules.rules
-        if api_key is not None:
-            policy = self._runtime.policy
-            if policy is None or policy.tiers is None:
-                raise ValueError("api_key= needs a policy with an [identity] section")
-            identity = policy.tiers.identity
-            group = identity.group_of(api_key)
-            key = identity.client_key(api_key)
-        if key is None:
-            raise ValueError("stats() needs key= or api_key=")
-        return await rule_stats(self.limiter, rules, key, group=group)
-
-    # -- request path --------------------------------------------------------------------------
-
-    def _plan(self, matched: tuple[CompiledRule, ...]) -> _Plan:
-        plan = self._plans.get(matched)
-        if plan is None:
-            plan = _Plan(matched)
-            if len(self._plans) >= _PLAN_CACHE_LIMIT:
-                self._plans = {}
-            self._plans[matched] = plan
-        return plan
-
-    def _expand(self, matched: Sequence[CompiledRule], scope: Scope) -> tuple[list[CompiledRule], str]:
-        """Replace tiered rules by the rule of the caller's group (dropping unlimited groups)."""
-        out: list[CompiledRule] = []
-        group = ""
-        prefix = self.limiter.prefix
-        for compiled in matched:
-            rule = compiled.rule
-            if isinstance(rule, PolicyRule) and rule.tiers is not None:
-                group = rule.tiers.identity.group(scope)
-                chosen = rule.group_rules(prefix).get(group)
-                if chosen is not None:
-                    out.append(chosen)
-            else:
-                out.append(compiled)
-        if group:
-            scope.setdefault("state", {})["ratewarden.group"] = group
-        return out, group
+    # -- request path: a pipeline of stages over one RequestContext ------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -262,140 +177,179 @@ class PolicyMiddleware(RateLimitMiddleware):
             return
         rt = self._runtime
         matched = rt.rules.match(scope["method"], scope["path"])
-        limiter = self.limiter
-        if not matched or not limiter.enabled:
+        if not matched or not self.limiter.enabled:
             await self.app(scope, receive, send)
             return
-        metrics = self.metrics
-        bans = rt.bans
-        ban_key: str | None = None
-        if bans is not None:
-            try:
-                value = bans.key(scope)
-                if isinstance(value, Awaitable):
-                    value = await value
-                ban_key = key_text(value, scope)
-            except Exception as exc:  # a broken key function: the failure policy decides, bans are skipped
-                try:
-                    report_failure(limiter, "ban key function", exc)
-                except LimitUnavailable:
-                    await send_unavailable(send)
-                    return
-        if bans is not None and ban_key is not None:
-            left = await bans.check(limiter, ban_key)
-            if left > 0:
-                if metrics is not None:
-                    metrics.observe_banned(bans.status)
-                await self._refuse_banned(send, bans.status, left)
-                return
-        plan = self._plan(matched)
-        group = ""
-        rules: Sequence[CompiledRule] = matched
-        if plan.tiered:
-            rules, group = self._expand(matched, scope)
-            if not rules:  # an unlimited group
-                await self.app(scope, receive, send)
-                return
+        ctx = RequestContext(rt, matched, self._plan(matched))
+        scope.setdefault("state", {})[STATE_KEY] = ctx
         try:
-            decision = await check_rules(limiter, rules, scope)
+            if rt.bans is not None and await self._refuse_if_banned(ctx, scope, send):
+                return
+            if ctx.plan.tiered:
+                self._choose_group(ctx, scope)
+            rules = ctx.rules  # empty when the caller's group is unlimited
+            decision = await check_rules(self.limiter, rules, scope, False, ctx.shadow) if rules else None
+            if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
+                decision = await self._delay(ctx, scope, decision)
         except LimitUnavailable:
             await send_unavailable(send)
             return
-        state = scope.setdefault("state", {})
-        if decision is None:
-            await self._serve(scope, receive, send, None, rules, plan, rt)
-            return
-        owner = _owner(rules, decision)
-        if not decision.allowed and plan.delayed and not rt.shadow:
-            delay = getattr(owner.rule, "delay", None)
-            if delay is not None:
-                try:
-                    client = await _key(owner, scope)
-                    waited = await delay.wait(client, decision, lambda: check_rules(limiter, rules, scope))
-                except LimitUnavailable:
-                    await send_unavailable(send)
-                    return
-                except Exception as exc:  # the delay key could not be computed: refuse as without a delay
-                    log.warning("delay skipped rule=%s: %s: %s", owner.rule.name, type(exc).__name__, exc)
-                    waited = decision
-                if waited is None:  # the re-check failed under fail-open: serve, as for any failed check
-                    await self._serve(scope, receive, send, None, rules, plan, rt)
-                    return
-                if waited.allowed and metrics is not None:
-                    metrics.observe_delayed(owner.rule.name, group)
-                decision = waited
-                owner = _owner(rules, decision)
-        if metrics is not None:
-            metrics.observe(owner.rule.name, group, decision, shadow=rt.shadow)
-        state["ratewarden.decision"] = decision
-        if not decision.allowed:
-            if rt.shadow:
-                state["ratewarden.would_deny"] = decision
-                log.info(
-                    "shadow_limited rule=%s group=%s policy=%s retry_after=%.3f",
-                    owner.rule.name, group, decision.policy, decision.retry_after,
-                )
-                await self._serve(scope, receive, send, decision, rules, plan, rt, charged=False)
+        if decision is not None:
+            self._record(ctx, decision)
+            if not decision.allowed and not rt.shadow:
+                await self._refuse(ctx, scope, receive, send, decision)
                 return
+        await self._serve(ctx, scope, receive, send)
+
+    def _plan(self, matched: tuple[CompiledRule, ...]) -> Plan:
+        plan = self._plans.get(matched)
+        if plan is None:
+            plan = Plan(matched)
+            if len(self._plans) >= _PLAN_CACHE_LIMIT:
+                self._plans = {}
+            self._plans[matched] = plan
+        return plan
+
+    async def _refuse_if_banned(self, ctx: RequestContext, scope: Scope, send: Send) -> bool:
+        """Answer a banned client (``True``: done). A failing ban key function skips the bans
+        under fail-open and raises ``LimitUnavailable`` under fail-closed."""
+        bans = ctx.runtime.bans
+        assert bans is not None
+        try:
+            value = bans.key(scope)
+            if isinstance(value, Awaitable):
+                value = await value
+            ctx.ban_key = key_text(value, scope)
+        except Exception as exc:
+            report_failure(self.limiter, "ban key function", exc)
+            return False
+        left = await bans.check(self.limiter, ctx.ban_key)
+        if left <= 0:
+            return False
+        if self.metrics is not None:
+            self.metrics.observe_banned(bans.status)
+        title = "Forbidden" if bans.status == 403 else "Too Many Requests"
+        seconds = max(1, math.ceil(left))
+        body = problem_body(bans.status, title, f"Too many rejected requests; blocked for {seconds}s.", retry_after=seconds)
+        await send_problem(send, bans.status, body, [(b"retry-after", b"%d" % seconds)])
+        return True
+
+    def _choose_group(self, ctx: RequestContext, scope: Scope) -> None:
+        """Replace tiered rules by the rule of the caller's group (dropping unlimited groups)."""
+        rules: list[CompiledRule] = []
+        prefix = self.limiter.prefix
+        for compiled in ctx.rules:
+            rule = compiled.rule
+            if isinstance(rule, PolicyRule) and rule.tiers is not None:
+                ctx.group = rule.tiers.identity.group(scope)
+                chosen = rule.group_rules(prefix).get(ctx.group)
+                if chosen is not None:
+                    rules.append(chosen)
+            else:
+                rules.append(compiled)
+        ctx.rules = rules
+
+    async def _delay(self, ctx: RequestContext, scope: Scope, decision: Decision) -> Decision | None:
+        """Hold a refused request for its turn when its rule has a ``delay``; ``None`` when the
+        re-check could not decide (fail-open: served as for any failed check)."""
+        owner = _owner(ctx.rules, decision)
+        delay: Delay | None = getattr(owner.rule, "delay", None)
+        if delay is None:
+            return decision
+        try:
+            client = await _key(owner, scope)
+            waited = await delay.wait(client, decision, lambda: check_rules(self.limiter, ctx.rules, scope, False, ctx.shadow))
+        except LimitUnavailable:
+            raise
+        except Exception as exc:  # the delay key could not be computed: refuse as without a delay
+            log.warning("delay skipped rule=%s: %s: %s", owner.rule.name, type(exc).__name__, exc)
+            return decision
+        if waited is not None and waited.allowed and self.metrics is not None:
+            self.metrics.observe_delayed(owner.rule.name, ctx.group)
+        return waited
+
+    def _record(self, ctx: RequestContext, decision: Decision) -> None:
+        """Publish the decision in the context, count it and log a refusal."""
+        ctx.decision = decision
+        shadow = ctx.runtime.shadow
+        if self.metrics is None and decision.allowed:
+            return
+        name = _owner(ctx.rules, decision).rule.name
+        if self.metrics is not None:
+            self.metrics.observe(name, ctx.group, decision, shadow=shadow)
+        if decision.allowed:
+            return
+        if shadow:
+            ctx.would_deny = decision
+            log.info(
+                "shadow_limited rule=%s group=%s policy=%s retry_after=%.3f",
+                name, ctx.group, decision.policy, decision.retry_after,
+            )
+        else:
             log.info(
                 "rate_limited rule=%s group=%s policy=%s limit=%d retry_after=%.3f",
-                owner.rule.name, group, decision.policy, decision.limit, decision.retry_after,
+                name, ctx.group, decision.policy, decision.limit, decision.retry_after,
             )
-            if bans is not None and ban_key is not None:
-                try:
-                    await bans.strike(limiter, ban_key)
-                except Exception as exc:
-                    log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
-            await self._reject_group(scope, receive, send, decision, group if rt.show_group else "")
-            return
-        await self._serve(scope, receive, send, decision, rules, plan, rt)
 
-    async def _serve(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        decision: Decision | None,
-        rules: Sequence[CompiledRule],
-        plan: _Plan,
-        rt: _Runtime,
-        charged: bool = True,
-    ) -> None:
-        """Run the app, adding rate-limit and shadow headers, then settle after-response charges."""
-        extra: list[tuple[bytes, bytes]] = []
-        if decision is not None and self.headers == "always":
-            extra.extend(rate_limit_headers(decision, self.header_style))
-        state = scope.get("state") or {}
-        if self.shadow_header:
-            would = state.get("ratewarden.would_deny")
-            denied = [d for d in state.get("ratewarden.shadow", ()) if not d.allowed]
-            if would is not None:
-                denied.insert(0, would)
-            for d in denied[:1]:
-                retry = "inf" if math.isinf(d.retry_after) else str(max(1, math.ceil(d.retry_after)))
-                extra.append((b"ratelimit-shadow", f'"{d.policy}";deny;r={d.remaining};t={retry}'.encode("latin-1", "replace")))
-        if self.metrics is not None:
-            for d in state.get("ratewarden.shadow", ()):
-                if not d.allowed:
-                    self.metrics.shadow_limited.labels(*self.metrics._labels(d.policy, "")).inc()
-        status = 500
-        if extra or plan.charged:
-
-            async def wrapped(message: Message) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = int(message["status"])
-                    if extra:
-                        message["headers"] = [*message.get("headers", ()), *extra]
-                await send(message)
-
+    async def _refuse(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
+        """Answer 429 (or ``on_limit``), counting the refusal toward a ban."""
+        bans = ctx.runtime.bans
+        if bans is not None and ctx.ban_key is not None:
             try:
-                await self.app(scope, receive, wrapped)
-            finally:
-                if plan.charged and charged and decision is not None:
-                    await self._settle(scope, rules, status)
+                await bans.strike(self.limiter, ctx.ban_key)
+            except Exception as exc:
+                log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
+        headers = limited_headers(decision, self.header_style, self.headers != "off")
+        if self.on_limit is not None:
+            response = self.on_limit(scope, decision)
+            if inspect.isawaitable(response):
+                response = await response
+            await response(scope, receive, adding_missing_headers(send, headers))
             return
-        await self.app(scope, receive, send)
+        group = ctx.group if ctx.runtime.show_group else ""
+        await send_problem(send, 429, limited_body(decision, group), headers)
+
+    async def _serve(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app, adding rate-limit and shadow headers, then settle after-response charges."""
+        decision = ctx.decision
+        extra = rate_limit_headers(decision, self.header_style) if decision is not None and self.headers == "always" else []
+        if ctx.would_deny is not None or ctx.shadow:
+            extra = [*extra, *self._shadow_headers(ctx)]
+        settle = ctx.plan.charged and decision is not None and ctx.would_deny is None
+        if not extra and not ctx.plan.charged:
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def wrapped(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                if extra:
+                    message["headers"] = [*message.get("headers", ()), *extra]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            if settle:
+                await self._settle(scope, ctx.rules, status)
+
+    def _shadow_headers(self, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+        """``RateLimit-Shadow`` for the first decision a shadow limit would have denied; counts
+        the per-rule shadow denials."""
+        if self.metrics is not None:
+            for d in ctx.shadow:
+                self.metrics.observe_shadow_rule(d)
+        if not self.shadow_header:
+            return []
+        denied = [d for d in ctx.shadow if not d.allowed]
+        if ctx.would_deny is not None:
+            denied.insert(0, ctx.would_deny)
+        for d in denied[:1]:
+            retry = "inf" if math.isinf(d.retry_after) else str(max(1, math.ceil(d.retry_after)))
+            return [(b"ratelimit-shadow", f'"{d.policy}";deny;r={d.remaining};t={retry}'.encode("latin-1", "replace"))]
+        return []
 
     async def _settle(self, scope: Scope, rules: Sequence[CompiledRule], status: int) -> None:
         """Refund the charge of rules whose ``charge`` says this status does not count."""
@@ -414,23 +368,6 @@ class PolicyMiddleware(RateLimitMiddleware):
                     log.warning("after-response charging unavailable: %s", exc)
             except Exception as exc:
                 log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
-
-    async def _refuse_banned(self, send: Send, status: int, left: float) -> None:
-        title = "Forbidden" if status == 403 else "Too Many Requests"
-        seconds = max(1, math.ceil(left))
-        body = problem_body(status, title, f"Too many rejected requests; blocked for {seconds}s.", retry_after=seconds)
-        await send_problem(send, status, body, [(b"retry-after", b"%d" % seconds)])
-
-    async def _reject_group(self, scope: Scope, receive: Receive, send: Send, decision: Decision, group: str) -> None:
-        if self.on_limit is not None:
-            response = self.on_limit(scope, decision)
-            if inspect.isawaitable(response):
-                response = await response
-            headers = limited_headers(decision, self.header_style, self.headers != "off")
-            await response(scope, receive, adding_missing_headers(send, headers))
-            return
-        headers = limited_headers(decision, self.header_style, self.headers != "off")
-        await send_problem(send, 429, limited_body(decision, group), headers)
 
 
 def limited_body(decision: Decision, group: str = "") -> bytes:

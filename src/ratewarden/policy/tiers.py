@@ -15,74 +15,22 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
-from urllib.parse import parse_qsl
 
 from ..charges import Charge
+from ..credentials import digest
 from ..delay import Delay
 from ..keys import KeyFunc, client_ip, key_text
 from ..rates import Rate
 from ..rules import CompiledRule, Rule
 from ..types import Scope
+from .context import context_of
+from .keyspec import parse_source
 
 __all__ = ["Identity", "PolicyRule", "Tiers", "parse_source"]
 
-Extractor = Callable[[Scope], "str | None"]
 _CACHE_LIMIT = 10_000
-_STATE_KEY = "ratewarden.identity"
-
-
-def _header_extractor(name: str) -> Extractor:
-    raw = name.lower().encode("latin-1")
-
-    def extract(scope: Scope) -> str | None:
-        for key, value in scope.get("headers") or ():
-            if key == raw:
-                text = bytes(value).decode("latin-1").strip()
-                return text or None
-        return None
-
-    return extract
-
-
-def _bearer(scope: Scope) -> str | None:
-    for key, value in scope.get("headers") or ():
-        if key == b"authorization":
-            text = bytes(value).decode("latin-1")
-            if text[:7].lower() == "bearer ":
-                return text[7:].strip() or None
-    return None
-
-
-def _query_extractor(name: str) -> Extractor:
-    def extract(scope: Scope) -> str | None:
-        qs = scope.get("query_string") or b""
-        if qs:
-            for k, v in parse_qsl(qs.decode("latin-1")):
-                if k == name and v:
-                    return str(v)
-        return None
-
-    return extract
-
-
-def parse_source(spec: str) -> Extractor:
-    """``header:<Name>``, ``bearer`` or ``query:<name>`` as a function of the scope."""
-    kind, _, arg = spec.partition(":")
-    kind = kind.strip().lower()
-    arg = arg.strip()
-    if kind == "header" and arg:
-        return _header_extractor(arg)
-    if kind == "bearer" and not arg:
-        return _bearer
-    if kind == "query" and arg:
-        return _query_extractor(arg)
-    raise ValueError(f"invalid key source {spec!r}: use 'header:<Name>', 'bearer' or 'query:<name>'")
-
-
-def _digest(value: str) -> str:
-    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
 class Identity:
@@ -147,15 +95,16 @@ class Identity:
 
     def client_key(self, api_key: str) -> str:
         """The storage key of an API key (a digest: secrets never reach the store)."""
-        return "k:" + _digest(api_key)
+        return "k:" + digest(api_key)
 
     def resolve(self, scope: Scope) -> tuple[str, str]:
-        """``(group, client key)`` of this request (remembered in the scope for the request)."""
-        state = scope.get("state")
-        if state is not None:
-            found = state.get(_STATE_KEY)
-            if found is not None:
-                return found  # type: ignore[no-any-return]
+        """``(group, client key)`` of this request (remembered in the request's ``PolicyMiddleware``
+        context, so the group choice and the key function resolve it once)."""
+        context = context_of(scope)
+        if context is not None:
+            found = context.identity
+            if found is not None and found[0] is self:
+                return found[1]
         api_key = self.api_key(scope)
         if api_key is None:
             anon = self.anonymous_key(scope)
@@ -163,13 +112,15 @@ class Identity:
                 raise TypeError("identity anonymous_key must be a synchronous key function")
             result = (self.anonymous_group, "ip:" + key_text(anon, scope))
         else:
-            result = self._cache.get(api_key)  # type: ignore[assignment]
-            if result is None:
-                result = (self.group_of(api_key), self.client_key(api_key))
+            cached = self._cache.get(api_key)
+            if cached is None:
+                cached = (self.group_of(api_key), self.client_key(api_key))
                 if len(self._cache) >= _CACHE_LIMIT:
                     self._cache.clear()
-                self._cache[api_key] = result
-        scope.setdefault("state", {})[_STATE_KEY] = result
+                self._cache[api_key] = cached
+            result = cached
+        if context is not None:
+            context.identity = (self, result)
         return result
 
     def key(self, scope: Scope) -> str:
@@ -179,7 +130,6 @@ class Identity:
     def group(self, scope: Scope) -> str:
         """The caller's group."""
         return self.resolve(scope)[0]
-
 
 
 class Tiers:

@@ -1,0 +1,47 @@
+"""Reading what identifies a caller from a request: a header, a bearer token, a query parameter,
+and the digest that keeps a secret out of storage keys, logs and metrics.
+
+Shared by the key functions (``ratewarden.keys``) and the policy identity
+(``ratewarden.policy.tiers``), so both read the same value from the same request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from urllib.parse import parse_qsl
+
+from .types import Scope
+
+__all__ = ["bearer_token_of", "digest", "header_value", "query_value"]
+
+
+def header_value(scope: Scope, name: bytes) -> str | None:
+    """The first header called ``name`` (lower-case bytes) as text, or ``None``."""
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def bearer_token_of(scope: Scope) -> str | None:
+    """The token of ``Authorization: Bearer <token>`` (the first ``Authorization`` header, as
+    the header is defined once per request), or ``None`` without one."""
+    value = header_value(scope, b"authorization")
+    if value and value[:7].lower() == "bearer ":
+        return value[7:].strip() or None
+    return None
+
+
+def query_value(scope: Scope, name: str) -> str | None:
+    """The first non-empty value of query parameter ``name``, or ``None``."""
+    qs = scope.get("query_string") or b""
+    if qs:
+        for k, v in parse_qsl(qs.decode("latin-1"), keep_blank_values=False):
+            if k == name:
+                return str(v)
+    return None
+
+
+def digest(value: str) -> str:
+    """A short hash of a secret (24 hex characters), stored in its place."""
+    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()

@@ -1,0 +1,89 @@
+"""Operator actions on a running ``PolicyMiddleware``: bans by hand, penalties and rewards, and
+a client's stats across its limits (none of them on the request path)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..bans import Bans
+from ..charges import adjust
+from ..decision import Decision
+from ..limiter import Limiter
+from ..rules import CompiledRule
+from ..stats import rule_stats
+from .tiers import PolicyRule
+
+if TYPE_CHECKING:
+    from .middleware import Runtime
+
+__all__ = ["Operations"]
+
+
+class Operations:
+    """The admin methods of ``PolicyMiddleware`` (a mixin: it reads the middleware's limiter and
+    current policy)."""
+
+    limiter: Limiter
+    _runtime: Runtime
+
+    def _bans(self) -> Bans:
+        bans = self._runtime.bans
+        if bans is None:
+            raise RuntimeError("bans are not configured (pass bans=Bans(...) or add [bans] to the policy)")
+        return bans
+
+    async def block(self, key: str, seconds: float) -> float:
+        """Ban ``key`` (as produced by the bans' key function) for ``seconds``, in every worker
+        sharing the store; returns the seconds left on the ban in force."""
+        return await self._bans().block(self.limiter, key, seconds)
+
+    async def unblock(self, key: str) -> None:
+        """Lift ``key``'s ban (other workers follow within the bans' ``cache_for`` seconds)."""
+        await self._bans().unblock(self.limiter, key)
+
+    def _rule_named(self, name: str, group: str | None) -> CompiledRule:
+        for rule in self._runtime.rules.rules:
+            if rule.name != name:
+                continue
+            if isinstance(rule, PolicyRule) and rule.tiers is not None:
+                if group is None or group not in rule.tiers.groups:
+                    raise ValueError(f"rule {name!r} is tiered: pass group= one of {', '.join(rule.tiers.groups)}")
+                compiled = rule.group_rules(self.limiter.prefix)[group]
+                if compiled is None:
+                    raise ValueError(f"group {group!r} of rule {name!r} is unlimited")
+                return compiled
+            return CompiledRule(rule, self.limiter.prefix)
+        raise KeyError(f"no rule named {name!r}")
+
+    async def _adjust(self, rule: str, key: str, points: float, group: str | None) -> Decision:
+        compiled = self._rule_named(rule, group)
+        amounts = [points] * len(compiled.limits)
+        decisions = await adjust(self.limiter.store, compiled.storage_keys(key), compiled.limits, amounts)
+        return min(decisions, key=lambda d: d.remaining)
+
+    async def penalty(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
+        """Charge ``points`` to ``key`` under rule ``rule`` regardless of its limit (saturating)."""
+        return await self._adjust(rule, key, points, group)
+
+    async def reward(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
+        """Give ``points`` back to ``key`` under rule ``rule``."""
+        return await self._adjust(rule, key, -points, group)
+
+    async def stats(self, key: str | None = None, *, api_key: str | None = None) -> list[dict[str, object]]:
+        """Current state of a client across every limit that can apply to it, charging nothing.
+
+        ``key`` is a storage key as the rules' key functions produce it (e.g. the client IP);
+        ``api_key`` resolves the caller's group and key through the policy's identity instead.
+        """
+        group = None
+        rules = self._runtime.rules.rules
+        if api_key is not None:
+            policy = self._runtime.policy
+            if policy is None or policy.tiers is None:
+                raise ValueError("api_key= needs a policy with an [identity] section")
+            identity = policy.tiers.identity
+            group = identity.group_of(api_key)
+            key = identity.client_key(api_key)
+        if key is None:
+            raise ValueError("stats() needs key= or api_key=")
+        return await rule_stats(self.limiter, rules, key, group=group)
