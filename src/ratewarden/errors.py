@@ -1,7 +1,8 @@
 """Every error ratewarden raises on purpose, under one base: ``except RatewardenError`` catches them.
 
 - ``ConfigurationError`` (also a ``ValueError``): something given at start-up cannot be used: a
-  rate string, an algorithm name, a store URL, a policy file (``PolicyError``). Raised when the
+  rate string, an algorithm name, a store URL, a policy file
+  (``ratewarden.policy.PolicyError``, which lists every problem found). Raised when the
   value is given, never at the first request.
 - ``StoreError``: a store could not answer (unreachable, timed out, an error reply); the
   original exception is kept as ``__cause__``.

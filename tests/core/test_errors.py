@@ -15,6 +15,9 @@ from ratewarden.stores.base import StoreError as FromStores
 def test_every_error_has_the_common_base() -> None:
     for cls in (ConfigurationError, StoreError, LimitUnavailable, RateLimitExceeded):
         assert issubclass(cls, RatewardenError), cls
+    from ratewarden.policy import PolicyError
+
+    assert issubclass(PolicyError, ConfigurationError)
     assert issubclass(ConfigurationError, ValueError)  # code catching ValueError keeps working
     assert FromErrors is ConfigurationError and FromStores is StoreError
     assert {"RatewardenError", "ConfigurationError", "StoreError", "LimitUnavailable"} <= set(ratewarden.__all__)

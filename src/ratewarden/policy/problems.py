@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigurationError
+
 __all__ = ["Locate", "PolicyError", "Problem", "Validator", "describe_value"]
 
 Locate = Callable[[Sequence[str | int]], "int | None"]
@@ -30,7 +32,7 @@ class Problem:
         return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
 
 
-class PolicyError(ValueError):
+class PolicyError(ConfigurationError):
     """A policy file that cannot be used; ``problems`` lists every issue found."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:
