@@ -21,7 +21,6 @@ from ratewarden.stores.redis import RedisStore
 from tests.core.asgi import request
 from tests.policy.apps import build_app
 from tests.servers import RedisStandalone
-from tests.stores.conftest import redis_standalone  # noqa: F401 - the real server fixture
 
 
 class FlakyStore(Store):

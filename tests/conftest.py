@@ -1,0 +1,75 @@
+"""Session-wide real servers (started once, stopped at the end) and a marker per backend.
+
+A test that uses a server fixture, directly or through another fixture, is marked with that
+backend (``redis``, ``sentinel``, ``cluster``, ``memcached``), so ``pytest -m "not cluster"`` or
+``pytest -m memcached`` select by what a test needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.servers import Memcached, RedisCluster, RedisSentinel, RedisStandalone, have
+
+BACKENDS = {
+    "redis_standalone": "redis",
+    "redis_sentinel": "sentinel",
+    "matrix_sentinel": "sentinel",
+    "redis_cluster": "cluster",
+    "memcached_server": "memcached",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in set(getattr(item, "fixturenames", ())) & BACKENDS.keys():
+            item.add_marker(BACKENDS[fixture])
+
+
+def _need(binary: str) -> None:
+    if not have(binary):
+        pytest.fail(f"{binary} is not installed: run scripts/install-system-deps.sh (make setup does)")
+
+
+@pytest.fixture(scope="session")
+def redis_standalone() -> Iterator[RedisStandalone]:
+    _need("redis-server")
+    server = RedisStandalone().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    _need("redis-server")
+    cluster = RedisCluster().start()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[RedisSentinel]:
+    _need("redis-server")
+    setup = RedisSentinel().start()
+    yield setup
+    setup.close()
+
+
+@pytest.fixture(scope="session")
+def matrix_sentinel() -> Iterator[RedisSentinel]:
+    """A Sentinel set-up slow to fail over (60 s), so pausing or restarting its primary is an
+    outage, not a failover (the failure matrix)."""
+    _need("redis-server")
+    setup = RedisSentinel(down_after_ms=60_000).start()
+    yield setup
+    setup.close()
+
+
+@pytest.fixture(scope="session")
+def memcached_server() -> Iterator[Memcached]:
+    _need("memcached")
+    server = Memcached().start()
+    yield server
+    server.close()
