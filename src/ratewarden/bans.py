@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
+from .algorithms import AlgorithmName
 from .keys import KeyFunc, client_ip
 from .limiter import storage_key
 from .limits import Limit
@@ -84,7 +85,7 @@ class Bans:
         self.clock = clock
         self.strike_rate = Rate(after, within)
         # An exact log for the usual small thresholds; a counter for large ones.
-        self.strike_algorithm = "sliding_log" if after <= 1000 else "sliding_window"
+        self.strike_algorithm: AlgorithmName = "sliding_log" if after <= 1000 else "sliding_window"
         # One level per offence, each forgotten after max_duration (GCRA: interval = max_duration).
         self._level_limit = Limit(Rate(_LEVELS, _LEVELS * self.max_duration), "gcra", "ban-level")
         self._cache: dict[str, tuple[float, float]] = {}  # key -> (banned until, re-read the store at)

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .algorithms import AlgorithmName
 from .enforcement import LimitUnavailable, check_rules
 from .headers import HeaderMode, HeaderStyle, rate_limit_headers
 from .keys import KeyFunc, client_ip
@@ -30,7 +31,7 @@ def limit(
     *,
     limiter: Limiter,
     key: KeyFunc = client_ip,
-    algorithm: str = DEFAULT_ALGORITHM,
+    algorithm: AlgorithmName = DEFAULT_ALGORITHM,
     cost: float | CostFunc = 1,
     name: str | None = None,
     headers: HeaderMode = "always",

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, Response
 from starlette.responses import JSONResponse
 
+from .algorithms import AlgorithmName
 from .asgi.edge import EDGE_STATE_KEY
 from .asgi.edge import SINK_KEY as _SINK
 from .decision import Decision
@@ -52,7 +53,7 @@ class RateLimit:
         *,
         limiter: Limiter,
         key: KeyFunc = client_ip,
-        algorithm: str = DEFAULT_ALGORITHM,
+        algorithm: AlgorithmName = DEFAULT_ALGORITHM,
         cost: float | CostFunc = 1,
         name: str | None = None,
         headers: HeaderMode = "always",

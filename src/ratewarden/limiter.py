@@ -10,6 +10,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from ._mypyc import mypyc_attr
+from .algorithms import AlgorithmName
 from .decision import Decision
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .rates import Rate, freeze_rates
@@ -68,7 +69,7 @@ class Limiter:
         self.enabled = enabled
         self._limits_cache: dict[tuple[object, str], tuple[Limit, ...]] = {}
 
-    def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
+    def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
         """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse)."""
         spec = freeze_rates(rates)  # a generator is read once, for the cache key and the limits alike
         cache_key = (spec, algorithm)
@@ -99,7 +100,7 @@ class Limiter:
         key: str,
         rate: str | Rate | Iterable[str | Rate],
         cost: float = 1,
-        algorithm: str = DEFAULT_ALGORITHM,
+        algorithm: AlgorithmName = DEFAULT_ALGORITHM,
         scope: str = "",
     ) -> Decision:
         """Charge ``cost`` to ``key`` under every rate in ``rate``, all or nothing."""
@@ -108,7 +109,7 @@ class Limiter:
         return await self.check(self.keys_for(key, limits, scope), limits, [cost] * len(limits))
 
     async def peek(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> Decision:
         """What a request would see now, without charging anything."""
         limits = self.limits(rate, algorithm)
@@ -116,7 +117,7 @@ class Limiter:
         return min(decisions, key=lambda d: d.remaining)
 
     async def reset(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> None:
         """Forget ``key``'s state under these rates."""
         limits = self.limits(rate, algorithm)
@@ -136,7 +137,7 @@ class Limiter:
         key: str,
         rate: str | Rate | Iterable[str | Rate],
         cost: float = 1,
-        algorithm: str = DEFAULT_ALGORITHM,
+        algorithm: AlgorithmName = DEFAULT_ALGORITHM,
         scope: str = "",
     ) -> Decision:
         if self.store.local:
@@ -146,7 +147,7 @@ class Limiter:
         return _run(self.hit(key, rate, cost, algorithm, scope))
 
     def peek_sync(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> Decision:
         store = self.store
         if isinstance(store, MemoryStore):
@@ -155,7 +156,7 @@ class Limiter:
         return _run(self.peek(key, rate, algorithm, scope))
 
     def reset_sync(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, scope: str = ""
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> None:
         store = self.store
         if isinstance(store, MemoryStore):

@@ -6,12 +6,12 @@ import re
 from collections.abc import Iterable, Sequence
 
 from ._mypyc import mypyc_attr
-from .algorithms import Algorithm, get_algorithm
+from .algorithms import Algorithm, AlgorithmName, get_algorithm
 from .rates import Rate, parse_rates
 
 __all__ = ["DEFAULT_ALGORITHM", "Limit", "make_limits"]
 
-DEFAULT_ALGORITHM = "fixed_window"
+DEFAULT_ALGORITHM: AlgorithmName = "fixed_window"
 _TOKEN_RE = re.compile(r"[^A-Za-z0-9_.:/*-]+")
 
 
@@ -21,7 +21,7 @@ class Limit:
 
     __slots__ = ("algorithm", "fn", "name", "rate", "suffix")
 
-    def __init__(self, rate: Rate, algorithm: str = DEFAULT_ALGORITHM, name: str = "") -> None:
+    def __init__(self, rate: Rate, algorithm: AlgorithmName = DEFAULT_ALGORITHM, name: str = "") -> None:
         self.rate = rate
         self.algorithm = algorithm
         self.fn: Algorithm = get_algorithm(algorithm)
@@ -35,7 +35,7 @@ class Limit:
 
 
 def make_limits(
-    rates: str | Rate | Iterable[str | Rate], algorithm: str = DEFAULT_ALGORITHM, name: str = ""
+    rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, name: str = ""
 ) -> tuple[Limit, ...]:
     """Parse ``rates`` and bind each to ``algorithm``; several rates get distinct policy names."""
     parsed: Sequence[Rate] = parse_rates(rates)

@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 
 from ._mypyc import mypyc_attr
+from .algorithms import AlgorithmName
 from .headers import policy_value
 from .keys import KeyFunc, client_ip
 from .limiter import storage_key
@@ -69,7 +70,7 @@ class Rule:
         rate: str | Rate | Iterable[str | Rate] | None = None,
         *,
         key: KeyFunc = client_ip,
-        algorithm: str = DEFAULT_ALGORITHM,
+        algorithm: AlgorithmName = DEFAULT_ALGORITHM,
         methods: Iterable[str] | None = None,
         bypass: bool = False,
         name: str | None = None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, cast
+
 from ..errors import ConfigurationError
 from .base import Algorithm, State
 from .fixed_window import fixed_window
@@ -12,7 +14,12 @@ from .sliding_window import sliding_window
 from .token_bucket import token_bucket
 from .token_bucket_debt import token_bucket_debt
 
-__all__ = ["ALGORITHMS", "Algorithm", "State", "get_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmName", "State", "algorithm_name", "get_algorithm"]
+
+AlgorithmName = Literal[
+    "fixed_window", "sliding_window", "sliding_log", "token_bucket", "token_bucket_debt", "leaky_bucket", "gcra"
+]
+"""The algorithms by name (the ``algorithm=`` option everywhere; see the README's table)."""
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fixed_window": fixed_window,
@@ -23,6 +30,12 @@ ALGORITHMS: dict[str, Algorithm] = {
     "leaky_bucket": leaky_bucket,
     "gcra": gcra,
 }
+
+
+def algorithm_name(name: str) -> AlgorithmName:
+    """``name`` checked and typed as an algorithm name (for names read from files or options)."""
+    get_algorithm(name)
+    return cast(AlgorithmName, name)
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -17,7 +17,7 @@ from ..limiter import Limiter
 from ..responses import LimitHandler, adding_missing_headers, limited_headers, rejection, send_unavailable
 from ..rules import Rule, RuleSet, policy_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
-from .websocket import WebSocketLimits
+from .websocket import MessageLimitAction, WebSocketDeny, WebSocketLimits
 
 __all__ = ["RateLimitMiddleware"]
 
@@ -42,8 +42,8 @@ class RateLimitMiddleware:
         headers: HeaderMode = "always",
         header_style: HeaderStyle = "both",
         on_limit: LimitHandler | None = None,
-        websocket_deny: str = "auto",
-        websocket_on_message_limit: str = "notify",
+        websocket_deny: WebSocketDeny = "auto",
+        websocket_on_message_limit: MessageLimitAction = "notify",
     ) -> None:
         if headers not in ("always", "on_limit", "off"):
             raise ValueError(f"headers must be 'always', 'on_limit' or 'off', got {headers!r}")

@@ -14,16 +14,26 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 from .._mypyc import mypyc_attr
 from ..enforcement import LimitUnavailable, check_rules
+from ..errors import ConfigurationError
 from ..headers import retry_after_header
 from ..limiter import Limiter
 from ..responses import too_many_requests_body
 from ..rules import CompiledRule
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["WebSocketLimits"]
+__all__ = ["MessageLimitAction", "WebSocketDeny", "WebSocketLimits"]
+
+WebSocketDeny = Literal["auto", "http", "close"]
+"""How a refused connection is answered: an HTTP 429 before the handshake (``"http"``, the ASGI
+``websocket.http.response`` extension), a close frame after accepting (``"close"``), or the first
+one the server supports (``"auto"``)."""
+MessageLimitAction = Literal["notify", "close"]
+"""What a message over its limit does: a JSON ``rate_limit`` notice (``"notify"``) or closing the
+connection with code 1008 (``"close"``)."""
 
 
 POLICY_VIOLATION = 1008
@@ -34,11 +44,15 @@ TRY_AGAIN_LATER = 1013
 class WebSocketLimits:
     """Connection and message limiting for the WebSocket rules of a middleware."""
 
-    def __init__(self, limiter: Limiter, deny: str = "auto", on_message_limit: str = "notify") -> None:
+    def __init__(
+        self, limiter: Limiter, deny: WebSocketDeny = "auto", on_message_limit: MessageLimitAction = "notify"
+    ) -> None:
         if deny not in ("auto", "http", "close"):
-            raise ValueError(f"websocket_deny must be 'auto', 'http' or 'close', got {deny!r}")
+            raise ConfigurationError(f"websocket_deny must be 'auto', 'http' or 'close', got {deny!r}")
         if on_message_limit not in ("notify", "close"):
-            raise ValueError(f"websocket_on_message_limit must be 'notify' or 'close', got {on_message_limit!r}")
+            raise ConfigurationError(
+                f"websocket_on_message_limit must be 'notify' or 'close', got {on_message_limit!r}"
+            )
         self.limiter = limiter
         self.deny = deny
         self.on_message_limit = on_message_limit

@@ -79,7 +79,7 @@ def describe_rule(rule: Rule) -> str:
         what = "limits of the caller's group"
     else:
         what = "; ".join(str(limit.rate) for limit in rule.limits)
-    extras = [rule.algorithm] if not rule.bypass else []
+    extras: list[str] = [rule.algorithm] if not rule.bypass else []
     if rule.shadow:
         extras.append("shadow")
     if isinstance(rule, PolicyRule):

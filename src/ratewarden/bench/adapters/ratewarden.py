@@ -17,6 +17,7 @@ from ratewarden.fastapi import RateLimit, install
 from ratewarden.keys import header
 from ratewarden.stores.base import Store
 
+from ...algorithms import algorithm_name
 from ..apps import ASGIApp, build_app
 from .base import Adapter, Unsupported
 
@@ -47,7 +48,7 @@ class RatewardenAdapter(Adapter):
     def build(self) -> ASGIApp:
         sc = self.scenario
         self.limiter = limiter = Limiter(self._store())
-        algo = sc.algorithm
+        algo = algorithm_name(sc.algorithm)
         headers: Any = _HEADERS[sc.headers]
         if sc.integration == "websocket":
             app = build_app()
@@ -75,7 +76,7 @@ class RatewardenAdapter(Adapter):
 
     def _rules(self) -> list[Rule]:
         sc = self.scenario
-        rate, algo = sc.rate, sc.algorithm
+        rate, algo = sc.rate, algorithm_name(sc.algorithm)
         if not sc.rules:
             return [Rule("/unthrottled", bypass=True), Rule("/**", rate, key=_KEY, algorithm=algo)]
         pattern: Any = {
