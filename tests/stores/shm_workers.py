@@ -100,11 +100,21 @@ def expected_distinct(index: int, keys: int) -> list[tuple[bool, int, float, flo
     return replay(MemoryStore(clock=clock), clock, sequence_for(index, keys))
 
 
-def chaos(store: SharedMemoryStore, admitted_path: str, ready_fd: int, seed: int) -> None:
+#: Periods so long that no window turns and no bucket refills a unit during a test on the real
+#: clock (which every process shares, so expired states are reclaimed as in production).
+EON = 1e9
+
+
+def hot_limit(seed: int) -> Limit:
+    return Limit(Rate(100, EON), ALGORITHM_NAMES[seed % len(ALGORITHM_NAMES)])
+
+
+def chaos(name: str, directory: str, admitted_path: str, ready_fd: int, seed: int) -> None:
     """Check, insert and delete keys as fast as possible until killed; append one byte to
     ``admitted_path`` per request admitted on the hot key."""
+    store = SharedMemoryStore(name, max_keys=1000, directory=directory)
     rng = random.Random(seed)
-    hot = Limit(Rate(100, 3600.0), ALGORITHM_NAMES[seed % len(ALGORITHM_NAMES)])
+    hot = hot_limit(seed)
     churn = Limit(Rate(1, 0.001), "token_bucket")  # expires at once: sweeps delete while others insert
     fd = os.open(admitted_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.write(ready_fd, b"r")
@@ -121,10 +131,38 @@ def chaos(store: SharedMemoryStore, admitted_path: str, ready_fd: int, seed: int
 
 def final_check(name: str, directory: str, out: Any) -> None:
     """Open the table after the chaos and do one check of every kind."""
-    store = SharedMemoryStore(name, max_keys=1000, directory=directory, clock=frozen)
+    store = SharedMemoryStore(name, max_keys=1000, directory=directory)
     limit = Limit(Rate(5, 60.0), "gcra")
     start = time.monotonic()
     store.hit_now(["rw:{final}"], [limit], [1.0])
     store.peek_now(["rw:{final}"], [limit])
     store.reset_now(["rw:{final}"])
     out.put(time.monotonic() - start)
+
+
+def die_before(function: str, statement: str, action: Any) -> None:
+    """Run ``action()`` and SIGKILL this process just before ``function`` (in the store module)
+    executes the line holding ``statement``: a crash at an exact point of a write."""
+    import inspect
+    import signal
+    import sys
+
+    from ratewarden.stores import shared_memory
+
+    source, first = inspect.getsourcelines(getattr(shared_memory._Segment, function))
+    line = next(first + i for i, text in enumerate(source) if statement in text)
+    filename = shared_memory.__file__
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == line:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename == filename and frame.f_code.co_name == function:
+            return local
+        return None
+
+    sys.settrace(tracer)
+    action()
+    os._exit(3)  # the statement was never reached
