@@ -286,7 +286,7 @@ class _Segment:
                 return -1
             off = region.entries + (v - 1) * self.esize + _E_DIGEST
             if mm[off : off + 16] == digest:
-                return v - 1
+                return int(v) - 1
             i = (i + 1) & mask
 
     def read(self, off: int) -> tuple[float, State]:
@@ -373,15 +373,15 @@ class _Segment:
         """Finish the insert or delete a dead process left half-done, then rebuild the index."""
         mm = self.mm
         base = region.base
-        count, cursor, op, a, b, nxt = _RHEAD.unpack_from(mm, base)
+        count, _, op, a, b, _ = _RHEAD.unpack_from(mm, base)
         if op == _OP_DELETE and count == b + 1:
             if a != b:  # the source entry is untouched until the count drops: redo the move
                 src = self.entry(region, b)
                 dst = self.entry(region, a)
                 mm[dst : dst + self.esize] = mm[src : src + self.esize]
             count = b
-        elif op == _OP_INSERT and count > 0 and mm[self.entry(region, count - 1)] == _WRITING:
-            pass  # counted: the entry is kept, its dirty byte makes its key conservative
+        # An insert that was counted keeps its entry (its dirty byte makes that key conservative);
+        # one that was not is dropped when the index is rebuilt from the counted entries.
         count = min(count, region.cap + 1)
         mm[region.index : region.entries] = bytes(region.entries - region.index)
         mask = region.mask
