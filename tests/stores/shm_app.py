@@ -5,6 +5,7 @@ on a frozen clock so the expected count is exact."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -25,14 +26,25 @@ def make_store() -> Store:
     return SharedMemoryStore(name, max_keys=1000, directory=directory, clock=frozen)
 
 
-app = FastAPI()
-app.add_middleware(
+inner = FastAPI()
+inner.add_middleware(
     RateLimitMiddleware,
     limiter=Limiter(make_store()),
     rules=[Rule("/limited", f"{os.environ.get('RW_LIMIT', '20')}/hour", key=lambda scope: "everyone")],
 )
 
 
-@app.get("/limited")
+@inner.get("/limited")
 async def limited() -> dict[str, int]:
     return {"pid": os.getpid()}
+
+
+async def app(scope: Any, receive: Any, send: Any) -> None:
+    """Every response, admitted or not, says which worker process answered (``x-pid``)."""
+
+    async def send_with_pid(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"x-pid", str(os.getpid()).encode())]}
+        await send(message)
+
+    await inner(scope, receive, send_with_pid)
