@@ -149,8 +149,9 @@ def die_before(function: str, statement: str, action: Any) -> None:
 
     from ratewarden.stores import shared_memory
 
-    source, first = inspect.getsourcelines(getattr(shared_memory._Segment, function))
-    line = next(first + i for i, text in enumerate(source) if statement in text)
+    code = getattr(shared_memory._Segment, function, None) or getattr(shared_memory.SharedMemoryStore, function)
+    source, first = inspect.getsourcelines(code)
+    (line,) = [first + i for i, text in enumerate(source) if statement in text]
     filename = shared_memory.__file__
 
     def local(frame: Any, event: str, arg: Any) -> Any:

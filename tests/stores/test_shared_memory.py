@@ -396,8 +396,8 @@ async def test_adjust_refunds_and_penalises_like_memory(shm_dir: Path) -> None:
 
 CRASH_POINTS = {
     # (function, statement it dies before, what the dying process was doing)
-    "state-half-written": ("write", "self.bodies[len(state)].pack_into", "hit"),
-    "state-written-still-dirty": ("write", "mm[off] = _CLEAN", "hit"),
+    "state-half-written": ("hit_now", "seg.bodies[len(new_state)].pack_into(", "hit"),
+    "state-written-still-dirty": ("hit_now", "mm[off] = _CLEAN", "hit"),
     "insert-indexed-not-counted": ("insert", "_U32.pack_into(mm, base, pos + 1)", "insert"),
     "insert-counted-still-dirty": ("insert", "mm[off] = _CLEAN", "insert"),
     "delete-unlinked-not-moved": ("delete", "mm[dst : dst + self.esize]", "delete"),

@@ -460,6 +460,12 @@ class _Segment:
 
 
 _BODY_HEAD = struct.Struct("<dI")
+_body_head_from = _BODY_HEAD.unpack_from
+_u32_from = _U32.unpack_from
+_lockf = fcntl.lockf
+_LOCK_EX = fcntl.LOCK_EX
+_LOCK_UN = fcntl.LOCK_UN
+_getpid = os.getpid
 _segments: dict[tuple[int, str], _Segment] = {}
 _segments_lock = threading.Lock()
 
@@ -543,6 +549,7 @@ class SharedMemoryStore(Store):
         self._seg: _Segment | None = _attach(self.path, max_keys, log_size)
         self._pid = os.getpid()
         self._checked: set[str] = set()
+        self._where: dict[str, tuple[bytes, int, _Region]] = {}
 
     def __repr__(self) -> str:
         return f"SharedMemoryStore({self.name!r}, max_keys={self.max_keys}, path={str(self.path)!r})"
@@ -556,6 +563,7 @@ class SharedMemoryStore(Store):
         if self._pid != os.getpid():  # forked: map the file again in this process
             self._seg = seg = _attach(self.path, self.max_keys, self.log_size)
             self._pid = os.getpid()
+            self._where.clear()
         return seg
 
     def _check_limit(self, limit: Limit) -> None:
@@ -576,10 +584,21 @@ class SharedMemoryStore(Store):
         for limit in limits:
             self._check_limit(limit)
 
-    def _slot(self, seg: _Segment, key: str) -> _Slot:
+    def _locate(self, seg: _Segment, key: str) -> tuple[bytes, int, _Region]:
+        """The key's digest, index home and region, remembered for recent keys."""
         digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
         high, low = _DIGEST.unpack(digest)
-        return _Slot(digest, low, seg.regions[high % seg.stripes])
+        where = (digest, low, seg.regions[high % seg.stripes])
+        if len(self._where) >= 65_536:
+            self._where.clear()
+        self._where[key] = where
+        return where
+
+    def _slot(self, seg: _Segment, key: str) -> _Slot:
+        where = self._where.get(key)
+        if where is None:
+            where = self._locate(seg, key)
+        return _Slot(*where)
 
     def _overflow_slot(self, seg: _Segment, limit: Limit) -> _Slot:
         self.overflowed += 1
@@ -614,18 +633,53 @@ class SharedMemoryStore(Store):
     # -- checks -------------------------------------------------------------------------------
 
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        seg = self._segment()
+        seg = self._seg
+        if seg is None or self._pid != _getpid():
+            seg = self._segment()
         now = self.clock()
         if len(keys) != 1:
             return self._hit_many(seg, keys, limits, costs, now)
         limit = limits[0]
         if limit.suffix not in self._checked:
             self._check_limit(limit)
-        slot = self._slot(seg, keys[0])
-        region = slot.region
+        key = keys[0]
+        where = self._where.get(key)
+        if where is None:
+            where = self._locate(seg, key)
+        digest, home, region = where
+        mm = seg.mm
         with seg.tlock:
-            seg.lock(region)
+            _lockf(seg.fd, _LOCK_EX, 1, region.lock)
             try:
+                if mm[region.base + 8]:  # an insert or delete left half-done by a dead process
+                    seg._recover(region)
+                # The common case inlined: find the entry, run the algorithm, rewrite the state.
+                mask = region.mask
+                index = region.index
+                i = home & mask
+                while True:
+                    v = _u32_from(mm, index + 4 * i)[0]
+                    if v == 0:
+                        off = -1
+                        break
+                    off = region.entries + (v - 1) * seg.esize
+                    if mm[off + _E_DIGEST : off + _E_DIGEST + 16] == digest:
+                        break
+                    i = (i + 1) & mask
+                if off >= 0 and not mm[off]:
+                    expires, n = _body_head_from(mm, off + _E_BODY)
+                    state = seg.states[n].unpack_from(mm, off + _E_FLOATS) if expires > now else None
+                    new_state, decision = limit.fn(state, now, costs[0], limit.rate)
+                    decision.policy = limit.name
+                    if new_state is not None:
+                        # A check never moves an expiry earlier, so the region's next_expiry stays a bound.
+                        mm[off] = _WRITING
+                        seg.bodies[len(new_state)].pack_into(
+                            mm, off + _E_BODY, now + decision.reset_after, len(new_state), *new_state
+                        )
+                        mm[off] = _CLEAN
+                    return decision
+                slot = _Slot(digest, home, region)
                 off = self._load(seg, slot, limit, now)
                 if off < 0:
                     if not seg.has_room(region, 0, now):
@@ -642,7 +696,7 @@ class SharedMemoryStore(Store):
                         seg.insert(region, slot.digest, slot.home, _hold_of(limit), expires, new_state)
                 return decision
             finally:
-                seg.unlock(region)
+                _lockf(seg.fd, _LOCK_UN, 1, region.lock)
 
     def _hit_overflow(self, seg: _Segment, limit: Limit, cost: float, now: float) -> Decision:
         slot = self._overflow_slot(seg, limit)
