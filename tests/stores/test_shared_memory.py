@@ -11,6 +11,7 @@ import importlib.util
 import multiprocessing
 import os
 import random
+import re
 import signal
 import socket
 import stat
@@ -482,3 +483,61 @@ def _run_with_deadline(check: object, timeout: float) -> None:
         pytest.fail(f"the surviving process did not finish within {timeout} s (deadlock or corrupt table)")
     problem = out.get(timeout=5)
     assert problem is None, problem
+
+
+# --- URLs and the policy file --------------------------------------------------------------------
+
+async def test_store_url_opens_the_same_table(shm_dir: Path) -> None:
+    from ratewarden.stores.memory import MemoryStore
+    from ratewarden.stores.urls import open_store
+
+    name = unique_name()
+    store = open_store(f"shm://{name}?max_keys=300&log_size=16&directory={shm_dir}")
+    assert isinstance(store, SharedMemoryStore)
+    assert (store.name, store.max_keys, store.log_size, store.path.parent) == (name, 300, 16, shm_dir)
+    direct = SharedMemoryStore(name, max_keys=300, log_size=16, directory=shm_dir)
+    limit = Limit(Rate(1, 60.0))
+    assert store.hit_now(["k"], [limit], [1.0]).allowed
+    assert not direct.hit_now(["k"], [limit], [1.0]).allowed
+    memory = open_store("memory://?max_keys=10")
+    assert isinstance(memory, MemoryStore) and memory.max_keys == 10
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("shm://", "names no table"),
+        ("shm://api?max_key=5", "unknown option 'max_key'; known options: max_keys, log_size, directory"),
+        ("shm://api?max_keys=lots", "max_keys='lots' must be a int"),
+        ("shm://a%2Fb", "name must be"),
+        ("memory://x", "takes no name"),
+        ("mongodb://host", "unsupported store URL"),
+    ],
+)
+def test_bad_store_urls_name_the_mistake(url: str, message: str) -> None:
+    from ratewarden.stores.urls import check_store_url
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_store_url(url)
+
+
+def test_policy_file_names_the_store(shm_dir: Path) -> None:
+    from ratewarden.policy.loader import parse_policy
+    from ratewarden.policy.schema import PolicyError
+
+    name = unique_name()
+    text = f"""
+[settings]
+store = "shm://{name}?max_keys=500&directory={shm_dir}"
+
+[[rules]]
+path = "/api/*"
+rate = "2/minute"
+"""
+    policy = parse_policy(text, source="policy.toml")
+    assert policy.store == f"shm://{name}?max_keys=500&directory={shm_dir}"
+    store = policy.make_store()
+    assert isinstance(store, SharedMemoryStore) and store.name == name and store.max_keys == 500
+    assert type(parse_policy('[[rules]]\npath = "/x"\nrate = "1/s"\n').make_store()).__name__ == "MemoryStore"
+    with pytest.raises(PolicyError, match=r"policy.toml:3: settings.store: .*unknown option 'size'"):
+        parse_policy('[settings]\nalgorithm = "gcra"\nstore = "shm://api?size=3"\n', source="policy.toml")

@@ -4,7 +4,7 @@ problem reported as ``file:line: field: message``.
 Document layout (TOML shown; YAML has the same structure)::
 
     version = 1
-    [settings]   algorithm, shadow, show_group, headers
+    [settings]   algorithm, shadow, show_group, headers, store
     [identity]   sources, unknown_group, anonymous_group, keys, hashed_keys, patterns
     [groups.<name>]  limits = ["10/s", "500/min"]  |  unlimited = true
     [[rules]]    path, name, methods, rate | tiered, key, algorithm, cost, bypass, shadow,
@@ -27,6 +27,9 @@ from ..delay import Delay
 from ..keys import KeyFunc, bearer_token, client_ip, header, query_param
 from ..rates import parse_rates
 from ..rules import Rule, compile_path
+from ..stores.base import Store
+from ..stores.memory import MemoryStore
+from ..stores.urls import check_store_url, open_store
 from .tiers import Identity, PolicyRule, Tiers, parse_source
 
 __all__ = ["Policy", "PolicyError", "Problem", "validate"]
@@ -34,7 +37,7 @@ __all__ = ["Policy", "PolicyError", "Problem", "validate"]
 Locate = Callable[[Sequence[str | int]], "int | None"]
 
 _TOP = ("version", "settings", "identity", "groups", "rules", "bans")
-_SETTINGS = ("algorithm", "shadow", "show_group")
+_SETTINGS = ("algorithm", "shadow", "show_group", "store")
 _IDENTITY = ("sources", "unknown_group", "anonymous_group", "keys", "hashed_keys", "patterns")
 _GROUP = ("limits", "unlimited")
 _RULE = ("path", "name", "methods", "rate", "tiered", "key", "algorithm", "cost", "bypass", "shadow", "delay", "charge")
@@ -79,6 +82,14 @@ class Policy:
     algorithm: str = "fixed_window"
     source: str = "<policy>"
     data: dict[str, Any] = field(default_factory=dict)
+    store: str | None = None  # settings.store: a store URL (shm://api, redis://..), None = MemoryStore
+
+    def make_store(self) -> Store:
+        """The store ``settings.store`` names (a ``MemoryStore`` when it names none); build the
+        ``Limiter`` with it. It is read once: changing it takes a restart, not a reload."""
+        if self.store is None:
+            return MemoryStore()
+        return open_store(self.store)
 
     def describe(self) -> list[str]:
         """Human-readable lines: the effective rules, groups and modes."""
@@ -238,6 +249,11 @@ def _key_function(spec: str, identity: Identity | None) -> KeyFunc:
     raise ValueError(f"invalid key {spec!r}: use 'ip', 'identity', 'header:<Name>', 'bearer' or 'query:<name>'")
 
 
+def _store_url(url: str) -> str:
+    check_store_url(url)
+    return url
+
+
 def validate(data: Any, locate: Locate = lambda path: None, source: str = "<policy>") -> Policy:
     """Check a parsed policy document and build the ``Policy``; raises ``PolicyError`` listing
     every problem (with line numbers when ``locate`` can find them)."""
@@ -256,6 +272,9 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
         algorithm = "fixed_window"
     shadow = v.typed(settings, "shadow", ["settings"], bool, False)
     show_group = v.typed(settings, "show_group", ["settings"], bool, True)
+    store = v.typed(settings, "store", ["settings"], str)
+    if store is not None:
+        store = v.attempt(["settings", "store"], _store_url, store)
 
     # Groups
     groups: dict[str, Any] = {}
@@ -382,7 +401,7 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
 
     if v.problems:
         raise PolicyError(v.problems)
-    return Policy(rules, tiers, bans, shadow, show_group, algorithm, source, dict(data))
+    return Policy(rules, tiers, bans, shadow, show_group, algorithm, source, dict(data), store)
 
 
 def _rule(

@@ -551,6 +551,18 @@ class SharedMemoryStore(Store):
         self._checked: set[str] = set()
         self._where: dict[str, tuple[bytes, int, _Region]] = {}
 
+    @classmethod
+    def from_url(cls, url: str, **overrides: object) -> SharedMemoryStore:
+        """``shm://<name>?max_keys=65536&log_size=128&directory=/dev/shm``; keyword arguments
+        (e.g. ``clock``) override the URL's options."""
+        from .urls import parse_local_url
+
+        kind, name, options = parse_local_url(url)
+        if kind != "shm":
+            raise ValueError(f"SharedMemoryStore needs an shm://<name> URL, got {url!r}")
+        options.update(overrides)
+        return cls(name, **options)  # type: ignore[arg-type]
+
     def __repr__(self) -> str:
         return f"SharedMemoryStore({self.name!r}, max_keys={self.max_keys}, path={str(self.path)!r})"
 
