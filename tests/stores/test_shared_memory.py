@@ -40,6 +40,15 @@ def shm_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+LOCK_KINDS = ["mutex", "lockf"] if sys.platform.startswith("linux") else ["lockf"]
+
+
+@pytest.fixture(params=LOCK_KINDS)
+def lock(request: pytest.FixtureRequest) -> str:
+    """The crash and exactness tests run on both region locks: robust mutexes and fcntl locks."""
+    return str(request.param)
+
+
 def _spawn_all(
     ctx: multiprocessing.context.BaseContext, target: object, args: list[tuple[object, ...]], meanwhile: object = None
 ) -> list[object]:
@@ -58,10 +67,11 @@ def _spawn_all(
 
 # --- exactness across processes ------------------------------------------------------------------
 
-def test_spawned_processes_150_concurrent_each_admit_exactly_100(shm_dir: Path) -> None:
+def test_spawned_processes_150_concurrent_each_admit_exactly_100(shm_dir: Path, lock: str) -> None:
     """3 spawned processes x 150 concurrent checks per algorithm on one key limited to 100."""
     ctx = multiprocessing.get_context("spawn")
     name = unique_name()
+    SharedMemoryStore(name, max_keys=1000, directory=shm_dir, lock=lock)  # the workers adopt its lock kind
     barrier = ctx.Barrier(3)
     results = _spawn_all(ctx, shm_workers.hot_key_burst, [(name, str(shm_dir), barrier)] * 3)
     errors = [r for r in results if isinstance(r, str)]
@@ -71,9 +81,9 @@ def test_spawned_processes_150_concurrent_each_admit_exactly_100(shm_dir: Path) 
         assert allowed == 100, f"{algorithm}: {allowed} allowed of 450 against a limit of 100"
 
 
-def test_forked_workers_share_the_parents_table(shm_dir: Path) -> None:
+def test_forked_workers_share_the_parents_table(shm_dir: Path, lock: str) -> None:
     """A store opened before fork (gunicorn --preload) is re-mapped in each child: still exact."""
-    store = SharedMemoryStore(unique_name(), max_keys=1000, directory=shm_dir, clock=shm_workers.frozen)
+    store = SharedMemoryStore(unique_name(), max_keys=1000, directory=shm_dir, clock=shm_workers.frozen, lock=lock)
     limit = Limit(Rate(100, 3600.0), "sliding_window")
     key = "rw:{forked}:x"
     assert store.hit_now([key], [limit], [1.0]).remaining == 99  # the parent used it first
@@ -119,12 +129,12 @@ def test_four_processes_ten_thousand_keys_each_agree_with_memory_store(shm_dir: 
 
 # --- crash safety --------------------------------------------------------------------------------
 
-def test_sigkill_in_the_middle_of_checks(shm_dir: Path) -> None:
+def test_sigkill_in_the_middle_of_checks(shm_dir: Path, lock: str) -> None:
     """Kill workers at random points while they check, insert and delete: the survivors never
     block, untouched keys keep their counts, and a hot key never admits more than its limit."""
     name = unique_name()
     # One region (max_keys < 4096): every victim's insert and delete shares the bystanders' lock.
-    store = SharedMemoryStore(name, max_keys=1000, directory=shm_dir)
+    store = SharedMemoryStore(name, max_keys=1000, directory=shm_dir, lock=lock)
     bystanders = {
         f"rw:{{bystander{i}}}": Limit(Rate(10, shm_workers.EON), a) for i, a in enumerate(ALGORITHM_NAMES * 3)
     }
@@ -407,11 +417,11 @@ CRASH_POINTS = {
 
 
 @pytest.mark.parametrize("point", list(CRASH_POINTS))
-def test_crash_at_each_step_of_a_write(shm_dir: Path, point: str) -> None:
+def test_crash_at_each_step_of_a_write(shm_dir: Path, point: str, lock: str) -> None:
     """A process SIGKILLed at each step of a write: the next lock holder carries on at once, every
     other key keeps its state, and the key being written is never given more than its limit."""
     function, statement, doing = CRASH_POINTS[point]
-    store = SharedMemoryStore(unique_name(), max_keys=500, directory=shm_dir, clock=shm_workers.frozen)
+    store = SharedMemoryStore(unique_name(), max_keys=500, directory=shm_dir, clock=shm_workers.frozen, lock=lock)
     limits = {f"rw:{{k{i}}}": Limit(Rate(10, 3600.0), a) for i, a in enumerate(ALGORITHM_NAMES * 4)}
     for i, (key, limit) in enumerate(limits.items()):
         for _ in range(i % 5 + 1):
@@ -541,3 +551,16 @@ rate = "2/minute"
     assert type(parse_policy('[[rules]]\npath = "/x"\nrate = "1/s"\n').make_store()).__name__ == "MemoryStore"
     with pytest.raises(PolicyError, match=r"policy.toml:3: settings.store: .*unknown option 'size'"):
         parse_policy('[settings]\nalgorithm = "gcra"\nstore = "shm://api?size=3"\n', source="policy.toml")
+
+
+async def test_lock_kind_is_recorded_in_the_file(shm_dir: Path) -> None:
+    name = unique_name()
+    await SharedMemoryStore(name, max_keys=100, directory=shm_dir, lock="lockf").close()
+    adopted = SharedMemoryStore(name, max_keys=100, directory=shm_dir)  # auto: adopts the file's kind
+    assert adopted._segment().lock_kind == "lockf"
+    await adopted.close()
+    if "mutex" in LOCK_KINDS:
+        with pytest.raises(SharedMemoryError, match="uses lockf locks, not mutex"):
+            SharedMemoryStore(name, max_keys=100, directory=shm_dir, lock="mutex")
+    with pytest.raises(ValueError, match="lock must be"):
+        SharedMemoryStore(name, max_keys=100, directory=shm_dir, lock="spin")
