@@ -564,3 +564,15 @@ async def test_lock_kind_is_recorded_in_the_file(shm_dir: Path) -> None:
             SharedMemoryStore(name, max_keys=100, directory=shm_dir, lock="mutex")
     with pytest.raises(ValueError, match="lock must be"):
         SharedMemoryStore(name, max_keys=100, directory=shm_dir, lock="spin")
+
+
+def test_docs_example_runs() -> None:
+    import contextlib
+    import io
+
+    doc = (ROOT / "docs" / "stores.md").read_text(encoding="utf-8")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "SharedMemoryStore(" in b]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/stores.md", "exec"), {"__name__": "docs_example"})
+    assert out.getvalue().split() == ["True", "2", "True", "1", "True", "0", "False", "0"]
