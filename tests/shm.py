@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -14,6 +16,7 @@ from ratewarden.stores.memory import MemoryStore
 from ratewarden.stores.shared_memory import SharedMemoryStore
 
 SHM_DIR = Path(tempfile.mkdtemp(prefix="ratewarden-shm-tests-"))
+atexit.register(shutil.rmtree, SHM_DIR, True)
 KINDS = ["memory", "shm"]
 
 
