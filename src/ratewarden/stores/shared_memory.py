@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from .._mypyc import mypyc_attr
 from ..algorithms import State
 from ..decision import Decision
 from ..limits import Limit
@@ -87,6 +88,7 @@ _LOCK_BASE = 1 << 40
 _INIT_LOCK = _LOCK_BASE - 1
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SharedMemoryError(RuntimeError):
     """The shared-memory file cannot be used (wrong owner, permissions, or layout)."""
 
@@ -617,6 +619,7 @@ class _Slot:
         self.new = False
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SharedMemoryStore(Store):
     """An exact store shared by every process on this host that opens the same ``name``.
 
