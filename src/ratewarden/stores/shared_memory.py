@@ -48,7 +48,7 @@ from .._mypyc import mypyc_attr
 from ..algorithms import State
 from ..decision import Decision
 from ..limits import Limit
-from .base import Store, combine
+from .base import Store, StoreError, combine
 
 __all__ = ["SharedMemoryError", "SharedMemoryStore", "segment_path"]
 
@@ -89,8 +89,9 @@ _INIT_LOCK = _LOCK_BASE - 1
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class SharedMemoryError(RuntimeError):
-    """The shared-memory file cannot be used (wrong owner, permissions, or layout)."""
+class SharedMemoryError(StoreError):
+    """The shared-memory file cannot be used (wrong owner, permissions, layout), or the store is
+    closed; a ``StoreError``, so a request that meets it follows the limiter's ``on_error``."""
 
 
 def segment_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
@@ -648,7 +649,7 @@ class SharedMemoryStore(Store):
             raise ValueError(f"max_keys must be at most {1 << 28}, got {max_keys}")
         if isinstance(log_size, bool) or not isinstance(log_size, int) or not 0 <= log_size <= 65536:
             raise ValueError(f"log_size must be an integer from 0 to 65536, got {log_size!r}")
-        if lock not in ("auto", *LOCKS):
+        if lock != "auto" and lock not in LOCKS:
             raise ValueError(f"lock must be 'auto', 'mutex' or 'lockf', got {lock!r}")
         self.name = name
         self.lock = lock
