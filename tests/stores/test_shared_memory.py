@@ -429,6 +429,11 @@ CRASH_POINTS = {
 def test_crash_at_each_step_of_a_write(shm_dir: Path, point: str, lock: str) -> None:
     """A process SIGKILLed at each step of a write: the next lock holder carries on at once, every
     other key keeps its state, and the key being written is never given more than its limit."""
+    from ratewarden._mypyc import is_compiled
+    from ratewarden.stores import shared_memory
+
+    if is_compiled(shared_memory):  # the random-point SIGKILL test still runs
+        pytest.skip("crash points are found by tracing source lines: needs the pure-Python module")
     function, statement, doing = CRASH_POINTS[point]
     store = SharedMemoryStore(unique_name(), max_keys=500, directory=shm_dir, clock=shm_workers.frozen, lock=lock)
     limits = {f"rw:{{k{i}}}": Limit(Rate(10, 3600.0), a) for i, a in enumerate(ALGORITHM_NAMES * 4)}
