@@ -774,63 +774,70 @@ class SharedMemoryStore(Store):
         digest, home, region = where
         mm = seg.mm
         mutex = seg.mutex
-        with seg.tlock:
-            if mutex:
-                rc = _mutex_lock(region.addr)
-                if rc:
-                    seg.owner_died(rc, region)
-            else:
-                _lockf(seg.fd, _LOCK_EX, 1, region.lock)
+        # A robust mutex belongs to a thread, so it excludes this process's threads too; an fcntl
+        # lock belongs to the process, so threads first take the process's thread lock.
+        if mutex:
+            rc = _mutex_lock(region.addr)
+            if rc:
+                seg.owner_died(rc, region)
+        else:
+            seg.tlock.acquire()
             try:
-                if mm[region.base + 8]:  # an insert or delete left half-done by a dead process
-                    seg._recover(region)
-                # The common case inlined: find the entry, run the algorithm, rewrite the state.
-                mask = region.mask
-                index = region.index
-                i = home & mask
-                while True:
-                    v = _u32_from(mm, index + 4 * i)[0]
-                    if v == 0:
-                        off = -1
-                        break
-                    off = region.entries + (v - 1) * seg.esize
-                    if mm[off + _E_DIGEST : off + _E_DIGEST + 16] == digest:
-                        break
-                    i = (i + 1) & mask
-                if off >= 0 and not mm[off]:
-                    expires, n = _body_head_from(mm, off + _E_BODY)
-                    state = seg.states[n].unpack_from(mm, off + _E_FLOATS) if expires > now else None
-                    new_state, decision = limit.fn(state, now, costs[0], limit.rate)
-                    decision.policy = limit.name
-                    if new_state is not None:
-                        # A check never moves an expiry earlier, so the region's next_expiry stays a bound.
-                        mm[off] = _WRITING
-                        seg.bodies[len(new_state)].pack_into(
-                            mm, off + _E_BODY, now + decision.reset_after, len(new_state), *new_state
-                        )
-                        mm[off] = _CLEAN
-                    return decision
-                slot = _Slot(digest, home, region)
-                off = self._load(seg, slot, limit, now)
-                if off < 0:
-                    if not seg.has_room(region, 0, now):
-                        return self._hit_overflow(seg, limit, costs[0], now)
-                    slot.new = True
-                new_state, decision = limit.fn(slot.state, now, costs[0], limit.rate)
+                _lockf(seg.fd, _LOCK_EX, 1, region.lock)
+            except BaseException:
+                seg.tlock.release()
+                raise
+        try:
+            if mm[region.base + 8]:  # an insert or delete left half-done by a dead process
+                seg._recover(region)
+            # The common case inlined: find the entry, run the algorithm, rewrite the state.
+            mask = region.mask
+            index = region.index
+            i = home & mask
+            while True:
+                v = _u32_from(mm, index + 4 * i)[0]
+                if v == 0:
+                    off = -1
+                    break
+                off = region.entries + (v - 1) * seg.esize
+                if mm[off + _E_DIGEST : off + _E_DIGEST + 16] == digest:
+                    break
+                i = (i + 1) & mask
+            if off >= 0 and not mm[off]:
+                expires, n = _body_head_from(mm, off + _E_BODY)
+                state = seg.states[n].unpack_from(mm, off + _E_FLOATS) if expires > now else None
+                new_state, decision = limit.fn(state, now, costs[0], limit.rate)
                 decision.policy = limit.name
                 if new_state is not None:
-                    expires = now + decision.reset_after
-                    if off >= 0:
-                        seg.write(region, off, expires, new_state)
-                    else:
-                        seg.sweep(region, 2, now)
-                        seg.insert(region, slot.digest, slot.home, _hold_of(limit), expires, new_state)
+                    # A check never moves an expiry earlier, so the region's next_expiry stays a bound.
+                    mm[off] = _WRITING
+                    seg.bodies[len(new_state)].pack_into(
+                        mm, off + _E_BODY, now + decision.reset_after, len(new_state), *new_state
+                    )
+                    mm[off] = _CLEAN
                 return decision
-            finally:
-                if mutex:
-                    _mutex_unlock(region.addr)
+            slot = _Slot(digest, home, region)
+            off = self._load(seg, slot, limit, now)
+            if off < 0:
+                if not seg.has_room(region, 0, now):
+                    return self._hit_overflow(seg, limit, costs[0], now)
+                slot.new = True
+            new_state, decision = limit.fn(slot.state, now, costs[0], limit.rate)
+            decision.policy = limit.name
+            if new_state is not None:
+                expires = now + decision.reset_after
+                if off >= 0:
+                    seg.write(region, off, expires, new_state)
                 else:
-                    _lockf(seg.fd, _LOCK_UN, 1, region.lock)
+                    seg.sweep(region, 2, now)
+                    seg.insert(region, slot.digest, slot.home, _hold_of(limit), expires, new_state)
+            return decision
+        finally:
+            if mutex:
+                _mutex_unlock(region.addr)
+            else:
+                _lockf(seg.fd, _LOCK_UN, 1, region.lock)
+                seg.tlock.release()
 
     def _hit_overflow(self, seg: _Segment, limit: Limit, cost: float, now: float) -> Decision:
         slot = self._overflow_slot(seg, limit)
