@@ -8,8 +8,10 @@ where their state lives differs, so every decision equals ``MemoryStore``'s.
 Layout: a header (magic, layout version, sizes), then ``stripes`` regions. A key's 16-byte
 BLAKE2b digest picks its region; each region holds a dense array of fixed-size entries (state as
 float64s, its expiry, the digest) and an open-addressed index (linear probing, backward-shift
-deletion, so no tombstones), and has its own lock: an ``fcntl`` byte-range lock on one byte,
-which the kernel drops when its holder dies, so a SIGKILLed worker never blocks the others.
+deletion, so no tombstones), and has its own lock: a process-shared robust mutex in the file
+(Linux, through ``ctypes``; the next locker is told when a holder died) or else an ``fcntl``
+byte-range lock on one byte (dropped by the kernel when its holder dies), so a SIGKILLed worker
+never blocks the others.
 A check on several keys locks their regions in ascending order (all-or-nothing, no deadlock).
 
 Crash safety: an entry is marked dirty before its state is written and clean after; an insert or
