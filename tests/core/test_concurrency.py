@@ -10,19 +10,20 @@ import httpx
 import pytest
 from fastapi import Depends, FastAPI
 
-from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
+from ratewarden import Limiter, RateLimitMiddleware, Rule
 from ratewarden.algorithms import ALGORITHMS
 from ratewarden.fastapi import RateLimit
 from tests.core.asgi import request
+from tests.shm import KINDS, local_store
 from tests.vectors.runner import FakeClock
 
 ALL = sorted(ALGORITHMS)
 ROUNDS = 5
 
 
-def build(algorithm: str) -> tuple[Limiter, FastAPI]:
+def build(algorithm: str, kind: str = "memory") -> tuple[Limiter, FastAPI]:
     # A frozen clock: no refill or window change while the burst runs, so exactly 100 is right.
-    limiter = Limiter(MemoryStore(clock=FakeClock(6000.0)))
+    limiter = Limiter(local_store(kind, clock=FakeClock(6000.0)))
     app = FastAPI()
     app.add_middleware(
         RateLimitMiddleware, limiter=limiter, rules=[Rule("/mw", "100/min", algorithm=algorithm)]
@@ -50,10 +51,11 @@ async def burst(app: Any, path: str) -> list[int]:
     return [r.status for r in replies]
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("algorithm", ALL)
 @pytest.mark.parametrize("path", ["/mw", "/dep"])
-async def test_150_concurrent_requests_admit_exactly_100(algorithm: str, path: str) -> None:
-    limiter, app = build(algorithm)
+async def test_150_concurrent_requests_admit_exactly_100(algorithm: str, path: str, kind: str) -> None:
+    limiter, app = build(algorithm, kind)
     for _ in range(ROUNDS):
         got = await burst(app, path)
         assert got.count(200) == 100
@@ -61,17 +63,19 @@ async def test_150_concurrent_requests_admit_exactly_100(algorithm: str, path: s
         await limiter.clear()
 
 
-async def test_sync_endpoint_dependency_under_concurrency() -> None:
-    limiter, app = build("fixed_window")
+@pytest.mark.parametrize("kind", KINDS)
+async def test_sync_endpoint_dependency_under_concurrency(kind: str) -> None:
+    limiter, app = build("fixed_window", kind)
     for _ in range(ROUNDS):
         got = await burst(app, "/dep-sync")
         assert (got.count(200), got.count(429)) == (100, 50)
         await limiter.clear()
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("path", ["/mw", "/dep"])
-async def test_concurrency_through_httpx(path: str) -> None:
-    limiter, app = build("sliding_window")
+async def test_concurrency_through_httpx(path: str, kind: str) -> None:
+    limiter, app = build("sliding_window", kind)
     transport = httpx.ASGITransport(app=app, client=("198.51.100.10", 4000))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         for _ in range(ROUNDS):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from ratewarden import Limiter, MemoryStore
 from ratewarden.algorithms import ALGORITHMS
 from ratewarden.limits import Limit
 from ratewarden.rates import Rate
+from tests.shm import KINDS, local_store
 from tests.vectors.runner import FakeClock
 
 ALL = sorted(ALGORITHMS)
@@ -24,14 +26,20 @@ def clock() -> FakeClock:
     return FakeClock(1_000_000.0)
 
 
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Every test runs on MemoryStore and on SharedMemoryStore: the same semantics."""
+    return str(request.param)
+
+
 def test_max_keys_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_keys"):
         MemoryStore(max_keys=0)
 
 
 @pytest.mark.parametrize("algorithm", ALL)
-def test_several_limits_are_all_or_nothing(algorithm: str, clock: FakeClock) -> None:
-    store = MemoryStore(clock=clock)
+def test_several_limits_are_all_or_nothing(algorithm: str, kind: str, clock: FakeClock) -> None:
+    store: Any = local_store(kind, clock=clock)
     loose = Limit(Rate(10, 60.0), algorithm, "loose")
     tight = Limit(Rate(2, 60.0), algorithm, "tight")
     keys = ["rw:{a|x}:loose", "rw:{b|x}:tight"]
@@ -53,16 +61,16 @@ def test_several_limits_are_all_or_nothing(algorithm: str, clock: FakeClock) -> 
     assert not store.hit_now([keys[0]], [loose], [1]).allowed
 
 
-def test_combined_decision_reports_fewest_remaining_when_allowed(clock: FakeClock) -> None:
-    store = MemoryStore(clock=clock)
+def test_combined_decision_reports_fewest_remaining_when_allowed(kind: str, clock: FakeClock) -> None:
+    store: Any = local_store(kind, clock=clock)
     limits = [Limit(Rate(10, 60.0), name="big"), Limit(Rate(3, 60.0), name="small")]
     decision = store.hit_now(["k1", "k2"], limits, [1, 1])
     assert decision.allowed and decision.policy == "small" and decision.remaining == 2
 
 
-def test_denied_request_changes_no_state(clock: FakeClock) -> None:
+def test_denied_request_changes_no_state(kind: str, clock: FakeClock) -> None:
     for algorithm in ALL:
-        store = MemoryStore(clock=clock)
+        store: Any = local_store(kind, clock=clock)
         limit = Limit(Rate(3, 10.0), algorithm)
         while store.hit_now(["k"], [limit], [1]).allowed:
             pass
@@ -71,8 +79,8 @@ def test_denied_request_changes_no_state(clock: FakeClock) -> None:
         assert store.state_of("k") == before, algorithm
 
 
-def test_peek_charges_nothing(clock: FakeClock) -> None:
-    store = MemoryStore(clock=clock)
+def test_peek_charges_nothing(kind: str, clock: FakeClock) -> None:
+    store: Any = local_store(kind, clock=clock)
     limit = Limit(Rate(3, 10.0), "sliding_log")
     store.hit_now(["k"], [limit], [1])
     before = store.state_of("k")
@@ -83,8 +91,8 @@ def test_peek_charges_nothing(clock: FakeClock) -> None:
     assert store.state_of("unknown") is None
 
 
-def test_reset_and_clear(clock: FakeClock) -> None:
-    store = MemoryStore(clock=clock)
+def test_reset_and_clear(kind: str, clock: FakeClock) -> None:
+    store: Any = local_store(kind, clock=clock)
     limit = Limit(Rate(1, 60.0))
     assert store.hit_now(["a"], [limit], [1]).allowed
     assert store.hit_now(["b"], [limit], [1]).allowed
@@ -97,8 +105,8 @@ def test_reset_and_clear(clock: FakeClock) -> None:
     assert store.hit_now(["b"], [limit], [1]).allowed
 
 
-def test_flood_of_a_million_keys_stays_bounded_and_never_frees_a_limited_key(clock: FakeClock) -> None:
-    store = MemoryStore(max_keys=1000, clock=clock)
+def test_flood_of_a_million_keys_stays_bounded_and_never_frees_a_limited_key(kind: str, clock: FakeClock) -> None:
+    store: Any = local_store(kind, 1000, clock=clock)
     limit = Limit(Rate(3, 600.0), "fixed_window", "api")
     clock.now = 6000.0  # start of an aligned 10-minute window
     victim = "rw:{api|attacker}:x"
@@ -126,8 +134,8 @@ def test_flood_of_a_million_keys_stays_bounded_and_never_frees_a_limited_key(clo
     assert first is not None and first[1] == 1.0
 
 
-def test_expired_entries_are_reclaimed(clock: FakeClock) -> None:
-    store = MemoryStore(max_keys=100, clock=clock)
+def test_expired_entries_are_reclaimed(kind: str, clock: FakeClock) -> None:
+    store: Any = local_store(kind, 100, clock=clock)
     limit = Limit(Rate(2, 10.0), "token_bucket")
     for i in range(100):
         store.hit_now([f"old-{i}"], [limit], [1])
@@ -144,9 +152,9 @@ def test_expired_entries_are_reclaimed(clock: FakeClock) -> None:
     assert all(store.state_of(f"old-{i}") is None for i in range(100))
 
 
-def test_reclaiming_happens_without_a_full_table(clock: FakeClock) -> None:
+def test_reclaiming_happens_without_a_full_table(kind: str, clock: FakeClock) -> None:
     """Expired states are dropped a few at a time as new keys arrive, not only at the bound."""
-    store = MemoryStore(max_keys=10_000, clock=clock)
+    store: Any = local_store(kind, 10_000, clock=clock)
     limit = Limit(Rate(1, 1.0), "gcra")
     for i in range(1000):
         store.hit_now([f"a-{i}"], [limit], [1])
@@ -156,8 +164,8 @@ def test_reclaiming_happens_without_a_full_table(clock: FakeClock) -> None:
     assert len(store) <= 1100  # most of the 1000 expired states were swept by the 1000 new keys
 
 
-def test_bound_holds_for_multi_limit_checks(clock: FakeClock) -> None:
-    store = MemoryStore(max_keys=50, clock=clock)
+def test_bound_holds_for_multi_limit_checks(kind: str, clock: FakeClock) -> None:
+    store: Any = local_store(kind, 50, clock=clock)
     limits = [Limit(Rate(5, 600.0), name="a"), Limit(Rate(50, 600.0), name="b"), Limit(Rate(9, 600.0), name="c")]
     for i in range(1000):
         store.hit_now([f"a{i}", f"b{i}", f"c{i}"], limits, [1, 1, 1])
@@ -174,8 +182,8 @@ def fast_switching() -> Iterator[None]:
 
 @pytest.mark.usefixtures("fast_switching")
 @pytest.mark.parametrize("algorithm", ALL)
-def test_threads_on_one_key_get_exactly_the_limit(algorithm: str, clock: FakeClock) -> None:
-    limiter = Limiter(MemoryStore(clock=clock))
+def test_threads_on_one_key_get_exactly_the_limit(algorithm: str, kind: str, clock: FakeClock) -> None:
+    limiter = Limiter(local_store(kind, clock=clock))
     allowed = [0] * 8
     barrier = threading.Barrier(8)
 
@@ -195,6 +203,7 @@ def test_threads_on_one_key_get_exactly_the_limit(algorithm: str, clock: FakeClo
 
 # --- the store answers exactly what the pure algorithm answers -------------------------------------
 
+@pytest.mark.parametrize("kind", KINDS)
 @settings(max_examples=60, deadline=None)
 @given(
     st.sampled_from(ALL),
@@ -203,10 +212,10 @@ def test_threads_on_one_key_get_exactly_the_limit(algorithm: str, clock: FakeClo
     st.lists(st.tuples(st.sampled_from([0.0, 0.1, 0.7, 3.0, 25.0]), st.integers(0, 7)), max_size=40),
 )
 def test_store_matches_the_pure_algorithm(
-    algorithm: str, limit: int, period: float, hits: list[tuple[float, int]]
+    kind: str, algorithm: str, limit: int, period: float, hits: list[tuple[float, int]]
 ) -> None:
     clock = FakeClock(1_000_000.0)
-    store = MemoryStore(clock=clock)  # neighbours make the store sweep (and drop expired states)
+    store: Any = local_store(kind, clock=clock)  # neighbours make the store sweep (and drop expired states)
     lim = Limit(Rate(limit, period), algorithm)
     fn = ALGORITHMS[algorithm]
     state = None

@@ -8,6 +8,7 @@ import pytest
 
 from ratewarden import MemoryStore
 from ratewarden.algorithms import ALGORITHMS
+from tests.shm import KINDS, local_store
 from tests.vectors.runner import FakeClock, load_vectors, run_vector, run_vectors
 
 VECTORS = load_vectors()
@@ -20,9 +21,10 @@ def test_vectors_cover_every_algorithm() -> None:
         assert any(step["allowed"] for step in vector["steps"]), vector["name"]
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
-async def test_vector_on_memory_store(vector: dict[str, Any]) -> None:
-    await run_vector(lambda clock: MemoryStore(clock=clock), vector)
+async def test_vector_on_local_stores(vector: dict[str, Any], kind: str) -> None:
+    await run_vector(lambda clock: local_store(kind, clock=clock), vector)
 
 
 async def test_run_vectors_counts_steps() -> None:

@@ -12,10 +12,14 @@ from ratewarden.rates import Rate
 from ratewarden.stores.base import Store
 
 ALGORITHM_NAMES = list(ALGORITHMS)
-KINDS = ["redis", "cluster", "sentinel", "memcached"]
+KINDS = ["redis", "cluster", "sentinel", "memcached", "shm"]
 
 
 def make_store(kind: str, url: str, clock: Callable[[], float] | None = None, **options: Any) -> Store:
+    if kind == "shm":  # one host, several processes: no server, nothing to time out or cache
+        from ratewarden.stores.shared_memory import SharedMemoryStore
+
+        return SharedMemoryStore.from_url(url, clock=clock) if clock else SharedMemoryStore.from_url(url)
     if kind == "memcached":
         from ratewarden.stores.memcached import MemcachedStore
 

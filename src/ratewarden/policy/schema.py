@@ -4,7 +4,7 @@ problem reported as ``file:line: field: message``.
 Document layout (TOML shown; YAML has the same structure)::
 
     version = 1
-    [settings]   algorithm, shadow, show_group, headers
+    [settings]   algorithm, shadow, show_group, headers, store
     [identity]   sources, unknown_group, anonymous_group, keys, hashed_keys, patterns
     [groups.<name>]  limits = ["10/s", "500/min"]  |  unlimited = true
     [[rules]]    path, name, methods, rate | tiered, key, algorithm, cost, bypass, shadow,
@@ -22,6 +22,9 @@ from ..algorithms import ALGORITHMS
 from ..bans import Bans
 from ..rates import parse_rates
 from ..rules import Rule
+from ..stores.base import Store
+from ..stores.memory import MemoryStore
+from ..stores.urls import check_store_url, open_store
 from .problems import Locate, PolicyError, Problem, Validator, describe_value
 from .rule_section import RuleDefaults, rules_section
 from .sections import bans_section, groups_section, identity_section, parse_duration
@@ -30,7 +33,7 @@ from .tiers import PolicyRule, Tiers
 __all__ = ["Locate", "Policy", "PolicyError", "Problem", "parse_duration", "validate"]
 
 _TOP = ("version", "settings", "identity", "groups", "rules", "bans")
-_SETTINGS = ("algorithm", "shadow", "show_group")
+_SETTINGS = ("algorithm", "shadow", "show_group", "store")
 
 
 @dataclass
@@ -45,6 +48,14 @@ class Policy:
     algorithm: str = "fixed_window"
     source: str = "<policy>"
     data: dict[str, Any] = field(default_factory=dict)
+    store: str | None = None  # settings.store: a store URL (shm://api, redis://..), None = MemoryStore
+
+    def make_store(self) -> Store:
+        """The store ``settings.store`` names (a ``MemoryStore`` when it names none); build the
+        ``Limiter`` with it. It is read once: changing it takes a restart, not a reload."""
+        if self.store is None:
+            return MemoryStore()
+        return open_store(self.store)
 
     def describe(self) -> list[str]:
         """Human-readable lines: the effective rules, groups and modes."""
@@ -91,6 +102,11 @@ def describe_rule(rule: Rule) -> str:
     return f"{rule.name}: {methods} {rule.path}: {what}{suffix}"
 
 
+def _store_url(url: str) -> str:
+    check_store_url(url)
+    return url
+
+
 def validate(data: Any, locate: Locate = lambda path: None, source: str = "<policy>") -> Policy:
     """Check a parsed policy document and build the ``Policy``; raises ``PolicyError`` listing
     every problem (with line numbers when ``locate`` can find them)."""
@@ -109,6 +125,9 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
         algorithm = "fixed_window"
     shadow = v.typed(settings, "shadow", ["settings"], bool, False)
     show_group = v.typed(settings, "show_group", ["settings"], bool, True)
+    store = v.typed(settings, "store", ["settings"], str)
+    if store is not None:
+        store = v.attempt(["settings", "store"], _store_url, store)
 
     groups = groups_section(v, top.get("groups"))
     identity = identity_section(v, top["identity"], groups) if "identity" in top else None
@@ -122,4 +141,4 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
     bans = bans_section(v, top["bans"], identity, identity_failed) if "bans" in top else None
     if v.problems:
         raise PolicyError(v.problems)
-    return Policy(rules, tiers, bans, shadow, show_group, algorithm, source, dict(data))
+    return Policy(rules, tiers, bans, shadow, show_group, algorithm, source, dict(data), store)

@@ -1,4 +1,5 @@
-"""Stores: where limit state lives. ``MemoryStore`` needs nothing; the others need an extra."""
+"""Stores: where limit state lives. ``MemoryStore`` and ``SharedMemoryStore`` (one host, several
+processes) need nothing; the others need an extra."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from .memory import MemoryStore
 if TYPE_CHECKING:
     from .memcached import MemcachedStore
     from .redis import RedisStore
+    from .shared_memory import SharedMemoryStore
 
-__all__ = ["Breaker", "MemcachedStore", "MemoryStore", "RedisStore", "Store", "StoreError"]
+__all__ = ["Breaker", "MemcachedStore", "MemoryStore", "RedisStore", "SharedMemoryStore", "Store", "StoreError"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from .memcached import MemcachedStore
 
         return MemcachedStore
+    if name == "SharedMemoryStore":  # POSIX only (fcntl), so imported on first use
+        from .shared_memory import SharedMemoryStore
+
+        return SharedMemoryStore
     raise AttributeError(f"module 'ratewarden.stores' has no attribute {name!r}")

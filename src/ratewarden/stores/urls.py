@@ -1,4 +1,5 @@
-"""Store URLs: ``redis://``, ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``, ``memcached://``.
+"""Store URLs: ``redis://``, ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``, ``memcached://``,
+and the local ``shm://<name>`` and ``memory://`` (``open_store`` builds the store any of them names).
 
 One parser for every remote store, so pool size, timeouts, TLS and auth are spelled the same
 everywhere and a typo is reported by name instead of being silently ignored.
@@ -7,9 +8,13 @@ everywhere and a typo is reported by name instead of being silently ignored.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-__all__ = ["StoreURL", "parse_store_url", "redact"]
+if TYPE_CHECKING:
+    from .base import Store
+
+__all__ = ["StoreURL", "check_store_url", "open_store", "parse_local_url", "parse_store_url", "redact"]
 
 _KINDS = {
     "redis": ("standalone", False),
@@ -133,3 +138,73 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
             raise ValueError(f"store URL {text!r}: option {name}={value!r} must not be negative")
         result.options[name] = converted
     return result
+
+
+#: Options of ``shm://<name>`` and ``memory://`` URLs, with their types.
+LOCAL_OPTIONS: dict[str, dict[str, type]] = {
+    "shm": {"max_keys": int, "log_size": int, "directory": str},
+    "memory": {"max_keys": int},
+}
+
+
+def parse_local_url(url: str) -> tuple[str, str, dict[str, object]]:
+    """Parse ``shm://<name>?max_keys=..&log_size=..&directory=..`` or ``memory://?max_keys=..``
+    into ``(kind, name, options)``, naming any mistake."""
+    if not isinstance(url, str):
+        raise ValueError(f"store URL must be a string, got {type(url).__name__}")
+    parts = urlsplit(url)
+    kind = parts.scheme.lower()
+    known = LOCAL_OPTIONS.get(kind)
+    if known is None:
+        raise ValueError(f"unsupported store URL {url!r}: expected shm://<name> or memory://")
+    name = unquote(parts.netloc + parts.path).strip("/")
+    if kind == "shm" and not name:
+        raise ValueError(f"store URL {url!r} names no table: use shm://<name>[?max_keys=65536]")
+    if kind == "memory" and name:
+        raise ValueError(f"store URL {url!r}: memory:// takes no name (use memory://?max_keys=N)")
+    options: dict[str, object] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        kind_of = known.get(key)
+        if kind_of is None:
+            raise ValueError(f"store URL {url!r}: unknown option {key!r}; known options: {', '.join(known)}")
+        try:
+            options[key] = kind_of(value)
+        except ValueError:
+            raise ValueError(f"store URL {url!r}: option {key}={value!r} must be a {kind_of.__name__}") from None
+    return kind, name, options
+
+
+def check_store_url(url: str) -> None:
+    """Raise ``ValueError`` if ``url`` is not a store URL ratewarden understands (nothing is opened)."""
+    scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
+    if scheme in LOCAL_OPTIONS:
+        kind, name, _ = parse_local_url(url)
+        if kind == "shm":
+            from .shared_memory import segment_path
+
+            segment_path(name)  # checks the name
+        return
+    parse_store_url(url, ("standalone", "sentinel", "cluster", "memcached"))
+
+
+def open_store(url: str) -> Store:
+    """The store a URL names: ``memory://``, ``shm://<name>``, ``redis://``/``valkey://`` (and
+    their TLS, Sentinel and Cluster forms) or ``memcached://``."""
+    check_store_url(url)
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "memory":
+        from .memory import MemoryStore
+
+        options = parse_local_url(url)[2]
+        return MemoryStore(**options)  # type: ignore[arg-type]
+    if scheme == "shm":
+        from .shared_memory import SharedMemoryStore
+
+        return SharedMemoryStore.from_url(url)
+    if scheme == "memcached":
+        from .memcached import MemcachedStore
+
+        return MemcachedStore(url)
+    from .redis import RedisStore
+
+    return RedisStore(url)
