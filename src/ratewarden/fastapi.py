@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
-from starlette.responses import JSONResponse
 
 from .algorithms import AlgorithmName
 from .asgi.edge import EDGE_STATE_KEY
@@ -29,7 +28,7 @@ from .keys import KeyFunc, client_ip
 from .limiter import Limiter
 from .limits import DEFAULT_ALGORITHM
 from .rates import Rate
-from .responses import limited_headers, too_many_requests_problem
+from .responses import limited_headers, too_many_requests_body, too_many_requests_problem
 from .rules import CompiledRule, CostFunc, Rule
 
 __all__ = ["EDGE_STATE_KEY", "RateLimit", "RateLimitExceeded", "install"]
@@ -143,7 +142,9 @@ def route_context(scope: Any, route: object) -> object:
 
 async def _problem_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RateLimitExceeded)
-    return JSONResponse(exc.problem, 429, headers=exc.headers, media_type="application/problem+json")
+    # The same bytes as the middleware's and the edge's 429 (one problem+json encoder).
+    body = too_many_requests_body(exc.decision)
+    return Response(body, 429, headers=exc.headers, media_type="application/problem+json")
 
 
 

@@ -248,3 +248,25 @@ async def test_without_install_plain_endpoints_still_get_headers() -> None:
     app = _install_app(with_install=False)
     plain = await _get_via_httpx(app, "/plain")
     assert plain.headers["x-ratelimit-remaining"] == "1"
+
+
+async def test_the_dependency_and_the_middleware_send_the_same_429_body() -> None:
+    """One problem+json encoder: the dependency's 429 (rendered by install's handler when the
+    dependency checks for itself) is byte for byte the middleware's."""
+    from ratewarden.decision import Decision
+    from ratewarden.fastapi import RateLimitExceeded
+    from ratewarden.responses import rejection
+
+    decision = Decision(False, 1, 0, 7.0, 7.0, 60.0, "p")
+    dependency_app = FastAPI()
+
+    @dependency_app.get("/x")
+    async def x() -> dict[str, int]:
+        raise RateLimitExceeded(decision, {"retry-after": "7"})
+
+    install(dependency_app)
+    reply = await _get_via_httpx(dependency_app, "/x")
+    body, _ = rejection(decision, "both", True)
+    assert reply.status_code == 429
+    assert reply.content == body
+    assert reply.headers["content-type"] == "application/problem+json"
