@@ -10,6 +10,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from ratewarden.limits import Limit, make_limits
 from ratewarden.rates import Rate
 from ratewarden.stores.base import StoreError
 from ratewarden.stores.redis import RedisStore
-from tests.servers import RedisCluster, RedisStandalone
+from tests.servers import RedisCluster, RedisStandalone, wait_until
 
 
 @pytest.fixture
@@ -34,7 +35,9 @@ def private_redis() -> Iterator[RedisStandalone]:
 @contextlib.contextmanager
 def paused(server: RedisStandalone) -> Iterator[None]:
     assert server.server.proc is not None
-    os.kill(server.server.proc.pid, signal.SIGSTOP)
+    pid = server.server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T"), 5, "the pause")
     try:
         yield
     finally:
