@@ -267,17 +267,21 @@ class MemcachedStore(Store):
                     return combine(decisions)
             except BaseException:
                 # Interrupted (timeout, cancelled caller, lost connection) while writing: the
-                # caller gets no answer, so nothing may stay charged. Put back in the background.
-                self._undo_later(written)
+                # caller gets no answer, so nothing may stay charged.
+                await self._undo_interrupted(written)
                 raise
         raise StoreError(f"memcached store {self.url}: gave up after {self.retries} compare-and-swap conflicts")
 
-    def _undo_later(self, writes: list[_Undo]) -> None:
+    async def _undo_interrupted(self, writes: list[_Undo]) -> None:
+        """Put back ``writes`` in a task of its own (this one is being cancelled), still holding
+        the key locks until it is done, so no local check builds on the state being put back."""
         if not writes:
             return
-        task = asyncio.get_running_loop().create_task(wait_for_store(self._undo(writes), UNDO_TIMEOUT))
+        task = asyncio.ensure_future(wait_for_store(self._undo(writes), UNDO_TIMEOUT))
         self._undoing.add(task)
         task.add_done_callback(self._undone)
+        with contextlib.suppress(BaseException):  # a second cancellation: the task goes on alone
+            await asyncio.shield(task)
 
     def _undone(self, task: asyncio.Task[None]) -> None:
         self._undoing.discard(task)
