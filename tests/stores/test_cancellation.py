@@ -64,7 +64,7 @@ async def test_checks_cancelled_at_random_points(store_url: tuple[str, str, dict
                 await asyncio.sleep(rng.uniform(0, 0.002))
             for *_, task in rng.sample(checks, rng.randint(0, len(checks))):
                 task.cancel()
-            for name, keys, limits, task in checks:
+            for name, _keys, limits, task in checks:
                 try:
                     decision = await task
                 except (asyncio.CancelledError, StoreError):

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import re
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +103,13 @@ def test_limiter_rejects_what_is_not_a_store_at_once(store: object) -> None:
     with pytest.raises(TypeError, match="store must be a ratewarden Store") as info:
         Limiter(store)  # type: ignore[arg-type]
     assert repr(store) in str(info.value)
+
+
+def test_the_sync_example_in_the_docs_runs(redis_standalone: RedisStandalone) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "stores.md").read_text(encoding="utf-8")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "hit_sync" in b]
+    code = code.replace("redis://127.0.0.1:6379/0", redis_standalone.url).replace("report:9", uuid.uuid4().hex)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/stores.md", "exec"), {})
+    assert out.getvalue().split() == ["True", "True", "False", "0"]
