@@ -102,7 +102,7 @@ class _Batch:
     """Checks queued in one event-loop tick, sent as one pipeline. An item's request is the
     packed command tail (standalone, Sentinel) or ``(keys, args)`` (Cluster, via redis-py)."""
 
-    __slots__ = ("clock", "due", "extensions", "items", "task", "timer")
+    __slots__ = ("clock", "due", "extensions", "items", "started", "task", "timer")
 
     def __init__(self, due: float, clock: Any) -> None:
         self.items: list[tuple[Any, asyncio.Future[_Reply]]] = []
@@ -111,6 +111,7 @@ class _Batch:
         self.due = due
         self.clock = clock  # the scripts' clock argument (their deadline): bytes packed, str on Cluster
         self.extensions = 0
+        self.started = False  # its task began running (cancelling it before would skip its cleanup)
 
 
 class RedisStore(Store):
@@ -426,14 +427,18 @@ class RedisStore(Store):
                 future.set_exception(error)
         if self._batch is batch:  # never sent: drop it, so nothing is charged behind our back
             self._batch = None
-        elif batch.task is not None:
+        elif batch.task is not None and batch.started:
             batch.task.cancel()
+        # else its task has not run yet: it will find every check answered, send nothing, and
+        # clean up (a task cancelled before its first step would skip its ``finally``).
 
     async def _run(self, batch: _Batch) -> None:
-        if batch.extensions:
-            self._extend_deadline(batch)
-        items = [item for item in batch.items if not item[1].done()]  # callers cancelled: not sent
+        batch.started = True
+        items = batch.items
         try:
+            if batch.extensions:
+                self._extend_deadline(batch)  # rewrites the commands in place
+            items = [item for item in items if not item[1].done()]  # callers cancelled: not sent
             if not items:
                 return
             if self._cluster:
