@@ -57,7 +57,12 @@ class Limiter:
         if on_error not in ("open", "closed"):
             raise ValueError(f"on_error must be 'open' or 'closed', got {on_error!r}")
         if store is not None and not isinstance(store, Store):
-            raise TypeError(f"store must be a ratewarden Store (e.g. MemoryStore(), RedisStore(url)), got {store!r}")
+            # The compiled build's own argument check raises first ("...Store or None object
+            # expected; got str"): both reject it here, at construction, naming its type.
+            raise TypeError(
+                f"store must be a ratewarden Store or None (e.g. MemoryStore(), RedisStore(url)), "
+                f"got {_type_name(store)}: {store!r}"
+            )
         self.store: Store = store if store is not None else MemoryStore()
         self.prefix = prefix
         self.on_error: FailurePolicy = on_error
@@ -162,6 +167,12 @@ class Limiter:
         """Close the store and stop the sync facade's loop thread."""
         self._sync_loop.run(self.store.close())
         self._sync_loop.stop()
+
+
+def _type_name(value: object) -> str:
+    """``str``, ``abc.ABCMeta``: a type's name as the compiled build's argument checks print it."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _check_cost(cost: float) -> None:
