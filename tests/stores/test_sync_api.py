@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from ratewarden import Limiter
+from ratewarden.limits import make_limits
 from ratewarden.metrics import Metrics
+from ratewarden.stores.base import StoreError
 from ratewarden.stores.memcached import MemcachedStore
 from ratewarden.stores.memory import MemoryStore
 from ratewarden.stores.redis import RedisStore
@@ -116,3 +118,14 @@ def test_the_sync_example_in_the_docs_runs(redis_standalone: RedisStandalone) ->
     with contextlib.redirect_stdout(out):
         exec(compile(code, "docs/stores.md", "exec"), {})
     assert out.getvalue().split() == ["True", "True", "False", "0"]
+
+
+def test_a_redis_store_reused_on_a_new_loop_fails_with_store_error(redis_standalone: RedisStandalone) -> None:
+    # What hit_sync used to do (asyncio.run per call): the store's connection belongs to the
+    # first, closed loop. Every failure of a store is a StoreError, never a raw RuntimeError.
+    store = RedisStore(redis_standalone.url, timeout=5, coalesce=False)
+    (limit,) = make_limits("10/min")
+    key = f"rw:{{loop|{uuid.uuid4().hex}}}:k"
+    assert asyncio.run(store.hit([key], [limit], [1.0])).remaining == 9
+    with pytest.raises(StoreError):
+        asyncio.run(store.hit([key], [limit], [1.0]))

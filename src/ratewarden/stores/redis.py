@@ -563,7 +563,7 @@ class RedisStore(Store):
             return await wait_for_store(coro, self.timeout)
         except asyncio.TimeoutError:
             raise StoreError(f"redis store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, RuntimeError) as exc:  # RuntimeError: a loop closed under a connection
             raise self._error(exc) from exc
 
     def _error(self, exc: BaseException) -> StoreError:
