@@ -129,3 +129,12 @@ def test_a_redis_store_reused_on_a_new_loop_fails_with_store_error(redis_standal
     assert asyncio.run(store.hit([key], [limit], [1.0])).remaining == 9
     with pytest.raises(StoreError):
         asyncio.run(store.hit([key], [limit], [1.0]))
+
+
+def test_a_memcached_store_reused_on_a_new_loop_fails_with_store_error(memcached_server: Memcached) -> None:
+    store = MemcachedStore(memcached_server.url, timeout=5)
+    (limit,) = make_limits("10/min")
+    key = f"rw:{{loop|{uuid.uuid4().hex}}}:k"
+    assert asyncio.run(store.hit([key], [limit], [1.0])).remaining == 9
+    with pytest.raises(StoreError):
+        asyncio.run(store.hit([key], [limit], [1.0]))

@@ -167,7 +167,7 @@ class MemcachedStore(Store):
             return await wait_for_store(awaitable, self.timeout)
         except asyncio.TimeoutError:
             raise StoreError(f"memcached store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
-        except (OSError, aiomcache.exceptions.ClientException, ConnectionError) as exc:
+        except (OSError, aiomcache.exceptions.ClientException, RuntimeError) as exc:  # RuntimeError: another loop
             raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
 
     async def _locked(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]]) -> _T:
