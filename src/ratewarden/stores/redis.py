@@ -80,6 +80,7 @@ _SCRIPT_B = SCRIPT.encode()
 _EVAL_HEAD = b"$4\r\nEVAL\r\n$%d\r\n%s\r\n" % (len(_SCRIPT_B), _SCRIPT_B)
 _COST_ONE = b"$1\r\n1\r\n"
 _MODES = {m: b"$1\r\n%s\r\n" % m.encode() for m in ("h", "p", "a")}
+_MODE_BULKS = tuple(_MODES.values())
 _ONE_KEY_HEAD = b"*12\r\n" + _SHA_HEAD + b"$1\r\n1\r\n"  # 12 = EVALSHA sha 1 key h now + 6 per limit
 _HIT = _MODES["h"]
 
@@ -219,15 +220,15 @@ class RedisStore(Store):
         return b"".join(parts)
 
     def _deadline(self, wall_due: float) -> str:
-        """The scripts' clock argument: ``@`` and the server time after which a script must not
-        run (the caller has stopped waiting by then), or the test clock's time. Empty until the
+        """The scripts' clock argument: minus the server time after which a script must not run
+        (the caller has stopped waiting by then), or the test clock's time. Empty until the
         server clock's offset is known (measured on connect)."""
         if self.clock is not None:
             return repr(float(self.clock()))
         skew = self._skew
         if skew is None:
             return ""
-        return "@%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew)
+        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew)
 
     async def _measure_skew(self, conn: Any = None) -> None:
         """Read the server clock (``TIME``) on ``conn`` (else through the client) and keep its
@@ -403,7 +404,8 @@ class RedisStore(Store):
             return
         new = _bulk(clock)
         for n, (command, future) in enumerate(batch.items):
-            at = command.rfind(old)  # the clock slot: only numeric arguments follow it
+            # The clock slot follows the mode (a letter); after it come only numeric arguments.
+            at = max(command.rfind(mode + old) + len(mode) for mode in _MODE_BULKS)
             batch.items[n] = (command[:at] + new + command[at + len(old):], future)
 
     def _send(self) -> None:
