@@ -8,8 +8,9 @@
   only between processes (few), not between the hundreds of requests of one event loop.
 * Every operation (checks, ``peek``, ``reset``, ``clear``) is bounded by ``timeout``. A command
   interrupted by the timeout or a cancelled caller closes its connection (its reply may be
-  unread, and would be read by the next command), and a check interrupted while writing puts
-  back what it wrote, so a check that did not answer charges nothing.
+  unread, and would be read by the next command). A check interrupted while writing lets the
+  write in flight finish, then puts back what it wrote, so a check that did not answer charges
+  nothing.
 * Memcached has no clock command: time is this host's ``time.time()``. Hosts sharing a
   memcached must keep their clocks in sync (NTP); a skew of ``s`` seconds shifts windows by ``s``.
 * Expiry: ``ceil(reset_after) + 1`` seconds (memcached counts whole seconds, so the extra
@@ -245,6 +246,7 @@ class MemcachedStore(Store):
                 return combine(decisions)
             wall = time.time()
             written: list[_Undo] = []  # includes the write in flight: it may have landed
+            landing: asyncio.Future[bool] | None = None  # the write in flight
             try:
                 for i, key in enumerate(mkeys):
                     new_state = states[i]
@@ -254,10 +256,12 @@ class MemcachedStore(Store):
                     data = encode(new_state)
                     exptime = expiry(decisions[i].reset_after, wall)
                     written.append((key, value, data, limits[i]))
-                    if token is None:
-                        ok = await client.add(key, data, exptime)
-                    else:
-                        ok = await client.cas(key, data, token, exptime)
+                    landing = asyncio.ensure_future(
+                        client.add(key, data, exptime) if token is None else client.cas(key, data, token, exptime)
+                    )
+                    # Shielded: an interruption must know whether this write landed before it
+                    # puts anything back, so the write completes (and its reply is read) anyway.
+                    ok = await asyncio.shield(landing)
                     if not ok:
                         self.cas_conflicts += 1
                         written.pop()
@@ -268,20 +272,27 @@ class MemcachedStore(Store):
             except BaseException:
                 # Interrupted (timeout, cancelled caller, lost connection) while writing: the
                 # caller gets no answer, so nothing may stay charged.
-                await self._undo_interrupted(written)
+                await self._undo_interrupted(written, landing)
                 raise
         raise StoreError(f"memcached store {self.url}: gave up after {self.retries} compare-and-swap conflicts")
 
-    async def _undo_interrupted(self, writes: list[_Undo]) -> None:
-        """Put back ``writes`` in a task of its own (this one is being cancelled), still holding
-        the key locks until it is done, so no local check builds on the state being put back."""
+    async def _undo_interrupted(self, writes: list[_Undo], landing: asyncio.Future[bool] | None) -> None:
+        """Put back ``writes`` in a task of its own (this one is being cancelled), once the write
+        in flight (``landing``) is done, still holding the key locks until then, so no local check
+        builds on the state being put back."""
         if not writes:
             return
-        task = asyncio.ensure_future(wait_for_store(self._undo(writes), UNDO_TIMEOUT))
+        task = asyncio.ensure_future(wait_for_store(self._settle_and_undo(writes, landing), UNDO_TIMEOUT))
         self._undoing.add(task)
         task.add_done_callback(self._undone)
         with contextlib.suppress(BaseException):  # a second cancellation: the task goes on alone
             await asyncio.shield(task)
+
+    async def _settle_and_undo(self, writes: list[_Undo], landing: asyncio.Future[bool] | None) -> None:
+        if landing is not None:
+            with contextlib.suppress(Exception):  # landed or not: ``_undo`` reads which
+                await landing
+        await self._undo(writes)
 
     def _undone(self, task: asyncio.Task[None]) -> None:
         self._undoing.discard(task)
