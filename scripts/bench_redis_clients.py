@@ -60,7 +60,7 @@ async def packed(url: str, rounds: int) -> float:
     with hiredis (no Pipeline object, no per-argument encoding)."""
     store = RedisStore(url, timeout=5)
     (limit,) = make_limits("1000000000/hour", "token_bucket")
-    commands = [store._packed("h", [f"rw:{{bench|{i}}}:{limit.suffix}"], [limit], [1.0]) for i in range(CONCURRENCY)]
+    commands = [store._packed("h", [f"rw:{{bench|{i}}}:{limit.suffix}"], [limit], [1.0], b"$0\r\n\r\n") for i in range(CONCURRENCY)]
     await store._execute(commands[:1])  # connects and loads the script
     started = time.perf_counter()
     for _ in range(rounds):

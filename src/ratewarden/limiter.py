@@ -6,13 +6,14 @@ import asyncio
 import hashlib
 import logging
 import math
-from collections.abc import Coroutine, Iterable, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
 from .decision import Decision
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
+from .loop_thread import LoopThread
 from .rates import Rate, freeze_rates
 from .stores.base import Store
 from .stores.memory import MemoryStore
@@ -63,11 +64,19 @@ class Limiter:
     ) -> None:
         if on_error not in ("open", "closed"):
             raise ValueError(f"on_error must be 'open' or 'closed', got {on_error!r}")
+        if store is not None and not isinstance(store, Store):
+            # The compiled build's own argument check raises first ("...Store or None object
+            # expected; got str"): both reject it here, at construction, naming its type.
+            raise TypeError(
+                f"store must be a ratewarden Store or None (e.g. MemoryStore(), RedisStore(url)), "
+                f"got {_type_name(store)}: {store!r}"
+            )
         self.store: Store = store if store is not None else MemoryStore()
         self.prefix = prefix
         self.on_error: FailurePolicy = on_error
         self.enabled = enabled
         self._limits_cache: dict[tuple[object, str], tuple[Limit, ...]] = {}
+        self._sync_loop = LoopThread()
 
     def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
         """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse)."""
@@ -128,10 +137,16 @@ class Limiter:
         await self.store.clear()
 
     async def close(self) -> None:
+        """Close the store (on the sync facade's loop if it used the store) and stop that loop."""
+        if self._sync_loop.started:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.store.close(), self._sync_loop.start()))
+            await asyncio.get_running_loop().run_in_executor(None, self._sync_loop.stop)
+            return
         await self.store.close()
 
-    # Sync facade, for threads and sync code: runs the async call on a private loop unless the
-    # store is local, in which case no loop is needed at all.
+    # Sync facade, for threads and plain code. Every call runs the async one on one private
+    # loop thread (remote stores keep their connections on that loop from call to call); a
+    # local store's check needs no loop at all, as in ``check``.
     def hit_sync(
         self,
         key: str,
@@ -144,31 +159,31 @@ class Limiter:
             _check_cost(cost)
             limits = self.limits(rate, algorithm)
             return self.store.hit_now(self.keys_for(key, limits, scope), limits, [cost] * len(limits))
-        return _run(self.hit(key, rate, cost, algorithm, scope))
+        return self._sync_loop.run(self.hit(key, rate, cost, algorithm, scope))
 
     def peek_sync(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> Decision:
-        store = self.store
-        if isinstance(store, MemoryStore):
-            limits = self.limits(rate, algorithm)
-            return min(store.peek_now(self.keys_for(key, limits, scope), limits), key=lambda d: d.remaining)
-        return _run(self.peek(key, rate, algorithm, scope))
+        return self._sync_loop.run(self.peek(key, rate, algorithm, scope))
 
     def reset_sync(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> None:
-        store = self.store
-        if isinstance(store, MemoryStore):
-            store.reset_now(self.keys_for(key, self.limits(rate, algorithm), scope))
-            return
-        _run(self.reset(key, rate, algorithm, scope))
+        self._sync_loop.run(self.reset(key, rate, algorithm, scope))
 
     def clear_sync(self) -> None:
-        if isinstance(self.store, MemoryStore):
-            self.store.clear_now()
-            return
-        _run(self.clear())
+        self._sync_loop.run(self.clear())
+
+    def close_sync(self) -> None:
+        """Close the store and stop the sync facade's loop thread."""
+        self._sync_loop.run(self.store.close())
+        self._sync_loop.stop()
+
+
+def _type_name(value: object) -> str:
+    """``str``, ``abc.ABCMeta``: a type's name as the compiled build's argument checks print it."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _check_cost(cost: float) -> None:
@@ -176,10 +191,3 @@ def _check_cost(cost: float) -> None:
         raise TypeError(f"cost must be a number, got {type(cost).__name__} {cost!r}")
     if not 0 <= cost < math.inf:
         raise ValueError(f"cost must be zero or positive, got {cost!r}")
-
-
-_T = TypeVar("_T")
-
-
-def _run(coro: Coroutine[Any, Any, _T]) -> _T:
-    return asyncio.run(coro)

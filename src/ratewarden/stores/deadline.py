@@ -3,8 +3,9 @@
 When the loop is busy elsewhere (a CPU-bound handler, a backlog of requests), a timeout timer
 fires late, in the same loop pass that delivers the reply it was guarding, and wins: a healthy
 store "times out", and under the default fail-open policy the request is let through. Here a
-timer that fires late (more than ``LATE`` after it was due) gives the call its timeout again,
-measured from then, at most ``EXTENSIONS`` times.
+timer that fires late (more than ``LATE`` after it was due) gives the call its timeout once
+more, measured from then (``EXTENSIONS`` = 1): a call waits at most ``timeout``, or
+``2 * timeout`` when the loop itself ran the timer late, plus that lateness.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 __all__ = ["EXTENSIONS", "LATE", "wait_for_store"]
 
 LATE = 0.002
-EXTENSIONS = 3
+EXTENSIONS = 1  # re-arms of a late timer: a call never waits more than 2 * timeout
 _T = TypeVar("_T")
 
 
@@ -27,7 +28,12 @@ async def wait_for_store(awaitable: Awaitable[_T], timeout: float) -> _T:
     extensions = 0
     while True:
         due = loop.time() + timeout
-        done, _ = await asyncio.wait((task,), timeout=timeout)
+        try:
+            done, _ = await asyncio.wait((task,), timeout=timeout)
+        except asyncio.CancelledError:  # our caller is cancelled: so is the work it waited for
+            task.cancel()
+            task.add_done_callback(_retrieve)
+            raise
         if done:
             return task.result()
         if loop.time() - due > LATE and extensions < EXTENSIONS:

@@ -6,6 +6,11 @@
   and swap again) before the retry, so a check stays all or nothing.
 * Concurrent checks of one key inside this process queue on a local lock, so CAS races happen
   only between processes (few), not between the hundreds of requests of one event loop.
+* Every operation (checks, ``peek``, ``reset``, ``clear``) is bounded by ``timeout``. A command
+  interrupted by the timeout or a cancelled caller closes its connection (its reply may be
+  unread, and would be read by the next command). A check interrupted while writing lets the
+  write in flight finish, then puts back what it wrote, so a check that did not answer charges
+  nothing.
 * Memcached has no clock command: time is this host's ``time.time()``. Hosts sharing a
   memcached must keep their clocks in sync (NTP); a skew of ``s`` seconds shifts windows by ``s``.
 * Expiry: ``ceil(reset_after) + 1`` seconds (memcached counts whole seconds, so the extra
@@ -42,8 +47,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 __all__ = ["MemcachedStore", "memcached_key"]
 
 _T = TypeVar("_T")
+_Undo = tuple[bytes, "bytes | None", bytes, Limit]  # key, value before, value written, its limit
 
 THIRTY_DAYS = 30 * 86400
+UNDO_TIMEOUT = 5.0  # seconds a put-back of an interrupted check may take (it runs in the background)
 _MAX_KEY = 250
 
 
@@ -71,6 +78,34 @@ def decode(value: bytes) -> State:
     if not value:
         return ()
     return tuple(float(x) for x in value.split(b","))
+
+
+def _closing_on_interrupt(method: Any) -> Any:
+    """An aiomcache command that closes its connection instead of returning it to the pool when
+    it does not complete (timeout, cancellation): aiomcache returns it on ``CancelledError`` with
+    the reply unread, and the next command on it reads that reply as its own."""
+    raw = method.__wrapped__
+
+    async def command(self: Any, *args: Any) -> Any:
+        conn = await self._pool.acquire()
+        try:
+            return await raw(self, conn, *args)
+        except BaseException as exc:
+            conn.reader.set_exception(exc if isinstance(exc, Exception) else ConnectionAbortedError("interrupted"))
+            raise
+        finally:
+            self._pool.release(conn)  # closes it when its reader holds an exception
+
+    return command
+
+
+class _Client(aiomcache.Client):
+    gets = _closing_on_interrupt(aiomcache.Client.gets)
+    get = _closing_on_interrupt(aiomcache.Client.get)
+    add = _closing_on_interrupt(aiomcache.Client.add)
+    cas = _closing_on_interrupt(aiomcache.Client.cas)
+    delete = _closing_on_interrupt(aiomcache.Client.delete)
+    flush_all = _closing_on_interrupt(aiomcache.Client.flush_all)
 
 
 class MemcachedStore(Store):
@@ -103,8 +138,9 @@ class MemcachedStore(Store):
         self.retries = retries
         self.clock = clock
         host, port = cfg.hosts[0]
-        self._client = aiomcache.Client(host, port, pool_size=size)
+        self._client = _Client(host, port, pool_size=size)
         self._locks: dict[bytes, list[Any]] = {}  # key -> [asyncio.Lock, users]
+        self._undoing: set[asyncio.Task[None]] = set()  # put-backs of interrupted checks
         self.cas_conflicts = 0  # lost compare-and-swap races (retried)
 
     def __repr__(self) -> str:
@@ -124,30 +160,36 @@ class MemcachedStore(Store):
 
     async def _run(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]]) -> _T:
         """``operation`` under this process's per-key locks, with the timeout and error mapping."""
+        return await self._bounded(self._locked(mkeys, operation))
+
+    async def _bounded(self, awaitable: Awaitable[_T]) -> _T:
+        """``awaitable`` within the timeout, every failure as ``StoreError``."""
         try:
-            return await wait_for_store(self._locked(mkeys, operation), self.timeout)
+            return await wait_for_store(awaitable, self.timeout)
         except asyncio.TimeoutError:
             raise StoreError(f"memcached store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
-        except (OSError, aiomcache.exceptions.ClientException, ConnectionError) as exc:
+        except (OSError, aiomcache.exceptions.ClientException, RuntimeError) as exc:  # RuntimeError: another loop
             raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
 
     async def _locked(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]]) -> _T:
         ordered = sorted(set(mkeys))
-        held: list[bytes] = []
+        users: list[bytes] = []  # keys whose lock entry counts us
+        acquired: list[asyncio.Lock] = []  # locks we hold (a waiter cancelled holds none)
         try:
             for key in ordered:
                 entry = self._locks.get(key)
                 if entry is None:
                     entry = self._locks[key] = [asyncio.Lock(), 0]
                 entry[1] += 1
-                held.append(key)
+                users.append(key)
                 await entry[0].acquire()
+                acquired.append(entry[0])
             return await operation()
         finally:
-            for key in held:
+            for lock in acquired:
+                lock.release()
+            for key in users:
                 entry = self._locks[key]
-                if entry[0].locked():
-                    entry[0].release()
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._locks[key]
@@ -203,43 +245,75 @@ class MemcachedStore(Store):
             if not all(d.allowed for d in decisions):
                 return combine(decisions)
             wall = time.time()
-            written: list[int] = []
-            for i, key in enumerate(mkeys):
-                new_state = states[i]
-                if new_state is None:
-                    continue
-                value, token = read[i]
-                data = encode(new_state)
-                exptime = expiry(decisions[i].reset_after, wall)
-                if token is None:
-                    ok = await client.add(key, data, exptime)
+            written: list[_Undo] = []  # includes the write in flight: it may have landed
+            landing: asyncio.Future[bool] | None = None  # the write in flight
+            try:
+                for i, key in enumerate(mkeys):
+                    new_state = states[i]
+                    if new_state is None:
+                        continue
+                    value, token = read[i]
+                    data = encode(new_state)
+                    exptime = expiry(decisions[i].reset_after, wall)
+                    written.append((key, value, data, limits[i]))
+                    landing = asyncio.ensure_future(
+                        client.add(key, data, exptime) if token is None else client.cas(key, data, token, exptime)
+                    )
+                    # Shielded: an interruption must know whether this write landed before it
+                    # puts anything back, so the write completes (and its reply is read) anyway.
+                    ok = await asyncio.shield(landing)
+                    if not ok:
+                        self.cas_conflicts += 1
+                        written.pop()
+                        await self._undo(written)
+                        break
                 else:
-                    ok = await client.cas(key, data, token, exptime)
-                if not ok:
-                    self.cas_conflicts += 1
-                    await self._undo([(mkeys[j], read[j][0], encode(states[j] or ())) for j in written])
-                    break
-                written.append(i)
-            else:
-                return combine(decisions)
+                    return combine(decisions)
+            except BaseException:
+                # Interrupted (timeout, cancelled caller, lost connection) while writing: the
+                # caller gets no answer, so nothing may stay charged.
+                await self._undo_interrupted(written, landing)
+                raise
         raise StoreError(f"memcached store {self.url}: gave up after {self.retries} compare-and-swap conflicts")
 
-    async def _undo(self, writes: list[tuple[bytes, bytes | None, bytes]]) -> None:
-        """Put back keys this check wrote, unless someone changed them since."""
-        for key, old, ours in writes:
+    async def _undo_interrupted(self, writes: list[_Undo], landing: asyncio.Future[bool] | None) -> None:
+        """Put back ``writes`` in a task of its own (this one is being cancelled), once the write
+        in flight (``landing``) is done, still holding the key locks until then, so no local check
+        builds on the state being put back."""
+        if not writes:
+            return
+        task = asyncio.ensure_future(wait_for_store(self._settle_and_undo(writes, landing), UNDO_TIMEOUT))
+        self._undoing.add(task)
+        task.add_done_callback(self._undone)
+        with contextlib.suppress(BaseException):  # a second cancellation: the task goes on alone
+            await asyncio.shield(task)
+
+    async def _settle_and_undo(self, writes: list[_Undo], landing: asyncio.Future[bool] | None) -> None:
+        if landing is not None:
+            with contextlib.suppress(Exception):  # landed or not: ``_undo`` reads which
+                await landing
+        await self._undo(writes)
+
+    def _undone(self, task: asyncio.Task[None]) -> None:
+        self._undoing.discard(task)
+        if not task.cancelled():
+            task.exception()  # a put-back that failed leaves that charge: nothing else to do
+
+    async def _undo(self, writes: list[_Undo]) -> None:
+        """Put back keys this check wrote, unless someone changed them since; a restored state
+        expires when it would have (memcached cannot read an expiry back, so it is computed)."""
+        for key, old, ours, limit in writes:
             value, token = await self._client.gets(key)
             if value != ours or token is None:
                 continue
             if old is None:
                 await self._client.delete(key)
             else:
-                await self._client.cas(key, old, token, 0)
+                _, decision = limit.fn(decode(old), self.clock(), 0.0, limit.rate)
+                await self._client.cas(key, old, token, expiry(decision.reset_after, time.time()))
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        try:
-            values = [await self._client.get(memcached_key(k)) for k in keys]
-        except (OSError, aiomcache.exceptions.ClientException) as exc:
-            raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
+        values = await self._bounded(self._get_all([memcached_key(k) for k in keys]))
         now = self.clock()
         out = []
         for value, limit in zip(values, limits, strict=False):
@@ -248,21 +322,24 @@ class MemcachedStore(Store):
             out.append(decision)
         return out
 
+    async def _get_all(self, mkeys: list[bytes]) -> list[bytes | None]:
+        return [await self._client.get(k) for k in mkeys]
+
     async def reset(self, keys: Sequence[str]) -> None:
-        try:
-            for key in keys:
-                await self._client.delete(memcached_key(key))
-        except (OSError, aiomcache.exceptions.ClientException) as exc:
-            raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
+        await self._bounded(self._delete_all([memcached_key(k) for k in keys]))
+
+    async def _delete_all(self, mkeys: list[bytes]) -> None:
+        for key in mkeys:
+            await self._client.delete(key)
 
     async def clear(self) -> None:
         """Memcached cannot list keys, so this empties the whole instance (``flush_all``):
         give ratewarden a memcached of its own if you use it."""
-        try:
-            await self._client.flush_all()
-        except (OSError, aiomcache.exceptions.ClientException) as exc:
-            raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
+        await self._bounded(self._client.flush_all())
 
     async def close(self) -> None:
+        for task in list(self._undoing):  # give pending put-backs their (bounded) time
+            with contextlib.suppress(BaseException):
+                await task
         with contextlib.suppress(OSError, aiomcache.exceptions.ClientException):
             await self._client.close()

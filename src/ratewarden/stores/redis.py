@@ -8,7 +8,10 @@
 * Rejections are remembered locally until their retry time (``cache``): a key known to be over
   its limit is answered without a round trip. Only denials are cached, so it never allows
   anything the server would deny.
-* Every check is bounded by ``timeout``; failures raise ``StoreError`` naming the URL.
+* Every check is bounded by ``timeout`` (``2 * timeout`` when the event loop itself ran the
+  timer late); failures raise ``StoreError`` naming the URL. Each script carries the moment
+  its caller stops waiting (on the server clock): a script that only runs after that, e.g. once
+  a paused server resumes, charges nothing, so a check answered as failed is never charged.
 * Redis Cluster: keys of one (scope, client key) share a hash tag, so such a check is one
   script on one slot. A check whose keys span slots (rules keyed on different identities)
   first peeks every slot and charges only when all allow; see docs/stores.md.
@@ -19,12 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import math
 import os
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from ..decision import Decision
 from ..limits import Limit
@@ -62,17 +68,21 @@ ALGORITHM_IDS = {
 }
 _ONE = "1"
 _CACHE_MAX = 100_000
-_MAX_EXTENSIONS = EXTENSIONS  # a busy loop can stretch a check's wait to at most 4 timeouts
+_LIMIT_CACHE_MAX = 4096  # packed arguments of this many limits; the oldest is evicted when full
+_MAX_EXTENSIONS = EXTENSIONS  # a busy loop can stretch a check's wait to at most 2 timeouts
+# A script must start within this share of the timeout, leaving the rest for its reply to travel.
+_DEADLINE_SHARE = 0.9
 _Reply = Any
+_V = TypeVar("_V")
 # Pre-encoded RESP pieces of the EVALSHA command (standalone and Sentinel send raw bytes).
 _SHA_HEAD = b"$7\r\nEVALSHA\r\n$40\r\n" + SCRIPT_SHA.encode() + b"\r\n"
 _SCRIPT_B = SCRIPT.encode()
 _EVAL_HEAD = b"$4\r\nEVAL\r\n$%d\r\n%s\r\n" % (len(_SCRIPT_B), _SCRIPT_B)
 _COST_ONE = b"$1\r\n1\r\n"
 _MODES = {m: b"$1\r\n%s\r\n" % m.encode() for m in ("h", "p", "a")}
-_NO_CLOCK = b"$0\r\n\r\n"
+_MODE_BULKS = tuple(_MODES.values())
 _ONE_KEY_HEAD = b"*12\r\n" + _SHA_HEAD + b"$1\r\n1\r\n"  # 12 = EVALSHA sha 1 key h now + 6 per limit
-_HIT_NO_CLOCK = _MODES["h"] + _NO_CLOCK
+_HIT = _MODES["h"]
 
 
 def _bulk(text: str) -> bytes:
@@ -80,19 +90,29 @@ def _bulk(text: str) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
+def _key_bytes(key: str) -> bytes:
+    """A key as UTF-8; lone surrogates (from undecodable client input) pass through as the
+    memory and Memcached stores accept them."""
+    try:
+        return key.encode()
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogatepass")
+
+
 class _Batch:
     """Checks queued in one event-loop tick, sent as one pipeline. An item's request is the
     packed command tail (standalone, Sentinel) or ``(keys, args)`` (Cluster, via redis-py)."""
 
-    __slots__ = ("due", "extensions", "items", "started", "task", "timer")
+    __slots__ = ("clock", "due", "extensions", "items", "started", "task", "timer")
 
-    def __init__(self, due: float) -> None:
+    def __init__(self, due: float, clock: Any) -> None:
         self.items: list[tuple[Any, asyncio.Future[_Reply]]] = []
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.due = due
+        self.clock = clock  # the scripts' clock argument (their deadline): bytes packed, str on Cluster
         self.extensions = 0
-        self.started = False
+        self.started = False  # its task began running (cancelling it before would skip its cleanup)
 
 
 class RedisStore(Store):
@@ -139,6 +159,7 @@ class RedisStore(Store):
         self._cluster = cfg.kind == "cluster"
         self._client: Any = _make_client(cfg, connect, self.pool_size)
         self._limit_args: dict[Limit, list[str]] = {}
+        self._skew: float | None = None  # server clock minus ours, measured on connect
         self._limit_packed: dict[Limit, bytes] = {}
         self._idle: list[Any] = []  # our own connections (standalone, Sentinel), one per pipeline in flight
         self._rejected: dict[str, tuple[float, float, Decision]] = {}
@@ -162,40 +183,70 @@ class RedisStore(Store):
                 str(rate.capacity),
                 repr(float(rate.max_debt)),
             ]
-            if len(self._limit_args) < 4096:
-                self._limit_args[limit] = args
+            _remember(self._limit_args, limit, args)
         return args
 
-    def _packed(self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> bytes:
-        """The whole ``EVALSHA`` command in RESP: numkeys, keys, mode, clock, then the cached
-        per-limit arguments and each cost."""
+    def _packed(
+        self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], clock: bytes
+    ) -> bytes:
+        """The whole ``EVALSHA`` command in RESP: numkeys, keys, mode, clock (the batch's
+        deadline), then the cached per-limit arguments and each cost."""
         if len(keys) == 1 and mode == "h" and self.clock is None:  # the common check: one format
             packed = self._limit_packed.get(limits[0])
             if packed is not None:
-                key_b = keys[0].encode()
+                try:
+                    key_b = keys[0].encode()
+                except UnicodeEncodeError:
+                    key_b = _key_bytes(keys[0])
                 cost = costs[0]
-                return b"%s$%d\r\n%s\r\n%s%s%s" % (
-                    _ONE_KEY_HEAD, len(key_b), key_b, _HIT_NO_CLOCK, packed,
+                return b"%s$%d\r\n%s\r\n%s%s%s%s" % (
+                    _ONE_KEY_HEAD, len(key_b), key_b, _HIT, clock, packed,
                     _COST_ONE if cost == 1 else _bulk(repr(float(cost))),
                 )
         parts = [b"*%d\r\n" % (5 + len(keys) + 6 * len(limits)), _SHA_HEAD, b"$%d\r\n%d\r\n" % (len(str(len(keys))), len(keys))]
         for key in keys:
-            parts.append(_bulk(key))
+            key_b = _key_bytes(key)
+            parts.append(b"$%d\r\n%s\r\n" % (len(key_b), key_b))
         parts.append(_MODES[mode])
-        parts.append(_NO_CLOCK if self.clock is None else _bulk(repr(float(self.clock()))))
+        parts.append(clock if self.clock is None else _bulk(repr(float(self.clock()))))
         cache = self._limit_packed
         for limit, cost in zip(limits, costs, strict=False):
             packed = cache.get(limit)
             if packed is None:
                 packed = b"".join(_bulk(a) for a in self._args_of(limit))
-                if len(cache) < 4096:
-                    cache[limit] = packed
+                _remember(cache, limit, packed)
             parts.append(packed)
             parts.append(_COST_ONE if cost == 1 else _bulk(repr(float(cost))))
         return b"".join(parts)
 
-    def _script_args(self, mode: str, limits: Sequence[Limit], costs: Sequence[float]) -> list[str]:
-        args = [mode, "" if self.clock is None else repr(float(self.clock()))]
+    def _deadline(self, wall_due: float) -> str:
+        """The scripts' clock argument: minus the server time after which a script must not run
+        (the caller has stopped waiting by then), or the test clock's time. Empty until the
+        server clock's offset is known (measured on connect)."""
+        if self.clock is not None:
+            return repr(float(self.clock()))
+        skew = self._skew
+        if skew is None:
+            return ""
+        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew)
+
+    async def _measure_skew(self, conn: Any = None) -> None:
+        """Read the server clock (``TIME``) on ``conn`` (else through the client) and keep its
+        offset from ours, to within half a round trip."""
+        before = time.time()
+        try:
+            if conn is None:
+                seconds, micros = await self._client.time()
+            else:
+                await conn.send_command("TIME", check_health=False)
+                seconds, micros = await conn.read_response()
+        except ResponseError:  # TIME refused (an ACL): scripts go without a deadline
+            return
+        after = time.time()
+        self._skew = int(seconds) + int(micros) / 1e6 - (before + after) / 2
+
+    def _script_args(self, mode: str, limits: Sequence[Limit], costs: Sequence[float], clock: str) -> list[str]:
+        args = [mode, clock if self.clock is None else repr(float(self.clock()))]
         for limit, cost in zip(limits, costs, strict=False):
             args += self._args_of(limit)
             args.append(_ONE if cost == 1 else repr(float(cost)))
@@ -285,12 +336,13 @@ class RedisStore(Store):
         if len(groups) == 1:
             replies = [await self._request(mode, keys, limits, costs)]
         else:
+            clock = self._deadline(time.time() + self.timeout)
             replies = await self._call(
                 asyncio.gather(
                     *(
                         self._eval_raw(
                             [keys[i] for i in idx],
-                            self._script_args(mode, [limits[i] for i in idx], [costs[i] for i in idx]),
+                            self._script_args(mode, [limits[i] for i in idx], [costs[i] for i in idx], clock),
                         )
                         for idx in groups
                     )
@@ -319,22 +371,42 @@ class RedisStore(Store):
     ) -> Awaitable[_Reply]:
         """One script call (keys on one slot): queued into the next pipeline when coalescing."""
         if not self.coalesce:
-            return self._call(self._eval_raw(keys, self._script_args(mode, limits, costs)))
-        if self._cluster:
-            return self._enqueue((keys, self._script_args(mode, limits, costs)))
-        return self._enqueue(self._packed(mode, keys, limits, costs))
-
-    def _enqueue(self, request: Any) -> asyncio.Future[_Reply]:
+            return self._call(self._eval_one(mode, keys, limits, costs))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Reply] = loop.create_future()
         batch = self._batch
         if batch is None:
-            batch = self._batch = _Batch(loop.time() + self.timeout)
-            batch.timer = loop.call_later(self.timeout, self._expire, batch)
-            if self._inflight < self.pool_size:
-                loop.call_soon(self._send)
-        batch.items.append((request, future))
+            batch = self._new_batch(loop)
+        if self._cluster:
+            batch.items.append(((keys, self._script_args(mode, limits, costs, batch.clock)), future))
+        else:
+            batch.items.append((self._packed(mode, keys, limits, costs, batch.clock), future))
         return future
+
+    def _new_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
+        clock = self._deadline(time.time() + self.timeout)
+        batch = self._batch = _Batch(loop.time() + self.timeout, clock if self._cluster else _bulk(clock))
+        batch.timer = loop.call_later(self.timeout, self._expire, batch)
+        if self._inflight < self.pool_size:
+            loop.call_soon(self._send)
+        return batch
+
+    def _extend_deadline(self, batch: _Batch) -> None:
+        """The batch is sent after its timer was re-armed (a busy loop): move the scripts'
+        deadline to the new one."""
+        if self.clock is not None:
+            return
+        old = batch.clock
+        clock = self._deadline(time.time() + batch.due - asyncio.get_running_loop().time())
+        if self._cluster:
+            for request, _ in batch.items:
+                request[1][1] = clock
+            return
+        new = _bulk(clock)
+        for n, (command, future) in enumerate(batch.items):
+            # The clock slot follows the mode (a letter); after it come only numeric arguments.
+            at = max(command.rfind(mode + old) + len(mode) for mode in _MODE_BULKS)
+            batch.items[n] = (command[:at] + new + command[at + len(old):], future)
 
     def _send(self) -> None:
         batch = self._batch
@@ -360,17 +432,20 @@ class RedisStore(Store):
                 future.set_exception(error)
         if self._batch is batch:  # never sent: drop it, so nothing is charged behind our back
             self._batch = None
-        elif batch.task is not None:
+        elif batch.task is not None and batch.started:
             batch.task.cancel()
-            if not batch.started:
-                # Cancelled before its first step: _run's body, and the finally that gives its
-                # pipeline slot back, will never run.
-                self._finish(batch)
+        # else its task has not run yet: it will find every check answered, send nothing, and
+        # clean up (a task cancelled before its first step would skip its ``finally``).
 
     async def _run(self, batch: _Batch) -> None:
         batch.started = True
         items = batch.items
         try:
+            if batch.extensions:
+                self._extend_deadline(batch)  # rewrites the commands in place
+            items = [item for item in items if not item[1].done()]  # callers cancelled: not sent
+            if not items:
+                return
             if self._cluster:
                 replies = await self._execute_cluster([request for request, _ in items])
             else:
@@ -390,15 +465,11 @@ class RedisStore(Store):
                 if not future.done():
                     future.set_exception(error)
         finally:
-            self._finish(batch)
-
-    def _finish(self, batch: _Batch) -> None:
-        """Give the batch's pipeline slot back and send the next queued batch."""
-        if batch.timer is not None:
-            batch.timer.cancel()
-        self._inflight -= 1
-        if self._batch is not None and self._batch.task is None:
-            self._send()
+            if batch.timer is not None:
+                batch.timer.cancel()
+            self._inflight -= 1
+            if self._batch is not None and self._batch.task is None:
+                self._send()
 
     async def _execute(self, commands: list[bytes]) -> list[_Reply]:
         """Send packed ``EVALSHA`` commands on one connection of ours and read every reply
@@ -431,10 +502,10 @@ class RedisStore(Store):
         self._idle.append(conn)
         return replies
 
-    @staticmethod
-    async def _exchange(conn: Any, commands: list[bytes], replies: list[_Reply]) -> None:
+    async def _exchange(self, conn: Any, commands: list[bytes], replies: list[_Reply]) -> None:
         if not conn.is_connected:
             await conn.connect()  # not left to send_packed_command: Sentinel's connect() finds the primary
+            await self._measure_skew(conn)  # a new connection may be a new server
         await conn.send_packed_command(commands, check_health=False)
         # The parser itself (hiredis when installed) returns error replies as exception objects,
         # without the connection's per-reply wrapper (timeout context, health bookkeeping): our
@@ -453,6 +524,8 @@ class RedisStore(Store):
         return conn
 
     async def _execute_cluster(self, requests: list[tuple[Sequence[str], list[str]]]) -> list[_Reply]:
+        if self._skew is None:
+            await self._measure_skew()  # once: later batches carry deadlines
         if len(requests) == 1:
             return [await self._eval_raw(*requests[0])]
         pipe = self._client.pipeline(transaction=False)
@@ -474,6 +547,15 @@ class RedisStore(Store):
 
     # -- plain calls -----------------------------------------------------------------------
 
+    async def _eval_one(
+        self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> _Reply:
+        """One script call through the client (no coalescing), with its deadline."""
+        wall_due = time.time() + self.timeout
+        if self._skew is None and self.clock is None:
+            await self._measure_skew()
+        return await self._eval_raw(keys, self._script_args(mode, limits, costs, self._deadline(wall_due)))
+
     async def _eval_raw(self, keys: Sequence[str], args: list[str]) -> _Reply:
         try:
             return await self._client.execute_command("EVALSHA", SCRIPT_SHA, len(keys), *keys, *args)
@@ -486,7 +568,7 @@ class RedisStore(Store):
             return await wait_for_store(coro, self.timeout)
         except asyncio.TimeoutError:
             raise StoreError(f"redis store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, RuntimeError) as exc:  # RuntimeError: a loop closed under a connection
             raise self._error(exc) from exc
 
     def _error(self, exc: BaseException) -> StoreError:
@@ -572,13 +654,20 @@ def _slot_groups(keys: Sequence[str], cluster: bool) -> list[list[int]]:
         return [list(range(len(keys)))]
     groups: dict[int, list[int]] = {}
     for i, key in enumerate(keys):
-        groups.setdefault(key_slot(key.encode()), []).append(i)
+        groups.setdefault(key_slot(_key_bytes(key)), []).append(i)
     return list(groups.values())
 
 
 def _spans_slots(keys: Sequence[str]) -> bool:
-    first = key_slot(keys[0].encode())
-    return any(key_slot(k.encode()) != first for k in keys[1:])
+    first = key_slot(_key_bytes(keys[0]))
+    return any(key_slot(_key_bytes(k)) != first for k in keys[1:])
+
+
+def _remember(cache: dict[Limit, _V], limit: Limit, value: _V) -> None:
+    """Cache ``value`` for ``limit``, evicting the oldest entry when the cache is full."""
+    if len(cache) >= _LIMIT_CACHE_MAX:
+        del cache[next(iter(cache))]
+    cache[limit] = value
 
 
 def _make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> Any:
@@ -588,6 +677,7 @@ def _make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> Any:
         "socket_connect_timeout": connect_timeout,
         "socket_timeout": max(connect_timeout, 1.0),
         "decode_responses": False,
+        "encoding_errors": "surrogatepass",  # keys as _key_bytes encodes them
         "client_name": cfg.options.get("client_name"),
     }
     if cfg.tls:
@@ -621,10 +711,86 @@ def _make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> Any:
         return sentinel.master_for(cfg.service, db=cfg.db, retry=retry, max_connections=pool_size * 4)
     host, port = cfg.hosts[0]
     kwargs: dict[str, Any] = {k: v for k, v in common.items() if k != "ssl"}
-    if cfg.tls:
-        kwargs["connection_class"] = aioredis.SSLConnection
+    kwargs["connection_class"] = _ResolvingSSLConnection if cfg.tls else _ResolvingConnection
     pool = aioredis.BlockingConnectionPool(
         host=host, port=port, db=cfg.db, max_connections=pool_size * 4, timeout=connect_timeout, retry=retry,
         **kwargs,
     )
     return aioredis.Redis(connection_pool=pool)
+
+
+class _Resolving:
+    """Resolve the host name in a daemon thread of its own, not in the event loop's default
+    executor: ``asyncio.run`` waits for that executor on exit, so a resolver that hangs (a host
+    that never resolves) would hold the program for the resolver's own timeout after ``close``."""
+
+    host: str
+    port: int
+    socket_connect_timeout: float | None
+    _server_hostname: str | None = None
+
+    async def _connect(self) -> None:
+        host = self.host
+        addresses = await asyncio.wait_for(_resolve(host, self.port), self.socket_connect_timeout)
+        self._server_hostname = host
+        error: OSError | None = None
+        try:
+            for address in addresses:
+                self.host = address
+                try:
+                    await super()._connect()  # type: ignore[misc]
+                    return
+                except OSError as exc:
+                    error = exc
+        finally:
+            self.host = host
+        raise error if error is not None else OSError(f"{host} resolved to no address")
+
+    def _connection_arguments(self) -> dict[str, Any]:
+        kwargs = dict(super()._connection_arguments())  # type: ignore[misc]
+        if kwargs.get("ssl") is not None and self._server_hostname is not None:
+            kwargs["server_hostname"] = self._server_hostname  # certificates name the host
+        return kwargs
+
+
+class _ResolvingConnection(_Resolving, aioredis.Connection):
+    pass
+
+
+class _ResolvingSSLConnection(_Resolving, aioredis.SSLConnection):
+    pass
+
+
+def _resolve(host: str, port: int) -> asyncio.Future[list[str]]:
+    """The addresses of ``host`` (itself when it is one), looked up in a daemon thread."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[list[str]] = loop.create_future()
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        future.set_result([host])
+        return future
+
+    def settle(result: list[str] | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result or [])
+
+    def lookup() -> None:
+        result: list[str] | None = None
+        error: BaseException | None = None
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            result = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        except OSError as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=lookup, name=f"ratewarden-resolve-{host}", daemon=True).start()
+    return future

@@ -7,7 +7,9 @@
 --              "p" = peek: charge nothing, return every limit's decision,
 --              "a" = adjust: apply each cost as a refund (< 0) or penalty (>= 0) that never
 --                    denies, as ratewarden.charges.adjusted_state does; every limit's decision
--- ARGV[2]      now in seconds ("" = the server clock, TIME; a number only in tests)
+-- ARGV[2]      the clock: "" = the server clock (TIME); a negative number -d = the server
+--              clock, and if it is past d (the caller's deadline, seconds, server time) the
+--              script does nothing and replies an error; a number >= 0 = now (tests only)
 -- ARGV[3+6(i-1) ..] per limit: algorithm id, limit, period, capacity (burst), debt, cost
 --   ids: 1 fixed_window, 2 sliding_window, 3 sliding_log, 4 token_bucket,
 --        5 token_bucket_debt, 6 leaky_bucket, 7 gcra
@@ -37,12 +39,18 @@ local function nums(s)  -- plain find/sub: cheaper than gmatch on this hot path
 end
 
 local mode = ARGV[1]
+local clock = tonumber(ARGV[2])
 local now
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
+if clock and clock >= 0 then
+  now = clock
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  -- Run after the caller stopped waiting (e.g. queued while the server was paused): the caller
+  -- already reported a failure, so charge nothing.
+  if clock and now > -clock then
+    return redis.error_reply('ratewarden: expired, the caller stopped waiting before this check ran')
+  end
 end
 
 -- Each returns allowed, limit, remaining, reset_after, retry_after, new state (string or nil).

@@ -1,0 +1,137 @@
+"""MemcachedStore under faults: a paused server, timed-out lock waiters, interrupted commands."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratewarden.limits import make_limits
+from ratewarden.stores.base import StoreError
+from ratewarden.stores.memcached import MemcachedStore, memcached_key
+from tests.servers import HOST, Memcached, wait_until
+
+
+@pytest.fixture
+def private_memcached() -> Iterator[Memcached]:
+    """A server of this test's own: it gets paused."""
+    server = Memcached().start()
+    yield server
+    assert server.server.proc is not None
+    os.kill(server.server.proc.pid, signal.SIGCONT)
+    server.close()
+
+
+@contextlib.contextmanager
+def paused(server: Memcached) -> Iterator[None]:
+    assert server.server.proc is not None
+    pid = server.server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T"), 5, "the pause")
+    try:
+        yield
+    finally:
+        os.kill(server.server.proc.pid, signal.SIGCONT)
+
+
+def ttl_of(port: int, key: bytes) -> int:
+    """The remaining expiry of ``key`` in seconds (-1: never expires), read with the meta protocol."""
+    with socket.create_connection((HOST, port), timeout=2) as s:
+        s.sendall(b"mg " + key + b" t\r\n")
+        reply = s.recv(1024).decode()
+    assert reply.startswith("HD"), reply
+    return int(reply.split()[1][1:])
+
+
+async def test_a_lock_waiter_that_times_out_does_not_release_the_holders_lock(private_memcached: Memcached) -> None:
+    store = MemcachedStore(private_memcached.url, timeout=1.0)
+    (limit,) = make_limits("10/min")
+    key = f"rw:{{lock|{uuid.uuid4().hex}}}:x"
+    try:
+        await store.hit([key], [limit], [1.0])  # connections open before the pause
+        with paused(private_memcached):
+            holder = asyncio.create_task(store.hit([key], [limit], [1.0]))  # stalls holding the lock
+            await asyncio.sleep(0.05)
+            store.timeout = 0.05
+            with pytest.raises(StoreError):
+                await store.hit([key], [limit], [1.0])  # waits for the lock, times out
+            await asyncio.sleep(0.02)  # the cancelled waiter has unwound
+            entry = store._locks[memcached_key(key)]
+            assert entry[0].locked()  # still the holder's
+            store.timeout = 1.0
+            with pytest.raises(StoreError):
+                await holder
+        assert store._locks == {}
+    finally:
+        await store.close()
+
+
+async def test_peek_reset_and_clear_are_bounded_by_the_timeout(private_memcached: Memcached) -> None:
+    store = MemcachedStore(private_memcached.url, timeout=0.05)
+    (limit,) = make_limits("10/min")
+    key = f"rw:{{slow|{uuid.uuid4().hex}}}:x"
+    try:
+        await store.hit([key], [limit], [1.0])
+        with paused(private_memcached):
+            for call in (store.peek([key], [limit]), store.reset([key]), store.clear()):
+                started = time.monotonic()
+                with pytest.raises(StoreError, match="no reply within 50 ms"):
+                    await asyncio.wait_for(call, 2.0)  # before: hung until the server came back
+                assert time.monotonic() - started < 0.5
+    finally:
+        await store.close()
+
+
+async def test_an_interrupted_command_never_hands_its_reply_to_the_next(private_memcached: Memcached) -> None:
+    store = MemcachedStore(private_memcached.url, timeout=0.05, pool_size=1)
+    (limit,) = make_limits("10/min", "fixed_window")
+    a, b = (f"rw:{{desync|{uuid.uuid4().hex}}}:{n}" for n in "ab")
+    try:
+        for _ in range(3):
+            await store.hit([a], [limit], [1.0])
+        await store.hit([b], [limit], [1.0])
+        with paused(private_memcached), pytest.raises((StoreError, asyncio.TimeoutError)):
+            await asyncio.wait_for(store.peek([a], [limit]), 0.2)  # sent; its reply comes later
+        await asyncio.sleep(0.05)
+        for _ in range(3):  # the reply about `a` must not be read as `b`'s
+            assert [d.remaining for d in await store.peek([b], [limit])] == [9]
+            assert [d.remaining for d in await store.peek([a], [limit])] == [7]
+    finally:
+        await store.close()
+
+
+async def test_a_put_back_keeps_the_expiry_of_the_state_it_restores(memcached_server: Memcached) -> None:
+    store = MemcachedStore(memcached_server.url, timeout=5, retries=1)
+    rival = MemcachedStore(memcached_server.url, timeout=5)
+    limits = make_limits("10/min; 100/hour", "fixed_window")
+    tag = uuid.uuid4().hex
+    keys = [f"rw:{{undo|{tag}}}:{limit.suffix}" for limit in limits]
+    client: Any = store._client
+    real_cas = client.cas
+
+    async def cas_losing_the_second_key(key: bytes, *args: Any) -> bool:
+        if key == memcached_key(keys[1]):  # another process writes the second key first
+            await rival.hit([keys[1]], [limits[1]], [1.0])
+        return bool(await real_cas(key, *args))
+
+    try:
+        await store.hit(keys, limits, [1.0, 1.0])  # both keys exist: the next check uses cas
+        client.cas = cas_losing_the_second_key
+        with pytest.raises(StoreError, match="compare-and-swap"):
+            await store.hit(keys, limits, [1.0, 1.0])
+        client.cas = real_cas
+        assert [d.remaining for d in await store.peek(keys, limits)] == [9, 98]  # first key put back
+        ttl = ttl_of(memcached_server.port, memcached_key(keys[0]))
+        assert 0 < ttl <= 61  # before: -1, the restored state never expired
+    finally:
+        await store.close()
+        await rival.close()
