@@ -27,7 +27,6 @@ from .keys import KeyFunc, client_ip
 from .limiter import storage_key
 from .limits import Limit
 from .rates import Rate
-from .stores.memory import MemoryStore
 
 if TYPE_CHECKING:
     from .limiter import Limiter
@@ -129,7 +128,7 @@ class Bans:
         store = limiter.store
         try:
             keys = [self._storage(limiter, key, "until")]
-            if type(store) is MemoryStore:  # no coroutine for an in-process read
+            if store.local:  # no coroutine for an in-process read
                 decision = store.peek_now(keys, _UNTIL_LIST)[0]
             else:
                 decision = (await store.peek(keys, _UNTIL_LIST))[0]

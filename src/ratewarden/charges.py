@@ -6,15 +6,14 @@ saturating when the limit is exhausted. Both reuse the pure algorithms: a refund
 run with a negative cost, and a state that ends up with the whole limit available is simply
 deleted (which is what "nothing used" means for every algorithm).
 
-Stores opt in with an ``adjust(keys, limits, amounts)`` coroutine; ``MemoryStore`` is handled
-here directly. Other stores raise ``NotImplementedError`` naming the store.
+Stores that can (``Store.can_adjust``, checked when ``charge=`` is configured) implement an
+``adjust(keys, limits, amounts)`` coroutine; ``MemoryStore`` is handled here directly.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from .algorithms import State
 from .decision import Decision
@@ -22,14 +21,7 @@ from .limits import Limit
 from .stores.base import Store
 from .stores.memory import MemoryStore
 
-__all__ = ["AdjustableStore", "Charge", "adjust", "adjusted_state"]
-
-
-@runtime_checkable
-class AdjustableStore(Protocol):
-    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        """Apply ``amounts[i]`` to ``keys[i]`` without a limit check (negative = refund)."""
-        ...
+__all__ = ["Charge", "adjust", "adjusted_state"]
 
 
 def adjusted_state(limit: Limit, state: State | None, now: float, amount: float) -> tuple[State | None, Decision]:
@@ -95,14 +87,9 @@ def _adjust_memory(
 
 async def adjust(store: Store, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
     """Charge (positive) or refund (negative) ``amounts`` on ``keys``, never denying."""
-    if isinstance(store, MemoryStore):
+    if isinstance(store, MemoryStore):  # its table is edited here, with the pure algorithms
         return _adjust_memory(store, keys, limits, amounts)
-    if isinstance(store, AdjustableStore):
-        return await store.adjust(keys, limits, amounts)
-    raise NotImplementedError(
-        f"{type(store).__name__} cannot refund or penalise yet (it has no adjust() operation); "
-        "use MemoryStore or a store that implements adjust()"
-    )
+    return await store.adjust(keys, limits, amounts)  # Store.adjust raises for a store that cannot
 
 
 class Charge:

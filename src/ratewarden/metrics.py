@@ -19,7 +19,7 @@ from typing import Any
 
 from .decision import Decision
 from .limits import Limit
-from .stores.base import Store
+from .stores.base import Capability, Store
 
 __all__ = ["InstrumentedStore", "Metrics"]
 
@@ -231,6 +231,19 @@ class InstrumentedStore(Store):
     @property
     def local(self) -> bool:  # type: ignore[override]  # as local as the wrapped store
         return self.inner.local
+
+    def supports(self, capability: Capability) -> bool:
+        return self.inner.supports(capability)
+
+    def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        start = time.perf_counter()
+        try:
+            return self.inner.peek_now(keys, limits)
+        except Exception as exc:
+            self._error("peek", exc)
+            raise
+        finally:
+            self._peek_latency.observe(time.perf_counter() - start)
 
     def _error(self, operation: str, exc: BaseException) -> None:
         self.metrics.store_errors.labels(self._name, operation).inc()

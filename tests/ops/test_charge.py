@@ -104,3 +104,39 @@ def test_refund_of_a_bucket_in_debt_is_arithmetic_not_a_reset() -> None:
     assert decision.remaining == 0
     state, _ = adjusted_state(limit, (4.5, 100.0), 100.0, -3.0)
     assert state is None  # refunded past capacity: capped, the key reads as untouched
+
+
+class _NoAdjust(MemoryStore):
+    """A store that declares it cannot refund (as a third-party store without adjust() would)."""
+
+    can_adjust = False
+
+
+def test_charge_on_a_store_that_cannot_refund_fails_at_start_up() -> None:
+    from ratewarden.errors import ConfigurationError
+    from ratewarden.metrics import InstrumentedStore, Metrics
+    from ratewarden.stores import Breaker
+
+    with pytest.raises(ConfigurationError, match="rule 'login'.*_NoAdjust cannot"):
+        PolicyMiddleware(build_app(), Limiter(_NoAdjust()), policy=parse_policy(POLICY))
+    # Wrappers answer for what they wrap.
+    assert Breaker(MemoryStore(), fallback=MemoryStore()).supports("adjust")
+    assert not Breaker(MemoryStore(), fallback=_NoAdjust()).supports("adjust")
+    assert not Breaker(MemoryStore()).supports("local")
+    metrics = Metrics()
+    try:
+        assert not InstrumentedStore(_NoAdjust(), metrics).supports("adjust")
+        assert InstrumentedStore(MemoryStore(), metrics).supports("local")
+    finally:
+        metrics.close()
+    PolicyMiddleware(build_app(), Limiter(MemoryStore()), policy=parse_policy(POLICY))  # fine
+
+
+def test_a_reload_the_store_cannot_serve_keeps_the_old_policy(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "policy.toml"
+    path.write_text('[[rules]]\nname = "api"\npath = "/api/**"\nrate = "5/min"\n')
+    app = PolicyMiddleware(build_app(), Limiter(_NoAdjust()), policy=path)
+    path.write_text(POLICY)
+    assert app.reload() is False
+    assert app.reloader is not None and "cannot" in str(app.reloader.last_error)
+    assert [r.name for r in app.rules.rules] == ["api"]

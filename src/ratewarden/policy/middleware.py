@@ -112,6 +112,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         **kwargs: Any,
     ) -> None:
         super().__init__(app, limiter, rules, **kwargs)
+        self._check_store(self.rules.rules)
         self.metrics = metrics
         if metrics is not None:
             metrics.watch(limiter.store)
@@ -151,10 +152,18 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         new_bans = policy.bans if policy.bans is not None else bans
         if old is not None and new_bans is not None and new_bans is not old:
             new_bans = old.configure_from(new_bans)
+        self._check_store(policy.rules)
         ruleset = RuleSet(policy.rules, self.limiter.prefix)
         self._runtime = Runtime(ruleset, policy.shadow or shadow, new_bans, policy.show_group and show_group, policy)
         self.rules = ruleset
         self._plans = {}
+
+    def _check_store(self, rules: Sequence[Rule]) -> None:
+        """At start-up (and before a reload takes effect): after-response charging refunds, so the
+        store must be able to adjust; not at the first refund."""
+        for rule in rules:
+            if getattr(rule, "charge", None) is not None:
+                self.limiter.store.require("adjust", f"rule {rule.name!r} (charge: counting only some statuses)")
 
     def reload(self) -> bool:
         """Reload the policy file now (an admin call); ``False`` if it was invalid (old one kept)."""

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigurationError
 from .loader import load_policy
-from .schema import Policy, PolicyError
+from .schema import Policy
 
 __all__ = ["PolicyReloader"]
 
@@ -34,7 +35,7 @@ class PolicyReloader:
         self.path = Path(path)
         self.apply = apply
         self.interval = interval
-        self.last_error: PolicyError | None = None
+        self.last_error: ConfigurationError | None = None
         self.reloads = 0
         self.failures = 0
         self._signature = self._stat()
@@ -66,12 +67,12 @@ class PolicyReloader:
             self._signature = self._stat()
             try:
                 policy = load_policy(self.path)
-            except PolicyError as exc:
+                self.apply(policy)  # refuses a policy the store cannot serve (ConfigurationError)
+            except ConfigurationError as exc:  # PolicyError is one
                 self.last_error = exc
                 self.failures += 1
                 log.error("policy reload rejected, keeping the previous policy:\n%s", exc)
                 return False
-            self.apply(policy)
             self.last_error = None
             self.reloads += 1
             log.info("policy reloaded from %s (%d rules)", self.path, len(policy.rules))

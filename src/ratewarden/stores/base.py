@@ -4,14 +4,26 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from .._mypyc import mypyc_attr
 from ..decision import Decision
-from ..errors import StoreError
+from ..errors import ConfigurationError, StoreError
 from ..limits import Limit
 
-__all__ = ["Store", "StoreError", "combine"]
+__all__ = ["Capability", "Store", "StoreError", "combine"]
+
+Capability = Literal["local", "adjust", "server_clock"]
+_ABILITIES = {
+    "local": "answer without I/O",
+    "adjust": "refund and penalise (adjust)",
+    "server_clock": "keep time on its server",
+}
+_WHO_CAN = {
+    "local": "MemoryStore, SharedMemoryStore",
+    "adjust": "MemoryStore, SharedMemoryStore, RedisStore, MemcachedStore, Breaker over one of them",
+    "server_clock": "RedisStore",
+}
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -22,8 +34,30 @@ class Store(ABC):
     all are charged; if any denies, none is. It returns the most restrictive decision.
     """
 
-    #: True when ``hit_now`` answers without I/O (the middleware then skips the coroutine).
+    # What a store can do, declared once per class (wrappers answer for what they wrap, through
+    # ``supports``); options that need a capability check it when they are configured.
+    #: ``hit_now``/``peek_now`` answer without I/O (the middleware then skips the coroutine).
     local: ClassVar[bool] = False
+    #: ``adjust`` works: refunds and penalties, so after-response charging (``charge=``).
+    can_adjust: ClassVar[bool] = False
+    #: Time comes from the store's server, one clock for every process that uses it.
+    server_clock: ClassVar[bool] = False
+
+    def supports(self, capability: Capability) -> bool:
+        """Whether this store has ``capability`` (``"local"``, ``"adjust"``, ``"server_clock"``)."""
+        if capability == "local":
+            return self.local
+        if capability == "adjust":
+            return self.can_adjust
+        return self.server_clock
+
+    def require(self, capability: Capability, needed_by: str) -> None:
+        """Raise ``ConfigurationError`` at start-up when ``needed_by`` needs a missing capability."""
+        if not self.supports(capability):
+            raise ConfigurationError(
+                f"{needed_by} needs a store that can {_ABILITIES[capability]}; "
+                f"{type(self).__name__} cannot (stores that can: {_WHO_CAN[capability]})"
+            )
 
     @abstractmethod
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
@@ -47,6 +81,15 @@ class Store(ABC):
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         """Synchronous ``hit`` for local stores."""
         raise NotImplementedError(f"{type(self).__name__} has no synchronous hit")
+
+    def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """Synchronous ``peek`` for local stores."""
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous peek")
+
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Apply ``amounts[i]`` to ``keys[i]`` without a limit check (negative = refund); stores
+        with ``can_adjust``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot refund or penalise (no adjust())")
 
     def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
         """A rejection this process already knows to hold, answered without I/O (or ``None``)."""

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from ..decision import Decision
 from ..limits import Limit
-from .base import Store, StoreError
+from .base import Capability, Store, StoreError
 from .deadline import wait_for_store
 
 __all__ = ["Breaker"]
@@ -121,6 +121,13 @@ class Breaker(Store):
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         return await self._guard(lambda s: s.peek(keys, limits))
+
+    def supports(self, capability: Capability) -> bool:
+        """What the store and its fallback can both do (a breaker itself always does I/O)."""
+        if capability == "local":
+            return False
+        ok = self.store.supports(capability)
+        return ok and (self.fallback is None or capability == "server_clock" or self.fallback.supports(capability))
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Refunds and penalties (``ratewarden.charges.adjust``) through the breaker, so they use

@@ -116,6 +116,8 @@ class MemcachedStore(Store):
     ``clock`` replaces ``time.time`` (tests).
     """
 
+    can_adjust = True
+
     def __init__(
         self,
         url: str = "memcached://127.0.0.1:11211",

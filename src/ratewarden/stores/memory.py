@@ -41,6 +41,7 @@ class MemoryStore(Store):
     """A bounded, lock-light, O(1)-per-check store living in this process."""
 
     local = True
+    can_adjust = True  # through ratewarden.charges, which edits the table directly
 
     def __init__(self, max_keys: int = 1_000_000, clock: Callable[[], float] = time.time) -> None:
         if max_keys < 1:
