@@ -117,7 +117,7 @@ def test_charge_on_a_store_that_cannot_refund_fails_at_start_up() -> None:
     from ratewarden.metrics import InstrumentedStore, Metrics
     from ratewarden.stores import Breaker
 
-    with pytest.raises(ConfigurationError, match="rule 'login'.*_NoAdjust cannot"):
+    with pytest.raises(ConfigurationError, match=r"rule 'login'.*_NoAdjust cannot"):
         PolicyMiddleware(build_app(), Limiter(_NoAdjust()), policy=parse_policy(POLICY))
     # Wrappers answer for what they wrap.
     assert Breaker(MemoryStore(), fallback=MemoryStore()).supports("adjust")
