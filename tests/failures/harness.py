@@ -439,7 +439,8 @@ class Slow(Fault):
 
     def begin(self, backend: Backend) -> None:
         backend.pause()
-        self.timer = threading.Timer(backend.timeout * (self.round_trips + 0.6), backend.resume)
+        # Longer than the longest a check may wait (2 x timeout per round trip: a late timer is re-armed once).
+        self.timer = threading.Timer(backend.timeout * (2 * self.round_trips + 0.6), backend.resume)
         self.timer.start()
 
     def end(self, backend: Backend) -> None:

@@ -177,7 +177,7 @@ async def test_cell(
         store = metrics.instrument(store)
     limiter = Limiter(store, on_error=on_error, prefix=f"m{uuid.uuid4().hex[:10]}")  # type: ignore[arg-type]
     driver = INTEGRATIONS[integration](limiter, metrics)
-    bound = driver.ops * backend.timeout + SLACK
+    bound = driver.ops * 2 * backend.timeout + SLACK  # the documented bound: 2 x timeout per store call
     open_ = on_error == "open"
     a, b = "client-a", "client-b"
     try:
