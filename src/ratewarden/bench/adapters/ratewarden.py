@@ -34,6 +34,10 @@ class RatewardenAdapter(Adapter):
         kind = self.store.kind
         if kind == "memory":
             return MemoryStore()
+        if kind == "shm":
+            from ratewarden.stores.urls import open_store
+
+            return open_store(self.store.url)
         if kind in ("redis", "redis-cluster"):
             from ratewarden.stores.redis import RedisStore
 
