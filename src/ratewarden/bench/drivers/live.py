@@ -99,7 +99,11 @@ class LiveServer:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
 
     def __enter__(self) -> LiveServer:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # a server that failed to start may still be running (uvicorn's supervisor)
+            raise
         return self
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:

@@ -28,7 +28,7 @@ GROUP_TITLES = {
 _STORE_NAMES = {
     ("ratewarden", "memory"): "MemoryStore (per process)",
     ("ratewarden", "shm"): "SharedMemoryStore",
-    ("ratewarden", "redis"): "RedisStore",
+    ("ratewarden", "redis"): "RedisStore (check timeout 1 s)",
     ("traffik", "shm"): "MultiProcessInMemoryBackend (experimental)",
     ("traffik", "memory"): "InMemoryBackend (per process)",
     ("slowapi", "memory"): "memory:// (per process)",
