@@ -127,7 +127,7 @@ def workers_tables(rows: list[Row], results: Sequence[object] = ()) -> list[Tabl
             reason = " ".join(x.skipped.split())
             body.append([task.library, _STORE_NAMES.get((task.library, task.store), task.store), str(task.workers),
                          str(task.concurrency)] + ["—"] * 9 + [reason[:300]])
-        tables.append(Table("live · several workers", "workers", f"{GROUP_TITLES['workers']}: {title}", header,
+        tables.append(Table("live · several workers", "workers", f"{GROUP_TITLES['workers']} ({title})", header,
                             body))
     return tables
 
