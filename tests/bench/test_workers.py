@@ -51,7 +51,9 @@ def test_shared_stores_allow_exactly_the_limit_across_workers_and_memory_does_no
     assert rows[("ratewarden", "shm")].allowed == limit
     assert rows[("ratewarden", "redis")].allowed == limit
     assert rows[("ratewarden", "memory")].allowed > limit  # each worker counts alone
-    assert rows[("slowapi", "memory")].allowed > limit
+    # slowapi's memory storage counts per worker too, but one worker may accept every connection of a
+    # run (a slow worker loses the accept race), so only "never fewer" holds for it every time.
+    assert rows[("slowapi", "memory")].allowed >= limit
     for row in rows.values():
         assert row.workers == 2 and row.expected_allowed == limit
         assert row.correct == (row.allowed == limit)

@@ -136,7 +136,7 @@ class LiveServer:
                 time.sleep(0.02)
             except OSError:
                 # uvicorn's supervisor outlives a worker that failed to build the app: stop waiting.
-                if not seen and self.workers > 1 and "Traceback" in self.stderr_tail():
+                if not seen and self.workers > 1 and "Traceback" in self.output():
                     raise ServerStartError(f"the {self.library} workers failed at start: {self.error_line()}") from None
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.5)
@@ -160,10 +160,13 @@ class LiveServer:
                     raise
                 time.sleep(1.0)
 
-    def stderr_tail(self) -> str:
+    def output(self) -> str:
+        """Everything the server has written to stderr so far."""
         self._log.seek(0)
-        text = self._log.read().decode(errors="replace").strip()
-        return text[-1500:] or "(no output)"
+        return str(self._log.read().decode(errors="replace").strip())
+
+    def stderr_tail(self) -> str:
+        return self.output()[-1500:] or "(no output)"
 
     def error_line(self) -> str:
         """The last exception line the server printed (the whole tail when there is none)."""
