@@ -68,3 +68,17 @@ def test_shared_stores_allow_exactly_the_limit_across_workers_and_memory_does_no
         line = next(cells for cells in table.body if cells[0] == "traffik")
         assert "did not start" in line[-1] and len(line[-1]) > len("did not start: ")
     assert _bench_dirs() == before  # the run's shm directory is removed
+
+
+def test_a_server_whose_workers_fail_to_start_is_reported_and_stopped() -> None:
+    import psutil  # type: ignore[import-untyped, unused-ignore]
+
+    from ratewarden.bench.adapters import StoreSpec
+    from ratewarden.bench.drivers.live import LiveServer, ServerStartError
+
+    # traffik's multiprocess backend refuses uvicorn's spawned workers; the supervisor keeps running.
+    server = LiveServer("traffik", SCENARIOS["live.workers"], StoreSpec("shm", "shm://rwbench-fail"), None, 2)
+    with pytest.raises(ServerStartError, match="workers failed at start: RuntimeError: .*'spawn'"), server:
+        pass
+    assert server.proc is not None and server.proc.poll() is not None
+    assert not psutil.pid_exists(server.proc.pid)
