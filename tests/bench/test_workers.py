@@ -78,7 +78,7 @@ def test_a_server_whose_workers_fail_to_start_is_reported_and_stopped() -> None:
 
     # traffik's multiprocess backend refuses uvicorn's spawned workers; the supervisor keeps running.
     server = LiveServer("traffik", SCENARIOS["live.workers"], StoreSpec("shm", "shm://rwbench-fail"), None, 2)
-    with pytest.raises(ServerStartError, match="workers failed at start: RuntimeError: .*'spawn'"), server:
+    with pytest.raises(ServerStartError, match=r"workers failed at start: RuntimeError: .*'spawn'"), server:
         pass
     assert server.proc is not None and server.proc.poll() is not None
     assert not psutil.pid_exists(server.proc.pid)
