@@ -84,7 +84,7 @@ def test_bad_input_gets_a_message_and_a_nonzero_exit(capsys: pytest.CaptureFixtu
     assert main(["bench", "--library", "ratewarden,bogus"]) == 2
     assert "unknown library 'bogus'" in capsys.readouterr().err
     assert main(["bench", "--store", "redis-clustre"]) == 2
-    assert "unknown store 'redis-clustre'; choose from memory, redis, redis-cluster, memcached" in capsys.readouterr().err
+    assert "unknown store 'redis-clustre'; choose from memory, shm, redis, redis-cluster, memcached" in capsys.readouterr().err
     assert main(["bench", "--scenario", "http.low", "--store", "redis-cluster", "--redis-cluster-url",
                  "redis+cluster://127.0.0.1:1", "--out", str(tmp_path)]) == 2
     assert "redis-cluster store at redis+cluster://127.0.0.1:1 does not answer" in capsys.readouterr().err

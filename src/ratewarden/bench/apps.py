@@ -8,6 +8,7 @@ identical for every library, so a ratio against the bare app is the limiter's ow
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -114,7 +115,8 @@ class BenchApp:
     """Wraps an adapter's app with ``/__bench__/health`` and ``/__bench__/reset`` and a lifespan.
 
     The live driver talks to these over HTTP: reset clears the limiter's store between iterations
-    without restarting the server (which would lose the warm-up).
+    without restarting the server (which would lose the warm-up); ``/__bench__/pid`` names the worker
+    process that answered.
     """
 
     def __init__(self, app: ASGIApp, start: Callable[[], Awaitable[None]], reset: Callable[[], Awaitable[None]],
@@ -128,10 +130,14 @@ class BenchApp:
             await self._lifespan(receive, send)
             return
         if kind == "http" and scope["path"].startswith("/__bench__/"):
+            body = b"ok"
             if scope["path"] == "/__bench__/reset":
                 await self._reset()
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-            await send({"type": "http.response.body", "body": b"ok"})
+            elif scope["path"] == "/__bench__/pid":  # which worker answered (multi-worker readiness)
+                body = str(os.getpid()).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
 

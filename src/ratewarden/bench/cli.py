@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,12 +33,16 @@ def register(subparsers: Any) -> None:
                    help="memory store, core in-process scenarios plus one short live run (< 3 min)")
     p.add_argument("--scenario", action="append", default=None, metavar="NAMES",
                    help="comma-separated scenario keys or groups (dependency, middleware, correctness, websocket, "
-                        "strategy, headers, rules, workload, tiered, live, http, mw, ws, all); see --list")
+                        "strategy, headers, rules, workload, tiered, live, workers, http, mw, ws, all); see --list")
     p.add_argument("--library", default="", metavar="NAMES",
                    help="comma-separated libraries: ratewarden, traffik, slowapi, limits, bare (default: all; "
                         f"--quick: {QUICK_LIBRARIES})")
-    p.add_argument("--store", default="memory", metavar="NAMES",
-                   help="comma-separated: memory, redis, redis-cluster, memcached")
+    p.add_argument("--store", default=None, metavar="NAMES",
+                   help="comma-separated: memory, shm, redis, redis-cluster, memcached (default: memory; for the "
+                        "multi-worker scenario: memory, shm, redis)")
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="uvicorn worker processes for the multi-worker scenario (live.workers); "
+                        "0 = one per core, at least 2")
     p.add_argument("--redis-url", default="", help="Redis to use (default: start a private redis-server)")
     p.add_argument("--redis-cluster-url", default="",
                    help="Redis Cluster to use, redis+cluster://host:port (default: start a private 6-node "
@@ -95,9 +100,16 @@ def run(args: argparse.Namespace) -> int:
             load(lib)
         except ImportError as exc:
             return _fail(str(exc))
-    stores = _csv(args.store)
+    stores = _csv(args.store or "memory")
+    from .runner import WORKER_STORES
     from .services import STORES
 
+    worker_stores = stores if args.store else list(WORKER_STORES)
+    if not args.store and not args.redis_url and shutil.which("redis-server") is None \
+            and any(s.workers != 1 for s in scenarios):
+        print("ratewarden bench: redis-server is not installed and no --redis-url given: the multi-worker "
+              "scenario runs without its Redis row", file=sys.stderr)
+        worker_stores.remove("redis")
     for store in stores:
         if store not in STORES:
             return _fail(f"unknown store {store!r}; choose from {', '.join(STORES)}")
@@ -107,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
     if any(c < 1 for c in levels) or args.iterations < 1 or args.warmup < 0 or duration <= 0:
         return _fail("--concurrency, --iterations and --duration must be positive (--warmup >= 0)")
+    if args.workers < 0 or args.workers == 1:
+        return _fail(f"--workers takes 2 or more (0 = one per core, at least 2), got {args.workers}")
 
     from .drivers.live import LiveError, require_wrk
     from .services import BenchError
@@ -128,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=args.iterations,
                    warmup=args.warmup, concurrency=levels or None, duration=duration,
                    warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url,
-                   redis_cluster_url=args.redis_cluster_url)
+                   redis_cluster_url=args.redis_cluster_url, workers=args.workers,
+                   worker_stores=worker_stores)
     command = "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "ratewarden bench"
     meta = collect_meta(command, {
@@ -138,7 +153,11 @@ def run(args: argparse.Namespace) -> int:
         "In-process driver": "direct ASGI calls, no HTTP client or socket",
         "Live driver": f"uvicorn, 1 worker, uvloop + httptools, access log off; wrk {duration:g} s per "
                        "iteration; server and wrk pinned to different cores; server CPU/RSS sampled",
-    })
+    } | ({
+        "Multi-worker driver": "uvicorn --workers N (each worker builds the app from an import string), "
+                               "nothing pinned; a fresh hot key per iteration, runs kept clear of a window "
+                               "boundary; CPU and RSS summed over the uvicorn processes",
+    } if any(s.workers != 1 for s in scenarios) else {}))
     t0 = time.monotonic()
     try:
         results = _run_with_progress(opts)

@@ -1,10 +1,15 @@
-"""Runs the scenario x store x library x concurrency matrix: warm-up, timed iterations, median selection."""
+"""Runs the scenario x store x library x concurrency matrix: warm-up, timed iterations, median selection.
+
+Multi-worker scenarios run a fixed set of (library, store) configurations instead (:data:`WORKER_CONFIGS`):
+each library's way of running several processes on one host.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,7 +19,16 @@ from .scenarios import Scenario
 from .services import StoreService
 from .stats import Row, Run, median_run
 
-__all__ = ["Options", "Result", "Task", "plan_tasks", "run_all"]
+__all__ = ["WORKER_CONFIGS", "WORKER_STORES", "Options", "Result", "Task", "plan_tasks", "run_all"]
+
+# (library, store) rows of a multi-worker scenario: ratewarden with a per-process, a shared-memory and a
+# Redis store; the peers with their one-host options (slowapi: per-process memory; traffik: its
+# experimental multiprocess backend); no limiter.
+WORKER_CONFIGS = (
+    ("ratewarden", "memory"), ("ratewarden", "shm"), ("ratewarden", "redis"),
+    ("traffik", "shm"), ("slowapi", "memory"), ("bare", "none"),
+)
+WORKER_STORES = ("memory", "shm", "redis")
 
 _LOGGERS = ("ratewarden", "traffik", "slowapi", "limits", "asyncio")
 
@@ -34,6 +48,8 @@ class Options:
     redis_url: str = ""
     memcached_url: str = ""
     redis_cluster_url: str = ""
+    workers: int = 0  # uvicorn workers of multi-worker scenarios; 0 = one per core, at least 2
+    worker_stores: list[str] = field(default_factory=lambda: list(WORKER_STORES))
 
 
 @dataclass(frozen=True)
@@ -44,10 +60,12 @@ class Task:
     library: str
     store: str
     concurrency: int
+    workers: int = 1
 
     @property
     def label(self) -> str:
-        return f"{self.library} · {self.scenario.key} · {self.store} · c={self.concurrency}"
+        w = f" · {self.workers} workers" if self.workers > 1 else ""
+        return f"{self.library} · {self.scenario.key} · {self.store} · c={self.concurrency}{w}"
 
 
 @dataclass
@@ -69,8 +87,17 @@ def _levels(sc: Scenario, opts: Options) -> list[int]:
 def plan_tasks(opts: Options) -> list[Task]:
     """The ordered task list; the bare baseline runs once per scenario (it has no store) and first."""
     tasks: list[Task] = []
+    single = [sc for sc in opts.scenarios if sc.workers == 1]
+    for sc in opts.scenarios:
+        if sc.workers == 1:
+            continue
+        workers = opts.workers or sc.workers or live.default_workers()
+        for conc in _levels(sc, opts):
+            for lib, store in WORKER_CONFIGS:
+                if lib in opts.libraries and (store in opts.worker_stores or store == "none"):
+                    tasks.append(Task(sc, lib, store, conc, workers))
     for store in opts.stores:
-        for sc in opts.scenarios:
+        for sc in single:
             for conc in _levels(sc, opts):
                 for lib in opts.libraries:
                     if lib == "bare":
@@ -90,6 +117,8 @@ def _row(task: Task, runs: list[Run], driver: str) -> Row:
     expected = sc.expected_allowed if driver == "inprocess" and task.library != "bare" else None
     if task.library == "bare" and driver == "inprocess":
         expected = sc.total_requests
+    if task.workers > 1 and task.library != "bare":
+        expected = sc.limit  # a fresh hot key per iteration, a run far shorter than the window
     calls = [r.store_calls for r in runs if r.store_calls is not None]
     return Row(
         library=task.library, scenario=sc.key, group=sc.group, title=sc.title, store=task.store, driver=driver,
@@ -100,7 +129,7 @@ def _row(task: Task, runs: list[Run], driver: str) -> Row:
         iterations=len(runs), rps_runs=[r.rps for r in runs], algorithm=sc.algorithm,
         cpu_pct=m.cpu_pct, rss_mb=m.rss_mb,
         calls_per_request=(sum(calls) / sum(r.requests for r in runs)) if calls else None,
-        groups=m.groups,
+        groups=m.groups, workers=task.workers,
     )
 
 
@@ -132,20 +161,36 @@ async def _inprocess(task: Task, opts: Options, store: StoreService | None) -> l
     return runs
 
 
+def _clear_of_window_edge(window_s: float, duration: float) -> None:
+    """Wait for the next window when the run would cross an epoch-aligned window boundary (a fixed
+    window restarts there and an exact limiter would rightly allow a second ``limit``)."""
+    left = window_s - time.time() % window_s
+    if left < duration + 2.0:
+        time.sleep(left + 0.05)
+
+
 def _live(task: Task, opts: Options, store: StoreService | None) -> list[Run]:
     live.require_wrk()
-    server_cores, client_cores = live.cpu_plan()
+    multi = task.workers > 1
+    server_cores, client_cores = (None, None) if multi else live.cpu_plan()
     spec = store.spec if store else StoreSpec()
     runs: list[Run] = []
-    with live.LiveServer(task.library, task.scenario, spec, server_cores) as server:
+    with live.LiveServer(task.library, task.scenario, spec, server_cores, task.workers) as server:
         for i in range(opts.warmup + opts.iterations):
             if store:
                 store.flush()
-            server.reset()
-            before = store.commands() if store else None
             warm = i < opts.warmup
-            run = live.run_iteration(server, task.scenario, opts.warmup_duration if warm else opts.duration,
-                                     task.concurrency, client_cores)
+            duration = opts.warmup_duration if warm else opts.duration
+            if multi:
+                # A reset reaches one worker only: each iteration uses a key no worker has seen instead.
+                hot_key = f"hot-key-{time.time_ns()}"
+                if not warm:
+                    _clear_of_window_edge(task.scenario.window_s, duration)
+            else:
+                hot_key = "hot-key-user"
+                server.reset()
+            before = store.commands() if store else None
+            run = live.run_iteration(server, task.scenario, duration, task.concurrency, client_cores, hot_key)
             if before is not None and store:
                 after = store.commands()
                 run.store_calls = None if after is None else after - before
@@ -169,8 +214,8 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
             # Before any server starts: children (redis-server, uvicorn, wrk) inherit the limit.
             live.raise_fd_limit(max(opts.concurrency or [0]) * 2 + 1024)
         urls = {"redis": opts.redis_url, "redis-cluster": opts.redis_cluster_url, "memcached": opts.memcached_url}
-        for kind in opts.stores:
-            if kind != "memory":
+        for kind in dict.fromkeys(t.store for t in plan_tasks(opts)):
+            if kind not in ("memory", "none"):
                 services[kind] = StoreService(kind, urls.get(kind, ""))
                 services[kind].start()
         for task in plan_tasks(opts):
@@ -186,6 +231,10 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
                 result = Result(task, _row(task, runs, driver), runs)
             except Unsupported as exc:
                 result = Result(task, None, [], skipped=str(exc))
+            except live.ServerStartError as exc:
+                if task.workers == 1:
+                    raise
+                result = Result(task, None, [], skipped=f"did not start: {exc}")
             except live.LiveError:
                 raise
             except Exception as exc:

@@ -51,6 +51,7 @@ class Scenario:
     ``connections`` > 1). ``exempt_requests`` go to ``/unthrottled`` after the limited ones.
     ``expected_allowed`` is what an exact limiter allows in one iteration from a clean store (None when
     it depends on the algorithm's parameters or on timing, as in live runs).
+    ``workers`` is the number of uvicorn worker processes of a live run; 0 means one per core, at least 2.
     """
 
     key: str
@@ -76,6 +77,7 @@ class Scenario:
     tiers: tuple[Tier, ...] = ()
     expected_allowed: int | None = None
     duration_s: float = 0.0
+    workers: int = 1
     tags: tuple[str, ...] = field(default=())
 
     @property
@@ -196,6 +198,10 @@ def _build() -> dict[str, Scenario]:
         Scenario("live.middleware", "live", "Middleware, one hot key (100/min, wrk)", 100, 60, 0, "live",
                  "middleware", identity="header", duration_s=10, concurrency=50),
     ]
+    # Several uvicorn workers on one host: does the limit hold across processes? A fresh hot key per
+    # iteration, so an exact limiter allows exactly `limit` in each run of a few seconds.
+    s.append(Scenario("live.workers", "workers", "uvicorn --workers N, one hot key (100/min, wrk)", 100, 60, 0,
+                      "live", identity="header", duration_s=10, concurrency=50, workers=0))
     return {x.key: x for x in s}
 
 

@@ -3,10 +3,13 @@
 With no URL the harness starts its own throwaway server on free loopback ports: one ``redis-server``,
 one ``memcached``, or, for ``redis-cluster``, six ``redis-server`` nodes (3 primaries, 3 replicas)
 joined with ``redis-cli --cluster create --cluster-replicas 1``, as ratelimit_bench does.
+``shm`` (one host's shared memory: ratewarden's ``SharedMemoryStore``, traffik's multiprocess backend)
+gets a fresh table name and a private directory per run, both removed when the run ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -14,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from types import TracebackType
 
@@ -21,7 +25,7 @@ from .adapters.base import StoreSpec
 
 __all__ = ["STORES", "BenchError", "StoreService", "free_cluster_port", "free_port"]
 
-STORES = ("memory", "redis", "redis-cluster", "memcached")
+STORES = ("memory", "shm", "redis", "redis-cluster", "memcached")
 HOST = "127.0.0.1"
 _OWN_COMMANDS = {"info", "flushdb", "flushall", "ping", "config", "hello", "client", "command", "cluster",
                  "readonly"}
@@ -93,6 +97,9 @@ class StoreService:
     def start(self) -> None:
         if self.kind == "memory":
             return
+        if self.kind == "shm":
+            self._start_shm()
+            return
         if self.kind not in STORES:
             raise BenchError(f"unknown store {self.kind!r}; choose from {', '.join(STORES)}")
         last: Exception | None = None
@@ -117,6 +124,13 @@ class StoreService:
         self.stop()
         raise BenchError(f"the {self.kind} store at {self.url} does not answer ({last}); start it or pass "
                          f"another --{self.kind}-url")
+
+    def _start_shm(self) -> None:
+        """A fresh table name (also traffik's POSIX segment name: 30 characters at most) in a private
+        directory on tmpfs, so whatever the workers leave behind goes with the directory."""
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self._dir = tempfile.mkdtemp(prefix="ratewarden-bench-", dir=base)
+        self.url = f"shm://rwbench-{uuid.uuid4().hex[:12]}?directory={self._dir}"
 
     def _exe(self, name: str) -> str:
         exe = shutil.which(name)
@@ -263,6 +277,12 @@ class StoreService:
                 proc.kill()
                 proc.wait()
         self.procs = []
+        if self.kind == "shm" and self.url:
+            # traffik's multiprocess backend names a POSIX segment after the table; a worker that
+            # did not shut down cleanly leaves it in /dev/shm.
+            name = self.url.split("://", 1)[1].split("?", 1)[0]
+            with contextlib.suppress(OSError):
+                os.unlink(f"/dev/shm/{name}")
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None

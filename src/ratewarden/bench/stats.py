@@ -105,6 +105,7 @@ class Row:
     calls_per_request: float | None = None
     vs_bare: float | None = None
     note: str = ""
+    workers: int = 1
     groups: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,9 +18,10 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """Which store the limiter uses: ``memory``, ``redis``, ``redis-cluster`` or ``memcached``, with its URL.
+    """Which store the limiter uses: ``memory``, ``shm``, ``redis``, ``redis-cluster`` or ``memcached``, with its URL.
 
-    A cluster URL is ``redis+cluster://host:port`` (any one node; clients discover the rest).
+    A cluster URL is ``redis+cluster://host:port`` (any one node; clients discover the rest); an ``shm``
+    URL is ``shm://<name>?directory=...`` (one host's shared memory).
     """
 
     kind: str = "memory"
@@ -31,6 +32,11 @@ class StoreSpec:
         rest = self.url.split("://", 1)[-1].split("/", 1)[0]
         host, _, port = rest.rpartition(":")
         return host or "127.0.0.1", int(port or (11211 if self.kind == "memcached" else 6379))
+
+    @property
+    def table_name(self) -> str:
+        """The shared-memory table's name (``shm`` URLs)."""
+        return self.url.split("://", 1)[-1].split("?", 1)[0]
 
 
 class Adapter(ABC):

@@ -68,6 +68,8 @@ class LimitsAdapter(Adapter):
         elif kind == "memcached":
             host, port = self.store.host_port
             storage = storage_from_string(f"async+memcached://{host}:{port}")
+        elif kind == "shm":
+            raise Unsupported("limits has no shared-memory storage (its memory storage counts per process)")
         else:
             raise Unsupported(f"store {kind!r}")
         assert isinstance(storage, Storage)

@@ -34,9 +34,17 @@ class RatewardenAdapter(Adapter):
         kind = self.store.kind
         if kind == "memory":
             return MemoryStore()
+        if kind == "shm":
+            from ratewarden.stores.urls import open_store
+
+            return open_store(self.store.url)
         if kind in ("redis", "redis-cluster"):
             from ratewarden.stores.redis import RedisStore
 
+            if self.scenario.workers != 1:
+                # The multi-worker rows test whether the limit holds across processes: with more
+                # processes than cores, a 25 ms check timeout (then fail-open) would test the scheduler.
+                return RedisStore(self.store.url, timeout=1.0)
             return RedisStore(self.store.url)
         if kind == "memcached":
             from ratewarden.stores.memcached import MemcachedStore

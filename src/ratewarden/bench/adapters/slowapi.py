@@ -35,6 +35,8 @@ class SlowapiAdapter(Adapter):
         if kind == "memcached":
             host, port = self.store.host_port
             return f"memcached://{host}:{port}"
+        if kind == "shm":
+            raise Unsupported("slowapi has no shared-memory storage (its memory storage counts per process)")
         raise Unsupported(f"store {kind!r}")
 
     def build(self) -> ASGIApp:

@@ -47,6 +47,13 @@ class TraffikAdapter(Adapter):
             from traffik.backends.inmemory import InMemoryBackend
 
             return InMemoryBackend(namespace="bench", number_of_shards=32, persistent=False)
+        if kind == "shm":
+            # Experimental in traffik 1.2: it expects start() in a parent that then forks its workers;
+            # each worker that starts it on its own (uvicorn --workers spawns) makes its own segment.
+            from traffik.backends.multiprocess import MultiProcessInMemoryBackend
+
+            return MultiProcessInMemoryBackend(namespace="bench", shared_memory_name=self.store.table_name,
+                                               persistent=False)
         if kind == "redis":
             from traffik.backends.redis.aioredis import RedisBackend
 

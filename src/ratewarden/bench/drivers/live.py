@@ -2,13 +2,18 @@
 
 Server and load generator are pinned to different cores when the machine has two or more, so the
 generator does not steal the server's CPU; the server's CPU time and RSS are sampled (not wrk's).
+With several uvicorn workers nothing is pinned (the workers need the cores), and CPU and RSS are
+summed over the supervisor and its worker processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,16 +23,26 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from ..adapters.base import StoreSpec
 from ..scenarios import Scenario
 from ..stats import Run
 
-__all__ = ["LiveError", "LiveServer", "cpu_plan", "raise_fd_limit", "require_wrk", "run_iteration", "wrk_script"]
+__all__ = ["LiveError", "LiveServer", "ServerStartError", "cpu_plan", "default_workers", "raise_fd_limit", "require_wrk", "run_iteration", "wrk_script"]
 
 
 class LiveError(RuntimeError):
     """The live run cannot proceed (missing wrk, server failed to start...); the message says what to fix."""
+
+
+class ServerStartError(LiveError):
+    """The library's server did not start (its output says why): that configuration cannot run."""
+
+
+def default_workers() -> int:
+    """uvicorn workers for a multi-worker run: one per available core, at least 2."""
+    return max(2, len(os.sched_getaffinity(0)))
 
 
 def require_wrk() -> str:
@@ -75,14 +90,20 @@ def free_port() -> int:
 class LiveServer:
     """One library's benchmark app in a uvicorn subprocess; a context manager that always stops it."""
 
-    def __init__(self, library: str, scenario: Scenario, store: StoreSpec, cores: set[int] | None) -> None:
+    def __init__(self, library: str, scenario: Scenario, store: StoreSpec, cores: set[int] | None,
+                 workers: int = 1) -> None:
         self.library, self.scenario, self.store, self.cores = library, scenario, store, cores
+        self.workers = workers
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
 
     def __enter__(self) -> LiveServer:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # a server that failed to start may still be running (uvicorn's supervisor)
+            raise
         return self
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
@@ -96,22 +117,31 @@ class LiveServer:
         self.port = free_port()
         cmd = [sys.executable, "-m", "ratewarden.bench.server", "--library", self.library,
                "--scenario", self.scenario.key, "--store", self.store.kind, "--store-url", self.store.url,
-               "--port", str(self.port)]
+               "--port", str(self.port), "--workers", str(self.workers)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
         if self.cores:
             os.sched_setaffinity(self.proc.pid, self.cores)
-        deadline = time.monotonic() + 20
+        limit = 20 + 10 * (self.workers - 1)
+        deadline = time.monotonic() + limit
         delay = 0.05
+        seen: set[bytes] = set()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise LiveError(f"the {self.library} server exited at start: {self.stderr_tail()}")
+                raise ServerStartError(f"the {self.library} server exited at start: {self.stderr_tail()}")
             try:
-                self.get("/__bench__/health")
-                return
+                # Ready once every worker has answered (new connection each time: any worker may accept it).
+                seen.add(self.get("/__bench__/pid"))
+                if len(seen) >= self.workers:
+                    return
+                time.sleep(0.02)
             except OSError:
+                # uvicorn's supervisor outlives a worker that failed to build the app: stop waiting.
+                if not seen and self.workers > 1 and "Traceback" in self.output():
+                    raise ServerStartError(f"the {self.library} workers failed at start: {self.error_line()}") from None
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.5)
-        raise LiveError(f"the {self.library} server did not answer within 20 s: {self.stderr_tail()}")
+        what = "did not answer" if not seen else f"had {len(seen)} of {self.workers} workers answering"
+        raise ServerStartError(f"the {self.library} server {what} within {limit} s: {self.stderr_tail()}")
 
     def get(self, path: str) -> bytes:
         with urllib.request.urlopen(self.url + path, timeout=10) as resp:
@@ -130,10 +160,20 @@ class LiveServer:
                     raise
                 time.sleep(1.0)
 
-    def stderr_tail(self) -> str:
+    def output(self) -> str:
+        """Everything the server has written to stderr so far."""
         self._log.seek(0)
-        text = self._log.read().decode(errors="replace").strip()
-        return text[-1500:] or "(no output)"
+        return str(self._log.read().decode(errors="replace").strip())
+
+    def stderr_tail(self) -> str:
+        return self.output()[-1500:] or "(no output)"
+
+    def error_line(self) -> str:
+        """The last exception line the server printed (the whole tail when there is none)."""
+        tail = self.stderr_tail()
+        lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b", ln)]
+        return errors[-1] if errors else tail
 
     def stop(self) -> None:
         proc = self.proc
@@ -142,7 +182,8 @@ class LiveServer:
             try:
                 proc.wait(8)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):  # its own session: workers included
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self._log.close()
 
@@ -185,17 +226,18 @@ end
 """
 
 
-def wrk_script(sc: Scenario) -> str:
+def wrk_script(sc: Scenario, hot_key: str = "hot-key-user") -> str:
     """The wrk Lua script for ``sc``: identity header (one hot key or 10k random keys) and status counting."""
     many = 10_000 if sc.identity == "many" else 0
-    client = "hot-key-user" if sc.identity == "header" else ""
+    client = hot_key if sc.identity == "header" else ""
     return _LUA.format(many=many, client=client)
 
 
-def _run_wrk(url: str, sc: Scenario, duration: float, concurrency: int, cores: set[int] | None) -> dict[str, float]:
+def _run_wrk(url: str, sc: Scenario, duration: float, concurrency: int, cores: set[int] | None,
+             hot_key: str) -> dict[str, float]:
     wrk = require_wrk()
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(wrk_script(sc))
+        f.write(wrk_script(sc, hot_key))
         script = f.name
     threads = max(1, min(len(cores) if cores else 1, concurrency))
     cmd = [wrk, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--timeout", "10s",
@@ -212,36 +254,61 @@ def _run_wrk(url: str, sc: Scenario, duration: float, concurrency: int, cores: s
     raise LiveError(f"wrk failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-500:]}")
 
 
+def _tree(pid: int) -> list[Any]:
+    """The server process and its workers (uvicorn's supervisor spawns them)."""
+    import psutil  # type: ignore[import-untyped, unused-ignore]
+
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def _cpu_seconds(procs: list[Any]) -> dict[int, float]:
+    import psutil  # type: ignore[import-untyped, unused-ignore]
+
+    out = {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        out[p.pid] = t.user + t.system
+    return out
+
+
 def run_iteration(server: LiveServer, sc: Scenario, duration: float, concurrency: int,
-                  client_cores: set[int] | None) -> Run:
-    """One wrk run against a started server, sampling the server's CPU and RSS meanwhile."""
+                  client_cores: set[int] | None, hot_key: str = "hot-key-user") -> Run:
+    """One wrk run against a started server, sampling the server's CPU and RSS meanwhile (summed over
+    its worker processes). ``hot_key`` is the identity a one-hot-key scenario sends."""
     import psutil  # type: ignore[import-untyped, unused-ignore]
 
     assert server.proc is not None
-    proc = psutil.Process(server.proc.pid)
+    procs = _tree(server.proc.pid)
     rss: list[int] = []
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            try:
-                rss.append(proc.memory_info().rss)
-            except psutil.Error:
-                return
+            total = 0
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    continue
+            rss.append(total)
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    cpu0 = proc.cpu_times()
+    cpu0 = _cpu_seconds(procs)
     t0 = time.perf_counter()
     sampler.start()
     try:
-        data = _run_wrk(server.url, sc, duration, concurrency, client_cores)
+        data = _run_wrk(server.url, sc, duration, concurrency, client_cores, hot_key)
     finally:
         stop.set()
         sampler.join()
     wall = time.perf_counter() - t0
-    cpu1 = proc.cpu_times()
-    cpu_pct = 100.0 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / wall
+    cpu1 = _cpu_seconds(procs)
+    cpu_pct = 100.0 * sum(cpu1[pid] - cpu0[pid] for pid in cpu1 if pid in cpu0) / wall
     status = {"2xx": int(data["c2xx"]), "429": int(data["c429"])}
     if data["cother"]:
         status["other"] = int(data["cother"])

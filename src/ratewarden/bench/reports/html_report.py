@@ -108,7 +108,7 @@ def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[Result
     parts.append("</ul><h2>Charts</h2>")
     parts += [f"<div class='chart'>{svg}</div>" for svg in _charts(rows)]
     section = None
-    for t in build_tables(rows):
+    for t in build_tables(rows, results):
         if t.section != section:
             section = t.section
             parts.append(f"<h2>Tables: {escape(section)}</h2>")

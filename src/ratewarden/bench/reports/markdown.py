@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..runner import Result
 from ..stats import Row
 from .meta import Meta
 
-__all__ = ["GROUP_TITLES", "Table", "build_tables", "cluster_tables", "library_order", "render_markdown"]
+__all__ = ["GROUP_TITLES", "Table", "build_tables", "cluster_tables", "library_order", "render_markdown",
+           "workers_tables"]
 
 GROUP_TITLES = {
     "dependency": "HTTP dependency mode",
@@ -21,6 +23,15 @@ GROUP_TITLES = {
     "workload": "Workloads and key distribution",
     "tiered": "Tiered API keys",
     "live": "Live server (uvicorn + wrk): overhead against no limiter",
+    "workers": "Several uvicorn workers on one host: allowed against the exact limit",
+}
+_STORE_NAMES = {
+    ("ratewarden", "memory"): "MemoryStore (per process)",
+    ("ratewarden", "shm"): "SharedMemoryStore",
+    ("ratewarden", "redis"): "RedisStore (check timeout 1 s)",
+    ("traffik", "shm"): "MultiProcessInMemoryBackend (experimental)",
+    ("traffik", "memory"): "InMemoryBackend (per process)",
+    ("slowapi", "memory"): "memory:// (per process)",
 }
 _LIB_ORDER = ("ratewarden", "traffik", "slowapi", "limits")
 
@@ -67,19 +78,57 @@ def _section(r: Row) -> str:
     return f"in-process · store {r.store}" if r.store not in ("none", "memory") else "in-process"
 
 
-def build_tables(rows: list[Row]) -> list[Table]:
-    """Every table of the report, in reading order."""
+def build_tables(rows: list[Row], results: Sequence[object] = ()) -> list[Table]:
+    """Every table of the report, in reading order (``results`` adds the configurations that could
+    not run to the multi-worker table, with the reason)."""
     tables: list[Table] = []
     stores = sorted({r.store for r in rows if r.store != "none"}, key=lambda s: (s != "memory", s)) or ["memory"]
     for store in stores:
         sel = [r for r in rows if r.store in (store, "none")]
         for group in GROUP_TITLES:
+            if group == "workers":
+                continue
             grows = [r for r in sel if r.group == group]
             if not grows or all(r.library == "bare" for r in grows):
                 continue
             section = _section(next(r for r in grows if r.library != "bare"))
             tables.extend(_group_tables(section, group, grows))
     tables.extend(cluster_tables(rows))
+    tables.extend(workers_tables(rows, results))
+    return tables
+
+
+def workers_tables(rows: list[Row], results: Sequence[object] = ()) -> list[Table]:
+    """One table per multi-worker scenario: every library and store side by side, the allowed count
+    next to the exact limit, with throughput and the CPU of all the server's processes."""
+    wrows = [r for r in rows if r.group == "workers"]
+    failed = [x for x in results if isinstance(x, Result) and x.row is None and x.skipped and x.task.workers > 1]
+    tables: list[Table] = []
+    keys = dict.fromkeys([r.scenario for r in wrows] + [x.task.scenario.key for x in failed])
+    header = ["Library", "Store", "Workers", "Conns", "Allowed", "Exact", "Allowed ÷ exact", "429", "errors",
+              "req/s", "p99 ms", "server CPU (all processes)", "server RSS", "note"]
+    for sc in keys:
+        body = []
+        title = ""
+        for r in [r for r in wrows if r.scenario == sc]:
+            title = r.title
+            exact = r.expected_allowed
+            body.append([r.library if r.library != "bare" else "bare (no limiter)",
+                         _STORE_NAMES.get((r.library, r.store), r.store), str(r.workers), str(r.concurrency),
+                         _n(r.allowed), str(exact) if exact is not None else "—",
+                         f"{r.allowed / exact:.2f}" if exact else "—", _n(r.throttled), str(r.errors), _n(r.rps),
+                         _ms(r.p99_ms), f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—",
+                         f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—", r.note])
+        for x in failed:
+            task = x.task
+            if task.scenario.key != sc:
+                continue
+            title = title or task.scenario.title
+            reason = " ".join(x.skipped.split())
+            body.append([task.library, _STORE_NAMES.get((task.library, task.store), task.store), str(task.workers),
+                         str(task.concurrency)] + ["—"] * 9 + [reason[:300]])
+        tables.append(Table("live · several workers", "workers", f"{GROUP_TITLES['workers']} ({title})", header,
+                            body))
     return tables
 
 
@@ -220,7 +269,7 @@ def render_markdown(rows: list[Row], meta: Meta, skipped: Sequence[object] = ())
     for k, v in meta.method.items():
         lines.append(f"- {k}: {v}")
     section = None
-    for t in build_tables(rows):
+    for t in build_tables(rows, skipped):
         if t.section != section:
             section = t.section
             lines += ["", f"## {section}"]
