@@ -124,6 +124,9 @@ class RedisStore(Store):
     ``clock`` replaces the server clock (tests only: it makes time deterministic).
     """
 
+    can_adjust = True
+    server_clock = True  # the scripts read the server's TIME (one clock for every process)
+
     def __init__(
         self,
         url: str = "redis://127.0.0.1:6379/0",

@@ -634,6 +634,7 @@ class SharedMemoryStore(Store):
     """
 
     local = True
+    can_adjust = True
 
     def __init__(
         self,
