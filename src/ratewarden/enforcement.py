@@ -23,9 +23,18 @@ __all__ = ["LimitUnavailable", "check_rules", "report_failure"]
 log = logging.getLogger("ratewarden")
 
 _last_error_log = 0.0
+_failures: dict[tuple[str, str], int] = {}
+
+
+def failure_counts() -> dict[tuple[str, str], int]:
+    """Checks that failed in this process, by (what failed, exception type): a store, a key
+    function, a shadow rule... (``ratewarden_check_failures_total`` in ``Metrics``)."""
+    return dict(_failures)
 
 
 def _report_failure(what: str, exc: BaseException) -> None:
+    name = type(exc).__name__
+    _failures[(what, name)] = _failures.get((what, name), 0) + 1
     # A store outage fails every request; log at most once a second, not once a request.
     global _last_error_log
     now = time.monotonic()

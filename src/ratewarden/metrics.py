@@ -57,6 +57,32 @@ class _CachedRejections:
         yield family
 
 
+class _CheckFailures:
+    """A Prometheus collector reading the process's failed checks (``enforcement.failure_counts``)
+    when scraped: every fail-open or fail-closed check, whether a store or a key function failed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _family(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        return CounterMetricFamily(
+            self.name, "Rate limit checks that failed (store or key function), by what failed", labels=["what", "error"]
+        )
+
+    def describe(self) -> Iterator[Any]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Any]:
+        from .enforcement import failure_counts
+
+        family = self._family()
+        for (what, error), count in sorted(failure_counts().items()):
+            family.add_metric([what, error], float(count))
+        yield family
+
+
 class _Labels:
     """Caps the distinct values of a label: past ``limit``, new values are reported as "other"."""
 
@@ -112,6 +138,7 @@ class Metrics:
         self.banned = counter("requests_banned", "Requests refused because the client is banned", ("status",))
         self._cached = _CachedRejections(f"{namespace}_cached_rejections")
         self.registry.register(self._cached)
+        self.registry.register(_CheckFailures(f"{namespace}_check_failures"))
         self.store_errors = counter("store_errors", "Store operations that failed", ("store", "operation"))
         self.store_latency = prom.Histogram(
             "store_latency_seconds",

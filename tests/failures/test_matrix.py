@@ -97,6 +97,13 @@ def unthrottled_log(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("ratewarden.enforcement._last_error_log", -1e9)
 
 
+def check_failures(metrics: Metrics) -> float:
+    return sum(
+        s.value for m in metrics.registry.collect() if m.name.endswith("check_failures")
+        for s in m.samples if s.labels.get("what") != "shadow rule"
+    )
+
+
 def store_errors(metrics: Metrics) -> float:
     return sum(s.value for m in metrics.store_errors.collect() for s in m.samples if s.name.endswith("_total"))
 
@@ -191,6 +198,7 @@ async def test_cell(
         if integration == "policy-delay" and fault_name in ("down", "paused", "oom", "readonly"):
             waiters = await driver.before_fault()
         calls = driver.calls
+        failures_before = check_failures(metrics)
         with caplog.at_level(logging.INFO, logger="ratewarden"):
             timings = await run_fault(driver, backend, fault, boom, waiters, bound, a)
         waiter_timings = timings[FAULT_REQUESTS:]
@@ -219,6 +227,7 @@ async def test_cell(
             # Logged, and (store faults) counted.
             if boom:
                 assert any("rate limit check failed" in m for m in log), log
+                assert check_failures(metrics) >= failures_before + FAULT_REQUESTS, "key failures not counted"
             else:
                 assert store_errors(metrics) > 0, "the store failures were not counted"
                 if not backend.fallback:
