@@ -147,12 +147,12 @@ def die_before(function: str, statement: str, action: Any) -> None:
     import signal
     import sys
 
-    from ratewarden.stores import shared_memory
+    from ratewarden.stores.shared_memory import store, table
 
-    code = getattr(shared_memory._Segment, function, None) or getattr(shared_memory.SharedMemoryStore, function)
+    code = getattr(table, function, None) or getattr(store.SharedMemoryStore, function)
     source, first = inspect.getsourcelines(code)
     (line,) = [first + i for i, text in enumerate(source) if statement in text]
-    filename = shared_memory.__file__
+    filename = inspect.getsourcefile(code)
 
     def local(frame: Any, event: str, arg: Any) -> Any:
         if event == "line" and frame.f_lineno == line:
