@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Final
 
 from ..._mypyc import mypyc_attr
 from ...algorithms import State
@@ -43,22 +44,23 @@ from .locks import locked, owner_died
 from .locks import unlock as unlock_region
 from .mutex import robust_mutexes
 from .segment import Segment, attach, detach, segment_path
-from .slots import Slot, charge_overflow, load, store_state
+from .slots import Slot, charge_all, charge_overflow, load
 from .table import clear as clear_table
 from .table import count, delete, entry, find, has_room, insert, read, recover, sweep, write
 
 log = logging.getLogger("ratewarden.stores.shared_memory")
 
 _OVERFLOW = "\x00overflow:"
-# The hot path's globals (a module-global lookup is the cheapest in the interpreter).
-_body_head_from = BODY_HEAD.unpack_from
-_u32_from = U32.unpack_from
+# The hot path's globals (a module-global lookup is the cheapest in the interpreter; Final ones
+# are C statics when compiled). _lockf and the mutex functions are rebound (bench, first open).
+_body_head_from: Final = BODY_HEAD.unpack_from
+_u32_from: Final = U32.unpack_from
 _lockf = fcntl.lockf
 _mutex_lock: Callable[[int], int] = lambda address: 0  # noqa: E731 - set on first use of a mutex table
 _mutex_unlock: Callable[[int], int] = lambda address: 0  # noqa: E731
-_LOCK_EX = fcntl.LOCK_EX
-_LOCK_UN = fcntl.LOCK_UN
-_getpid = os.getpid
+_LOCK_EX: Final = fcntl.LOCK_EX
+_LOCK_UN: Final = fcntl.LOCK_UN
+_getpid: Final = os.getpid
 
 
 def _attach(path: Path, max_keys: int, log_size: int, lock: str) -> Segment:
@@ -72,7 +74,6 @@ def _attach(path: Path, max_keys: int, log_size: int, lock: str) -> Segment:
     return seg
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 @mypyc_attr(allow_interpreted_subclasses=True)
 class SharedMemoryStore(Store):
     """An exact store shared by every process on this host that opens the same ``name``.
@@ -291,46 +292,9 @@ class SharedMemoryStore(Store):
         for limit in limits:
             self._check_limit(limit)
         slots = [self._slot(seg, key) for key in keys]
-        regions = [s.region for s in slots]
-        with seg.tlock, locked(seg, regions):
-            overflow_locked = False
-            pending: dict[int, int] = {}
-            results: list[tuple[Slot, State | None, Decision]] = []
-            allowed = True
-            try:
-                for slot, limit, cost in zip(slots, limits, costs, strict=True):
-                    if load(seg, slot, limit, now) < 0:
-                        region = slot.region
-                        waiting = pending.get(id(region), 0)
-                        if has_room(seg, region, waiting, now):
-                            slot.new = True
-                            pending[id(region)] = waiting + 1
-                        else:
-                            if not overflow_locked:  # the overflow lock is always taken last
-                                lock_region(seg, seg.overflow)
-                                overflow_locked = True
-                            over = self._overflow_slot(seg, limit)
-                            new_state, decision = charge_overflow(seg, over, limit, cost, now, False)
-                            allowed = allowed and decision.allowed
-                            results.append((over, new_state, decision))
-                            continue
-                    new_state, decision = limit.fn(slot.state, now, cost, limit.rate)
-                    decision.policy = limit.name
-                    allowed = allowed and decision.allowed
-                    results.append((slot, new_state, decision))
-                if allowed:
-                    swept: set[int] = set()
-                    for (slot, new_state, decision), limit in zip(results, limits, strict=True):
-                        if new_state is None:
-                            continue
-                        if slot.new and id(slot.region) not in swept:
-                            swept.add(id(slot.region))
-                            sweep(seg, slot.region, 2, now)
-                        store_state(seg, slot, limit, new_state, now + decision.reset_after)
-            finally:
-                if overflow_locked:
-                    unlock_region(seg, seg.overflow)
-        return combine([r[2] for r in results])
+        with seg.tlock, locked(seg, [s.region for s in slots]):
+            decisions = charge_all(seg, slots, limits, costs, now, self._overflow_slot)
+        return combine(decisions)
 
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """Current decisions for a zero-cost request; charges nothing."""
