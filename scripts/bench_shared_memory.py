@@ -166,7 +166,7 @@ def mechanisms(checks: int, runs: int) -> None:
     floor of the Python work)."""
     import fcntl
 
-    from ratewarden.stores import shared_memory
+    from ratewarden.stores.shared_memory import store as shared_memory
 
     mutex = SharedMemoryStore("bench-mech-mutex", max_keys=65_536, directory=DIRECTORY, lock="mutex")
     lockf = SharedMemoryStore("bench-mech-lockf", max_keys=65_536, directory=DIRECTORY, lock="lockf")

@@ -140,30 +140,52 @@ def final_check(name: str, directory: str, out: Any) -> None:
     out.put(time.monotonic() - start)
 
 
-def die_before(function: str, statement: str, action: Any) -> None:
-    """Run ``action()`` and SIGKILL this process just before ``function`` (in the store module)
-    executes the line holding ``statement``: a crash at an exact point of a write."""
-    import inspect
+def die_at(point: str, store: SharedMemoryStore, action: Any) -> None:
+    """Run ``action()`` and SIGKILL this process at ``point`` of a write (``CRASH_POINTS`` in
+    test_shared_memory.py): the ``struct`` objects that write an entry's state (``seg.bodies``)
+    and the table's 32-bit fields (``table.U32``) are swapped for ones that die before or after
+    the chosen write. No source tracing, so it works in the mypyc-compiled build too."""
     import signal
-    import sys
+    import struct
 
-    from ratewarden.stores import shared_memory
+    from ratewarden.stores.shared_memory import table
 
-    code = getattr(shared_memory._Segment, function, None) or getattr(shared_memory.SharedMemoryStore, function)
-    source, first = inspect.getsourcelines(code)
-    (line,) = [first + i for i, text in enumerate(source) if statement in text]
-    filename = shared_memory.__file__
+    seg = store._segment()  # this (forked) process's own mapping
+    bases = {region.base for region in seg.regions}
+    indexes = [(region.index, region.entries) for region in seg.regions]
 
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and frame.f_lineno == line:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return local
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename == filename and frame.f_code.co_name == function:
-            return local
-        return None
+    def fatal(offset: int, values: tuple[Any, ...]) -> tuple[bool, bool]:
+        """(die before this write, die after it)."""
+        count = offset in bases  # a region's entry count
+        unlink = values == (0,) and any(lo <= offset < hi for lo, hi in indexes)  # an index slot emptied
+        return {
+            "insert-indexed-not-counted": (count, False),
+            "insert-counted-still-dirty": (False, count),
+            "delete-unlinked-not-moved": (False, unlink),
+            "delete-moved-not-counted": (count, False),
+        }.get(point, (False, False))
 
-    sys.settrace(tracer)
+    class Fields(struct.Struct):
+        def pack_into(self, buffer: Any, offset: int, *values: Any) -> None:
+            before, after = fatal(offset, values)
+            if before:
+                die()
+            super().pack_into(buffer, offset, *values)
+            if after:
+                die()
+
+    class Body(struct.Struct):
+        def pack_into(self, buffer: Any, offset: int, *values: Any) -> None:
+            if point == "state-half-written":
+                die()
+            super().pack_into(buffer, offset, *values)
+            if point == "state-written-still-dirty":
+                die()
+
+    table.U32 = Fields(table.U32.format)  # type: ignore[misc]
+    seg.bodies = [Body(s.format) for s in seg.bodies]
     action()
-    os._exit(3)  # the statement was never reached
+    os._exit(3)  # the point was never reached

@@ -415,13 +415,13 @@ async def test_adjust_refunds_and_penalises_like_memory(shm_dir: Path) -> None:
 
 
 CRASH_POINTS = {
-    # (function, statement it dies before, what the dying process was doing)
-    "state-half-written": ("hit_now", "seg.bodies[len(new_state)].pack_into(", "hit"),
-    "state-written-still-dirty": ("hit_now", "mm[off] = _CLEAN", "hit"),
-    "insert-indexed-not-counted": ("insert", "_U32.pack_into(mm, base, pos + 1)", "insert"),
-    "insert-counted-still-dirty": ("insert", "mm[off] = _CLEAN", "insert"),
-    "delete-unlinked-not-moved": ("delete", "mm[dst : dst + self.esize]", "delete"),
-    "delete-moved-not-counted": ("delete", "_U32.pack_into(mm, base, last)", "delete"),
+    # point of the write where the process dies: what it was doing (shm_workers.die_at)
+    "state-half-written": "hit",  # the entry marked dirty, its state not written
+    "state-written-still-dirty": "hit",  # the state written, the entry not yet marked clean
+    "insert-indexed-not-counted": "insert",  # the new entry indexed, the region's count not raised
+    "insert-counted-still-dirty": "insert",  # counted, not yet marked clean
+    "delete-unlinked-not-moved": "delete",  # unlinked from the index, the last entry not moved in
+    "delete-moved-not-counted": "delete",  # moved, the region's count not lowered
 }
 
 
@@ -429,12 +429,7 @@ CRASH_POINTS = {
 def test_crash_at_each_step_of_a_write(shm_dir: Path, point: str, lock: str) -> None:
     """A process SIGKILLed at each step of a write: the next lock holder carries on at once, every
     other key keeps its state, and the key being written is never given more than its limit."""
-    from ratewarden._mypyc import is_compiled
-    from ratewarden.stores import shared_memory
-
-    if is_compiled(shared_memory):  # the random-point SIGKILL test still runs
-        pytest.skip("crash points are found by tracing source lines: needs the pure-Python module")
-    function, statement, doing = CRASH_POINTS[point]
+    doing = CRASH_POINTS[point]
     store = SharedMemoryStore(unique_name(), max_keys=500, directory=shm_dir, clock=shm_workers.frozen, lock=lock)
     limits = {f"rw:{{k{i}}}": Limit(Rate(10, 3600.0), a) for i, a in enumerate(ALGORITHM_NAMES * 4)}
     for i, (key, limit) in enumerate(limits.items()):
@@ -450,7 +445,7 @@ def test_crash_at_each_step_of_a_write(shm_dir: Path, point: str, lock: str) -> 
     }[doing]
     before = {key: store.peek_now([key], [limit])[0] for key, limit in limits.items()}
     ctx = multiprocessing.get_context("fork")
-    proc = ctx.Process(target=shm_workers.die_before, args=(function, statement, action))
+    proc = ctx.Process(target=shm_workers.die_at, args=(point, store, action))
     proc.start()
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL, f"the crash point was not reached ({proc.exitcode})"

@@ -1,0 +1,97 @@
+"""The table file's binary layout: header, regions, entries, and how a state is encoded.
+
+Every process maps the same bytes, so these offsets and formats are the file format (bump
+``LAYOUT_VERSION`` when one changes). A state, whatever its algorithm, is a tuple of float64s
+stored after its expiry and length; ``state_codecs`` builds the ``struct`` formats once per table.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from ..._mypyc import mypyc_attr
+from ...limits import Limit
+
+MAGIC: Final = b"RWSHMTB\x00"
+LAYOUT_VERSION: Final = 2
+DEFAULT_MAX_KEYS: Final = 65_536
+DEFAULT_LOG_SIZE: Final = 128
+OVERFLOW_CAP: Final = 256  # distinct limits that can share an overflow allowance at once
+LOCKS = {"mutex": 1, "lockf": 2}
+
+# Header: magic, layout version, max_keys, stripes, entry floats, entry size, index size,
+# region size, overflow cap, lock kind, ready flag.
+HEADER = struct.Struct("<8sIIIIIIQIII")
+HEADER_SIZE: Final = 4096
+# Region header: count, cursor, op, op_a, op_b, (pad), next_expiry; the region's mutex at +64.
+RHEAD = struct.Struct("<IIIII4xd")
+RHEAD_SIZE: Final = 128
+R_CURSOR: Final = 4
+R_OP: Final = 8
+R_NEXT_EXPIRY: Final = 24
+MUTEX: Final = 64  # room for a pthread_mutex_t (40 bytes on x86-64 glibc, 48 on arm64)
+U32 = struct.Struct("<I")
+F64 = struct.Struct("<d")
+DIGEST = struct.Struct("<QQ")
+# Entry: dirty byte (+7 pad), hold (seconds a crashed write stays conservative), digest,
+# expires_at, state length (+4 pad), then the state's float64s.
+E_DIRTY: Final = 0
+E_HOLD: Final = 8
+E_DIGEST: Final = 16
+E_BODY: Final = 32
+E_FLOATS: Final = 48
+BODY_HEAD = struct.Struct("<dI")  # an entry's expiry and state length
+CLEAN: Final = 0
+WRITING: Final = 1
+CRASHED: Final = 2
+OP_NONE: Final = 0
+OP_INSERT: Final = 1
+OP_DELETE: Final = 2
+# Lock bytes live far beyond the data; POSIX record locks need not cover real bytes.
+LOCK_BASE: Final = 1 << 40
+INIT_LOCK: Final = LOCK_BASE - 1
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Region:
+    """Offsets of one region (the overflow region has the same shape)."""
+
+    __slots__ = ("addr", "base", "cap", "entries", "index", "lock", "mask")
+
+    def __init__(self, base: int, cap: int, index_size: int, lock: int) -> None:
+        self.base = base
+        self.cap = cap
+        self.index = base + RHEAD_SIZE
+        self.mask = index_size - 1
+        self.entries = self.index + 4 * index_size
+        self.lock = lock  # lockf: the byte locked
+        self.addr = 0  # mutex: its address in this process
+
+
+def stripes_for(max_keys: int) -> int:
+    """How many regions a table of ``max_keys`` has."""
+    # Small tables keep one region, so the bound is exactly MemoryStore's; large ones spread the
+    # lock over up to 64 regions (each region's share of max_keys fills within ~2% of the others).
+    return max(1, min(64, max_keys // 2048))
+
+
+def index_size(cap: int) -> int:
+    """The index slots for ``cap`` entries: a power of two, at most half full."""
+    size = 8
+    while size < 2 * cap:
+        size *= 2
+    return size
+
+
+def state_codecs(floats: int) -> tuple[list[struct.Struct], list[struct.Struct]]:
+    """Per state length n: the entry body's format (expiry, n, the floats) and the state's own."""
+    bodies = [struct.Struct(f"<dI4x{n}d") for n in range(floats + 1)]
+    states = [struct.Struct(f"<{n}d") for n in range(floats + 1)]
+    return bodies, states
+
+
+def hold_of(limit: Limit) -> float:
+    """An upper bound on how long any state of ``limit`` stays meaningful."""
+    rate = limit.rate
+    return rate.period * (2.0 + (rate.capacity + rate.max_debt) / rate.limit)

@@ -1,0 +1,133 @@
+"""One key of a check: its place in the table (``Slot``), loading its live state (a key whose
+writer died counts as fully used), storing its new state, and charging a key that finds its
+region full to the shared overflow state of its limit instead (never evicting a live counter);
+and a check of several keys, all or nothing.
+
+Every function here runs with the keys' regions locked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..._mypyc import mypyc_attr
+from ...algorithms import State
+from ...decision import Decision
+from ...limits import Limit
+from .layout import Region, hold_of
+from .locks import lock as lock_region
+from .locks import unlock as unlock_region
+from .segment import Segment
+from .table import count, entry, find, has_room, insert, read, settle, sweep, write
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Slot:
+    """One key of a check: where its state lives and what the algorithm made of it."""
+
+    __slots__ = ("digest", "home", "new", "region", "state")
+
+    def __init__(self, digest: bytes, home: int, region: Region) -> None:
+        self.digest = digest
+        self.home = home
+        self.region = region
+        self.state: State | None = None
+        self.new = False
+
+
+def load(seg: Segment, slot: Slot, limit: Limit, now: float) -> int:
+    """Read ``slot``'s live state; returns its entry offset, or -1 if absent."""
+    region = slot.region
+    pos = find(seg, region, slot.digest, slot.home)
+    if pos < 0:
+        return -1
+    off = entry(seg, region, pos)
+    if settle(seg, off, now):
+        # Its writer died mid-write: the key counts as fully used from now on.
+        from ...charges import adjusted_state
+
+        state, decision = adjusted_state(limit, None, now, float(limit.rate.capacity))
+        write(seg, region, off, now + decision.reset_after, state or ())
+    expires, state = read(seg, off)
+    slot.state = state if expires > now else None
+    return off
+
+
+def charge_overflow(
+    seg: Segment, slot: Slot, limit: Limit, cost: float, now: float, commit: bool
+) -> tuple[State | None, Decision]:
+    """Run ``limit`` on the overflow state ``slot``; ``commit``: store the new state too."""
+    region = slot.region
+    off = load(seg, slot, limit, now)
+    state = slot.state
+    if off < 0 and not has_room(seg, region, 0, now):
+        # Every overflow state is live: be strict rather than admit more than a limit.
+        from ...charges import adjusted_state
+
+        state, _ = adjusted_state(limit, None, now, float(limit.rate.capacity))
+    new_state, decision = limit.fn(state, now, cost, limit.rate)
+    decision.policy = limit.name
+    if commit and new_state is not None:
+        store_state(seg, slot, limit, new_state, now + decision.reset_after)
+    return new_state, decision
+
+
+def store_state(seg: Segment, slot: Slot, limit: Limit, state: State, expires: float) -> None:
+    """Write ``state`` for ``slot``: its entry, or a new one while the region has room."""
+    region = slot.region
+    pos = find(seg, region, slot.digest, slot.home)
+    if pos >= 0:
+        write(seg, region, entry(seg, region, pos), expires, state)
+    elif count(seg, region) < region.cap:
+        insert(seg, region, slot.digest, slot.home, hold_of(limit), expires, state)
+
+
+def charge_all(
+    seg: Segment,
+    slots: Sequence[Slot],
+    limits: Sequence[Limit],
+    costs: Sequence[float],
+    now: float,
+    overflow_slot: Callable[[Segment, Limit], Slot],
+) -> list[Decision]:
+    """Every key's decision; the new states are written only if every key is allowed. A key whose
+    region is full goes to ``overflow_slot(seg, limit)`` (the overflow region's lock, always
+    taken last, is held until the end)."""
+    overflow_locked = False
+    pending: dict[int, int] = {}
+    results: list[tuple[Slot, State | None, Decision]] = []
+    allowed = True
+    try:
+        for slot, limit, cost in zip(slots, limits, costs, strict=True):
+            if load(seg, slot, limit, now) < 0:
+                region = slot.region
+                waiting = pending.get(id(region), 0)
+                if has_room(seg, region, waiting, now):
+                    slot.new = True
+                    pending[id(region)] = waiting + 1
+                else:
+                    if not overflow_locked:  # the overflow lock is always taken last
+                        lock_region(seg, seg.overflow)
+                        overflow_locked = True
+                    over = overflow_slot(seg, limit)
+                    new_state, decision = charge_overflow(seg, over, limit, cost, now, False)
+                    allowed = allowed and decision.allowed
+                    results.append((over, new_state, decision))
+                    continue
+            new_state, decision = limit.fn(slot.state, now, cost, limit.rate)
+            decision.policy = limit.name
+            allowed = allowed and decision.allowed
+            results.append((slot, new_state, decision))
+        if allowed:
+            swept: set[int] = set()
+            for (slot, new_state, decision), limit in zip(results, limits, strict=True):
+                if new_state is None:
+                    continue
+                if slot.new and id(slot.region) not in swept:
+                    swept.add(id(slot.region))
+                    sweep(seg, slot.region, 2, now)
+                store_state(seg, slot, limit, new_state, now + decision.reset_after)
+    finally:
+        if overflow_locked:
+            unlock_region(seg, seg.overflow)
+    return [r[2] for r in results]

@@ -1,0 +1,249 @@
+"""A region's entries: probing the index, reading and writing states crash-safely, inserting and
+deleting (backward-shift, no tombstones), finishing what a dead process left half-done, and
+reclaiming expired entries (a cursor sweep per insert, a full sweep when the region is full).
+
+Every function here runs with the region's lock held (``locks.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from ...algorithms import State
+from .layout import (
+    BODY_HEAD,
+    CLEAN,
+    CRASHED,
+    DIGEST,
+    E_BODY,
+    E_DIGEST,
+    E_FLOATS,
+    E_HOLD,
+    F64,
+    MUTEX,
+    OP_DELETE,
+    OP_INSERT,
+    OP_NONE,
+    R_CURSOR,
+    R_NEXT_EXPIRY,
+    R_OP,
+    RHEAD,
+    U32,
+    WRITING,
+    Region,
+)
+from .segment import Segment
+
+log = logging.getLogger("ratewarden.stores.shared_memory")
+
+
+def entry(seg: Segment, region: Region, pos: int) -> int:
+    """The offset of entry ``pos`` of ``region``."""
+    return region.entries + pos * seg.esize
+
+
+def count(seg: Segment, region: Region) -> int:
+    return int(U32.unpack_from(seg.mm, region.base)[0])
+
+
+def find(seg: Segment, region: Region, digest: bytes, home: int) -> int:
+    """The entry position holding ``digest`` in ``region``, or -1."""
+    mm = seg.mm
+    mask = region.mask
+    index = region.index
+    i = home & mask
+    while True:
+        v = U32.unpack_from(mm, index + 4 * i)[0]
+        if v == 0:
+            return -1
+        off = region.entries + (v - 1) * seg.esize + E_DIGEST
+        if mm[off : off + 16] == digest:
+            return int(v) - 1
+        i = (i + 1) & mask
+
+
+def read(seg: Segment, off: int) -> tuple[float, State]:
+    """The expiry and state of the entry at ``off``."""
+    mm = seg.mm
+    expires, n = BODY_HEAD.unpack_from(mm, off + E_BODY)
+    return expires, seg.states[n].unpack_from(mm, off + E_FLOATS)
+
+
+def write(seg: Segment, region: Region, off: int, expires: float, state: State) -> None:
+    """Rewrite the entry at ``off`` (dirty while it is written)."""
+    mm = seg.mm
+    mm[off] = WRITING
+    seg.bodies[len(state)].pack_into(mm, off + E_BODY, expires, len(state), *state)
+    mm[off] = CLEAN
+    nxt = region.base + R_NEXT_EXPIRY
+    if expires < F64.unpack_from(mm, nxt)[0]:
+        F64.pack_into(mm, nxt, expires)
+
+
+def insert(seg: Segment, region: Region, digest: bytes, home: int, hold: float, expires: float, state: State) -> None:
+    """Append an entry and index it; recorded in the region header until done."""
+    mm = seg.mm
+    base = region.base
+    pos = count(seg, region)
+    off = entry(seg, region, pos)
+    U32.pack_into(mm, base + R_OP, OP_INSERT)
+    mm[off] = WRITING
+    F64.pack_into(mm, off + E_HOLD, hold)
+    mm[off + E_DIGEST : off + E_DIGEST + 16] = digest
+    seg.bodies[len(state)].pack_into(mm, off + E_BODY, expires, len(state), *state)
+    mask = region.mask
+    i = home & mask
+    while U32.unpack_from(mm, region.index + 4 * i)[0]:
+        i = (i + 1) & mask
+    U32.pack_into(mm, region.index + 4 * i, pos + 1)
+    U32.pack_into(mm, base, pos + 1)
+    mm[off] = CLEAN
+    U32.pack_into(mm, base + R_OP, OP_NONE)
+    if expires < F64.unpack_from(mm, base + R_NEXT_EXPIRY)[0]:
+        F64.pack_into(mm, base + R_NEXT_EXPIRY, expires)
+
+
+def _home_of(seg: Segment, region: Region, pos: int) -> int:
+    return int(DIGEST.unpack_from(seg.mm, entry(seg, region, pos) + E_DIGEST)[1])
+
+
+def _slot_of(seg: Segment, region: Region, pos: int) -> int:
+    mm = seg.mm
+    mask = region.mask
+    i = _home_of(seg, region, pos) & mask
+    while U32.unpack_from(mm, region.index + 4 * i)[0] != pos + 1:
+        i = (i + 1) & mask
+    return i
+
+
+def delete(seg: Segment, region: Region, pos: int) -> None:
+    """Remove entry ``pos``: unlink it from the index, move the last entry into its place."""
+    mm = seg.mm
+    base = region.base
+    esize = seg.esize
+    last = count(seg, region) - 1
+    RHEAD.pack_into(mm, base, last + 1, U32.unpack_from(mm, base + R_CURSOR)[0], OP_DELETE, pos, last,
+                    F64.unpack_from(mm, base + R_NEXT_EXPIRY)[0])
+    # Backward-shift deletion keeps every probe sequence unbroken without tombstones.
+    mask = region.mask
+    index = region.index
+    i = _slot_of(seg, region, pos)
+    j = i
+    while True:
+        j = (j + 1) & mask
+        v = U32.unpack_from(mm, index + 4 * j)[0]
+        if v == 0:
+            break
+        h = _home_of(seg, region, v - 1) & mask
+        if (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+            U32.pack_into(mm, index + 4 * i, v)
+            i = j
+    U32.pack_into(mm, index + 4 * i, 0)
+    if pos != last:
+        slot = _slot_of(seg, region, last)
+        src = entry(seg, region, last)
+        dst = entry(seg, region, pos)
+        mm[dst : dst + esize] = mm[src : src + esize]
+        U32.pack_into(mm, index + 4 * slot, pos + 1)
+    U32.pack_into(mm, base, last)
+    U32.pack_into(mm, base + R_OP, OP_NONE)
+
+
+def recover(seg: Segment, region: Region) -> None:
+    """Finish the insert or delete a dead process left half-done, then rebuild the index."""
+    mm = seg.mm
+    base = region.base
+    esize = seg.esize
+    n, _, op, a, b, _ = RHEAD.unpack_from(mm, base)
+    if op == OP_DELETE and n == b + 1:
+        if a != b:  # the source entry is untouched until the count drops: redo the move
+            src = entry(seg, region, b)
+            dst = entry(seg, region, a)
+            mm[dst : dst + esize] = mm[src : src + esize]
+        n = b
+    # An insert that was counted keeps its entry (its dirty byte makes that key conservative);
+    # one that was not is dropped when the index is rebuilt from the counted entries.
+    n = min(n, region.cap + 1)
+    mm[region.index : region.entries] = bytes(region.entries - region.index)
+    mask = region.mask
+    for pos in range(n):
+        i = _home_of(seg, region, pos) & mask
+        while U32.unpack_from(mm, region.index + 4 * i)[0]:
+            i = (i + 1) & mask
+        U32.pack_into(mm, region.index + 4 * i, pos + 1)
+    RHEAD.pack_into(mm, base, n, 0, OP_NONE, 0, 0, -math.inf)
+    log.warning("shared-memory table %s: recovered a region left half-written by a dead process", seg.path)
+
+
+def settle(seg: Segment, off: int, now: float) -> bool:
+    """Give a crashed entry a trustworthy expiry; True if the entry is dirty (its writer died)."""
+    mm = seg.mm
+    flag = mm[off]
+    if flag == CLEAN:
+        return False
+    if flag == WRITING:
+        hold = F64.unpack_from(mm, off + E_HOLD)[0]
+        if not hold > 0 or not math.isfinite(hold):
+            hold = 86400.0 * 366
+        BODY_HEAD.pack_into(mm, off + E_BODY, now + hold, 0)
+        mm[off] = CRASHED
+        log.warning("shared-memory table %s: a worker died while writing a key; that key counts as "
+                    "fully used until its period passes", seg.path)
+    return True
+
+
+def sweep(seg: Segment, region: Region, steps: int, now: float) -> None:
+    """Inspect ``steps`` entries from the region's cursor, deleting expired ones."""
+    mm = seg.mm
+    base = region.base
+    for _ in range(steps):
+        n = count(seg, region)
+        if n == 0:
+            return
+        cursor = U32.unpack_from(mm, base + R_CURSOR)[0]
+        if cursor >= n:
+            cursor = 0
+        off = entry(seg, region, cursor)
+        settle(seg, off, now)
+        if F64.unpack_from(mm, off + E_BODY)[0] <= now:
+            delete(seg, region, cursor)
+        else:
+            cursor += 1
+        U32.pack_into(mm, base + R_CURSOR, cursor)
+
+
+def sweep_all(seg: Segment, region: Region, now: float) -> None:
+    """Delete every expired entry of the region and record its earliest remaining expiry."""
+    mm = seg.mm
+    pos = 0
+    earliest = math.inf
+    while pos < count(seg, region):
+        off = entry(seg, region, pos)
+        settle(seg, off, now)
+        expires = F64.unpack_from(mm, off + E_BODY)[0]
+        if expires <= now:
+            delete(seg, region, pos)
+        else:
+            earliest = min(earliest, expires)
+            pos += 1
+    F64.pack_into(mm, region.base + R_NEXT_EXPIRY, earliest)
+
+
+def has_room(seg: Segment, region: Region, pending: int, now: float) -> bool:
+    """Whether ``pending`` more entries fit in the region (sweeping it if some may have expired)."""
+    if count(seg, region) + pending < region.cap:
+        return True
+    if now >= F64.unpack_from(seg.mm, region.base + R_NEXT_EXPIRY)[0]:
+        sweep_all(seg, region, now)
+        return count(seg, region) + pending < region.cap
+    return False
+
+
+def clear(seg: Segment) -> None:
+    """Empty every region (their locks held)."""
+    mm = seg.mm
+    for region in [*seg.regions, seg.overflow]:
+        mm[region.base : region.base + MUTEX] = bytes(MUTEX)  # not the (held) mutex
+        mm[region.index : region.entries] = bytes(region.entries - region.index)
+        F64.pack_into(mm, region.base + R_NEXT_EXPIRY, math.inf)
