@@ -49,7 +49,10 @@ def build_app(
     ws_check: WsCheck | None = None,
     exempt: Callable[[Endpoint], Endpoint] | None = None,
 ) -> FastAPI:
-    """The benchmark app. ``wrap``/``dependencies`` apply to limited routes, ``exempt`` to ``/unthrottled``."""
+    """The benchmark app. ``wrap``/``dependencies`` apply to limited routes, ``exempt`` to ``/unthrottled``.
+
+    Over 60 lines on purpose: one route per workload of the reference reports, declared inline so the
+    app every library runs on reads in one place."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     w = wrap or (lambda f: f)
     deps = dependencies or []

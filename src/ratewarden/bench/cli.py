@@ -8,9 +8,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .scenarios import QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
+
+if TYPE_CHECKING:
+    from .runner import Options
 
 __all__ = ["register", "run"]
 
@@ -71,93 +74,15 @@ def run(args: argparse.Namespace) -> int:
         for sc in SCENARIOS.values():
             print(f"{sc.key:22} {sc.group:12} {sc.title}")
         return 0
-    from .adapters import LIBRARIES, load
-
-    if args.quick:
-        names = list(QUICK_SCENARIOS + QUICK_LIVE) if args.scenario is None else []
-        duration = args.duration if args.duration != 10.0 else 3.0
-    else:
-        names = []
-        duration = args.duration
-    warmup_duration = max(1.0, min(2.0, duration / 2))
-    for value in args.scenario or ([] if args.quick else ["all"]):
-        names += _csv(value)
-    try:
-        scenarios = resolve(names)
-    except KeyError as exc:
-        return _fail(f"unknown scenario {exc.args[0]!r}; run `ratewarden bench --list` to see them")
-    if args.driver == "inprocess":
-        scenarios = [s for s in scenarios if s.mode != "live"]
-    elif args.driver == "live":
-        scenarios = [s for s in scenarios if s.mode == "live"]
-    if not scenarios:
-        return _fail("no scenario left to run (check --scenario and --driver)")
-    libraries = _csv(args.library or (QUICK_LIBRARIES if args.quick else ",".join(LIBRARIES)))
-    for lib in libraries:
-        if lib not in LIBRARIES:
-            return _fail(f"unknown library {lib!r}; choose from {', '.join(LIBRARIES)}")
-        try:
-            load(lib)
-        except ImportError as exc:
-            return _fail(str(exc))
-    stores = _csv(args.store or "memory")
-    from .runner import WORKER_STORES
-    from .services import STORES
-
-    worker_stores = stores if args.store else list(WORKER_STORES)
-    if not args.store and not args.redis_url and shutil.which("redis-server") is None \
-            and any(s.workers != 1 for s in scenarios):
-        print("ratewarden bench: redis-server is not installed and no --redis-url given: the multi-worker "
-              "scenario runs without its Redis row", file=sys.stderr)
-        worker_stores.remove("redis")
-    for store in stores:
-        if store not in STORES:
-            return _fail(f"unknown store {store!r}; choose from {', '.join(STORES)}")
-    try:
-        levels = [int(c) for c in _csv(args.concurrency)]
-    except ValueError:
-        return _fail(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
-    if any(c < 1 for c in levels) or args.iterations < 1 or args.warmup < 0 or duration <= 0:
-        return _fail("--concurrency, --iterations and --duration must be positive (--warmup >= 0)")
-    if args.workers < 0 or args.workers == 1:
-        return _fail(f"--workers takes 2 or more (0 = one per core, at least 2), got {args.workers}")
-
-    from .drivers.live import LiveError, require_wrk
+    planned = _plan(args)
+    if isinstance(planned, str):
+        return _fail(planned)
+    opts, out = planned
+    from .drivers.live import LiveError
+    from .reports import write_all
     from .services import BenchError
 
-    if any(s.mode == "live" for s in scenarios):
-        try:
-            require_wrk()
-        except LiveError as exc:
-            return _fail(str(exc))
-    out = Path(args.out)
-    problem = _unwritable(out)
-    if problem:
-        return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
-
-    from .reports import write_all
-    from .reports.meta import collect_meta
-    from .runner import Options
-
-    opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=args.iterations,
-                   warmup=args.warmup, concurrency=levels or None, duration=duration,
-                   warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url,
-                   redis_cluster_url=args.redis_cluster_url, workers=args.workers,
-                   worker_stores=worker_stores)
-    command = "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
-        else "ratewarden bench"
-    meta = collect_meta(command, {
-        "Method": f"{opts.warmup} warm-up + {opts.iterations} timed iterations per configuration; the median "
-                  "iteration by req/s is reported (latencies from that same iteration, nearest-rank "
-                  "percentiles); store flushed and limiter reset before every iteration",
-        "In-process driver": "direct ASGI calls, no HTTP client or socket",
-        "Live driver": f"uvicorn, 1 worker, uvloop + httptools, access log off; wrk {duration:g} s per "
-                       "iteration; server and wrk pinned to different cores; server CPU/RSS sampled",
-    } | ({
-        "Multi-worker driver": "uvicorn --workers N (each worker builds the app from an import string), "
-                               "nothing pinned; a fresh hot key per iteration, runs kept clear of a window "
-                               "boundary; CPU and RSS summed over the uvicorn processes",
-    } if any(s.workers != 1 for s in scenarios) else {}))
+    meta = _meta(opts)
     t0 = time.monotonic()
     try:
         results = _run_with_progress(opts)
@@ -172,6 +97,102 @@ def run(args: argparse.Namespace) -> int:
     print(f"reports: {out / 'report.html'}, {out / 'report.md'}, {out / 'summary.csv'}, {out / 'results.json'} "
           f"({len(paths)} files) in {time.monotonic() - t0:.0f} s")
     return 0
+
+
+def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
+    """The run the arguments ask for, or what is wrong with them (before anything runs).
+
+    Over 60 lines: one check after another, each with its own message; split, the CLI's
+    validation would be scattered over several functions that only it calls."""
+    from .adapters import LIBRARIES, load
+
+    if args.quick:
+        names = list(QUICK_SCENARIOS + QUICK_LIVE) if args.scenario is None else []
+        duration = args.duration if args.duration != 10.0 else 3.0
+    else:
+        names = []
+        duration = args.duration
+    warmup_duration = max(1.0, min(2.0, duration / 2))
+    for value in args.scenario or ([] if args.quick else ["all"]):
+        names += _csv(value)
+    try:
+        scenarios = resolve(names)
+    except KeyError as exc:
+        return f"unknown scenario {exc.args[0]!r}; run `ratewarden bench --list` to see them"
+    if args.driver == "inprocess":
+        scenarios = [s for s in scenarios if s.mode != "live"]
+    elif args.driver == "live":
+        scenarios = [s for s in scenarios if s.mode == "live"]
+    if not scenarios:
+        return "no scenario left to run (check --scenario and --driver)"
+    libraries = _csv(args.library or (QUICK_LIBRARIES if args.quick else ",".join(LIBRARIES)))
+    for lib in libraries:
+        if lib not in LIBRARIES:
+            return f"unknown library {lib!r}; choose from {', '.join(LIBRARIES)}"
+        try:
+            load(lib)
+        except ImportError as exc:
+            return str(exc)
+    stores = _csv(args.store or "memory")
+    from .runner import WORKER_STORES
+    from .services import STORES
+
+    worker_stores = stores if args.store else list(WORKER_STORES)
+    if not args.store and not args.redis_url and shutil.which("redis-server") is None \
+            and any(s.workers != 1 for s in scenarios):
+        print("ratewarden bench: redis-server is not installed and no --redis-url given: the multi-worker "
+              "scenario runs without its Redis row", file=sys.stderr)
+        worker_stores.remove("redis")
+    for store in stores:
+        if store not in STORES:
+            return f"unknown store {store!r}; choose from {', '.join(STORES)}"
+    try:
+        levels = [int(c) for c in _csv(args.concurrency)]
+    except ValueError:
+        return f"--concurrency takes comma-separated integers, got {args.concurrency!r}"
+    if any(c < 1 for c in levels) or args.iterations < 1 or args.warmup < 0 or duration <= 0:
+        return "--concurrency, --iterations and --duration must be positive (--warmup >= 0)"
+    if args.workers < 0 or args.workers == 1:
+        return f"--workers takes 2 or more (0 = one per core, at least 2), got {args.workers}"
+    from .drivers.live import LiveError, require_wrk
+
+    if any(s.mode == "live" for s in scenarios):
+        try:
+            require_wrk()
+        except LiveError as exc:
+            return str(exc)
+    out = Path(args.out)
+    problem = _unwritable(out)
+    if problem:
+        return f"--out {out}: {problem}; give a directory that can be created and written"
+    from .runner import Options
+
+    opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=args.iterations,
+                   warmup=args.warmup, concurrency=levels or None, duration=duration,
+                   warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url,
+                   redis_cluster_url=args.redis_cluster_url, workers=args.workers,
+                   worker_stores=worker_stores)
+    return opts, out
+
+
+def _meta(opts: Options) -> Any:
+    """What the reports say about how they were produced."""
+    from .reports.meta import collect_meta
+
+    command = "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
+        else "ratewarden bench"
+    return collect_meta(command, {
+        "Method": f"{opts.warmup} warm-up + {opts.iterations} timed iterations per configuration; the median "
+                  "iteration by req/s is reported (latencies from that same iteration, nearest-rank "
+                  "percentiles); store flushed and limiter reset before every iteration",
+        "In-process driver": "direct ASGI calls, no HTTP client or socket",
+        "Live driver": f"uvicorn, 1 worker, uvloop + httptools, access log off; wrk {opts.duration:g} s per "
+                       "iteration; server and wrk pinned to different cores; server CPU/RSS sampled",
+    } | ({
+        "Multi-worker driver": "uvicorn --workers N (each worker builds the app from an import string), "
+                               "nothing pinned; a fresh hot key per iteration, runs kept clear of a window "
+                               "boundary; CPU and RSS summed over the uvicorn processes",
+    } if any(s.workers != 1 for s in opts.scenarios) else {}))
 
 
 def _unwritable(out: Path) -> str:

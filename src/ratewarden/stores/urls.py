@@ -76,7 +76,9 @@ def redact(url: str) -> str:
 
 
 def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
-    """Parse ``url``; ``allowed`` lists the kinds the calling store supports."""
+    """Parse ``url``; ``allowed`` lists the kinds the calling store supports.
+
+    A little over 60 lines: one check after another, each raising its own message naming the URL."""
     if not isinstance(url, str):
         raise ValueError(f"store URL must be a string, got {type(url).__name__}")
     text = redact(url)
