@@ -93,8 +93,8 @@ async def test_a_ban_from_one_worker_holds_in_the_other_redis(redis_standalone: 
 
 
 async def test_the_ban_check_fails_open_on_a_broken_store() -> None:
-    class Broken(MemoryStore):
-        async def peek(self, keys, limits):  # type: ignore[no-untyped-def]
+    class Broken(MemoryStore):  # a local store: the ban check reads it with peek_now
+        def peek_now(self, keys, limits):  # type: ignore[no-untyped-def]
             raise OSError("down")
 
     (worker, _) = _workers(Broken(), "rw")
@@ -104,11 +104,11 @@ async def test_the_ban_check_fails_open_on_a_broken_store() -> None:
 async def test_no_ban_read_without_bans() -> None:
     reads = 0
 
-    class Counting(MemoryStore):
-        async def peek(self, keys, limits):  # type: ignore[no-untyped-def]
+    class Counting(MemoryStore):  # a local store: the ban check reads it with peek_now
+        def peek_now(self, keys, limits):  # type: ignore[no-untyped-def]
             nonlocal reads
             reads += 1
-            return await super().peek(keys, limits)
+            return super().peek_now(keys, limits)
 
     plain = PolicyMiddleware(build_app(), Limiter(Counting()), [Rule("/api/**", "5/min", name="api")])
     assert [await _get(plain, "c") for _ in range(3)] == [200, 200, 200]
