@@ -35,8 +35,8 @@ RELIED_ON = {
     "(BlockingConnectionPool, SentinelConnectionPool)",
     "Connection.socket_timeout": "read at each exchange; None lets our own timer bound it",
     "Connection._parser": "the connection's parser once connected (hiredis when installed)",
-    "_parser.read_response": "a coroutine returning one reply; an error reply returned (not raised) as its "
-    "ResponseError subclass (NoScriptError for NOSCRIPT)",
+    "_parser.read_response": "a coroutine reading one reply; an error reply as its ResponseError subclass "
+    "(NoScriptError for NOSCRIPT; returned, or raised by older parsers), later replies still in step",
     "Connection._connect": "opens the socket to self.host and self.port (called by connect())",
     "Connection._connection_arguments": "the keyword arguments of asyncio.open_connection, with 'ssl' on an "
     "SSLConnection (we add server_hostname)",
@@ -53,7 +53,8 @@ def new_connection(client: Any) -> Any:
 
 def reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
     """The connected ``conn``'s parser's ``read_response``: one reply each call, an error
-    reply returned as its exception (any failure disconnects the connection: our caller does)."""
+    reply as its exception, returned or raised (any failure disconnects the connection: our
+    caller does)."""
     parser = getattr(conn, "_parser", None)
     return conn.read_response if parser is None else parser.read_response  # type: ignore[no-any-return]
 
