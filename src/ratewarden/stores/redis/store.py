@@ -80,6 +80,10 @@ class RedisStore(Store):
             encoding=self._args if self._cluster else PackedCommands(self._args),
             execute=self._connections.execute,
         )
+        # One script call (keys on one slot): queued into the next pipeline when coalescing.
+        self._request: Callable[[str, Sequence[str], Sequence[Limit], Sequence[float]], Awaitable[Reply]] = (
+            self._pipeline.request if self.coalesce else self._request_one
+        )
         self._rejected: dict[str, tuple[float, float, Decision]] = {}  # key: (until, cost, decision)
         self.cached_rejections = 0  # checks answered from the rejection cache
 
@@ -103,7 +107,10 @@ class RedisStore(Store):
         reply = await self._request("h", keys, limits, costs)
         try:
             index = reply[5]
-            decision = decision_at(reply, 0, limits[index])
+            limit = limits[index]  # decoded inline, not by decision_at: the hot path
+            decision = Decision(
+                reply[0] == 1, reply[1], reply[2], float(reply[3]), float(reply[4]), limit.rate.period, limit.name
+            )
         except (TypeError, ValueError, IndexError) as exc:
             raise bad_reply(self.url, reply) from exc
         if not decision.allowed and self.cache_rejections and 0 < decision.retry_after < math.inf:
@@ -192,13 +199,11 @@ class RedisStore(Store):
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _request(
+    def _request_one(
         self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Awaitable[Reply]:
-        """One script call (keys on one slot): queued into the next pipeline when coalescing."""
-        if not self.coalesce:
-            return self._call(self._eval_one(mode, keys, limits, costs))
-        return self._pipeline.request(mode, keys, limits, costs)
+        """One script call on its own (not coalescing), bounded by the timeout."""
+        return self._call(self._eval_one(mode, keys, limits, costs))
 
     async def _eval_one(
         self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
