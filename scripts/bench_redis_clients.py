@@ -22,6 +22,7 @@ from tests.servers import RedisStandalone
 
 from ratewarden.limits import make_limits
 from ratewarden.stores.redis import SCRIPT, SCRIPT_SHA, RedisStore
+from ratewarden.stores.redis.protocol import PackedCommands, ScriptArgs
 
 CONCURRENCY = 50
 
@@ -60,11 +61,11 @@ async def packed(url: str, rounds: int) -> float:
     with hiredis (no Pipeline object, no per-argument encoding)."""
     store = RedisStore(url, timeout=5)
     (limit,) = make_limits("1000000000/hour", "token_bucket")
-    commands = [store._packed("h", [f"rw:{{bench|{i}}}:{limit.suffix}"], [limit], [1.0], b"$0\r\n\r\n") for i in range(CONCURRENCY)]
-    await store._execute(commands[:1])  # connects and loads the script
+    commands = [PackedCommands(ScriptArgs(None)).request("h", [f"rw:{{bench|{i}}}:{limit.suffix}"], [limit], [1.0], b"$0\r\n\r\n") for i in range(CONCURRENCY)]
+    await store._connections.execute(commands[:1])  # connects and loads the script
     started = time.perf_counter()
     for _ in range(rounds):
-        await store._execute(commands)
+        await store._connections.execute(commands)
     elapsed = time.perf_counter() - started
     await store.close()
     return rounds * CONCURRENCY / elapsed

@@ -79,7 +79,7 @@ def build_app(redis_url: str, limit: int, on_error: str) -> Any:
         if scope["path"] == "/stats":
             body = json.dumps({
                 "pid": os.getpid(), "allowed": allowed, "unchecked": unchecked, "statuses": statuses,
-                "inflight": getattr(limiter.store, "_inflight", None),
+                "inflight": getattr(getattr(limiter.store, "_pipeline", None), "inflight", None),
             }).encode()
         else:
             if dict(scope["headers"]).get(b"x-key") == HOT.encode():

@@ -57,7 +57,7 @@ async def test_a_redis_pipeline_expiring_before_its_task_starts_frees_its_slot(
     running, so its slot (one of ``pool_size``) was never given back: after ``pool_size`` of
     those (seen under wrk at 1,000 connections, scripts/soak.py) no pipeline was ever sent again
     and every check timed out with Redis up."""
-    monkeypatch.setattr("ratewarden.stores.redis._MAX_EXTENSIONS", 0, raising=False)  # a late timer expires
+    monkeypatch.setattr("ratewarden.stores.redis.pipeline._MAX_EXTENSIONS", 0)  # a late timer expires
     store = RedisStore(redis_standalone.url, timeout=0.05, pool_size=1)
     (limit,) = make_limits("100/hour", "gcra")
     key = f"rw:{{slot|{uuid.uuid4().hex}}}:{limit.suffix}"

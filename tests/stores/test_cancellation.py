@@ -93,6 +93,6 @@ async def test_checks_cancelled_at_random_points(store_url: tuple[str, str, dict
         if isinstance(store, MemcachedStore):
             assert store._locks == {}  # no lock left held
         if isinstance(store, RedisStore):
-            assert store._inflight == 0 and store._batch is None
+            assert store._pipeline.inflight == 0 and store._pipeline.batch is None
     finally:
         await store.close()

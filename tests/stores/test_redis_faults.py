@@ -130,9 +130,9 @@ async def test_limit_argument_caches_keep_filling_and_stay_bounded(redis_standal
         for start in range(0, len(limits), 500):
             chunk = limits[start : start + 500]
             await asyncio.gather(*(store.hit([f"rw:{{lru|{n}}}:x"], [limit], [1.0]) for n, limit in enumerate(chunk)))
-        assert limits[-1] in store._limit_packed and limits[-1] in store._limit_args  # a late limit is cached
-        assert limits[0] not in store._limit_packed  # the oldest went
-        assert len(store._limit_packed) <= 4096 and len(store._limit_args) <= 4096
+        assert limits[-1] in store._pipeline.encoding.limit_packed and limits[-1] in store._args.limit_args  # a late limit is cached
+        assert limits[0] not in store._pipeline.encoding.limit_packed  # the oldest went
+        assert len(store._pipeline.encoding.limit_packed) <= 4096 and len(store._args.limit_args) <= 4096
     finally:
         await store.clear()
         await store.close()

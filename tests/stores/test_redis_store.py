@@ -225,9 +225,9 @@ async def test_a_busy_event_loop_does_not_time_out_a_healthy_check(
 ) -> None:
     """The timeout bounds the store, not the loop: a 100 ms CPU-bound stretch on the loop while a
     check is in flight must not turn the check into a timeout (and, failing open, an allowance)."""
-    import ratewarden.stores.redis as redis_module
+    import ratewarden.stores.redis.pipeline as pipeline_module
 
-    monkeypatch.setattr(redis_module, "_MAX_EXTENSIONS", extensions)
+    monkeypatch.setattr(pipeline_module, "_MAX_EXTENSIONS", extensions)
     store = RedisStore(redis_standalone.url, timeout=0.02)
     (limit,) = make_limits("5/min")
     key = f"rw:{{busy|{uuid.uuid4().hex}}}:{limit.suffix}"

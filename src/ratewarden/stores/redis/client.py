@@ -1,0 +1,136 @@
+"""The one place that relies on redis-py beyond its documented API; each reliance is listed in
+``RELIED_ON`` and checked against the installed redis-py by
+``tests/stores/test_redis_client_internals.py``, so a release that changes one fails there,
+by name, rather than in production.
+
+* Our own connections (standalone, Sentinel) come from the client's pool without being checked
+  out (``make_connection``), with no socket timeout: our own timer bounds each exchange.
+* Replies are read from the connection's parser (``conn._parser.read_response``), skipping the
+  connection's per-reply wrapper (timeout context, health bookkeeping); it returns an error
+  reply as its exception instead of raising it.
+* Host names are resolved in a daemon thread of our own (``_Resolving``), by overriding the
+  connection's ``_connect`` and ``_connection_arguments``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+try:
+    import redis.asyncio as aioredis
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
+
+__all__ = ["RELIED_ON", "ResolvingConnection", "ResolvingSSLConnection", "new_connection", "reply_reader"]
+
+#: Every redis-py attribute or behaviour used here beyond the documented API, and what for.
+RELIED_ON = {
+    "ConnectionPool.make_connection": "a new connection of the pool's class and arguments, not checked out "
+    "(BlockingConnectionPool, SentinelConnectionPool)",
+    "Connection.socket_timeout": "read at each exchange; None lets our own timer bound it",
+    "Connection._parser": "the connection's parser once connected (hiredis when installed)",
+    "_parser.read_response": "a coroutine reading one reply; an error reply as its ResponseError subclass "
+    "(NoScriptError for NOSCRIPT; returned, or raised by older parsers), later replies still in step",
+    "Connection._connect": "opens the socket to self.host and self.port (called by connect())",
+    "Connection._connection_arguments": "the keyword arguments of asyncio.open_connection, with 'ssl' on an "
+    "SSLConnection (we add server_hostname)",
+}
+
+
+def new_connection(client: Any) -> Any:
+    """A connection of ``client``'s pool kind (a Sentinel one finds the primary on connect)
+    that the pool does not hand out, with no socket timeout: our own timer bounds it."""
+    conn = client.connection_pool.make_connection()
+    conn.socket_timeout = None
+    return conn
+
+
+def reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
+    """The connected ``conn``'s parser's ``read_response``: one reply each call, an error
+    reply as its exception, returned or raised (any failure disconnects the connection: our
+    caller does)."""
+    parser = getattr(conn, "_parser", None)
+    return conn.read_response if parser is None else parser.read_response  # type: ignore[no-any-return]
+
+
+class _Resolving:
+    """Resolve the host name in a daemon thread of its own, not in the event loop's default
+    executor: ``asyncio.run`` waits for that executor on exit, so a resolver that hangs (a host
+    that never resolves) would hold the program for the resolver's own timeout after ``close``."""
+
+    host: str
+    port: int
+    socket_connect_timeout: float | None
+    _server_hostname: str | None = None
+
+    async def _connect(self) -> None:
+        host = self.host
+        addresses = await asyncio.wait_for(_resolve(host, self.port), self.socket_connect_timeout)
+        self._server_hostname = host
+        error: OSError | None = None
+        try:
+            for address in addresses:
+                self.host = address
+                try:
+                    await super()._connect()  # type: ignore[misc]
+                    return
+                except OSError as exc:
+                    error = exc
+        finally:
+            self.host = host
+        raise error if error is not None else OSError(f"{host} resolved to no address")
+
+    def _connection_arguments(self) -> dict[str, Any]:
+        kwargs = dict(super()._connection_arguments())  # type: ignore[misc]
+        if kwargs.get("ssl") is not None and self._server_hostname is not None:
+            kwargs["server_hostname"] = self._server_hostname  # certificates name the host
+        return kwargs
+
+
+class ResolvingConnection(_Resolving, aioredis.Connection):
+    pass
+
+
+class ResolvingSSLConnection(_Resolving, aioredis.SSLConnection):
+    pass
+
+
+def _resolve(host: str, port: int) -> asyncio.Future[list[str]]:
+    """The addresses of ``host`` (itself when it is one), looked up in a daemon thread."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[list[str]] = loop.create_future()
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        future.set_result([host])
+        return future
+
+    def settle(result: list[str] | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result or [])
+
+    def lookup() -> None:
+        result: list[str] | None = None
+        error: BaseException | None = None
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            result = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        except OSError as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=lookup, name=f"ratewarden-resolve-{host}", daemon=True).start()
+    return future

@@ -1,0 +1,57 @@
+"""The scripts' clock argument: the server time after which a queued script must not run.
+
+A caller stops waiting for a check after ``timeout``; a script that only reaches the server
+later (a paused server resuming, a busy network) must charge nothing, so each call carries that
+moment on the server clock, negated (``-<seconds>``; the script reads it as a deadline and takes
+the time from ``TIME``). The offset between the server clock and ours is measured on connect. A
+test clock (``clock=`` on the store) replaces all this with its own time, sent as is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+try:
+    from redis.exceptions import ResponseError
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
+
+__all__ = ["ScriptClock"]
+
+# A script must start within this share of the timeout, leaving the rest for its reply to travel.
+_DEADLINE_SHARE = 0.9
+
+
+class ScriptClock:
+    """Deadlines on the server clock for calls whose callers wait ``timeout`` seconds."""
+
+    __slots__ = ("skew", "test_clock", "timeout")
+
+    def __init__(self, timeout: float, test_clock: Callable[[], float] | None) -> None:
+        self.timeout = timeout
+        self.test_clock = test_clock
+        self.skew: float | None = None  # server clock minus ours, measured on connect
+
+    def deadline(self, wall_due: float) -> str:
+        """The clock argument of calls whose callers stop waiting at ``wall_due`` (our
+        ``time.time()``), or the test clock's time. Empty until the offset is known."""
+        if self.test_clock is not None:
+            return repr(float(self.test_clock()))
+        skew = self.skew
+        if skew is None:
+            return ""
+        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew)
+
+    async def measure(self, server_time: Callable[[], Awaitable[Any]]) -> None:
+        """Keep the offset of the server clock (``server_time()``: ``TIME``'s reply) from ours,
+        to within half a round trip. A refused ``TIME`` (an ACL) leaves it unknown: scripts then
+        go without a deadline."""
+        before = time.time()
+        try:
+            seconds, micros = await server_time()
+        except ResponseError:
+            return
+        after = time.time()
+        self.skew = int(seconds) + int(micros) / 1e6 - (before + after) / 2

@@ -1,0 +1,128 @@
+"""Sending a pipeline of script calls and reading every reply.
+
+* ``PackedConnections`` (standalone, Sentinel): packed commands written on connections of our
+  own, one per pipeline in flight, replies read straight from the parser.
+* ``ClusterConnections``: calls routed by redis-py's cluster pipeline (one connection per node).
+
+Both return one reply per call, an error reply as its exception, and send ``NOSCRIPT`` calls
+again as ``EVAL`` (once per server, after a restart or failover).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .client import new_connection, reply_reader
+from .clock import ScriptClock
+from .protocol import SCRIPT, SCRIPT_SHA, Reply, as_eval
+
+try:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
+
+__all__ = ["ClusterConnections", "PackedConnections", "eval_script"]
+
+
+async def eval_script(client: Any, keys: Sequence[str], args: list[str]) -> Reply:
+    """One script call through ``client``: ``EVALSHA``, else ``EVAL`` after ``NOSCRIPT``."""
+    try:
+        return await client.execute_command("EVALSHA", SCRIPT_SHA, len(keys), *keys, *args)
+    except NoScriptError:
+        return await client.execute_command("EVAL", SCRIPT, len(keys), *keys, *args)
+
+
+class PackedConnections:
+    """Our own connections for packed pipelines (standalone, Sentinel); idle ones are reused."""
+
+    def __init__(self, client: Any, clock: ScriptClock) -> None:
+        self.client = client
+        self.clock = clock
+        self.idle: list[Any] = []
+
+    async def execute(self, commands: list[bytes]) -> list[Reply]:
+        """Send packed ``EVALSHA`` commands on one connection of ours and read every reply.
+        A connection that fails before any reply was read (e.g. left stale by a server restart)
+        is reconnected and tried once more, as redis-py's own retry does."""
+        conn = self.idle.pop() if self.idle else new_connection(self.client)
+        try:
+            for attempt in (0, 1):
+                replies: list[Reply] = []
+                try:
+                    await self._exchange(conn, commands, replies)
+                    break
+                except (RedisConnectionError, OSError):
+                    await conn.disconnect(nowait=True)
+                    if attempt or replies:
+                        raise
+            if any(isinstance(r, ReadOnlyError) for r in replies):
+                await conn.disconnect()  # a demoted primary: reconnecting asks Sentinel again
+            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+            if missing:
+                again: list[Reply] = []
+                await self._exchange(conn, [as_eval(commands[i]) for i in missing], again)
+                for i, reply in zip(missing, again, strict=False):
+                    replies[i] = reply
+        except BaseException:
+            await conn.disconnect(nowait=True)  # replies may be left unread: never reuse it as is
+            self.idle.append(conn)
+            raise
+        self.idle.append(conn)
+        return replies
+
+    async def _exchange(self, conn: Any, commands: list[bytes], replies: list[Reply]) -> None:
+        if not conn.is_connected:
+            await conn.connect()  # not left to send_packed_command: Sentinel's connect() finds the primary
+            await self.clock.measure(lambda: _server_time(conn))  # a new connection may be a new server
+        await conn.send_packed_command(commands, check_health=False)
+        read = reply_reader(conn)
+        for _ in commands:
+            try:
+                replies.append(await read())
+            except ResponseError as exc:
+                replies.append(exc)
+
+    async def close(self) -> None:
+        for conn in self.idle:
+            await conn.disconnect()
+        self.idle.clear()
+
+
+async def _server_time(conn: Any) -> Any:
+    await conn.send_command("TIME", check_health=False)
+    return await conn.read_response()
+
+
+class ClusterConnections:
+    """Script calls through redis-py's cluster pipeline, which routes each to its slot's node."""
+
+    def __init__(self, client: Any, clock: ScriptClock) -> None:
+        self.client = client
+        self.clock = clock
+
+    async def execute(self, requests: list[tuple[Sequence[str], list[str]]]) -> list[Reply]:
+        if self.clock.skew is None:
+            await self.clock.measure(self.client.time)  # once: later batches carry deadlines
+        if len(requests) == 1:
+            return [await eval_script(self.client, *requests[0])]
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in requests:
+            pipe.execute_command("EVALSHA", SCRIPT_SHA, len(keys), *keys, *args)
+        replies: list[Reply] = await pipe.execute(raise_on_error=False)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            # Sent as one pipeline (one connection per node), not one call per check, which
+            # would exhaust the nodes' connection pools.
+            pipe = self.client.pipeline(transaction=False)
+            for i in missing:
+                keys, args = requests[i]
+                pipe.execute_command("EVAL", SCRIPT, len(keys), *keys, *args)
+            again = await pipe.execute(raise_on_error=False)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    async def close(self) -> None:
+        """Nothing of ours: the client's own pools are closed with it."""

@@ -1,0 +1,291 @@
+"""``RedisStore``: the store's semantics on Redis / Valkey: check, peek, adjust, reset, clear,
+the rejection cache and the failure mapping. How calls travel lives next door (``protocol``,
+``pipeline``, ``connections``, ``topology``, ``clock``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ...decision import Decision
+from ...limits import Limit
+from ..base import Store, combine
+from ..deadline import wait_for_store
+from ..urls import parse_store_url
+from .clock import ScriptClock
+from .connections import ClusterConnections, PackedConnections, eval_script
+from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, store_error, timed_out
+from .pipeline import Pipeline
+from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
+from .topology import make_client, slot_groups, spans_slots
+
+__all__ = ["RedisStore"]
+
+_CACHE_MAX = 100_000  # rejections remembered at most; expired ones are pruned first when full
+
+
+class RedisStore(Store):
+    """Limits kept in Redis or Valkey (standalone, Sentinel or Cluster), built from a URL.
+
+    Keyword arguments override the URL's query options: ``timeout`` (seconds per check,
+    default 0.025), ``connect_timeout`` (default 1), ``pool_size`` (default 8), ``coalesce``
+    and ``cache`` (default on). ``prefix`` is what ``clear`` deletes (``<prefix>:*``).
+    ``clock`` replaces the server clock (tests only: it makes time deterministic).
+    """
+
+    can_adjust = True
+    server_clock = True  # the scripts read the server's TIME (one clock for every process)
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
+        pool_size: int | None = None,
+        coalesce: bool | None = None,
+        cache: bool | None = None,
+        prefix: str = "rw",
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        cfg = parse_store_url(url, ("standalone", "sentinel", "cluster"))
+        self.url = cfg.text
+        self.kind = cfg.kind
+        # Cluster pipelines go through redis-py's slot routing (slower than our packed path).
+        default_timeout = 0.1 if cfg.kind == "cluster" else 0.025
+        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", default_timeout))  # type: ignore[arg-type]
+        connect = float(connect_timeout if connect_timeout is not None else cfg.option("connect_timeout", 1.0))  # type: ignore[arg-type]
+        self.pool_size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
+        self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
+        self.cache_rejections = bool(cache if cache is not None else cfg.option("cache", 1))
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout!r} seconds")
+        if self.pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {self.pool_size}")
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            path = cfg.options.get(name)
+            if path is not None and not os.path.isfile(str(path)):
+                raise ValueError(f"store URL {self.url!r}: {name} file {path!r} does not exist")
+        self.prefix = prefix
+        self.clock = clock
+        self._cluster = cfg.kind == "cluster"
+        self._client: Any = make_client(cfg, connect, self.pool_size)
+        self._script_clock = ScriptClock(self.timeout, clock)
+        self._args = ScriptArgs(clock)
+        self._connections = (ClusterConnections if self._cluster else PackedConnections)(self._client, self._script_clock)
+        self._pipeline = Pipeline(
+            url=self.url, timeout=self.timeout, pool_size=self.pool_size, clock=self._script_clock,
+            encoding=self._args if self._cluster else PackedCommands(self._args),
+            execute=self._connections.execute,
+        )
+        # One script call (keys on one slot): queued into the next pipeline when coalescing.
+        self._request: Callable[[str, Sequence[str], Sequence[Limit], Sequence[float]], Awaitable[Reply]] = (
+            self._pipeline.request if self.coalesce else self._request_one
+        )
+        self._rejected: dict[str, tuple[float, float, Decision]] = {}  # key: (until, cost, decision)
+        self.cached_rejections = 0  # checks answered from the rejection cache
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url!r})"
+
+    # -- the check -------------------------------------------------------------------------
+
+    def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
+        return self._cached(keys, costs) if self._rejected else None
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        rejected = self._rejected
+        if rejected:
+            cached = self._cached(keys, costs)
+            if cached is not None:
+                return cached
+        if self._cluster and len(keys) > 1 and spans_slots(keys):
+            return await self._hit_across_slots(keys, limits, costs)
+        sent_at = self._now()
+        reply = await self._request("h", keys, limits, costs)
+        try:
+            index = reply[5]
+            limit = limits[index]  # decoded inline, not by decision_at: the hot path
+            decision = Decision(
+                reply[0] == 1, reply[1], reply[2], float(reply[3]), float(reply[4]), limit.rate.period, limit.name
+            )
+        except (TypeError, ValueError, IndexError) as exc:
+            raise bad_reply(self.url, reply) from exc
+        if not decision.allowed and self.cache_rejections and 0 < decision.retry_after < math.inf:
+            if len(rejected) >= _CACHE_MAX:
+                self._prune(sent_at)
+            rejected[keys[index]] = (sent_at + decision.retry_after, costs[index], decision)
+        return decision
+
+    def _now(self) -> float:
+        return time.monotonic() if self.clock is None else self.clock()
+
+    def _cached(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
+        """A remembered rejection that still holds for one of these keys at this same cost.
+        Only denials are remembered, so the cache never allows what the server would deny."""
+        rejected = self._rejected
+        now = self._now()
+        for key, cost in zip(keys, costs, strict=False):
+            entry = rejected.get(key)
+            if entry is None:
+                continue
+            until, cached_cost, d = entry
+            if now >= until:
+                del rejected[key]
+            elif cost == cached_cost:  # another cost may have another retry time
+                self.cached_rejections += 1
+                left = until - now
+                return Decision(
+                    False, d.limit, d.remaining, max(0.0, d.reset_after - (d.retry_after - left)), left,
+                    d.period, d.policy,
+                )
+        return None
+
+    def _prune(self, now: float) -> None:
+        for key in [k for k, v in self._rejected.items() if v[0] <= now]:
+            del self._rejected[key]
+        if len(self._rejected) >= _CACHE_MAX:
+            self._rejected.clear()
+
+    async def _hit_across_slots(
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Decision:
+        """Cluster check whose keys live in several slots: ask every slot whether it would allow
+        these costs, and charge (slot by slot, concurrently) only if all would."""
+        decisions = await self._peek_at(keys, limits, costs)
+        if not all(d.allowed for d in decisions):
+            return combine(decisions)
+        groups = slot_groups(keys, True)
+        results = await asyncio.gather(
+            *(
+                self.hit([keys[i] for i in idx], [limits[i] for i in idx], [costs[i] for i in idx])
+                for idx in groups
+            )
+        )
+        return combine(results)
+
+    async def _peek_at(
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], mode: str = "p"
+    ) -> list[Decision]:
+        """Every limit's decision for these costs: without charging (``"p"``), or after adjusting
+        by them (``"a"``). One script call per slot, coalesced like checks when there is one slot."""
+        groups = slot_groups(keys, self._cluster)
+        if len(groups) == 1:
+            replies = [await self._request(mode, keys, limits, costs)]
+        else:
+            clock = self._script_clock.deadline(time.time() + self.timeout)
+            replies = await self._call(
+                asyncio.gather(
+                    *(
+                        eval_script(
+                            self._client,
+                            [keys[i] for i in idx],
+                            self._args.script_args(mode, [limits[i] for i in idx], [costs[i] for i in idx], clock),
+                        )
+                        for idx in groups
+                    )
+                )
+            )
+        out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
+        for idx, reply in zip(groups, replies, strict=False):
+            for j, i in enumerate(idx):
+                try:
+                    out[i] = decision_at(reply, 5 * j, limits[i])
+                except (TypeError, ValueError, IndexError) as exc:
+                    raise bad_reply(self.url, reply) from exc
+        return out
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def _request_one(
+        self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Awaitable[Reply]:
+        """One script call on its own (not coalescing), bounded by the timeout."""
+        return self._call(self._eval_one(mode, keys, limits, costs))
+
+    async def _eval_one(
+        self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Reply:
+        """One script call through the client (no coalescing), with its deadline."""
+        wall_due = time.time() + self.timeout
+        clock = self._script_clock
+        if clock.skew is None and self.clock is None:
+            await clock.measure(self._client.time)
+        return await eval_script(self._client, keys, self._args.script_args(mode, limits, costs, clock.deadline(wall_due)))
+
+    async def _call(self, coro: Any) -> Any:
+        """Await a client call within the timeout, turning every failure into ``StoreError``."""
+        try:
+            return await wait_for_store(coro, self.timeout)
+        except asyncio.TimeoutError:
+            raise timed_out(self.url, self.timeout) from None
+        except CLIENT_ERRORS as exc:
+            raise store_error(self.url, exc) from exc
+
+    # -- the rest of the Store API ---------------------------------------------------------
+
+    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        return await self._peek_at(keys, limits, [0.0] * len(keys))
+
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Refund (negative) or penalise (positive) ``amounts`` on ``keys`` without denying, with
+        the semantics of ``ratewarden.charges.adjusted_state``: a refund never gives back more
+        than the whole limit, a penalty stops at the limit. One script call (per slot)."""
+        if not keys:
+            return []
+        if not len(keys) == len(limits) == len(amounts):
+            raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
+        decisions = await self._peek_at(keys, limits, amounts, "a")
+        for key in keys:  # a cached rejection may no longer hold
+            self._rejected.pop(key, None)
+        return decisions
+
+    async def reset(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self._rejected.pop(key, None)
+        if not keys:
+            return
+        if self._cluster:
+            await self._call(asyncio.gather(*(self._client.delete(key) for key in keys)))
+        else:
+            await self._call(self._client.delete(*keys))
+
+    async def clear(self) -> None:
+        """Delete every ``<prefix>:*`` key (on every primary of a cluster)."""
+        self._rejected.clear()
+
+        async def scan_and_delete() -> None:
+            batch: list[Any] = []
+            async for key in self._client.scan_iter(match=f"{self.prefix}:*", count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    await self._delete_many(batch)
+                    batch = []
+            if batch:
+                await self._delete_many(batch)
+
+        try:
+            await scan_and_delete()
+        except CONNECTION_ERRORS as exc:  # not bounded by the timeout: a large scan takes long
+            raise store_error(self.url, exc) from exc
+
+    async def _delete_many(self, keys: list[Any]) -> None:
+        if self._cluster:
+            await asyncio.gather(*(self._client.delete(k) for k in keys))
+        else:
+            await self._client.delete(*keys)
+
+    async def close(self) -> None:
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            await self._connections.close()
+            await self._client.aclose()
+
+    @property
+    def client(self) -> Any:
+        """The underlying redis-py client (for diagnostics such as ``INFO commandstats``)."""
+        return self._client
