@@ -50,9 +50,11 @@ def test_shared_stores_allow_exactly_the_limit_across_workers_and_memory_does_no
     limit = SCENARIOS["live.workers"].limit
     assert rows[("ratewarden", "shm")].allowed == limit
     assert rows[("ratewarden", "redis")].allowed == limit
-    assert rows[("ratewarden", "memory")].allowed > limit  # each worker counts alone
-    # slowapi's memory storage counts per worker too, but one worker may accept every connection of a
-    # run (a slow worker loses the accept race), so only "never fewer" holds for it every time.
+    # MemoryStore and slowapi's memory storage count per worker, so they over-admit whenever both
+    # workers serve the hot key; but one worker may accept every connection of a short run (a slow
+    # worker loses the accept race), so only "never fewer" holds every time. The over-admission
+    # itself is asserted deterministically in tests/stores/test_shared_memory.py (uvicorn --workers).
+    assert rows[("ratewarden", "memory")].allowed >= limit
     assert rows[("slowapi", "memory")].allowed >= limit
     for row in rows.values():
         assert row.workers == 2 and row.expected_allowed == limit
