@@ -6,6 +6,7 @@ Each server is a child process with its own temporary directory; ``stop`` kills 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ratewarden.bench.services import free_cluster_port, free_port
@@ -89,6 +91,18 @@ class Server:
     def resume(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """SIGSTOP until the block ends; returns once the kernel reports the process stopped."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        self.pause()
+        wait_until(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T"), 5, "the pause")
+        try:
+            yield
+        finally:
+            self.resume()
 
 
 def redis_server(directory: Path, port: int | None = None, *extra: str) -> Server:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from ratewarden.limits import make_limits
 from ratewarden.stores.base import StoreError
 from ratewarden.stores.memcached import MemcachedStore, memcached_key
-from tests.servers import HOST, Memcached, wait_until
+from tests.servers import HOST, Memcached
 
 
 @pytest.fixture
@@ -29,18 +27,6 @@ def private_memcached() -> Iterator[Memcached]:
     assert server.server.proc is not None
     os.kill(server.server.proc.pid, signal.SIGCONT)
     server.close()
-
-
-@contextlib.contextmanager
-def paused(server: Memcached) -> Iterator[None]:
-    assert server.server.proc is not None
-    pid = server.server.proc.pid
-    os.kill(pid, signal.SIGSTOP)
-    wait_until(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T"), 5, "the pause")
-    try:
-        yield
-    finally:
-        os.kill(server.server.proc.pid, signal.SIGCONT)
 
 
 def ttl_of(port: int, key: bytes) -> int:
@@ -58,7 +44,7 @@ async def test_a_lock_waiter_that_times_out_does_not_release_the_holders_lock(pr
     key = f"rw:{{lock|{uuid.uuid4().hex}}}:x"
     try:
         await store.hit([key], [limit], [1.0])  # connections open before the pause
-        with paused(private_memcached):
+        with private_memcached.server.paused():
             holder = asyncio.create_task(store.hit([key], [limit], [1.0]))  # stalls holding the lock
             await asyncio.sleep(0.05)
             store.timeout = 0.05
@@ -81,7 +67,7 @@ async def test_peek_reset_and_clear_are_bounded_by_the_timeout(private_memcached
     key = f"rw:{{slow|{uuid.uuid4().hex}}}:x"
     try:
         await store.hit([key], [limit], [1.0])
-        with paused(private_memcached):
+        with private_memcached.server.paused():
             for call in (store.peek([key], [limit]), store.reset([key]), store.clear()):
                 started = time.monotonic()
                 with pytest.raises(StoreError, match="no reply within 50 ms"):
@@ -99,7 +85,7 @@ async def test_an_interrupted_command_never_hands_its_reply_to_the_next(private_
         for _ in range(3):
             await store.hit([a], [limit], [1.0])
         await store.hit([b], [limit], [1.0])
-        with paused(private_memcached), pytest.raises((StoreError, asyncio.TimeoutError)):
+        with private_memcached.server.paused(), pytest.raises((StoreError, asyncio.TimeoutError)):
             await asyncio.wait_for(store.peek([a], [limit]), 0.2)  # sent; its reply comes later
         await asyncio.sleep(0.05)
         for _ in range(3):  # the reply about `a` must not be read as `b`'s

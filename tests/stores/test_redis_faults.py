@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +17,7 @@ from ratewarden.limits import Limit, make_limits
 from ratewarden.rates import Rate
 from ratewarden.stores.base import StoreError
 from ratewarden.stores.redis import RedisStore
-from tests.servers import RedisCluster, RedisStandalone, wait_until
+from tests.servers import RedisCluster, RedisStandalone
 
 
 @pytest.fixture
@@ -32,18 +30,6 @@ def private_redis() -> Iterator[RedisStandalone]:
     server.close()
 
 
-@contextlib.contextmanager
-def paused(server: RedisStandalone) -> Iterator[None]:
-    assert server.server.proc is not None
-    pid = server.server.proc.pid
-    os.kill(pid, signal.SIGSTOP)
-    wait_until(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T"), 5, "the pause")
-    try:
-        yield
-    finally:
-        os.kill(server.server.proc.pid, signal.SIGCONT)
-
-
 @pytest.mark.parametrize("coalesce", [True, False])
 async def test_checks_refused_while_paused_are_never_charged(private_redis: RedisStandalone, coalesce: bool) -> None:
     limiter = Limiter(RedisStore(private_redis.url, timeout=0.05, coalesce=coalesce), on_error="closed")
@@ -51,7 +37,7 @@ async def test_checks_refused_while_paused_are_never_charged(private_redis: Redi
     try:
         assert (await limiter.hit(key, "1000/hour", algorithm="fixed_window")).remaining == 999
         refused = 0
-        with paused(private_redis):
+        with private_redis.server.paused():
             for _ in range(5):  # several pipelines, sent on the open connection or queued
                 results = await asyncio.gather(
                     *(limiter.hit(key, "1000/hour", algorithm="fixed_window") for _ in range(20)),
@@ -82,7 +68,7 @@ async def test_a_busy_loop_stretches_a_check_to_at_most_two_timeouts(private_red
             await asyncio.sleep(0)
 
     try:
-        with paused(private_redis):
+        with private_redis.server.paused():
             hogging = asyncio.create_task(hog())
             started = time.monotonic()
             with pytest.raises(StoreError, match="no reply within 100 ms"):
