@@ -84,9 +84,13 @@ class Server:
         return self.proc is not None and self.proc.poll() is None
 
     def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets but answers nothing until ``resume``."""
+        """SIGSTOP: the process keeps its sockets but answers nothing until ``resume``. Returns once
+        the kernel reports it stopped (a signal is delivered asynchronously: a multi-threaded
+        server could still answer a request sent right after the kill)."""
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        pid = self.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        wait_until(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T"), 5, "the pause")
 
     def resume(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -95,10 +99,7 @@ class Server:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """SIGSTOP until the block ends; returns once the kernel reports the process stopped."""
-        assert self.proc is not None
-        pid = self.proc.pid
         self.pause()
-        wait_until(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T"), 5, "the pause")
         try:
             yield
         finally:
