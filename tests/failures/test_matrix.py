@@ -94,8 +94,8 @@ def cells() -> list[Any]:
 
 
 # A known, open gap (issue 11's note): on Redis Cluster a check refused while its node was paused
-# is occasionally charged when the node resumes (seen 2 times in about 10 full runs, on redis-py
-# 5.0.8 and 8.1). These cells still run and pass most of the time; they are not allowed to hide
+# is occasionally charged when the node resumes (seen on redis-py
+# 5.0.8, more often, and 8.1). These cells still run and pass most of the time; they are not allowed to hide
 # any other failure than that charge (``raises``).
 CLUSTER_GAP_CELLS = {("cluster", "paused", "closed"), ("cluster", "slow", "closed")}
 
