@@ -404,6 +404,9 @@ class Fault:
     def begin(self, backend: Backend) -> None:
         pass
 
+    def sent(self, backend: Backend) -> None:
+        """The requests of the fault are in flight (called once, after ``begin``)."""
+
     def end(self, backend: Backend) -> None:
         pass
 
@@ -439,13 +442,17 @@ class Slow(Fault):
 
     def begin(self, backend: Backend) -> None:
         backend.pause()
-        # Longer than the longest a check may wait (2 x timeout per round trip: a late timer is re-armed once).
+
+    def sent(self, backend: Backend) -> None:
+        # Longer than the longest a check may wait (2 x timeout per round trip: a late timer is
+        # re-armed once). Armed once the requests are in flight, not at the pause: a scheduling
+        # stall between the two on a loaded machine would otherwise let every reply be on time.
         self.timer = threading.Timer(backend.timeout * (2 * self.round_trips + 0.6), backend.resume)
         self.timer.start()
 
     def end(self, backend: Backend) -> None:
-        assert self.timer is not None
-        self.timer.join()
+        if self.timer is not None:
+            self.timer.join()
         backend.resume()
 
 

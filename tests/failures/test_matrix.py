@@ -182,6 +182,8 @@ async def run_fault(
         # Held until every request sent during the fault is answered, or clearly hangs.
         pending = [asyncio.ensure_future(timed(driver.attempt(client))) for _ in range(FAULT_REQUESTS)]
         pending += [asyncio.ensure_future(timed(w)) for w in waiters]
+        await asyncio.sleep(0)  # the requests write their first round trip
+        fault.sent(backend)
         await asyncio.wait(pending, timeout=bound + MAX_WAIT + 0.3)
     finally:
         fault.end(backend)
