@@ -18,6 +18,7 @@ are read from /proc).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -237,6 +238,14 @@ def run(args: argparse.Namespace) -> int:
         kinds = Counter(line.split(": ", 1)[-1].split(f"{HOST}:{redis_port}")[-1][:90] for line in log_lines)
         for kind, count in kinds.most_common(4):
             print(f"server log: {count} x {kind}")
+        # asyncio names the destroyed task on the line after its warning: which coroutine was it?
+        destroyed = Counter(
+            nxt.split("coro=<", 1)[-1][:300]
+            for line, nxt in itertools.pairwise(log_lines)
+            if "Task was destroyed but it is pending" in line
+        )
+        for coro, count in destroyed.most_common():
+            print(f"server log: {count} pending tasks destroyed, running {coro}")
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
@@ -247,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
                     proc.kill()
         shutil.rmtree(workdir, ignore_errors=True)
     failures = [f"{tracebacks} tracebacks in the server log"] if tracebacks else []
+    if destroyed:  # a task nobody held any more: its clean-up ran whenever the GC got to it
+        failures.append(f"{sum(destroyed.values())} pending tasks destroyed")
     return report(args, wrk_out, stats, samples, after, outages, failures)
 
 

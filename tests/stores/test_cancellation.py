@@ -96,3 +96,30 @@ async def test_checks_cancelled_at_random_points(store_url: tuple[str, str, dict
             assert store._pipeline.inflight == 0 and store._pipeline.batch is None
     finally:
         await store.close()
+
+
+async def test_a_connect_cancelled_at_any_step_ends_cancelled(redis_standalone: RedisStandalone) -> None:
+    """A pipeline's task is cancelled by its timer; a connect that swallowed that cancellation
+    (``asyncio.wait_for`` on a future already done does, before Python 3.12) ran on with nobody
+    waiting, and the soak saw such tasks garbage-collected while pending."""
+    from ratewarden.stores.redis.client import new_connection
+
+    store = RedisStore(redis_standalone.url)
+    try:
+        for steps in range(12):
+            conn = new_connection(store._client)
+            task = asyncio.ensure_future(conn.connect())
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            cancelled = task.cancel()
+            try:
+                await task
+                ended = "returned"
+            except asyncio.CancelledError:
+                ended = "cancelled"
+            finally:
+                await conn.disconnect()
+            if cancelled:
+                assert ended == "cancelled", f"cancelled after {steps} loop steps, the connect {ended}"
+    finally:
+        await store.close()

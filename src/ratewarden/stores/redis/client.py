@@ -71,7 +71,7 @@ class _Resolving:
 
     async def _connect(self) -> None:
         host = self.host
-        addresses = await asyncio.wait_for(_resolve(host, self.port), self.socket_connect_timeout)
+        addresses = await _within(_resolve(host, self.port), self.socket_connect_timeout)
         self._server_hostname = host
         error: OSError | None = None
         try:
@@ -99,6 +99,18 @@ class ResolvingConnection(_Resolving, aioredis.Connection):
 
 class ResolvingSSLConnection(_Resolving, aioredis.SSLConnection):
     pass
+
+
+async def _within(future: asyncio.Future[list[str]], timeout: float | None) -> list[str]:
+    """``future``'s result, waiting at most ``timeout``. Not ``asyncio.wait_for``: before Python
+    3.12 it swallows a cancellation that arrives as the future completes (always, for a future
+    already done: an IP address), and the cancelled check then runs on unbounded."""
+    if not future.done():
+        done, _ = await asyncio.wait((future,), timeout=timeout)
+        if not done:
+            future.cancel()
+            raise asyncio.TimeoutError
+    return future.result()
 
 
 def _resolve(host: str, port: int) -> asyncio.Future[list[str]]:
