@@ -155,6 +155,11 @@ class MemoryStore(Store):
         return out
 
     def reset_now(self, keys: Sequence[str]) -> None:
+        """Synchronous ``reset``.
+
+        Args:
+            keys: The storage keys to forget.
+        """
         with self._lock:
             for key in keys:
                 self._data.pop(key, None)
