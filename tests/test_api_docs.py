@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import griffe  # mkdocstrings' own reader (the dev extra installs it)
 import pytest
-
-griffe = pytest.importorskip("griffe")  # mkdocstrings' own reader: the dev extra installs it
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
