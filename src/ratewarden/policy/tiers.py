@@ -41,7 +41,7 @@ class Identity:
             ``"query:<name>"``.
         keys: API key to group.
         hashed_keys: SHA-256 hex digest of an API key to group, so the file holds no secrets.
-        patterns: Glob pattern of API keys to group, tried in order after ``keys``.
+        patterns: Glob pattern of API keys to group, tried in order after ``keys`` and ``hashed_keys``.
         unknown_group: The group of an API key nothing matches.
         anonymous_group: The group of requests without an API key.
         anonymous_key: Who an anonymous request is (default: the client IP).

@@ -116,7 +116,7 @@ class MemcachedStore(Store):
     Args:
         url: ``memcached://host:port``, with options in its query.
         timeout: Seconds per check (default 0.05).
-        pool_size: Connections per server (default 8).
+        pool_size: Connections (default 8).
         retries: CAS attempts before ``StoreError``.
         clock: Seconds since the epoch; replace it in tests.
     """
