@@ -40,13 +40,13 @@ def documented(obj: griffe.Object) -> set[str]:
 
 
 def parameters(func: griffe.Function | griffe.Class) -> list[str]:
+    """What a caller passes: not ``self``/``cls``, nor private ``_name`` parameters."""
     return [p.name for p in func.parameters if p.name not in ("self", "cls") and not p.name.startswith("_")]
 
 
 def is_enum(cls: griffe.Class) -> bool:
-    return any(base.name in ENUM_BASES or is_enum(base) for base in cls.mro()) or any(
-        str(base).split(".")[-1] in ENUM_BASES for base in cls.bases
-    )
+    """An enum's members are values, not a constructor to document."""
+    return any(str(base).split(".")[-1] in ENUM_BASES for c in (cls, *cls.mro()) for base in c.bases)
 
 
 def problems(path: str, params: list[str], docs: set[str], own: set[str]) -> Iterator[str]:
@@ -68,9 +68,11 @@ def check_class(cls: griffe.Class) -> Iterator[str]:
     own = documented(cls) | (documented(init) if isinstance(init, griffe.Function) else set())
     yield from problems(cls.path, parameters(cls), own, own)
     for name in cls.all_members:  # inherited ones too (PolicyMiddleware's ``stats``)
-        owner = next(c for c in (cls, *cls.mro()) if name in c.members)
+        owner = next((c for c in (cls, *cls.mro()) if name in c.members), None)
+        if owner is None or name.startswith("_"):
+            continue
         member = owner.members[name]
-        if name.startswith("_") or member.is_alias or not member.is_function or "property" in member.labels:
+        if member.is_alias or not member.is_function or "property" in member.labels:
             continue
         # A subclass's method may leave its parameters to the base class's documentation of the
         # same method (every Store subclass's ``hit`` to ``Store.hit``).
@@ -104,17 +106,21 @@ def public_modules(package: griffe.Module, shown: set[str]) -> Iterator[griffe.M
 
 
 def public_api(package: griffe.Module, shown: set[str] = frozenset()) -> Iterator[tuple[str, griffe.Object]]:
-    """(qualified name, object) for each public object, once, under the first module exporting it."""
+    """(qualified name, object) for each public object, once, under the first module exporting it;
+    then the objects the reference renders by their own path."""
     seen: set[str] = set()
-    for module in public_modules(package, shown):
-        for name in module.exports or ():
-            target = module.members[str(name)]
-            if target.is_alias:
-                target = target.final_target
-            if target.path in seen or not target.path.startswith(f"{package.path}."):
-                continue
-            seen.add(target.path)
-            yield f"{module.path}.{name}", target
+    found = [
+        (f"{module.path}.{name}", module.members[str(name)])
+        for module in public_modules(package, shown)
+        for name in module.exports or ()
+    ]
+    found += [(path, package[path.removeprefix(f"{package.path}.")]) for path in sorted(shown)]
+    for qualname, obj in found:
+        target = obj.final_target if obj.is_alias else obj
+        if target.is_module or target.path in seen or not target.path.startswith(f"{package.path}."):
+            continue
+        seen.add(target.path)
+        yield qualname, target
 
 
 def undocumented(package: griffe.Module, shown: set[str] = frozenset()) -> list[str]:
