@@ -46,7 +46,22 @@ _LEVELS = 1000  # offences a key can accumulate (far past max_duration anyway)
 
 
 class Bans:
-    """Shared ban list with automatic bans after repeated rejections."""
+    """Shared ban list with automatic bans after repeated rejections.
+
+    Args:
+        after: Rejections that trigger a ban.
+        within: The window, in seconds, those rejections must fall in.
+        duration: Seconds a first ban lasts.
+        growth: How much longer each further ban of the same key lasts (1: all equal).
+        max_duration: The longest ban, in seconds; also how long without a ban lowers the offence level by
+            one.
+        status: How banned requests are answered: 403 or 429.
+        key: Who is banned: the key function applied to each request (default: the client IP).
+        cache_for: Seconds each process trusts the bans it has seen before reading the store again (0:
+            always read).
+        max_entries: Keys the per-process ban cache holds at most.
+        clock: Seconds since the epoch; replace it to test with a fake clock.
+    """
 
     def __init__(
         self,
@@ -90,7 +105,11 @@ class Bans:
         self._cache: dict[str, tuple[float, float]] = {}  # key -> (banned until, re-read the store at)
 
     def configure_from(self, other: Bans) -> Bans:
-        """``other``'s settings with this object's cache (used by policy reloads)."""
+        """``other``'s settings with this object's cache (used by policy reloads).
+
+        Args:
+            other: The newly loaded settings.
+        """
         other._cache = self._cache
         return other
 
@@ -108,7 +127,11 @@ class Bans:
     # -- reading -------------------------------------------------------------------------------
 
     def banned_for(self, key: str) -> float:
-        """Seconds left on ``key``'s ban as this process last saw it (0 when not banned)."""
+        """Seconds left on ``key``'s ban as this process last saw it (0 when not banned).
+
+        Args:
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+        """
         entry = self._cache.get(key)
         if entry is None:
             return 0.0
@@ -120,7 +143,12 @@ class Bans:
 
     async def check(self, limiter: Limiter, key: str) -> float:
         """Seconds left on ``key``'s ban (0 when not banned): from the cache while it is fresh,
-        else one read of the shared store. A store failure falls back to the cache."""
+        else one read of the shared store. A store failure falls back to the cache.
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+        """
         now = self.clock()
         entry = self._cache.get(key)
         if entry is not None and now < entry[1] and now < entry[0]:
@@ -152,7 +180,13 @@ class Bans:
 
     async def block(self, limiter: Limiter, key: str, seconds: float) -> float:
         """Ban ``key`` for ``seconds`` in the shared store, unless a longer ban is already running;
-        returns the seconds left on the ban now in force."""
+        returns the seconds left on the ban now in force.
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+            seconds: How long the ban lasts.
+        """
         if not seconds > 0 or math.isinf(seconds):
             raise ValueError(f"block: seconds must be positive and finite, got {seconds!r}")
         store = limiter.store
@@ -167,13 +201,23 @@ class Bans:
 
     async def unblock(self, limiter: Limiter, key: str) -> None:
         """Lift ``key``'s ban and forget its offences and rejections (other workers follow
-        within ``cache_for`` seconds)."""
+        within ``cache_for`` seconds).
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+        """
         self._cache.pop(key, None)
         await limiter.store.reset([self._storage(limiter, key, "until"), self._storage(limiter, key, "level")])
         await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, scope="ban")
 
     async def strike(self, limiter: Limiter, key: str) -> float:
-        """Record one rejection of ``key``; returns the ban length when this one triggers a ban, else 0."""
+        """Record one rejection of ``key``; returns the ban length when this one triggers a ban, else 0.
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+        """
         decision = await limiter.hit(key, self.strike_rate, algorithm=self.strike_algorithm, scope="ban")
         if decision.allowed and decision.remaining > 0:
             return 0.0

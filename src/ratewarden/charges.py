@@ -28,6 +28,12 @@ def adjusted_state(limit: Limit, state: State | None, now: float, amount: float)
     """The state after charging ``amount`` (refunding when negative) without denying.
 
     Returns ``(None, decision)`` when the key should be deleted (its whole limit is available).
+
+    Args:
+        limit: The limit, whose algorithm runs.
+        state: The key's stored state, ``None`` when it has none.
+        now: The current time, in seconds since the epoch.
+        amount: Units to charge; negative refunds.
     """
     fn = limit.fn
     rate = limit.rate
@@ -86,7 +92,14 @@ def _adjust_memory(
 
 
 async def adjust(store: Store, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-    """Charge (positive) or refund (negative) ``amounts`` on ``keys``, never denying."""
+    """Charge (positive) or refund (negative) ``amounts`` on ``keys``, never denying.
+
+    Args:
+        store: A store that can adjust (``can_adjust``).
+        keys: Storage keys, one per limit.
+        limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+        amounts: Units per key: positive charges, negative refunds.
+    """
     if isinstance(store, MemoryStore):  # its table is edited here, with the pure algorithms
         return _adjust_memory(store, keys, limits, amounts)
     return await store.adjust(keys, limits, amounts)  # Store.adjust raises for a store that cannot
@@ -97,8 +110,11 @@ class Charge:
 
     The request is still checked (and charged) before the handler runs, so a client over its
     limit is refused up front; once the response status is known, the charge is refunded unless
-    the status is one of ``statuses``: ints (``401``), classes (``"5xx"``) or ranges
-    (``"400-499"``). ``Charge.failures()`` counts only 4xx and 5xx answers (refund on success).
+    the status is one of ``statuses``. ``Charge.failures()`` counts only 4xx and 5xx answers
+    (refund on success).
+
+    Args:
+        statuses: The statuses that count: ints (``401``), classes (``"5xx"``) or ranges (``"400-499"``).
     """
 
     def __init__(self, statuses: Sequence[int | str]) -> None:
@@ -115,6 +131,11 @@ class Charge:
         return cls(["4xx", "5xx"])
 
     def counts(self, status: int) -> bool:
+        """Whether a response with ``status`` keeps its charge.
+
+        Args:
+            status: The response's HTTP status.
+        """
         return any(lo <= status <= hi for lo, hi in self.ranges)
 
     def __repr__(self) -> str:

@@ -16,7 +16,12 @@ __all__ = ["bearer_token_of", "digest", "header_value", "query_value"]
 
 
 def header_value(scope: Scope, name: bytes) -> str | None:
-    """The first header called ``name`` (lower-case bytes) as text, or ``None``."""
+    """The first header called ``name`` (lower-case bytes) as text, or ``None``.
+
+    Args:
+        scope: The ASGI connection scope.
+        name: The header's name, as lower-case bytes.
+    """
     for key, value in scope.get("headers") or ():
         if key == name:
             return bytes(value).decode("latin-1")
@@ -25,7 +30,11 @@ def header_value(scope: Scope, name: bytes) -> str | None:
 
 def bearer_token_of(scope: Scope) -> str | None:
     """The token of ``Authorization: Bearer <token>`` (the first ``Authorization`` header, as
-    the header is defined once per request), or ``None`` without one."""
+    the header is defined once per request), or ``None`` without one.
+
+    Args:
+        scope: The ASGI connection scope.
+    """
     value = header_value(scope, b"authorization")
     if value and value[:7].lower() == "bearer ":
         return value[7:].strip() or None
@@ -33,7 +42,12 @@ def bearer_token_of(scope: Scope) -> str | None:
 
 
 def query_value(scope: Scope, name: str) -> str | None:
-    """The first non-empty value of query parameter ``name``, or ``None``."""
+    """The first non-empty value of query parameter ``name``, or ``None``.
+
+    Args:
+        scope: The ASGI connection scope.
+        name: The query parameter's name.
+    """
     qs = scope.get("query_string") or b""
     if qs:
         for k, v in parse_qsl(qs.decode("latin-1"), keep_blank_values=False):
@@ -43,5 +57,9 @@ def query_value(scope: Scope, name: str) -> str | None:
 
 
 def digest(value: str) -> str:
-    """A short hash of a secret (24 hex characters), stored in its place."""
+    """A short hash of a secret (24 hex characters), stored in its place.
+
+    Args:
+        value: The secret.
+    """
     return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()

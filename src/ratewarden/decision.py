@@ -13,9 +13,16 @@ __all__ = ["Decision"]
 class Decision:
     """Outcome of a check.
 
-    ``remaining`` is what is left after this request, ``reset_after`` the seconds until the
-    limit is fully restored, ``retry_after`` the seconds until a request of the same cost would
-    be allowed (0 when allowed; ``math.inf`` when the cost can never fit the limit).
+    Args:
+        allowed: Whether the request may proceed.
+        limit: The limit's size in units of cost (``Rate.limit``).
+        remaining: What is left after this request.
+        reset_after: Seconds until the limit is fully restored.
+        retry_after: Seconds until a request of the same cost would be allowed: 0 when allowed,
+            ``math.inf`` when the cost can never fit the limit.
+        period: The limit's period in seconds (0 when unknown).
+        policy: The deciding limit's name, as the ``RateLimit-Policy`` header shows it (``""`` when
+            unnamed).
     """
 
     __slots__ = ("allowed", "limit", "period", "policy", "remaining", "reset_after", "retry_after")

@@ -39,8 +39,19 @@ def limit(
 ) -> Callable[[Endpoint], Callable[[Request], Awaitable[Response]]]:
     """Decorate ``async def endpoint(request)`` (or a sync one, run in the thread pool).
 
-    The limit is named after the endpoint's module-qualified name unless ``name`` is given, so
-    two endpoints never share a limit by accident.
+    Args:
+        rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+            every one must allow.
+        limiter: Checks the limit on its store.
+        key: Who is charged: a key function of the scope (default: the client IP).
+        algorithm: The algorithm's name (default ``"fixed_window"``).
+        cost: What one request costs: a number, or a function of the scope.
+        name: The limit's name; the default ``None`` is the endpoint's module-qualified name, so two
+            endpoints never share a limit by accident.
+        headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` (429 answers only) or
+            ``"off"``.
+        header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` (draft-10
+            ``RateLimit``/``RateLimit-Policy``) or ``"legacy"`` (``X-RateLimit-*``).
     """
 
     def decorate(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:

@@ -22,7 +22,13 @@ __all__ = ["Delay"]
 
 
 class Delay:
-    """Bounded waiting for requests over their rate."""
+    """Bounded waiting for requests over their rate.
+
+    Args:
+        max_wait: The longest a request waits, in seconds; one that would wait longer is refused at once.
+        burst: Requests of one key that may wait at the same time; more are refused.
+        max_waiting: Requests that may wait at the same time in this process, all keys together.
+    """
 
     def __init__(self, *, max_wait: float = 1.0, burst: int = 10, max_waiting: int = 1000) -> None:
         if not max_wait > 0:
@@ -43,6 +49,12 @@ class Delay:
         ``None`` when a re-check could not decide (a store failure under fail-open): the caller
         then serves the request as for any undecided check, and it is not counted as delayed.
         A fail-closed re-check raises ``LimitUnavailable`` through to the caller.
+
+        Args:
+            key: Who: the client's key, bounding its waiting requests by ``burst``.
+            decision: The denial to wait out.
+            recheck: Checks the request again (charging it when allowed); ``None`` when the check could
+                not decide.
         """
         retry = decision.retry_after
         if math.isinf(retry) or retry > self.max_wait or self.waiting >= self.max_waiting:

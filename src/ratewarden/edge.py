@@ -38,7 +38,12 @@ Resolved = tuple[BaseRoute, Any, dict[str, Any]]
 def resolve(routes: Sequence[BaseRoute], scope: Scope) -> Resolved | None:
     """The route that fully matches ``scope`` first, as FastAPI's router picks it; ``None`` for
     a 404, a 405 (partial match), a slash redirect or a route this module does not know how to
-    enter (then the dependencies check their limits themselves)."""
+    enter (then the dependencies check their limits themselves).
+
+    Args:
+        routes: The app's routes, in order.
+        scope: The ASGI connection scope.
+    """
     for route in routes:
         match, child = route.matches(scope)
         if match == Match.FULL:
@@ -73,7 +78,11 @@ solving, by ``id``: (the dependant, kept alive so its id stays its own; the depe
 
 def declared_limits(dependant: Any) -> list[RateLimit]:
     """The ``RateLimit`` dependencies in a dependency tree, in the order FastAPI runs them (each
-    once, as FastAPI caches a dependency's result within a request), lifted ones included."""
+    once, as FastAPI caches a dependency's result within a request), lifted ones included.
+
+    Args:
+        dependant: FastAPI's dependency tree of a route.
+    """
     lifted = _lifted.get(id(dependant))
     found: list[RateLimit] = list(lifted[1]) if lifted is not None and lifted[0] is dependant else []
 
@@ -91,7 +100,12 @@ def declared_limits(dependant: Any) -> list[RateLimit]:
 def lift_declared(dependant: Any, covered: frozenset[RateLimit]) -> None:
     """Take the ``RateLimit`` dependencies in ``covered`` whose value nobody uses (those declared in
     a ``dependencies=[...]`` list) out of FastAPI's dependency solving for this route: the edge is
-    their check. The list is replaced, not changed in place, so requests being solved keep theirs."""
+    their check. The list is replaced, not changed in place, so requests being solved keep theirs.
+
+    Args:
+        dependant: FastAPI's dependency tree of the route.
+        covered: The dependencies the edge checks.
+    """
     current = list(getattr(dependant, "dependencies", ()))
     lift = [d for d in current if d.name is None and isinstance(d.call, RateLimit) and d.call in covered]
     if not lift:
@@ -182,5 +196,12 @@ class _Resolver:
 
 
 def edge_layer(app: ASGIApp, fastapi_app: Any, lift: bool = False) -> EdgeLayer:
-    """The edge layer for ``fastapi_app`` wrapping ``app`` (what ``install`` adds as middleware)."""
+    """The edge layer for ``fastapi_app`` wrapping ``app`` (what ``install`` adds as middleware).
+
+    Args:
+        app: The ASGI app to wrap.
+        fastapi_app: The FastAPI app whose routes are resolved.
+        lift: Also lift unused ``RateLimit`` dependencies out of FastAPI's solving
+            (``install(edge_only=True)``).
+    """
     return EdgeLayer(app, _Resolver(fastapi_app, lift))

@@ -60,12 +60,19 @@ async def check_rules(
     """Charge the request to every rule, all or nothing; ``None`` when nothing was decided
     (no limit applies, or the check failed under the fail-open policy).
 
-    Shadow rules are charged separately and never deny: their decision is appended to
-    ``shadow_decisions`` (by default to ``scope["state"]["ratewarden.shadow"]``) and logged
-    when it would have denied.
+    Shadow rules are charged separately and never deny; their decisions are logged when they
+    would have denied.
 
     Longer than 60 lines on purpose: the single-rule fast path at the top is every request's
     path, and splitting it out would add a call to each of them.
+
+    Args:
+        limiter: Checks the limits on its store.
+        rules: The rules the request matched.
+        scope: The ASGI connection scope.
+        message: Charge the WebSocket message limits instead of the connection or request ones.
+        shadow_decisions: Receives the shadow rules' decisions; the default ``None`` appends them to
+            ``scope["state"]["ratewarden.shadow"]``.
     """
     if len(rules) == 1 and not message:
         rule = rules[0]
@@ -147,7 +154,13 @@ async def _check_shadow(
 
 
 def report_failure(limiter: Limiter, what: str, exc: Exception) -> None:
-    """Log; under fail-closed raise ``LimitUnavailable``; under fail-open return (no decision)."""
+    """Log; under fail-closed raise ``LimitUnavailable``; under fail-open return (no decision).
+
+    Args:
+        limiter: Whose ``on_error`` applies.
+        what: What failed, for the log.
+        exc: The failure.
+    """
     _report_failure(what, exc)
     if limiter.on_error == "closed":
         raise LimitUnavailable(what) from exc

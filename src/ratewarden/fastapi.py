@@ -35,7 +35,12 @@ __all__ = ["EDGE_STATE_KEY", "RateLimit", "RateLimitExceeded", "install"]
 
 
 class RateLimitExceeded(HTTPException, RatewardenError):
-    """Raised by ``RateLimit`` when a request is over its limit."""
+    """Raised by ``RateLimit`` when a request is over its limit.
+
+    Args:
+        decision: The denying decision.
+        headers: The 429's headers (``Retry-After``, rate-limit headers).
+    """
 
     def __init__(self, decision: Decision, headers: dict[str, str]) -> None:
         self.decision = decision
@@ -44,7 +49,22 @@ class RateLimitExceeded(HTTPException, RatewardenError):
 
 
 class RateLimit:
-    """A FastAPI dependency that charges each request to ``key`` under ``rate``."""
+    """A FastAPI dependency that charges each request to ``key`` under ``rate``.
+
+    Args:
+        rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+            every one must allow.
+        limiter: Checks the limit on its store.
+        key: Who is charged: a key function of the scope (default: the client IP).
+        algorithm: The algorithm's name (default ``"fixed_window"``).
+        cost: What one request costs: a number, or a function of the scope.
+        name: One limit shared by every route using this dependency; the default ``None`` counts per route
+            template and method.
+        headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` (429 answers only) or
+            ``"off"``.
+        header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` (draft-10
+            ``RateLimit``/``RateLimit-Policy``) or ``"legacy"`` (``X-RateLimit-*``).
+    """
 
     def __init__(
         self,
@@ -77,7 +97,13 @@ class RateLimit:
     def rules_for_route(self, route: object, context: object, method: str) -> tuple[CompiledRule]:
         """The rules this dependency charges on ``route`` for ``method``: per route template and
         method (``GET /items/{id}``; the full path when the route comes from an included router,
-        given by FastAPI's ``context``), or the one shared limit when ``name`` was given."""
+        given by FastAPI's ``context``), or the one shared limit when ``name`` was given.
+
+        Args:
+            route: The route.
+            context: FastAPI's context for it (gives the full path of included routers).
+            method: The HTTP method.
+        """
         if self.name is not None:
             return self._compiled[""]
         owner = context if context is not None else route
@@ -159,10 +185,12 @@ def install(app: FastAPI, *, edge_only: bool = False) -> None:
     * Rate-limit headers stay on endpoints that return a ``Response`` themselves.
     * The OpenAPI schema documents the 429 answer and the rate-limit headers of limited routes.
 
-    ``edge_only=True`` also takes the ``RateLimit`` dependencies whose value is unused (those in
-    ``dependencies=[...]`` lists) out of FastAPI's dependency solving once the edge has placed
-    their route, which saves what FastAPI spends running a dependency (about 10 µs) on every
-    allowed request. Their ``app.dependency_overrides`` are then no longer called.
+    Args:
+        app: The FastAPI app.
+        edge_only: Also take the ``RateLimit`` dependencies whose value is unused (those in
+            ``dependencies=[...]`` lists) out of FastAPI's dependency solving once the edge has placed
+            their route, saving what FastAPI spends running a dependency (about 10 µs) on every allowed
+            request. Their ``app.dependency_overrides`` are then no longer called.
     """
     from .edge import edge_layer
     from .openapi import document_limits

@@ -41,6 +41,9 @@ def policy_value(limits: Sequence[Limit]) -> bytes:
     """The ``RateLimit-Policy`` value listing every limit in ``limits`` (draft-10 allows a list):
     ``"a";q=10;w=1, "b";q=1000;w=86400``. Quota and window are what each limit's algorithm reports
     for a fresh key, so they match the decisions it makes. Built once per rule set, not per request.
+
+    Args:
+        limits: Every limit that applies.
     """
     items = []
     for limit in limits:
@@ -51,8 +54,15 @@ def policy_value(limits: Sequence[Limit]) -> bytes:
 
 
 def rate_limit_headers(decision: Decision, style: HeaderStyle = "both", policy: bytes | None = None) -> Headers:
-    """Headers describing ``decision`` (without ``Retry-After``); ``policy``, when given, is the
-    ``RateLimit-Policy`` value listing every limit that applied (see ``policy_value``)."""
+    """Headers describing ``decision`` (without ``Retry-After``).
+
+    Args:
+        decision: The decision to describe.
+        style: Which rate-limit headers: ``"ietf"`` (``RateLimit``/``RateLimit-Policy``), ``"legacy"``
+            (``X-RateLimit-*``) or ``"both"``.
+        policy: The ``RateLimit-Policy`` value listing every limit that applied (``policy_of``); ``None``
+            leaves that header out. (see ``policy_value``)
+    """
     fixed_policy, prefix, limit = _fixed_parts(decision)
     if policy is None:
         policy = fixed_policy
@@ -76,7 +86,11 @@ def rate_limit_headers(decision: Decision, style: HeaderStyle = "both", policy: 
 
 
 def retry_after_header(decision: Decision) -> tuple[bytes, bytes] | None:
-    """``Retry-After`` in whole seconds (at least 1); ``None`` when the request can never fit."""
+    """``Retry-After`` in whole seconds (at least 1); ``None`` when the request can never fit.
+
+    Args:
+        decision: The denying decision.
+    """
     if math.isinf(decision.retry_after):
         return None
     return (b"retry-after", b"%d" % max(1, math.ceil(decision.retry_after)))

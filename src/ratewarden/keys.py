@@ -40,13 +40,17 @@ hops); entries further left are never read, so a long forged header costs no mor
 class ClientIP:
     """The client address as a key.
 
-    ``X-Forwarded-For`` / ``Forwarded`` are read only when the direct peer is inside one of
-    ``trusted_proxies`` (CIDRs); the chain is walked from the right, skipping trusted hops, and the
-    first untrusted address is the client. At most ``MAX_FORWARDED_HOPS`` entries are examined;
-    when all of them are trusted, the client is the direct peer (leftmost entries could have been
-    written by the client itself, so a header value never decides then). IPv6 clients are grouped
-    by ``ipv6_prefix`` (default /64, since one subscriber usually owns a whole /64); IPv4-mapped
-    IPv6 becomes plain IPv4.
+    ``X-Forwarded-For`` / ``Forwarded`` are read only when the direct peer is a trusted proxy; the
+    chain is walked from the right, skipping trusted hops, and the first untrusted address is the
+    client. At most ``MAX_FORWARDED_HOPS`` entries are examined; when all of them are trusted, the
+    client is the direct peer (leftmost entries could have been written by the client itself, so a
+    header value never decides then). IPv4-mapped IPv6 becomes plain IPv4.
+
+    Args:
+        trusted_proxies: CIDRs of the proxies whose forwarding headers are believed; the default none
+            means only the direct peer counts.
+        ipv6_prefix: IPv6 clients are grouped by this prefix length (default /64, since one subscriber
+            usually owns a whole /64).
     """
 
     __slots__ = ("_norm_cache", "_trust_cache", "ipv6_prefix", "trusted")
@@ -73,7 +77,11 @@ class ClientIP:
 
     def normalize(self, address: str) -> str:
         """Canonical text of ``address`` (IPv6 reduced to its prefix); unparsable input is kept,
-        truncated, with a marker."""
+        truncated, with a marker.
+
+        Args:
+            address: An IP address as text.
+        """
         cached = self._norm_cache.get(address)
         if cached is not None:
             return cached
@@ -152,8 +160,14 @@ client_ip = ClientIP()
 
 
 def header(name: str, *, fallback: KeyFunc | None = client_ip, hashed: bool = False) -> KeyFunc:
-    """The value of header ``name`` (e.g. ``X-API-Key``); when absent, ``fallback`` decides
-    (default: the client IP, so a missing header never means "unlimited")."""
+    """The value of header ``name`` as the key.
+
+    Args:
+        name: The header, e.g. ``X-API-Key``.
+        fallback: The key function used when the request has no such value; the default is the client IP
+            (so a missing value never means "unlimited"); ``None`` leaves the key missing.
+        hashed: Store a digest of the value instead of the value itself (for secrets such as API keys).
+    """
     raw = name.lower().encode("latin-1")
     label = name.lower()
 
@@ -167,7 +181,12 @@ def header(name: str, *, fallback: KeyFunc | None = client_ip, hashed: bool = Fa
 
 
 def bearer_token(*, fallback: KeyFunc | None = client_ip) -> KeyFunc:
-    """The token of ``Authorization: Bearer <token>``, hashed so secrets never reach the store."""
+    """The token of ``Authorization: Bearer <token>``, hashed so secrets never reach the store.
+
+    Args:
+        fallback: The key function used when the request has no such value; the default is the client IP
+            (so a missing value never means "unlimited"); ``None`` leaves the key missing.
+    """
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
         token = bearer_token_of(scope)
@@ -179,7 +198,13 @@ def bearer_token(*, fallback: KeyFunc | None = client_ip) -> KeyFunc:
 
 
 def query_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
-    """The value of query parameter ``name``."""
+    """The value of query parameter ``name``.
+
+    Args:
+        name: The query parameter.
+        fallback: The key function used when the request has no such value; the default is the client IP
+            (so a missing value never means "unlimited"); ``None`` leaves the key missing.
+    """
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
         value = query_value(scope, name)
@@ -191,8 +216,13 @@ def query_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
 
 
 def path_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
-    """The value of path parameter ``name`` (resolved through the app's router in middleware);
-    when the route has no such parameter, ``fallback`` decides (default: the client IP)."""
+    """The value of path parameter ``name`` (resolved through the app's router in middleware).
+
+    Args:
+        name: The path parameter.
+        fallback: The key function used when the request has no such value; the default is the client IP
+            (so a missing value never means "unlimited"); ``None`` leaves the key missing.
+    """
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
         params = scope.get("path_params")
@@ -206,7 +236,11 @@ def path_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
 
 
 def route_template(scope: Scope) -> str:
-    """The matched route's template (``/items/{item_id}``), never the concrete path."""
+    """The matched route's template (``/items/{item_id}``), never the concrete path.
+
+    Args:
+        scope: The ASGI connection scope.
+    """
     route = scope.get("route")
     path = getattr(route, "path_format", None) or getattr(route, "path", None)
     if isinstance(path, str):
@@ -217,8 +251,14 @@ def route_template(scope: Scope) -> str:
 
 def compose(*funcs: KeyFunc, separator: str = "|") -> KeyFunc:
     """Several key functions joined into one key (``compose(client_ip, header("X-Tenant"))``).
+
     A part without a value is left empty; when no part has one, the key is missing (``None``), so
-    the request is charged to its client IP like any key without a value."""
+    the request is charged to its client IP like any key without a value.
+
+    Args:
+        *funcs: The key functions, in order.
+        separator: Put between the parts.
+    """
     if not funcs:
         raise ValueError("compose() needs at least one key function")
 
@@ -241,7 +281,12 @@ def compose(*funcs: KeyFunc, separator: str = "|") -> KeyFunc:
 
 def key_text(value: object, scope: Scope) -> str:
     """A key function's answer as the key to charge: a missing value (``None`` or ``""``) falls
-    back to the client IP, so requests without the value never share one bucket."""
+    back to the client IP, so requests without the value never share one bucket.
+
+    Args:
+        value: What the key function returned.
+        scope: The ASGI connection scope.
+    """
     if value is None or value == "":
         return client_ip(scope)
     return value if type(value) is str else str(value)

@@ -28,7 +28,11 @@ MAX_KEY_LENGTH = 200
 
 def safe_key(key: str) -> str:
     """``key`` itself, or its hash when it is over-long or holds braces (which would break the
-    Redis Cluster hash tag), so whatever a client sends stays bounded."""
+    Redis Cluster hash tag), so whatever a client sends stays bounded.
+
+    Args:
+        key: The key a client sent.
+    """
     if len(key) > MAX_KEY_LENGTH or "}" in key or "{" in key:
         return "h." + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     return key
@@ -39,7 +43,14 @@ def storage_key(prefix: str, scope: str, key: str, suffix: str = "") -> str:
     rules and bans all call it, so ``Limiter.reset`` reaches what a rule charged). The braces are
     a Redis Cluster hash tag, so every limit of one (scope, key) shares a slot; braces in
     ``scope`` (route templates such as ``/items/{item_id}``) become parentheses so they cannot cut
-    the tag short."""
+    the tag short.
+
+    Args:
+        prefix: The limiter's prefix.
+        scope: What the key is counted within (a route template, a rule name), or ``""``.
+        key: Who is limited (passed through ``safe_key``).
+        suffix: Which limit: ``Limit.suffix``; ``""`` for none (bans).
+    """
     if "{" in scope or "}" in scope:
         scope = scope.replace("{", "(").replace("}", ")")
     base = f"{prefix}:{{{scope}|{safe_key(key)}}}"
@@ -50,8 +61,12 @@ def storage_key(prefix: str, scope: str, key: str, suffix: str = "") -> str:
 class Limiter:
     """Checks keys against rates on a store.
 
-    ``on_error`` says what happens when the store (or a key function) fails: ``"open"`` (the
-    default) lets the request through and logs; ``"closed"`` answers 503.
+    Args:
+        store: Where the counts live; the default ``None`` is a new ``MemoryStore()``.
+        prefix: Prepended to every storage key, so several limiters can share a store.
+        on_error: What happens when the store (or a key function) fails: ``"open"`` (the default) lets the
+            request through and logs; ``"closed"`` answers 503.
+        enabled: ``False`` turns every integration into a pass-through (e.g. in tests).
     """
 
     def __init__(
@@ -79,7 +94,13 @@ class Limiter:
         self._sync_loop = LoopThread()
 
     def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
-        """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse)."""
+        """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse).
+
+        Args:
+            rates: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of
+                them; every one must allow.
+            algorithm: The algorithm's name (default ``"fixed_window"``).
+        """
         spec = freeze_rates(rates)  # a generator is read once, for the cache key and the limits alike
         cache_key = (spec, algorithm)
         found = self._limits_cache.get(cache_key)
@@ -90,6 +111,14 @@ class Limiter:
         return found
 
     def keys_for(self, key: str, limits: Sequence[Limit], scope: str = "") -> list[str]:
+        """The storage key of ``key`` under each of ``limits``.
+
+        Args:
+            key: Who is limited: a client IP, an API key, a user id.
+            limits: What ``Limiter.limits`` returned.
+            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
+                ``key`` across scopes.
+        """
         if not isinstance(key, str):
             raise TypeError(f"key must be a string (e.g. the client IP), got {type(key).__name__} {key!r}")
         prefix = self.prefix
@@ -98,7 +127,13 @@ class Limiter:
     async def check(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Decision:
-        """All-or-nothing check of prepared storage keys (used by the integrations)."""
+        """All-or-nothing check of prepared storage keys (used by the integrations).
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
         store = self.store
         if store.local:
             return store.hit_now(keys, limits, costs)
@@ -112,7 +147,17 @@ class Limiter:
         algorithm: AlgorithmName = DEFAULT_ALGORITHM,
         scope: str = "",
     ) -> Decision:
-        """Charge ``cost`` to ``key`` under every rate in ``rate``, all or nothing."""
+        """Charge ``cost`` to ``key`` under every rate in ``rate``, all or nothing.
+
+        Args:
+            key: Who is limited: a client IP, an API key, a user id.
+            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+                every one must allow.
+            cost: Units this request uses (default 1; 0 only reads).
+            algorithm: The algorithm's name (default ``"fixed_window"``).
+            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
+                ``key`` across scopes.
+        """
         _check_cost(cost)
         limits = self.limits(rate, algorithm)
         return await self.check(self.keys_for(key, limits, scope), limits, [cost] * len(limits))
@@ -120,7 +165,16 @@ class Limiter:
     async def peek(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> Decision:
-        """What a request would see now, without charging anything."""
+        """What a request would see now, without charging anything.
+
+        Args:
+            key: Who is limited: a client IP, an API key, a user id.
+            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+                every one must allow.
+            algorithm: The algorithm's name (default ``"fixed_window"``).
+            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
+                ``key`` across scopes.
+        """
         limits = self.limits(rate, algorithm)
         decisions = await self.store.peek(self.keys_for(key, limits, scope), limits)
         return min(decisions, key=lambda d: d.remaining)
@@ -128,7 +182,16 @@ class Limiter:
     async def reset(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> None:
-        """Forget ``key``'s state under these rates."""
+        """Forget ``key``'s state under these rates.
+
+        Args:
+            key: Who is limited: a client IP, an API key, a user id.
+            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+                every one must allow.
+            algorithm: The algorithm's name (default ``"fixed_window"``).
+            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
+                ``key`` across scopes.
+        """
         limits = self.limits(rate, algorithm)
         await self.store.reset(self.keys_for(key, limits, scope))
 
@@ -155,6 +218,17 @@ class Limiter:
         algorithm: AlgorithmName = DEFAULT_ALGORITHM,
         scope: str = "",
     ) -> Decision:
+        """``hit`` for synchronous code.
+
+        Args:
+            key: Who is limited: a client IP, an API key, a user id.
+            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+                every one must allow.
+            cost: Units this request uses (default 1).
+            algorithm: The algorithm's name (default ``"fixed_window"``).
+            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
+                ``key`` across scopes.
+        """
         if self.store.local:
             _check_cost(cost)
             limits = self.limits(rate, algorithm)
@@ -164,11 +238,31 @@ class Limiter:
     def peek_sync(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> Decision:
+        """``peek`` for synchronous code.
+
+        Args:
+            key: Who is limited: a client IP, an API key, a user id.
+            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+                every one must allow.
+            algorithm: The algorithm's name (default ``"fixed_window"``).
+            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
+                ``key`` across scopes.
+        """
         return self._sync_loop.run(self.peek(key, rate, algorithm, scope))
 
     def reset_sync(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> None:
+        """``reset`` for synchronous code.
+
+        Args:
+            key: Who is limited: a client IP, an API key, a user id.
+            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+                every one must allow.
+            algorithm: The algorithm's name (default ``"fixed_window"``).
+            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
+                ``key`` across scopes.
+        """
         self._sync_loop.run(self.reset(key, rate, algorithm, scope))
 
     def clear_sync(self) -> None:

@@ -17,7 +17,14 @@ _TOKEN_RE = re.compile(r"[^A-Za-z0-9_.:/*-]+")
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Limit:
-    """A ``Rate`` bound to an algorithm, with its precomputed storage-key suffix and policy name."""
+    """A ``Rate`` bound to an algorithm, with its precomputed storage-key suffix and policy name.
+
+    Args:
+        rate: How much, per how long.
+        algorithm: The algorithm's name (default ``"fixed_window"``).
+        name: The policy name shown in headers and metrics; the default ``""`` uses ``rate.ident``
+            (``100/60000``).
+    """
 
     __slots__ = ("algorithm", "fn", "name", "rate", "suffix")
 
@@ -37,7 +44,14 @@ class Limit:
 def make_limits(
     rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, name: str = ""
 ) -> tuple[Limit, ...]:
-    """Parse ``rates`` and bind each to ``algorithm``; several rates get distinct policy names."""
+    """Parse ``rates`` and bind each to ``algorithm``; several rates get distinct policy names.
+
+    Args:
+        rates: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+            every one must allow.
+        algorithm: The algorithm's name (default ``"fixed_window"``).
+        name: The policy name; with several rates each gets ``name-<rate.ident>``. Default: each rate's ``ident``.
+    """
     parsed: Sequence[Rate] = parse_rates(rates)
     if len(parsed) == 1:
         return (Limit(parsed[0], algorithm, name),)

@@ -20,7 +20,11 @@ _T = TypeVar("_T")
 
 class LoopThread:
     """Runs coroutines on one event loop in a daemon thread, started on first use and stopped
-    by ``stop`` (or when this object is garbage-collected)."""
+    by ``stop`` (or when this object is garbage-collected).
+
+    Args:
+        name: The thread's name.
+    """
 
     def __init__(self, name: str = "ratewarden-sync") -> None:
         self.name = name
@@ -33,7 +37,11 @@ class LoopThread:
         return self._loop is not None
 
     def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``coro`` on the private loop and block until it is done (its exception is raised here)."""
+        """Run ``coro`` on the private loop and block until it is done (its exception is raised here).
+
+        Args:
+            coro: The coroutine to run.
+        """
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("a sync ratewarden call cannot be made on its own loop thread: await the async one")

@@ -102,10 +102,14 @@ class _Labels:
 class Metrics:
     """Request, decision and store metrics.
 
-    ``near_ratio``: an allowed request counts as near the limit when it leaves at most
-    ``1 - near_ratio`` of the limit (default 0.8: 80 % used). ``registry`` defaults to a private
-    ``CollectorRegistry`` (pass ``prometheus_client.REGISTRY`` to use the global one).
-    ``otel``: also record OpenTelemetry instruments (default: when ``opentelemetry.sdk`` is importable).
+    Args:
+        registry: The Prometheus registry to register in; the default ``None`` is a private
+            ``CollectorRegistry`` (pass ``prometheus_client.REGISTRY`` for the global one).
+        namespace: The metric names' prefix.
+        near_ratio: An allowed request counts as near the limit when it leaves at most ``1 - near_ratio``
+            of the limit (default 0.8: 80 % used).
+        otel: Also record OpenTelemetry instruments; the default ``None`` means when ``opentelemetry.sdk``
+            is importable.
     """
 
     def __init__(
@@ -156,7 +160,11 @@ class Metrics:
 
     def watch(self, store: Store) -> None:
         """Report ``store``'s local-cache rejections (``ratewarden_cached_rejections_total{store}``).
-        Wrappers (``instrument``, ``Breaker``) are looked through; stores without a cache are ignored."""
+        Wrappers (``instrument``, ``Breaker``) are looked through; stores without a cache are ignored.
+
+        Args:
+            store: The limiter's store, wrapped or not.
+        """
         seen = 0
         while seen < 8:  # wrappers of wrappers, bounded
             inner = getattr(store, "inner", None) or getattr(store, "store", None)
@@ -175,7 +183,14 @@ class Metrics:
         return self._rule_label(rule), self._group_label(group)
 
     def observe(self, rule: str, group: str, decision: Decision, *, shadow: bool = False) -> None:
-        """Count one checked request and what was decided."""
+        """Count one checked request and what was decided.
+
+        Args:
+            rule: The rule's name (a label).
+            group: The client's group (a label; ``""`` without tiers).
+            decision: What the check decided.
+            shadow: Whether the rule only observes (shadow mode): a denial is counted, not enforced.
+        """
         labels = self._labels(rule, group)
         self.checked.labels(*labels).inc()
         if not decision.allowed:
@@ -191,14 +206,29 @@ class Metrics:
         self._otel_add("allowed", labels)
 
     def observe_delayed(self, rule: str, group: str) -> None:
+        """Count one request that waited (``delay``) and was then served.
+
+        Args:
+            rule: The rule's name (a label).
+            group: The client's group (a label).
+        """
         self.delayed.labels(*self._labels(rule, group)).inc()
 
     def observe_shadow_rule(self, decision: Decision) -> None:
-        """Count a shadow rule's decision (labelled by its policy name) if it would have denied."""
+        """Count a shadow rule's decision (labelled by its policy name) if it would have denied.
+
+        Args:
+            decision: The shadow rule's decision.
+        """
         if not decision.allowed:
             self.shadow_limited.labels(*self._labels(decision.policy, "")).inc()
 
     def observe_banned(self, status: int) -> None:
+        """Count one request refused by a ban.
+
+        Args:
+            status: The status it was answered with (403 or 429).
+        """
         self.banned.labels(str(status)).inc()
 
     def _otel_add(self, what: str, labels: tuple[str, str]) -> None:
@@ -207,7 +237,11 @@ class Metrics:
 
     def instrument(self, store: Store) -> InstrumentedStore:
         """``store`` wrapped so each operation is timed and its failures counted (and its
-        cached rejections reported)."""
+        cached rejections reported).
+
+        Args:
+            store: The store to measure.
+        """
         self.watch(store)
         return InstrumentedStore(store, self)
 
@@ -245,7 +279,12 @@ def _otel_instruments(namespace: str) -> dict[str, Any] | None:
 
 
 class InstrumentedStore(Store):
-    """A store wrapper that records latency and errors of every operation in ``Metrics``."""
+    """A store wrapper that records latency and errors of every operation in ``Metrics``.
+
+    Args:
+        inner: The store whose operations are measured.
+        metrics: Where the measurements go.
+    """
 
     def __init__(self, inner: Store, metrics: Metrics) -> None:
         self.inner = inner

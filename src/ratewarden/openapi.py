@@ -57,7 +57,11 @@ def _header(description: str, kind: str = "string") -> dict[str, Any]:
 
 
 def rate_limit_header_docs(dependency: RateLimit) -> dict[str, Any]:
-    """The rate-limit headers ``dependency`` sends, as OpenAPI header objects."""
+    """The rate-limit headers ``dependency`` sends, as OpenAPI header objects.
+
+    Args:
+        dependency: The ``RateLimit`` dependency of the operation.
+    """
     if dependency.headers == "off":
         return {}
     style = dependency.header_style
@@ -70,7 +74,11 @@ def rate_limit_header_docs(dependency: RateLimit) -> dict[str, Any]:
 
 
 def limit_responses(dependency: RateLimit) -> dict[str, Any]:
-    """The 429 response object for an operation limited by ``dependency``."""
+    """The 429 response object for an operation limited by ``dependency``.
+
+    Args:
+        dependency: The ``RateLimit`` dependency of the operation.
+    """
     headers = {"Retry-After": _header("Seconds to wait before retrying.", "integer")}
     headers.update(rate_limit_header_docs(dependency))
     return {
@@ -96,7 +104,12 @@ def _operations(routes: Sequence[BaseRoute]) -> Iterator[tuple[str, set[str], An
 
 
 def add_limit_docs(schema: dict[str, Any], routes: Sequence[BaseRoute]) -> dict[str, Any]:
-    """Add the 429 response and rate-limit headers to the limited operations of ``schema``."""
+    """Add the 429 response and rate-limit headers to the limited operations of ``schema``.
+
+    Args:
+        schema: The OpenAPI schema, edited in place.
+        routes: The app's routes, whose dependencies declare the limits.
+    """
     paths = schema.get("paths", {})
     used = False
     for path, methods, dependant in _operations(routes):
@@ -122,7 +135,11 @@ def add_limit_docs(schema: dict[str, Any], routes: Sequence[BaseRoute]) -> dict[
 
 
 def document_limits(app: FastAPI) -> None:
-    """Make ``app.openapi()`` document the declared limits (once, when the schema is built)."""
+    """Make ``app.openapi()`` document the declared limits (once, when the schema is built).
+
+    Args:
+        app: The FastAPI app.
+    """
     original: Callable[[], dict[str, Any]] = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -35,8 +35,12 @@ _RATE_RE = re.compile(
 class Rate:
     """``limit`` units of cost per ``period`` seconds.
 
-    ``burst`` is the bucket size for token bucket, leaky bucket and GCRA (default: ``limit``);
-    ``debt`` is the overdraft allowed by ``token_bucket_debt`` (default: ``limit``).
+    Args:
+        limit: Units of cost allowed per period.
+        period: The period in seconds.
+        burst: The bucket size for token bucket, leaky bucket and GCRA; the default ``None`` means
+            ``limit``.
+        debt: The overdraft ``token_bucket_debt`` allows; the default ``None`` means ``limit``.
     """
 
     limit: int
@@ -87,6 +91,9 @@ def parse_rate(text: str | Rate) -> Rate:
     """Parse one rate such as ``"100/min"``, ``"5 per 30 seconds"`` or ``"100/5m"``.
 
     Raises ``ConfigurationError`` (a ``ValueError``) quoting the bad part and showing a valid example.
+
+    Args:
+        text: The rate, or a ``Rate`` (returned as is).
     """
     if isinstance(text, Rate):
         return text
@@ -125,7 +132,12 @@ def parse_rate(text: str | Rate) -> Rate:
 
 def freeze_rates(value: str | Rate | Iterable[str | Rate], what: str = "rate") -> str | Rate | tuple[str | Rate, ...]:
     """``value`` with any iterable (a list, a generator) read once into a tuple, so it can be kept,
-    reused and hashed; ``TypeError`` naming ``what`` for anything that is not a rate."""
+    reused and hashed; ``TypeError`` naming ``what`` for anything that is not a rate.
+
+    Args:
+        value: Rates as ``parse_rates`` takes them.
+        what: The option's name, for the error message.
+    """
     if isinstance(value, (str, Rate)):
         return value
     if value is None or isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
@@ -134,7 +146,11 @@ def freeze_rates(value: str | Rate | Iterable[str | Rate], what: str = "rate") -
 
 
 def parse_rates(value: str | Rate | Iterable[str | Rate]) -> tuple[Rate, ...]:
-    """Parse several rates: ``"10/s; 1000/day"``, a list of strings/``Rate``, or a single rate."""
+    """Parse several rates: ``"10/s; 1000/day"``, a list of strings/``Rate``, or a single rate.
+
+    Args:
+        value: ``;``-separated rates, a list of them, or one rate.
+    """
     frozen = freeze_rates(value)
     if isinstance(frozen, Rate):
         return (frozen,)

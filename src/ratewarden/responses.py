@@ -30,11 +30,26 @@ LimitHandler = Callable[[Scope, Decision], "ASGIApp | Awaitable[ASGIApp]"]
 
 
 def problem(status: int, title: str, detail: str, **extra: Any) -> dict[str, Any]:
-    """An RFC 9457 problem object."""
+    """An RFC 9457 problem object.
+
+    Args:
+        status: The HTTP status.
+        title: A short summary of the problem type.
+        detail: This occurrence, explained.
+        **extra: Further members (e.g. ``retry_after``).
+    """
     return {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
 
 
 def problem_body(status: int, title: str, detail: str, **extra: Any) -> bytes:
+    """``problem`` encoded as JSON.
+
+    Args:
+        status: The HTTP status.
+        title: A short summary of the problem type.
+        detail: This occurrence, explained.
+        **extra: Further members.
+    """
     return json.dumps(problem(status, title, detail, **extra)).encode()
 
 
@@ -43,11 +58,20 @@ UNAVAILABLE_BODY = problem_body(503, "Service Unavailable", "The rate limiter is
 
 
 async def send_unavailable(send: Send) -> None:
-    """Answer 503 with ``Retry-After: 1``: the fail-closed policy."""
+    """Answer 503 with ``Retry-After: 1``: the fail-closed policy.
+
+    Args:
+        send: The ASGI ``send`` callable.
+    """
     await send_problem(send, 503, UNAVAILABLE_BODY, [(b"retry-after", b"1")])
 
 
 def too_many_requests_body(decision: Decision) -> bytes:
+    """The 429 problem as JSON bytes.
+
+    Args:
+        decision: The denying decision.
+    """
     return json.dumps(too_many_requests_problem(decision)).encode()
 
 
@@ -64,6 +88,14 @@ def rejection(
     Both depend only on a few small integers of the decision, so they are built once and reused:
     a flood of rejections costs a dictionary lookup each, not a JSON encoding. The header list is a
     fresh copy every time, since outer middleware may append to it.
+
+    Args:
+        decision: The denying decision.
+        style: Which rate-limit headers: ``"ietf"`` (``RateLimit``/``RateLimit-Policy``), ``"legacy"``
+            (``X-RateLimit-*``) or ``"both"``.
+        with_rate_headers: Whether the rate-limit headers are sent too.
+        policy: The ``RateLimit-Policy`` value listing every limit that applied (``policy_of``); ``None``
+            leaves that header out.
     """
     retry = None if math.isinf(decision.retry_after) else max(1, math.ceil(decision.retry_after))
     cache_key = (
@@ -86,6 +118,11 @@ def rejection(
 
 
 def too_many_requests_problem(decision: Decision) -> dict[str, Any]:
+    """The 429 problem object: what was exceeded and when to retry.
+
+    Args:
+        decision: The denying decision.
+    """
     if math.isinf(decision.retry_after):
         detail = f"This request costs more than the limit of {decision.limit} allows; it can never be served."
         retry: int | None = None
@@ -98,6 +135,14 @@ def too_many_requests_problem(decision: Decision) -> dict[str, Any]:
 async def send_problem(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
+    """Send an ``application/problem+json`` response.
+
+    Args:
+        send: The ASGI ``send`` callable.
+        status: The HTTP status.
+        body: The JSON body.
+        headers: More headers; content type and length are added.
+    """
     raw = [
         (b"content-type", b"application/problem+json"),
         (b"content-length", b"%d" % len(body)),
@@ -110,7 +155,16 @@ async def send_problem(
 def limited_headers(
     decision: Decision, style: HeaderStyle, with_rate_headers: bool, policy: bytes | None = None
 ) -> list[tuple[bytes, bytes]]:
-    """Headers for a 429: the rate-limit headers (if on) and ``Retry-After``."""
+    """Headers for a 429: the rate-limit headers (if on) and ``Retry-After``.
+
+    Args:
+        decision: The denying decision.
+        style: Which rate-limit headers: ``"ietf"`` (``RateLimit``/``RateLimit-Policy``), ``"legacy"``
+            (``X-RateLimit-*``) or ``"both"``.
+        with_rate_headers: Whether the rate-limit headers are sent too.
+        policy: The ``RateLimit-Policy`` value listing every limit that applied (``policy_of``); ``None``
+            leaves that header out.
+    """
     headers = rate_limit_headers(decision, style, policy) if with_rate_headers else []
     retry = retry_after_header(decision)
     if retry is not None:
@@ -121,7 +175,12 @@ def limited_headers(
 def adding_missing_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
     """``send`` that adds ``headers`` to the response start, except those whose name the app
     already set (so a custom ``on_limit`` answer keeps ``Retry-After`` and the rate-limit headers
-    without getting a second copy of any it wrote itself)."""
+    without getting a second copy of any it wrote itself).
+
+    Args:
+        send: The ASGI ``send`` callable.
+        headers: Headers for the response start.
+    """
 
     async def send_with_headers(message: Message) -> None:
         if message["type"] == "http.response.start" and headers:

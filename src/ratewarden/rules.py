@@ -25,7 +25,11 @@ _KEYS_CACHE_LIMIT = 4096
 
 def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
     """Compile a path pattern: ``*`` is one segment, ``**`` any number (``/api/**`` also matches
-    ``/api``), a ``re:`` prefix or a compiled pattern is a regex matched against the whole path."""
+    ``/api``), a ``re:`` prefix or a compiled pattern is a regex matched against the whole path.
+
+    Args:
+        pattern: The path pattern, or a compiled regex.
+    """
     if isinstance(pattern, re.Pattern):
         return pattern
     if pattern.startswith("re:"):
@@ -57,11 +61,21 @@ def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
 class Rule:
     """A limit on the requests whose path matches ``path`` (and ``methods``, if given).
 
-    ``rate`` is one or several rates (``"10/s; 1000/day"``). ``key`` says who is charged (default:
-    the client IP). ``bypass=True`` makes matching requests skip every rule. For WebSocket paths,
-    set ``websocket=True``: ``rate`` limits connections and ``message_rate`` limits the messages
-    of each client key (across all its connections). ``name`` labels the limit in headers, keys and metrics (default: the path).
-    ``shadow=True`` evaluates and reports but never blocks.
+    Args:
+        path: Which paths: ``*`` is one segment, ``**`` any number (``/api/**`` also matches ``/api``); a
+            ``re:`` prefix or a compiled pattern is a regex matched against the whole path.
+        rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+            every one must allow. ``None`` only with ``bypass`` or ``message_rate``.
+        key: Who is charged: a key function of the scope (default: the client IP).
+        algorithm: The algorithm's name (default ``"fixed_window"``).
+        methods: The HTTP methods it applies to; the default ``None`` means all.
+        bypass: Matching requests skip every rule.
+        name: Labels the limit in headers, storage keys and metrics; the default ``None`` means the path.
+        cost: What one request costs: a number, or a function of the scope.
+        websocket: Limit WebSocket connections on this path (instead of HTTP requests).
+        message_rate: Limits the messages of each client key on a WebSocket path, across all its
+            connections (implies ``websocket``).
+        shadow: Evaluate and report, but never block.
     """
 
     def __init__(
@@ -114,12 +128,23 @@ class Rule:
         return f"Rule({self.name!r}, {self.rate!r}, algorithm={self.algorithm!r})"
 
     def applies(self, method: str, path: str) -> bool:
+        """Whether this rule's path and methods match the request.
+
+        Args:
+            method: The HTTP method.
+            path: The request path.
+        """
         return (self.methods is None or method in self.methods) and self.pattern.fullmatch(path) is not None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class CompiledRule:
-    """A rule bound to a limiter prefix: everything the hot path needs, precomputed."""
+    """A rule bound to a limiter prefix: everything the hot path needs, precomputed.
+
+    Args:
+        rule: The rule.
+        prefix: The limiter's storage-key prefix.
+    """
 
     __slots__ = (
         "cost",
@@ -163,7 +188,12 @@ class CompiledRule:
     def storage_keys(self, key: str, message: bool = False) -> tuple[str, ...]:
         """Storage keys of this rule's limits for client ``key``, cached for recent keys (as
         tuples of strings, which the garbage collector stops tracking: no GC pauses that grow with
-        the number of clients)."""
+        the number of clients).
+
+        Args:
+            key: The client's key.
+            message: The keys of the WebSocket message limits instead of the connection ones.
+        """
         prefix = self.prefix
         if message:
             scope = self.rule.name + "-msg"
@@ -182,7 +212,12 @@ class CompiledRule:
 @mypyc_attr(allow_interpreted_subclasses=True)
 class RuleSet:
     """Rules compiled once, with matches cached per (method, path), so many rules cost about the
-    same as one. ``replace`` swaps the whole table atomically (used by policy reloads)."""
+    same as one. ``replace`` swaps the whole table atomically (used by policy reloads).
+
+    Args:
+        rules: The rules, in order (bypass rules are checked first).
+        prefix: The limiter's storage-key prefix.
+    """
 
     def __init__(self, rules: Sequence[Rule], prefix: str = "rw") -> None:
         self.prefix = prefix
@@ -194,6 +229,11 @@ class RuleSet:
         return tuple(r for r, _ in self._table[0])
 
     def replace(self, rules: Sequence[Rule]) -> None:
+        """Swap in a new table of rules, atomically.
+
+        Args:
+            rules: The new rules.
+        """
         for rule in rules:
             if not isinstance(rule, Rule):
                 raise TypeError(f"rules must be Rule objects, got {type(rule).__name__}")
@@ -203,6 +243,13 @@ class RuleSet:
         self._table = (ordered, {})
 
     def match(self, method: str, path: str, websocket: bool = False) -> tuple[CompiledRule, ...]:
+        """The compiled rules a request matches (none when a bypass rule matches).
+
+        Args:
+            method: The HTTP method.
+            path: The request path.
+            websocket: Match WebSocket rules instead of HTTP ones.
+        """
         rules, cache = self._table
         cache_key = ("WS" if websocket else method, path)
         found = cache.get(cache_key)
@@ -228,7 +275,11 @@ _policies: dict[tuple[CompiledRule, ...], bytes] = {}
 
 
 def policy_of(rules: tuple[CompiledRule, ...]) -> bytes:
-    """The ``RateLimit-Policy`` value for a request matched by ``rules``: every limit that applied."""
+    """The ``RateLimit-Policy`` value for a request matched by ``rules``: every limit that applied.
+
+    Args:
+        rules: The rules a request matched.
+    """
     if len(rules) == 1:
         return rules[0].policy
     found = _policies.get(rules)

@@ -15,8 +15,15 @@ async def rule_stats(
     limiter: Limiter, rules: Iterable[Rule], key: str, *, group: str | None = None
 ) -> list[dict[str, object]]:
     """One entry per limit of ``rules`` for client ``key``: rule, group, policy, rate, limit,
-    remaining and seconds until reset. Tiered rules report ``group``'s limits (skipped when
-    ``group`` is ``None`` or unlimited); bypass rules are skipped."""
+    remaining and seconds until reset (bypass rules are skipped).
+
+    Args:
+        limiter: The limiter whose store is read.
+        rules: The rules to report.
+        key: The client's key.
+        group: The client's group: tiered rules report that group's limits; with the default ``None`` (or
+            an unlimited group) they are skipped.
+    """
     out: list[dict[str, object]] = []
     for rule in rules:
         if rule.bypass:

@@ -33,13 +33,22 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 
 def algorithm_name(name: str) -> AlgorithmName:
-    """``name`` checked and typed as an algorithm name (for names read from files or options)."""
+    """``name`` checked and typed as an algorithm name (for names read from files or options).
+
+    Args:
+        name: The name to check.
+    """
     get_algorithm(name)
     return cast(AlgorithmName, name)
 
 
 def get_algorithm(name: str) -> Algorithm:
-    """Look an algorithm up by name; the error lists the valid names."""
+    """Look an algorithm up by name; the error lists the valid names.
+
+    Args:
+        name: ``fixed_window``, ``sliding_window``, ``sliding_log``, ``token_bucket``,
+            ``token_bucket_debt``, ``leaky_bucket`` or ``gcra``.
+    """
     try:
         return ALGORITHMS[name]
     except KeyError:

@@ -67,8 +67,13 @@ class EdgeTarget:
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class EdgeCheck:
-    """What the edge decided for one request: ``decision`` (``None`` when nothing was decided, e.g.
-    a fail-open store error) for the ``covered`` dependencies of ``route``."""
+    """What the edge decided for one request.
+
+    Args:
+        route: The route it resolved.
+        covered: The ``RateLimit`` dependencies it checked.
+        decision: What it decided; ``None`` when nothing was (e.g. a fail-open store error).
+    """
 
     __slots__ = ("covered", "decision", "route")
 
@@ -78,6 +83,12 @@ class EdgeCheck:
         self.decision = decision
 
     def covers(self, dependency: object, route: object) -> bool:
+        """Whether the edge already checked ``dependency`` on ``route``.
+
+        Args:
+            dependency: A ``RateLimit`` dependency.
+            route: The route it runs on.
+        """
         return route is self.route and dependency in self.covered
 
 

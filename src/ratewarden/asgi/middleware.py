@@ -26,11 +26,21 @@ __all__ = ["RateLimitMiddleware"]
 class RateLimitMiddleware:
     """Applies ``rules`` to every HTTP request and WebSocket connection.
 
-    ``headers``: ``"always"`` (default), ``"on_limit"`` or ``"off"``; ``header_style``: ``"both"``
-    (IETF draft-10 ``RateLimit``/``RateLimit-Policy`` plus legacy ``X-RateLimit-*``), ``"ietf"``
-    or ``"legacy"``. ``on_limit`` replaces the 429 problem+json answer: it receives the scope and the
-    decision and returns an ASGI app (e.g. a Starlette ``Response``).
-    ``rules`` may be a list or a ``RuleSet`` (whose ``replace`` swaps rules at run time).
+    Args:
+        app: The ASGI app to protect.
+        limiter: Checks the limits on its store.
+        rules: A list, or a ``RuleSet`` (whose ``replace`` swaps rules at run time).
+        headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` (429 answers only) or
+            ``"off"``.
+        header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` (draft-10
+            ``RateLimit``/``RateLimit-Policy``) or ``"legacy"`` (``X-RateLimit-*``).
+        on_limit: Replaces the problem+json 429: receives the scope and the decision and returns an ASGI
+            app (e.g. a Starlette ``Response``); ``None`` keeps the default answer.
+        websocket_deny: How a refused WebSocket connection is answered: an HTTP 429 (``"http"``, needs the
+            ``websocket.http.response`` extension), a close frame after accepting (``"close"``), or the
+            first the server supports (``"auto"``).
+        websocket_on_message_limit: What a message over its limit does: a JSON ``rate_limit`` notice
+            (``"notify"``) or closing the connection with code 1008 (``"close"``).
     """
 
     def __init__(

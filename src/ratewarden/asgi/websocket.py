@@ -42,7 +42,15 @@ TRY_AGAIN_LATER = 1013
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class WebSocketLimits:
-    """Connection and message limiting for the WebSocket rules of a middleware."""
+    """Connection and message limiting for the WebSocket rules of a middleware.
+
+    Args:
+        limiter: Checks the limits on its store.
+        deny: How a refused connection is answered: ``"http"`` (a 429), ``"close"`` (a close frame after
+            accepting) or ``"auto"`` (the first the server supports).
+        on_message_limit: A message over its limit gets a JSON notice (``"notify"``) or closes the
+            connection with 1008 (``"close"``).
+    """
 
     def __init__(
         self, limiter: Limiter, deny: WebSocketDeny = "auto", on_message_limit: MessageLimitAction = "notify"
@@ -60,6 +68,15 @@ class WebSocketLimits:
     async def handle(
         self, app: ASGIApp, rules: Sequence[CompiledRule], scope: Scope, receive: Receive, send: Send
     ) -> None:
+        """Serve one WebSocket connection under ``rules``: check the connection, then each message.
+
+        Args:
+            app: The ASGI app serving it.
+            rules: The WebSocket rules it matched.
+            scope: The ASGI connection scope.
+            receive: The ASGI ``receive`` callable.
+            send: The ASGI ``send`` callable.
+        """
         connect_rules = [r for r in rules if r.limits]
         if connect_rules:
             try:

@@ -32,7 +32,13 @@ STATE_KEY = "ratewarden"
 
 
 class RequestContext:
-    """What ``PolicyMiddleware`` knows and decided about one request."""
+    """What ``PolicyMiddleware`` knows and decided about one request.
+
+    Args:
+        runtime: The policy in force for this request.
+        rules: The rules it matched.
+        plan: What those rules need beyond a plain check.
+    """
 
     __slots__ = ("ban_key", "decision", "group", "identity", "plan", "rules", "runtime", "shadow", "would_deny")
 
@@ -53,7 +59,11 @@ class RequestContext:
 
 
 def context_of(scope: Scope) -> RequestContext | None:
-    """The context ``PolicyMiddleware`` attached to this request, if any."""
+    """The context ``PolicyMiddleware`` attached to this request, if any.
+
+    Args:
+        scope: The ASGI connection scope.
+    """
     state = scope.get("state")
     if state:
         found = state.get(STATE_KEY)

@@ -101,7 +101,13 @@ def yaml_locator(text: str) -> Locate:
 
 def parse_policy(text: str, format: str = "toml", source: str = "<policy>") -> Policy:
     """Parse and validate policy ``text`` (``format`` is ``"toml"`` or ``"yaml"``); every problem
-    with the text raises ``PolicyError``."""
+    with the text raises ``PolicyError``.
+
+    Args:
+        text: The policy.
+        format: ``"toml"`` or ``"yaml"``.
+        source: Its name, for messages.
+    """
     try:
         return _parse_policy(text, format, source)
     except RecursionError:  # the parsers recurse per nesting level: "[[[[..." thousands deep
@@ -174,7 +180,11 @@ def _line_from_message(message: str) -> int | None:
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Read and validate the policy file at ``path`` (``.toml``, ``.yaml`` or ``.yml``)."""
+    """Read and validate the policy file at ``path`` (``.toml``, ``.yaml`` or ``.yml``).
+
+    Args:
+        path: The policy file.
+    """
     file = Path(path)
     suffix = file.suffix.lower()
     if suffix == ".toml":

@@ -86,13 +86,21 @@ def _owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
 class PolicyMiddleware(RateLimitMiddleware, Operations):
     """Rate limiting driven by rules or a policy file, with the operational modes.
 
-    ``policy``: a path to a TOML/YAML policy file (or a loaded ``Policy``); its rules replace
-    ``rules``. ``watch``: poll the file every this many seconds and reload on change (``None``
-    disables; ``reload()`` and ``SIGHUP`` with ``sighup=True`` always work).
-    ``shadow``: count and log, never block (the policy's ``settings.shadow`` overrides it).
-    ``bans``: a ``Bans`` (the policy's ``[bans]`` overrides it). ``metrics``: a ``Metrics``.
-    ``shadow_header``: add ``RateLimit-Shadow`` to responses that a shadow limit would have denied.
-    Other keyword arguments are those of ``RateLimitMiddleware``.
+    Args:
+        app: The ASGI app to protect.
+        limiter: Checks the limits on its store.
+        rules: The rules, when no ``policy`` gives them.
+        policy: A TOML/YAML policy file's path (or a loaded ``Policy``); its rules replace ``rules``.
+        watch: Poll the file every this many seconds and reload it on change; ``None`` disables
+            (``reload()`` and, with ``sighup``, ``SIGHUP`` always work).
+        sighup: Reload the policy file on ``SIGHUP``.
+        shadow: Count and log, never block (the policy's ``settings.shadow`` overrides it).
+        bans: Bans to enforce (the policy's ``[bans]`` overrides it); ``None`` for none.
+        metrics: Where to record metrics; ``None`` records none.
+        shadow_header: Add ``RateLimit-Shadow`` to responses a shadow limit would have denied.
+        show_group: 429 bodies name the caller's group (the policy's ``settings.show_group = false`` also
+            turns it off).
+        **kwargs: Those of ``RateLimitMiddleware`` (``headers``, ``header_style``, ``on_limit``...).
     """
 
     def __init__(
@@ -146,7 +154,11 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         return self._runtime.bans
 
     def apply(self, policy: Policy) -> None:
-        """Swap in ``policy`` atomically (one assignment); ban lists carry over."""
+        """Swap in ``policy`` atomically (one assignment); ban lists carry over.
+
+        Args:
+            policy: The new policy, already validated.
+        """
         shadow, bans, show_group = self._defaults
         old = self._runtime.bans
         new_bans = policy.bans if policy.bans is not None else bans

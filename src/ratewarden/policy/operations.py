@@ -34,11 +34,20 @@ class Operations:
 
     async def block(self, key: str, seconds: float) -> float:
         """Ban ``key`` (as produced by the bans' key function) for ``seconds``, in every worker
-        sharing the store; returns the seconds left on the ban in force."""
+        sharing the store; returns the seconds left on the ban in force.
+
+        Args:
+            key: Who, as the bans' key function produces it (e.g. the client IP).
+            seconds: How long the ban lasts.
+        """
         return await self._bans().block(self.limiter, key, seconds)
 
     async def unblock(self, key: str) -> None:
-        """Lift ``key``'s ban (other workers follow within the bans' ``cache_for`` seconds)."""
+        """Lift ``key``'s ban (other workers follow within the bans' ``cache_for`` seconds).
+
+        Args:
+            key: Who, as the bans' key function produces it (e.g. the client IP).
+        """
         await self._bans().unblock(self.limiter, key)
 
     def _rule_named(self, name: str, group: str | None) -> CompiledRule:
@@ -62,18 +71,33 @@ class Operations:
         return min(decisions, key=lambda d: d.remaining)
 
     async def penalty(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
-        """Charge ``points`` to ``key`` under rule ``rule`` regardless of its limit (saturating)."""
+        """Charge ``points`` to ``key`` under rule ``rule`` regardless of its limit (saturating).
+
+        Args:
+            rule: The rule's name.
+            key: Who, as the rule's key function produces it (e.g. the client IP).
+            points: Units to charge.
+            group: The client's group, for tiered rules (``None``: untiered).
+        """
         return await self._adjust(rule, key, points, group)
 
     async def reward(self, rule: str, key: str, points: float, group: str | None = None) -> Decision:
-        """Give ``points`` back to ``key`` under rule ``rule``."""
+        """Give ``points`` back to ``key`` under rule ``rule``.
+
+        Args:
+            rule: The rule's name.
+            key: Who, as the rule's key function produces it (e.g. the client IP).
+            points: Units to give back.
+            group: The client's group, for tiered rules (``None``: untiered).
+        """
         return await self._adjust(rule, key, -points, group)
 
     async def stats(self, key: str | None = None, *, api_key: str | None = None) -> list[dict[str, object]]:
         """Current state of a client across every limit that can apply to it, charging nothing.
 
-        ``key`` is a storage key as the rules' key functions produce it (e.g. the client IP);
-        ``api_key`` resolves the caller's group and key through the policy's identity instead.
+        Args:
+            key: A key as the rules' key functions produce it (e.g. the client IP).
+            api_key: An API key instead: the policy's identity resolves the caller's group and key.
         """
         group = None
         rules = self._runtime.rules.rules

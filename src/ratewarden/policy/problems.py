@@ -20,7 +20,14 @@ Locate = Callable[[Sequence[str | int]], "int | None"]
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a policy file."""
+    """One thing wrong with a policy file.
+
+    Args:
+        field: Where in the document, as a field path (``""`` for the whole document).
+        message: What is wrong.
+        line: The line number, when known.
+        source: The file's name.
+    """
 
     field: str
     message: str
@@ -33,7 +40,11 @@ class Problem:
 
 
 class PolicyError(ConfigurationError):
-    """A policy file that cannot be used; ``problems`` lists every issue found."""
+    """A policy file that cannot be used.
+
+    Args:
+        problems: Every issue found.
+    """
 
     def __init__(self, problems: Sequence[Problem]) -> None:
         self.problems = list(problems)

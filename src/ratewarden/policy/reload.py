@@ -27,7 +27,13 @@ log = logging.getLogger("ratewarden.policy")
 
 
 class PolicyReloader:
-    """Watches ``path`` and calls ``apply(policy)`` with each valid new version."""
+    """Watches ``path`` and calls ``apply(policy)`` with each valid new version.
+
+    Args:
+        path: The policy file.
+        apply: Receives each valid new version.
+        interval: Seconds between checks of the file.
+    """
 
     def __init__(self, path: str | Path, apply: Callable[[Policy], None], *, interval: float = 1.0) -> None:
         if not interval > 0:

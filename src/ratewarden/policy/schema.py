@@ -38,7 +38,20 @@ _SETTINGS = ("algorithm", "shadow", "show_group", "store")
 
 @dataclass
 class Policy:
-    """A validated policy, ready to build rules from."""
+    """A validated policy, ready to build rules from.
+
+    Args:
+        rules: The rules to enforce.
+        tiers: The ``[identity]``/``[groups]`` tiers, if any.
+        bans: The ``[bans]`` settings, if any.
+        shadow: ``settings.shadow``: count and log, never block.
+        show_group: ``settings.show_group``: 429 bodies name the caller's group.
+        algorithm: ``settings.algorithm``: the default algorithm of the rules.
+        source: Where it was read from, for messages.
+        data: The parsed file, as read.
+        store: ``settings.store``: a store URL (``shm://api``, ``redis://...``); ``None`` means a
+            ``MemoryStore``.
+    """
 
     rules: list[Rule]
     tiers: Tiers | None = None

@@ -34,7 +34,18 @@ _CACHE_LIMIT = 10_000
 
 
 class Identity:
-    """Finds the caller's API key and group."""
+    """Finds the caller's API key and group.
+
+    Args:
+        sources: Where to look for the API key, in order: ``"header:<Name>"``, ``"bearer"`` or
+            ``"query:<name>"``.
+        keys: API key to group.
+        hashed_keys: SHA-256 hex digest of an API key to group, so the file holds no secrets.
+        patterns: Glob pattern of API keys to group, tried in order after ``keys`` and ``hashed_keys``.
+        unknown_group: The group of an API key nothing matches.
+        anonymous_group: The group of requests without an API key.
+        anonymous_key: Who an anonymous request is (default: the client IP).
+    """
 
     def __init__(
         self,
@@ -72,7 +83,11 @@ class Identity:
         }
 
     def group_of(self, api_key: str) -> str:
-        """The group of a presented API key."""
+        """The group of a presented API key.
+
+        Args:
+            api_key: The key as presented.
+        """
         group = self.keys.get(api_key)
         if group is not None:
             return group
@@ -86,7 +101,11 @@ class Identity:
         return self.unknown_group
 
     def api_key(self, scope: Scope) -> str | None:
-        """The first API key found in the request, or ``None``."""
+        """The first API key found in the request, or ``None``.
+
+        Args:
+            scope: The ASGI connection scope.
+        """
         for extract in self.extractors:
             value = extract(scope)
             if value:
@@ -94,12 +113,20 @@ class Identity:
         return None
 
     def client_key(self, api_key: str) -> str:
-        """The storage key of an API key (a digest: secrets never reach the store)."""
+        """The storage key of an API key (a digest: secrets never reach the store).
+
+        Args:
+            api_key: The key as presented.
+        """
         return "k:" + digest(api_key)
 
     def resolve(self, scope: Scope) -> tuple[str, str]:
         """``(group, client key)`` of this request (remembered in the request's ``PolicyMiddleware``
-        context, so the group choice and the key function resolve it once)."""
+        context, so the group choice and the key function resolve it once).
+
+        Args:
+            scope: The ASGI connection scope.
+        """
         context = context_of(scope)
         if context is not None:
             found = context.identity
@@ -124,16 +151,29 @@ class Identity:
         return result
 
     def key(self, scope: Scope) -> str:
-        """Key function: the caller's storage key."""
+        """Key function: the caller's storage key.
+
+        Args:
+            scope: The ASGI connection scope.
+        """
         return self.resolve(scope)[1]
 
     def group(self, scope: Scope) -> str:
-        """The caller's group."""
+        """The caller's group.
+
+        Args:
+            scope: The ASGI connection scope.
+        """
         return self.resolve(scope)[0]
 
 
 class Tiers:
-    """Groups and their limits (``None`` = unlimited), with the ``Identity`` that picks the group."""
+    """Groups and their limits (``None`` = unlimited), with the ``Identity`` that picks the group.
+
+    Args:
+        groups: Group name to its rates (``None``: unlimited).
+        identity: Picks each request's group.
+    """
 
     def __init__(self, groups: Mapping[str, str | Rate | Iterable[str | Rate] | None], identity: Identity) -> None:
         if not groups:
@@ -146,10 +186,17 @@ class Tiers:
 
 
 class PolicyRule(Rule):
-    """A ``Rule`` with the policy extras: limits from ``tiers`` (instead of ``rate``), a ``delay``
-    instead of immediate rejection, and a ``charge`` deciding after the response whether it counts.
+    """A ``Rule`` with the policy extras.
 
     Enforced by ``PolicyMiddleware`` (a plain ``RateLimitMiddleware`` ignores the tier limits).
+
+    Args:
+        path: Which paths, as for ``Rule``.
+        rate: The rate, when ``tiers`` do not give it.
+        tiers: Limits per group, instead of ``rate``.
+        delay: Hold requests over the rate for a while instead of rejecting them at once.
+        charge: Decides after the response whether the request counts.
+        **kwargs: Those of ``Rule``.
     """
 
     def __init__(
@@ -177,7 +224,11 @@ class PolicyRule(Rule):
         self._group_rules: dict[str, dict[str, CompiledRule | None]] = {}
 
     def group_rules(self, prefix: str) -> dict[str, CompiledRule | None]:
-        """One compiled rule per group (``None`` for unlimited groups), for storage ``prefix``."""
+        """One compiled rule per group (``None`` for unlimited groups), for storage ``prefix``.
+
+        Args:
+            prefix: The limiter's storage-key prefix.
+        """
         found = self._group_rules.get(prefix)
         if found is None:
             assert self.tiers is not None

@@ -44,7 +44,11 @@ class Store(ABC):
     server_clock: ClassVar[bool] = False
 
     def supports(self, capability: Capability) -> bool:
-        """Whether this store has ``capability`` (``"local"``, ``"adjust"``, ``"server_clock"``)."""
+        """Whether this store has ``capability`` (``"local"``, ``"adjust"``, ``"server_clock"``).
+
+        Args:
+            capability: ``"local"``, ``"adjust"`` or ``"server_clock"``.
+        """
         if capability == "local":
             return self.local
         if capability == "adjust":
@@ -52,7 +56,12 @@ class Store(ABC):
         return self.server_clock
 
     def require(self, capability: Capability, needed_by: str) -> None:
-        """Raise ``ConfigurationError`` at start-up when ``needed_by`` needs a missing capability."""
+        """Raise ``ConfigurationError`` at start-up when ``needed_by`` needs a missing capability.
+
+        Args:
+            capability: What is needed: ``"local"``, ``"adjust"`` or ``"server_clock"``.
+            needed_by: The option needing it, named in the error (e.g. ``"charge="``).
+        """
         if not self.supports(capability):
             raise ConfigurationError(
                 f"{needed_by} needs a store that can {_ABILITIES[capability]}; "
@@ -61,15 +70,30 @@ class Store(ABC):
 
     @abstractmethod
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        """Charge all or nothing; return the deciding decision."""
+        """Charge all or nothing; return the deciding decision.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
 
     @abstractmethod
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        """Each limit's current decision for a zero-cost request, charging nothing."""
+        """Each limit's current decision for a zero-cost request, charging nothing.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+        """
 
     @abstractmethod
     async def reset(self, keys: Sequence[str]) -> None:
-        """Forget the state of these storage keys."""
+        """Forget the state of these storage keys.
+
+        Args:
+            keys: The storage keys to forget.
+        """
 
     async def clear(self) -> None:
         """Forget every key this store holds for ratewarden."""
@@ -79,26 +103,51 @@ class Store(ABC):
         """Release connections; the default has nothing to release."""
 
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        """Synchronous ``hit`` for local stores."""
+        """Synchronous ``hit`` for local stores.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
         raise NotImplementedError(f"{type(self).__name__} has no synchronous hit")
 
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        """Synchronous ``peek`` for local stores."""
+        """Synchronous ``peek`` for local stores.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+        """
         raise NotImplementedError(f"{type(self).__name__} has no synchronous peek")
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        """Apply ``amounts[i]`` to ``keys[i]`` without a limit check (negative = refund); stores
-        with ``can_adjust``."""
+        """Apply ``amounts[i]`` to ``keys[i]`` without a limit check; stores with ``can_adjust``.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units to charge to each key; negative gives them back (a refund).
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot refund or penalise (no adjust())")
 
     def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
-        """A rejection this process already knows to hold, answered without I/O (or ``None``)."""
+        """A rejection this process already knows to hold, answered without I/O (or ``None``).
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
         return None
 
 
 def combine(decisions: Sequence[Decision]) -> Decision:
     """The decision to report for several limits: the longest wait among denials, else the
-    allowance with the fewest remaining."""
+    allowance with the fewest remaining.
+
+    Args:
+        decisions: One per limit, in any order.
+    """
     chosen = decisions[0]
     if len(decisions) == 1:
         return chosen

@@ -32,7 +32,18 @@ _T = TypeVar("_T")
 
 
 class Breaker(Store):
-    """A ``Store`` that stops calling ``store`` while it keeps failing (see module docstring)."""
+    """A ``Store`` that stops calling ``store`` while it keeps failing (see module docstring).
+
+    Args:
+        store: The store to protect.
+        failures: Failed checks in a row that open the breaker.
+        cooldown: Seconds it stays open before one check probes the store again.
+        timeout: Seconds each call may take (``asyncio.wait_for``); the default ``None`` leaves that to
+            stores that bound their own calls.
+        fallback: Answers checks while the breaker is open (a local store, per process); with the default
+            ``None`` they raise ``StoreError`` at once.
+        clock: Monotonic seconds; replace it to test with a fake clock.
+    """
 
     def __init__(
         self,

@@ -111,9 +111,14 @@ class _Client(aiomcache.Client):
 class MemcachedStore(Store):
     """Limits kept in memcached, built from ``memcached://host:port``.
 
-    ``timeout`` (seconds per check, default 0.05), ``pool_size`` (default 8) and ``retries``
-    (CAS attempts before ``StoreError``, default 50) may also come from the URL's query.
-    ``clock`` replaces ``time.time`` (tests).
+    Keyword arguments override the URL's query options of the same name.
+
+    Args:
+        url: ``memcached://host:port``, with options in its query.
+        timeout: Seconds per check (default 0.05).
+        pool_size: Connections (default 8).
+        retries: CAS attempts before ``StoreError``.
+        clock: Seconds since the epoch; replace it in tests.
     """
 
     can_adjust = True

@@ -38,7 +38,13 @@ _OVERFLOW = "\x00overflow:"
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class MemoryStore(Store):
-    """A bounded, lock-light, O(1)-per-check store living in this process."""
+    """A bounded, lock-light, O(1)-per-check store living in this process.
+
+    Args:
+        max_keys: How many keys it holds; past that, expired keys are swept and new keys share one
+            overflow state per limit (logged once).
+        clock: Seconds since the epoch; replace it to test with a fake clock.
+    """
 
     local = True
     can_adjust = True  # through ratewarden.charges, which edits the table directly
@@ -149,6 +155,11 @@ class MemoryStore(Store):
         return out
 
     def reset_now(self, keys: Sequence[str]) -> None:
+        """Synchronous ``reset``.
+
+        Args:
+            keys: The storage keys to forget.
+        """
         with self._lock:
             for key in keys:
                 self._data.pop(key, None)
@@ -172,6 +183,10 @@ class MemoryStore(Store):
         self.clear_now()
 
     def state_of(self, key: str) -> State | None:
-        """The live state stored under ``key`` (for tests and stats)."""
+        """The live state stored under ``key`` (for tests and stats).
+
+        Args:
+            key: A storage key.
+        """
         entry = self._data.get(key)
         return entry[1] if entry is not None and entry[0] > self.clock() else None

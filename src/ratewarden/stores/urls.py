@@ -49,7 +49,19 @@ OPTIONS: dict[str, type] = {
 
 @dataclass
 class StoreURL:
-    """A parsed store URL. ``hosts`` lists every ``host:port`` given (comma-separated)."""
+    """A parsed store URL.
+
+    Args:
+        kind: ``"standalone"``, ``"sentinel"``, ``"cluster"`` or ``"memcached"``.
+        hosts: Every ``host:port`` given (comma-separated in the URL).
+        tls: Whether to connect with TLS (``rediss://``).
+        db: The Redis database number.
+        service: The Sentinel master's name.
+        username: The user, if the URL names one.
+        password: The password, if the URL has one.
+        options: The query options, converted to their types.
+        text: The URL with its password hidden, for messages.
+    """
 
     kind: str  # standalone | sentinel | cluster | memcached
     hosts: list[tuple[str, int]]
@@ -62,11 +74,21 @@ class StoreURL:
     text: str = ""  # the URL with its password hidden, for messages
 
     def option(self, name: str, default: object) -> object:
+        """The query option ``name``, or ``default``.
+
+        Args:
+            name: The option's name.
+            default: What to return when the URL does not set it.
+        """
         return self.options.get(name, default)
 
 
 def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
+    """``url`` with any password replaced by ``***``.
+
+    Args:
+        url: Any URL.
+    """
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -78,7 +100,12 @@ def redact(url: str) -> str:
 def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
     """Parse ``url``; ``allowed`` lists the kinds the calling store supports.
 
-    A little over 60 lines: one check after another, each raising its own message naming the URL."""
+    A little over 60 lines: one check after another, each raising its own message naming the URL.
+
+    Args:
+        url: The store's URL.
+        allowed: The kinds the calling store supports.
+    """
     if not isinstance(url, str):
         raise ValueError(f"store URL must be a string, got {type(url).__name__}")
     text = redact(url)
@@ -151,7 +178,11 @@ LOCAL_OPTIONS: dict[str, dict[str, type]] = {
 
 def parse_local_url(url: str) -> tuple[str, str, dict[str, object]]:
     """Parse ``shm://<name>?max_keys=..&log_size=..&directory=..`` or ``memory://?max_keys=..``
-    into ``(kind, name, options)``, naming any mistake."""
+    into ``(kind, name, options)``, naming any mistake.
+
+    Args:
+        url: A ``shm://`` or ``memory://`` URL.
+    """
     if not isinstance(url, str):
         raise ValueError(f"store URL must be a string, got {type(url).__name__}")
     parts = urlsplit(url)
@@ -177,7 +208,11 @@ def parse_local_url(url: str) -> tuple[str, str, dict[str, object]]:
 
 
 def check_store_url(url: str) -> None:
-    """Raise ``ValueError`` if ``url`` is not a store URL ratewarden understands (nothing is opened)."""
+    """Raise ``ValueError`` if ``url`` is not a store URL ratewarden understands (nothing is opened).
+
+    Args:
+        url: The URL to check.
+    """
     scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
     if scheme in LOCAL_OPTIONS:
         kind, name, _ = parse_local_url(url)
@@ -191,7 +226,11 @@ def check_store_url(url: str) -> None:
 
 def open_store(url: str) -> Store:
     """The store a URL names: ``memory://``, ``shm://<name>``, ``redis://``/``valkey://`` (and
-    their TLS, Sentinel and Cluster forms) or ``memcached://``."""
+    their TLS, Sentinel and Cluster forms) or ``memcached://``.
+
+    Args:
+        url: The store's URL.
+    """
     check_store_url(url)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":

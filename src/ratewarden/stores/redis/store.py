@@ -32,10 +32,19 @@ _CACHE_MAX = 100_000  # rejections remembered at most; expired ones are pruned f
 class RedisStore(Store):
     """Limits kept in Redis or Valkey (standalone, Sentinel or Cluster), built from a URL.
 
-    Keyword arguments override the URL's query options: ``timeout`` (seconds per check,
-    default 0.025), ``connect_timeout`` (default 1), ``pool_size`` (default 8), ``coalesce``
-    and ``cache`` (default on). ``prefix`` is what ``clear`` deletes (``<prefix>:*``).
-    ``clock`` replaces the server clock (tests only: it makes time deterministic).
+    Keyword arguments override the URL's query options of the same name.
+
+    Args:
+        url: ``redis://``, ``rediss://`` (TLS), ``valkey://``, or their Sentinel and Cluster forms, with
+            options in its query.
+        timeout: Seconds per check (default 0.025).
+        connect_timeout: Seconds to connect (default 1).
+        pool_size: Connections (default 8).
+        coalesce: Send checks made at the same time in one pipeline (default on).
+        cache: Answer rejections known to hold from a local cache, without a round trip (default on).
+        prefix: The storage-key prefix ``clear`` deletes (``<prefix>:*``).
+        clock: Replaces the server clock (tests only: it makes time deterministic); the default ``None``
+            uses the server's.
     """
 
     can_adjust = True

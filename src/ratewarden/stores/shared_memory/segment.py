@@ -43,8 +43,13 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 def segment_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
-    """Where the table called ``name`` lives: ``<directory>/ratewarden-<name>.shm``
-    (``directory`` defaults to ``/dev/shm`` when it exists, else the temporary directory)."""
+    """Where the table called ``name`` lives: ``<directory>/ratewarden-<name>.shm``.
+
+    Args:
+        name: The table's name: 1 to 100 letters, digits, ``_``, ``-`` or ``.``.
+        directory: The directory; the default ``None`` is ``/dev/shm`` when it exists, else the temporary
+            directory.
+    """
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ValueError(
             f"shared-memory store name must be 1-100 letters, digits, '_', '-' or '.', got {name!r}"

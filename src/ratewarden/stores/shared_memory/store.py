@@ -78,11 +78,19 @@ def _attach(path: Path, max_keys: int, log_size: int, lock: str) -> Segment:
 class SharedMemoryStore(Store):
     """An exact store shared by every process on this host that opens the same ``name``.
 
-    ``max_keys`` bounds the live states (as ``MemoryStore``); ``log_size`` bounds the timestamps
-    a ``sliding_log`` key keeps (a sliding-log limit above it is refused at its first check);
-    ``directory`` is where the file lives (default ``/dev/shm``, else the temporary directory).
     Every process must open a name with the same sizes. ``close()`` unmaps this process's view
     and keeps the file (and counters) for the other workers; ``unlink()`` removes the file.
+
+    Args:
+        name: The shared table's name (its file name).
+        max_keys: Live states it holds at most (as ``MemoryStore``).
+        directory: Where the file lives; the default ``None`` is ``/dev/shm``, else the temporary
+            directory.
+        log_size: Timestamps a ``sliding_log`` key keeps; a sliding-log limit above it is refused at its
+            first check.
+        clock: Seconds since the epoch; replace it to test with a fake clock.
+        lock: ``"mutex"`` (process-shared robust mutexes, Linux), ``"lockf"``, or ``"auto"``: the mutexes
+            where the platform has them.
     """
 
     local = True
@@ -122,7 +130,12 @@ class SharedMemoryStore(Store):
     @classmethod
     def from_url(cls, url: str, **overrides: object) -> SharedMemoryStore:
         """``shm://<name>?max_keys=65536&log_size=128&directory=/dev/shm``; keyword arguments
-        (e.g. ``clock``) override the URL's options."""
+        (e.g. ``clock``) override the URL's options.
+
+        Args:
+            url: The ``shm://`` URL.
+            **overrides: Override the URL's options (e.g. ``clock``).
+        """
         from ..urls import parse_local_url
 
         kind, name, options = parse_local_url(url)
@@ -160,7 +173,11 @@ class SharedMemoryStore(Store):
         self._checked.add(limit.suffix)
 
     def check_limits(self, limits: Sequence[Limit]) -> None:
-        """Raise ``ValueError`` now for any limit this table cannot hold (call at start-up)."""
+        """Raise ``ValueError`` now for any limit this table cannot hold (call at start-up).
+
+        Args:
+            limits: The limits it will be asked to check.
+        """
         for limit in limits:
             self._check_limit(limit)
 
@@ -312,7 +329,13 @@ class SharedMemoryStore(Store):
         return out
 
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        """Charge (positive) or refund (negative) without denying, as ``MemoryStore`` does."""
+        """Charge (positive) or refund (negative) without denying, as ``MemoryStore`` does.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units per key: positive charges, negative refunds.
+        """
         from ...charges import adjusted_state
 
         if not len(keys) == len(limits) == len(amounts):
@@ -342,6 +365,11 @@ class SharedMemoryStore(Store):
         return out
 
     def reset_now(self, keys: Sequence[str]) -> None:
+        """Synchronous ``reset``.
+
+        Args:
+            keys: The storage keys to forget.
+        """
         seg = self._segment()
         slots = [self._slot(seg, key) for key in keys]
         with seg.tlock, locked(seg, [s.region for s in slots]):
@@ -390,7 +418,11 @@ class SharedMemoryStore(Store):
         return sum(count(seg, region) for region in seg.regions)
 
     def state_of(self, key: str) -> State | None:
-        """The live state stored under ``key`` (for tests and stats)."""
+        """The live state stored under ``key`` (for tests and stats).
+
+        Args:
+            key: A storage key.
+        """
         seg = self._segment()
         slot = self._slot(seg, key)
         now = self.clock()
