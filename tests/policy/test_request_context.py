@@ -13,7 +13,7 @@ from starlette.routing import Route
 from ratewarden import Limiter, MemoryStore, Rule
 from ratewarden.keys import header
 from ratewarden.policy import Identity, PolicyMiddleware, PolicyRule, Tiers
-from ratewarden.policy.context import RequestContext
+from ratewarden.context import RequestContext
 
 from .apps import build_app, client
 

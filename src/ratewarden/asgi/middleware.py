@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Sequence
 
 from .._mypyc import mypyc_attr
+from ..context import context_for
 from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
@@ -76,7 +77,7 @@ class RateLimitMiddleware:
             if decision is None:
                 await self.app(scope, receive, send)
                 return
-            scope.setdefault("state", {})["ratewarden.decision"] = decision
+            context_for(scope).decision = decision
             if not decision.allowed:
                 await self._reject(scope, receive, send, decision, policy_of(matched))
                 return
