@@ -53,14 +53,12 @@ class EdgeCheck:
 class RequestContext:
     """What ratewarden knows and decided about one request (see the module's docstring)."""
 
-    __slots__ = ("decision", "edge", "group", "shadow", "would_deny")
-
-    def __init__(self, decision: Decision | None = None) -> None:
-        self.decision = decision
-        self.shadow: tuple[Decision, ...] = ()
-        self.edge: EdgeCheck | None = None
-        self.group = ""
-        self.would_deny: Decision | None = None
+    # Defaults in the class body, no __init__: one is created per limited request, the cheapest way.
+    decision: Decision | None = None
+    shadow: tuple[Decision, ...] = ()
+    edge: EdgeCheck | None = None
+    group: str = ""
+    would_deny: Decision | None = None
 
     def __repr__(self) -> str:
         return (

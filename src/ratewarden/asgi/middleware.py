@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Sequence
 
 from .._mypyc import mypyc_attr
-from ..context import context_for
+from ..context import STATE_KEY, RequestContext
 from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
@@ -77,7 +77,13 @@ class RateLimitMiddleware:
             if decision is None:
                 await self.app(scope, receive, send)
                 return
-            context_for(scope).decision = decision
+            state = scope.get("state")
+            if state is None:
+                state = scope["state"] = {}
+            context = state.get(STATE_KEY)
+            if not isinstance(context, RequestContext):
+                context = state[STATE_KEY] = RequestContext()
+            context.decision = decision
             if not decision.allowed:
                 await self._reject(scope, receive, send, decision, policy_of(matched))
                 return

@@ -22,8 +22,6 @@ __all__ = ["PolicyContext"]
 class PolicyContext(RequestContext):
     """A ``RequestContext`` with what ``PolicyMiddleware`` needs while it handles the request."""
 
-    __slots__ = ("ban_key", "identity", "plan", "rules", "runtime")
-
     def __init__(self, runtime: Runtime, rules: Sequence[CompiledRule], plan: Plan) -> None:
         super().__init__()
         self.runtime = runtime
