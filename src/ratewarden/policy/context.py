@@ -30,4 +30,3 @@ class PolicyContext(RequestContext):
         self.ban_key: str | None = None
         # (the Identity that resolved it, (group, storage key)): resolved once per request
         self.identity: tuple[Identity, tuple[str, str]] | None = None
-
