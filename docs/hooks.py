@@ -1,6 +1,6 @@
-"""mkdocs hooks: the site's home page is the README, and links from the docs to files outside
-docs/ (the examples) point at the repository, so the same Markdown reads well on GitHub and builds
-strictly as a site."""
+"""mkdocs hooks: the site's home page is the README (links to it from the docs lead there), and
+links from the docs to files outside docs/ (the examples) point at the repository, so the same
+Markdown reads well on GitHub and builds strictly as a site."""
 
 from __future__ import annotations
 
@@ -14,4 +14,5 @@ def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
     if page.file.src_uri == "index.md":
         markdown = README.read_text(encoding="utf-8").replace("](docs/", "](")
     blob = f"{config['repo_url'].rstrip('/')}/blob/main/"
+    markdown = markdown.replace("](../README.md", "](index.md")  # the README is the site's home page
     return markdown.replace("](../examples/", f"]({blob}examples/").replace("](examples/", f"]({blob}examples/")

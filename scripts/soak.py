@@ -68,7 +68,7 @@ end
 
 
 def build_app(redis_url: str, limit: int, on_error: str) -> Any:
-    from ratewarden import Limiter, RateLimitMiddleware, Rule
+    from ratewarden import Limiter, RateLimitMiddleware, Rule, context_of
     from ratewarden.keys import header
     from ratewarden.stores.redis import RedisStore
 
@@ -84,7 +84,8 @@ def build_app(redis_url: str, limit: int, on_error: str) -> Any:
             }).encode()
         else:
             if dict(scope["headers"]).get(b"x-key") == HOT.encode():
-                decision = scope.get("state", {}).get("ratewarden.decision")
+                context = context_of(scope)
+                decision = context.decision if context is not None else None
                 if decision is not None:
                     allowed[round(time.time() + decision.reset_after)] += 1
                 else:

@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING
 
 from . import _mypyc
 from .asgi.middleware import RateLimitMiddleware
+from .context import RequestContext, context_of
 from .decision import Decision
 from .errors import ConfigurationError, LimitUnavailable, RatewardenError, StoreError
 from .limiter import Limiter
@@ -29,11 +30,13 @@ __all__ = [
     "Rate",
     "RateLimitMiddleware",
     "RatewardenError",
+    "RequestContext",
     "Rule",
     "RuleSet",
     "Store",
     "StoreError",
     "build_description",
+    "context_of",
     "parse_rate",
     "parse_rates",
 ]

@@ -5,8 +5,8 @@ FastAPI will run, using FastAPI's and Starlette's own ``route.matches`` in route
 included routers, mounts, path converters, methods), collects the ``RateLimit`` dependencies of that
 route's dependency tree (route, router and app level) and charges them once, before routing and
 dependency solving. A denied request gets the same problem+json 429 as ``RateLimitMiddleware`` and
-never reaches the router. An allowed one carries an ``EdgeCheck`` in
-``scope["state"]["ratewarden.edge"]``, so each dependency returns the decision without charging
+never reaches the router. An allowed one carries an ``EdgeCheck`` in its context
+(``ratewarden.context_of(request).edge``), so each dependency returns the decision without charging
 again. Requests the layer cannot resolve (and dependencies it did not see) fall back to the
 dependency checking the limit itself. The per-request part is ``ratewarden.asgi.edge`` (compiled);
 this module resolves routes and builds their targets, once per route and path.

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 
+from .context import context_for
 from .decision import Decision
 from .errors import LimitUnavailable
 from .keys import key_text
@@ -55,13 +56,13 @@ async def check_rules(
     rules: Sequence[CompiledRule],
     scope: Scope,
     message: bool = False,
-    shadow_decisions: list[Decision] | None = None,
 ) -> Decision | None:
     """Charge the request to every rule, all or nothing; ``None`` when nothing was decided
     (no limit applies, or the check failed under the fail-open policy).
 
-    Shadow rules are charged separately and never deny; their decisions are logged when they
-    would have denied.
+    Shadow rules are charged separately and never deny: their decision is logged when it would
+    have denied and, for a request or a WebSocket connection (not for each of its messages, which
+    would grow without bound), added to the request's ``RequestContext.shadow``.
 
     Longer than 60 lines on purpose: the single-rule fast path at the top is every request's
     path, and splitting it out would add a call to each of them.
@@ -71,8 +72,6 @@ async def check_rules(
         rules: The rules the request matched.
         scope: The ASGI connection scope.
         message: Charge the WebSocket message limits instead of the connection or request ones.
-        shadow_decisions: Receives the shadow rules' decisions; the default ``None`` appends them to
-            ``scope["state"]["ratewarden.shadow"]``.
     """
     if len(rules) == 1 and not message:
         rule = rules[0]
@@ -121,7 +120,7 @@ async def check_rules(
         report_failure(limiter, "key function", exc)
         return None
     if shadow:
-        await _check_shadow(limiter, shadow, scope, message, shadow_decisions)
+        await _check_shadow(limiter, shadow, scope, message)
     if not keys:
         return None
     try:
@@ -134,9 +133,7 @@ async def check_rules(
         return None
 
 
-async def _check_shadow(
-    limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool, into: list[Decision] | None
-) -> None:
+async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> None:
     for rule in rules:
         try:
             key = await _key_of(rule, scope)
@@ -146,9 +143,9 @@ async def _check_shadow(
         except Exception as exc:
             _report_failure("shadow rule", exc)
             continue
-        if into is None:
-            into = scope.setdefault("state", {}).setdefault("ratewarden.shadow", [])
-        into.append(decision)
+        if not message:
+            context = context_for(scope)
+            context.shadow = (*context.shadow, decision)
         if not decision.allowed:
             log.info("shadow limit %s would deny key=%s (retry after %.3fs)", rule.rule.name, key, decision.retry_after)
 

@@ -18,8 +18,8 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, Response
 
 from .algorithms import AlgorithmName
-from .asgi.edge import EDGE_STATE_KEY
 from .asgi.edge import SINK_KEY as _SINK
+from .context import context_of
 from .decision import Decision
 from .enforcement import LimitUnavailable, check_rules
 from .errors import RatewardenError
@@ -31,7 +31,7 @@ from .rates import Rate
 from .responses import limited_headers, too_many_requests_body, too_many_requests_problem
 from .rules import CompiledRule, CostFunc, Rule
 
-__all__ = ["EDGE_STATE_KEY", "RateLimit", "RateLimitExceeded", "install"]
+__all__ = ["RateLimit", "RateLimitExceeded", "install"]
 
 
 class RateLimitExceeded(HTTPException, RatewardenError):
@@ -133,9 +133,9 @@ class RateLimit:
         if not limiter.enabled:
             return None
         scope = request.scope
-        state = scope.get("state")
-        if state:
-            edge = state.get(EDGE_STATE_KEY)
+        context = context_of(scope)
+        if context is not None:
+            edge = context.edge
             if edge is not None and edge.covers(self, scope.get("route")):
                 found: Decision | None = edge.decision  # the edge layer install() adds has charged this request
                 return found

@@ -14,10 +14,10 @@ from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket
 
-from ratewarden import Limiter, MemoryStore
+from ratewarden import Limiter, MemoryStore, context_of
 from ratewarden.decision import Decision
 from ratewarden.edge import EdgeCheck, resolve
-from ratewarden.fastapi import EDGE_STATE_KEY, RateLimit, install
+from ratewarden.fastapi import RateLimit, install
 from ratewarden.keys import path_param
 from tests.core.asgi import http_scope, request
 from tests.vectors.runner import FakeClock
@@ -120,7 +120,8 @@ async def test_route_gets_the_decision_and_the_edge_check(limiter: Limiter) -> N
 
     @app.get("/me")
     async def me(request: Request, decision: Decision = Depends(dep)) -> dict[str, int]:  # noqa: B008
-        seen.append(request.scope["state"][EDGE_STATE_KEY])
+        context = context_of(request)
+        seen.append(context.edge if context is not None else None)
         return {"remaining": decision.remaining}
 
     @app.get("/raw", dependencies=[Depends(dep)])

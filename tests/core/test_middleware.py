@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.responses import PlainTextResponse, Response
 
-from ratewarden import Decision, Limiter, MemoryStore, RateLimitMiddleware, Rule, RuleSet
+from ratewarden import Decision, Limiter, MemoryStore, RateLimitMiddleware, Rule, RuleSet, context_of
 from ratewarden.keys import header
 from tests.core.asgi import Reply, request
 from tests.vectors.runner import FakeClock
@@ -336,7 +336,8 @@ async def test_decision_is_available_to_the_app(limiter: Limiter) -> None:
     captured: list[Any] = []
 
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        captured.append(scope["state"]["ratewarden.decision"])
+        context = context_of(scope)
+        captured.append(context.decision if context is not None else None)
         await ok_app(scope, receive, send)
 
     middleware = RateLimitMiddleware(app, limiter=limiter, rules=[Rule("/**", "5/min")])

@@ -11,9 +11,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ratewarden import Limiter, MemoryStore, Rule
+from ratewarden.context import RequestContext
 from ratewarden.keys import header
 from ratewarden.policy import Identity, PolicyMiddleware, PolicyRule, Tiers
-from ratewarden.policy.context import RequestContext
 
 from .apps import build_app, client
 

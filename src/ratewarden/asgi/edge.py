@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._mypyc import mypyc_attr
+from ..context import EdgeCheck, context_for
 from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
@@ -21,10 +22,8 @@ from ..responses import rejection, send_unavailable
 from ..rules import CompiledRule
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["EDGE_STATE_KEY", "SINK_KEY", "EdgeCheck", "EdgeLayer", "EdgeTarget"]
+__all__ = ["SINK_KEY", "EdgeCheck", "EdgeLayer", "EdgeTarget"]
 
-EDGE_STATE_KEY = "ratewarden.edge"
-"""``scope["state"]`` key of the ``EdgeCheck`` left on requests the edge has charged."""
 SINK_KEY = "ratewarden.headers"
 """Scope key of the list a dependency that checks for itself appends its headers to."""
 
@@ -63,33 +62,6 @@ class EdgeTarget:
         if not overrides:
             return False
         return not self.covered.isdisjoint(overrides)
-
-
-@mypyc_attr(allow_interpreted_subclasses=True)
-class EdgeCheck:
-    """What the edge decided for one request.
-
-    Args:
-        route: The route it resolved.
-        covered: The ``RateLimit`` dependencies it checked.
-        decision: What it decided; ``None`` when nothing was (e.g. a fail-open store error).
-    """
-
-    __slots__ = ("covered", "decision", "route")
-
-    def __init__(self, route: object, covered: frozenset[object], decision: Decision | None) -> None:
-        self.route = route
-        self.covered = covered
-        self.decision = decision
-
-    def covers(self, dependency: object, route: object) -> bool:
-        """Whether the edge already checked ``dependency`` on ``route``.
-
-        Args:
-            dependency: A ``RateLimit`` dependency.
-            route: The route it runs on.
-        """
-        return route is self.route and dependency in self.covered
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -142,11 +114,8 @@ class EdgeLayer:
         if target is None or target.overridden():
             await with_collected_headers(self.app, scope, receive, send)
             return
-        state = scope.get("state")
-        if state is None:
-            state = {}
-            scope["state"] = state
-        previous = state.get(EDGE_STATE_KEY)
+        context = context_for(scope)
+        previous = context.edge
         if previous is not None and previous.route is target.route:
             # An outer edge layer (install() on a parent app, or called twice) charged this already.
             await self.app(scope, receive, send)
@@ -163,7 +132,7 @@ class EdgeLayer:
         except LimitUnavailable:
             await send_unavailable(send)
             return
-        state[EDGE_STATE_KEY] = EdgeCheck(target.route, target.covered, decision)
+        context.edge = EdgeCheck(target.route, target.covered, decision)
         if decision is None:
             await self.app(scope, receive, send)
             return

@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Sequence
 
 from .._mypyc import mypyc_attr
+from ..context import STATE_KEY, RequestContext
 from ..decision import Decision
 from ..enforcement import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
@@ -86,7 +87,13 @@ class RateLimitMiddleware:
             if decision is None:
                 await self.app(scope, receive, send)
                 return
-            scope.setdefault("state", {})["ratewarden.decision"] = decision
+            state = scope.get("state")
+            if state is None:
+                state = scope["state"] = {}
+            context = state.get(STATE_KEY)
+            if not isinstance(context, RequestContext):
+                context = state[STATE_KEY] = RequestContext()
+            context.decision = decision
             if not decision.allowed:
                 await self._reject(scope, receive, send, decision, policy_of(matched))
                 return

@@ -1,7 +1,7 @@
 """``PolicyMiddleware``: ``RateLimitMiddleware`` plus the operational features — a reloadable
 policy file, tiers, global shadow mode, bans, delays, after-response charging and metrics.
 
-A request goes through named stages over one ``RequestContext`` (``context.py``): refuse if
+A request goes through named stages over one ``PolicyContext`` (``context.py``): refuse if
 banned, choose the caller's group, check, delay, record, then refuse or serve (and settle
 after-response charges). It is a separate class so the plain middleware's hot path carries none
 of this; features left off here cost a few attribute checks per request. WebSocket traffic is
@@ -21,6 +21,7 @@ from typing import Any
 from ..asgi.middleware import RateLimitMiddleware
 from ..bans import Bans
 from ..charges import adjust
+from ..context import STATE_KEY
 from ..decision import Decision
 from ..delay import Delay
 from ..enforcement import LimitUnavailable, check_rules, report_failure
@@ -31,7 +32,7 @@ from ..metrics import Metrics
 from ..responses import adding_missing_headers, limited_headers, problem_body, send_problem, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
-from .context import STATE_KEY, RequestContext
+from .context import PolicyContext
 from .operations import Operations
 from .reload import PolicyReloader
 from .schema import Policy
@@ -190,7 +191,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         if self.metrics is not None:
             self.metrics.close()
 
-    # -- request path: a pipeline of stages over one RequestContext ------------------------------
+    # -- request path: a pipeline of stages over one PolicyContext -------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -201,7 +202,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         if not matched or not self.limiter.enabled:
             await self.app(scope, receive, send)
             return
-        ctx = RequestContext(rt, matched, self._plan(matched))
+        ctx = PolicyContext(rt, matched, self._plan(matched))
         scope.setdefault("state", {})[STATE_KEY] = ctx
         try:
             if rt.bans is not None and await self._refuse_if_banned(ctx, scope, send):
@@ -209,7 +210,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
             if ctx.plan.tiered:
                 self._choose_group(ctx, scope)
             rules = ctx.rules  # empty when the caller's group is unlimited
-            decision = await check_rules(self.limiter, rules, scope, False, ctx.shadow) if rules else None
+            decision = await check_rules(self.limiter, rules, scope) if rules else None
             if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
                 decision = await self._delay(ctx, scope, decision)
         except LimitUnavailable:
@@ -231,7 +232,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
             self._plans[matched] = plan
         return plan
 
-    async def _refuse_if_banned(self, ctx: RequestContext, scope: Scope, send: Send) -> bool:
+    async def _refuse_if_banned(self, ctx: PolicyContext, scope: Scope, send: Send) -> bool:
         """Answer a banned client (``True``: done). A failing ban key function skips the bans
         under fail-open and raises ``LimitUnavailable`` under fail-closed."""
         bans = ctx.runtime.bans
@@ -255,7 +256,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         await send_problem(send, bans.status, body, [(b"retry-after", b"%d" % seconds)])
         return True
 
-    def _choose_group(self, ctx: RequestContext, scope: Scope) -> None:
+    def _choose_group(self, ctx: PolicyContext, scope: Scope) -> None:
         """Replace tiered rules by the rule of the caller's group (dropping unlimited groups)."""
         rules: list[CompiledRule] = []
         prefix = self.limiter.prefix
@@ -270,7 +271,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
                 rules.append(compiled)
         ctx.rules = rules
 
-    async def _delay(self, ctx: RequestContext, scope: Scope, decision: Decision) -> Decision | None:
+    async def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
         """Hold a refused request for its turn when its rule has a ``delay``; ``None`` when the
         re-check could not decide (fail-open: served as for any failed check)."""
         owner = _owner(ctx.rules, decision)
@@ -279,7 +280,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
             return decision
         try:
             client = await _key(owner, scope)
-            waited = await delay.wait(client, decision, lambda: check_rules(self.limiter, ctx.rules, scope, False, ctx.shadow))
+            waited = await delay.wait(client, decision, lambda: check_rules(self.limiter, ctx.rules, scope))
         except LimitUnavailable:
             raise
         except Exception as exc:  # the delay key could not be computed: refuse as without a delay
@@ -289,7 +290,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
             self.metrics.observe_delayed(owner.rule.name, ctx.group)
         return waited
 
-    def _record(self, ctx: RequestContext, decision: Decision) -> None:
+    def _record(self, ctx: PolicyContext, decision: Decision) -> None:
         """Publish the decision in the context, count it and log a refusal."""
         ctx.decision = decision
         shadow = ctx.runtime.shadow
@@ -312,7 +313,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
                 name, ctx.group, decision.policy, decision.limit, decision.retry_after,
             )
 
-    async def _refuse(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
+    async def _refuse(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
         """Answer 429 (or ``on_limit``), counting the refusal toward a ban."""
         bans = ctx.runtime.bans
         if bans is not None and ctx.ban_key is not None:
@@ -330,7 +331,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         group = ctx.group if ctx.runtime.show_group else ""
         await send_problem(send, 429, limited_body(decision, group), headers)
 
-    async def _serve(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app, adding rate-limit and shadow headers, then settle after-response charges."""
         decision = ctx.decision
         extra = rate_limit_headers(decision, self.header_style) if decision is not None and self.headers == "always" else []
@@ -356,7 +357,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
             if settle:
                 await self._settle(scope, ctx.rules, status)
 
-    def _shadow_headers(self, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+    def _shadow_headers(self, ctx: PolicyContext) -> list[tuple[bytes, bytes]]:
         """``RateLimit-Shadow`` for the first decision a shadow limit would have denied; counts
         the per-rule shadow denials."""
         if self.metrics is not None:

@@ -19,13 +19,14 @@ from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
 from ..charges import Charge
+from ..context import context_of
 from ..credentials import digest
 from ..delay import Delay
 from ..keys import KeyFunc, client_ip, key_text
 from ..rates import Rate
 from ..rules import CompiledRule, Rule
 from ..types import Scope
-from .context import context_of
+from .context import PolicyContext
 from .keyspec import parse_source
 
 __all__ = ["Identity", "PolicyRule", "Tiers", "parse_source"]
@@ -127,7 +128,8 @@ class Identity:
         Args:
             scope: The ASGI connection scope.
         """
-        context = context_of(scope)
+        found_context = context_of(scope)
+        context = found_context if isinstance(found_context, PolicyContext) else None
         if context is not None:
             found = context.identity
             if found is not None and found[0] is self:
