@@ -7,8 +7,11 @@ route's dependency tree (route, router and app level) and charges them once, bef
 dependency solving. A denied request gets the same problem+json 429 as ``RateLimitMiddleware`` and
 never reaches the router. An allowed one carries an ``EdgeCheck`` in
 ``scope["state"]["ratewarden.edge"]``, so each dependency returns the decision without charging
-again. Requests the layer cannot resolve (and dependencies it did not see) fall back to the
-dependency checking the limit itself. The per-request part is ``ratewarden.asgi.edge`` (compiled);
+again; the dependencies whose value is unused (``dependencies=[...]``) are taken out of FastAPI's
+solving altogether (``lift_declared``), and put back while ``app.dependency_overrides`` replaces one
+of the route's limits, so FastAPI runs the override and the edge stays out. Requests the layer
+cannot resolve (and dependencies it did not see) fall back to the dependency checking the limit
+itself. The per-request part is ``ratewarden.asgi.edge`` (compiled);
 this module resolves routes and builds their targets, once per route and path.
 """
 
@@ -19,7 +22,7 @@ from typing import Any
 
 from starlette.routing import BaseRoute, Host, Match, Mount
 
-from .asgi.edge import EdgeCheck, EdgeLayer, EdgeTarget
+from .asgi.edge import EdgeCheck, EdgeLayer, EdgeTarget, Lifted
 from .fastapi import RateLimit
 from .limiter import Limiter
 from .rules import CompiledRule, policy_of
@@ -66,16 +69,21 @@ def _enter(route: BaseRoute, child: Scope, scope: Scope) -> Resolved | None:
     return route, None, child.get("path_params") or {}
 
 
-_lifted: dict[int, tuple[Any, tuple[RateLimit, ...]]] = {}
+_lifted: dict[int, Lifted] = {}
 """Dependants whose unused ``RateLimit`` dependencies ``lift_declared`` took out of FastAPI's
-solving, by ``id``: (the dependant, kept alive so its id stays its own; the dependencies lifted)."""
+solving, by ``id`` (each ``Lifted`` keeps its dependant alive, so the id stays its own)."""
+
+
+def _lifted_of(dependant: Any) -> Lifted | None:
+    found = _lifted.get(id(dependant))
+    return found if found is not None and found.dependant is dependant else None
 
 
 def declared_limits(dependant: Any) -> list[RateLimit]:
     """The ``RateLimit`` dependencies in a dependency tree, in the order FastAPI runs them (each
     once, as FastAPI caches a dependency's result within a request), lifted ones included."""
-    lifted = _lifted.get(id(dependant))
-    found: list[RateLimit] = list(lifted[1]) if lifted is not None and lifted[0] is dependant else []
+    lifted = _lifted_of(dependant)
+    found: list[RateLimit] = [c for c in lifted.calls if isinstance(c, RateLimit)] if lifted is not None else []
 
     def walk(node: Any) -> None:
         for sub in getattr(node, "dependencies", ()):
@@ -88,18 +96,31 @@ def declared_limits(dependant: Any) -> list[RateLimit]:
     return found
 
 
-def lift_declared(dependant: Any, covered: frozenset[RateLimit]) -> None:
+def lift_declared(dependant: Any, covered: frozenset[RateLimit]) -> Lifted | None:
     """Take the ``RateLimit`` dependencies in ``covered`` whose value nobody uses (those declared in
     a ``dependencies=[...]`` list) out of FastAPI's dependency solving for this route: the edge is
-    their check. The list is replaced, not changed in place, so requests being solved keep theirs."""
-    current = list(getattr(dependant, "dependencies", ()))
-    lift = [d for d in current if d.name is None and isinstance(d.call, RateLimit) and d.call in covered]
+    their check. Returns how to put them back (``Lifted``), or ``None`` when there was none to lift.
+    The list is replaced, not changed in place, so requests being solved keep theirs."""
+    previous = _lifted_of(dependant)
+    full = previous.full if previous is not None else list(getattr(dependant, "dependencies", ()))
+    already = previous.calls if previous is not None else ()
+    lift = [
+        d
+        for d in full
+        if d.name is None and isinstance(d.call, RateLimit) and (d.call in covered or any(d.call is c for c in already))
+    ]
     if not lift:
-        return
-    previous = _lifted.get(id(dependant))
-    already = previous[1] if previous is not None and previous[0] is dependant else ()
-    _lifted[id(dependant)] = (dependant, (*already, *(d.call for d in lift)))
-    dependant.dependencies = [d for d in current if all(d is not x for x in lift)]
+        return None
+    lean = [d for d in full if all(d is not x for x in lift)]
+    found = previous
+    if found is None:
+        found = _lifted[id(dependant)] = Lifted(dependant, full, lean, ())
+    elif len(lift) == len(already):
+        return found
+    found.lean, found.calls = lean, tuple(d.call for d in lift)
+    if not found.restored:  # else an override has the full list in place until it is gone
+        dependant.dependencies = lean
+    return found
 
 
 def _walk_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
@@ -138,7 +159,7 @@ class _Resolver:
     """The route table seen from the edge (the slow path of ``EdgeLayer``): which target a request
     has, with targets built once per (route, method)."""
 
-    def __init__(self, app: Any, lift: bool = False) -> None:
+    def __init__(self, app: Any, lift: bool = True) -> None:
         self.app = app
         self.lift = lift
         self.version: object = None
@@ -176,11 +197,11 @@ class _Resolver:
         provider = getattr(owner, "dependency_overrides_provider", None)
         target = make_target(route, context, limits, method, provider) if limits else None
         if target is not None and self.lift:
-            lift_declared(dependant, frozenset(limits))
+            target.lifted = lift_declared(dependant, frozenset(limits))
         self.targets[key] = target
         return target
 
 
-def edge_layer(app: ASGIApp, fastapi_app: Any, lift: bool = False) -> EdgeLayer:
+def edge_layer(app: ASGIApp, fastapi_app: Any, lift: bool = True) -> EdgeLayer:
     """The edge layer for ``fastapi_app`` wrapping ``app`` (what ``install`` adds as middleware)."""
     return EdgeLayer(app, _Resolver(fastapi_app, lift))
