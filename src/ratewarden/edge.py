@@ -17,7 +17,7 @@ this module resolves routes and builds their targets, once per route and path.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from starlette.routing import BaseRoute, Host, Match, Mount
@@ -94,6 +94,25 @@ def declared_limits(dependant: Any) -> list[RateLimit]:
 
     walk(dependant)
     return found
+
+
+def limit_owners(dependant: Any) -> frozenset[object]:
+    """The dependencies of a tree that have a ``RateLimit`` somewhere under them: overriding one
+    takes that limit out of what FastAPI runs."""
+    owners: set[object] = set()
+
+    def walk(node: Any) -> bool:
+        found = False
+        for sub in getattr(node, "dependencies", ()):
+            call = getattr(sub, "call", None)
+            if walk(sub) and isinstance(call, Hashable):  # overrides are a dict: keys are hashable
+                owners.add(call)
+                found = True
+            found = found or isinstance(call, RateLimit)
+        return found
+
+    walk(dependant)
+    return frozenset(owners)
 
 
 def lift_declared(dependant: Any, covered: frozenset[RateLimit]) -> Lifted | None:
@@ -196,6 +215,8 @@ class _Resolver:
         limits = declared_limits(dependant) if dependant is not None else []
         provider = getattr(owner, "dependency_overrides_provider", None)
         target = make_target(route, context, limits, method, provider) if limits else None
+        if target is not None:
+            target.overridable = target.covered | limit_owners(dependant)
         if target is not None and self.lift:
             target.lifted = lift_declared(dependant, frozenset(limits))
         self.targets[key] = target

@@ -659,3 +659,26 @@ async def test_override_removed_while_a_request_past_the_edge_is_unsolved(
     assert dep.solved == 2  # both ran it (the one charged at the edge got the edge's decision)
     assert [(await request(app, "/work")).status for _ in range(2)] == [200, 429]
     assert dep.solved == 2  # lifted again once nothing that skipped the edge was in flight
+
+
+async def test_override_of_a_dependency_holding_a_limit(limiter: Limiter, store: MemoryStore) -> None:
+    """FastAPI does not run the dependencies of an overridden dependency: a limit declared under one
+    (here, in the user lookup tests replace) is not enforced at the edge either while it is replaced."""
+    app = FastAPI()
+    dep = RateLimit("1/min", limiter=limiter)
+
+    async def current_user(decision: Decision = Depends(dep)) -> str:  # noqa: B008
+        return "real"
+
+    @app.get("/me")
+    async def me(user: str = Depends(current_user)) -> dict[str, str]:
+        return {"user": user}
+
+    install(app)
+    app.dependency_overrides[current_user] = lambda: "stand-in"
+    replies = [await request(app, "/me") for _ in range(3)]
+    assert [r.status for r in replies] == [200] * 3 and replies[0].json() == {"user": "stand-in"}
+    assert counters(store) == {}
+    app.dependency_overrides.clear()
+    assert [(await request(app, "/me")).status for _ in range(2)] == [200, 429]
+    assert list(counters(store).values()) == [1.0]

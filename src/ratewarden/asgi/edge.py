@@ -76,7 +76,7 @@ class Lifted:
 class EdgeTarget:
     """The declared limits of one (route, method), grouped by limiter, with the answer's settings."""
 
-    __slots__ = ("covered", "groups", "headers", "lifted", "overrides", "policy", "route", "style")
+    __slots__ = ("covered", "groups", "headers", "lifted", "overridable", "overrides", "policy", "route", "style")
 
     def __init__(
         self,
@@ -96,13 +96,17 @@ class EdgeTarget:
         self.policy = policy
         self.overrides = overrides  # the app whose dependency_overrides may replace these limits
         self.lifted: Lifted | None = None  # set when the route's unused limits leave FastAPI's solving
+        # What an override may replace to take these limits out of FastAPI's run: the limits and
+        # the dependencies they sit under.
+        self.overridable: frozenset[object] = covered
 
     def overridden(self) -> bool:
-        """Whether ``app.dependency_overrides`` replaces one of these limits: then the edge stays out
+        """Whether ``app.dependency_overrides`` replaces one of these limits (or a dependency one sits
+        under, which FastAPI then no longer runs): then the edge stays out
         and FastAPI runs the override. When none does, lifted dependencies an earlier override put
         back are taken out again."""
         overrides = getattr(self.overrides, "dependency_overrides", None)
-        if overrides and not self.covered.isdisjoint(overrides):
+        if overrides and not self.overridable.isdisjoint(overrides):
             return True
         lifted = self.lifted
         if lifted is not None and lifted.restored:
