@@ -11,7 +11,8 @@ of ours to traffik's extra. Needs the ``bench`` extra.
 ``--edge`` measures the issue-12 targets instead of the comparison with traffik: the dependency with
 ``install(app)`` (edge enforcement; also with ``lift=False``) against the middleware, the
 middleware's 429 against a pure ASGI layer answering a fixed 429 of the same size, and every
-header style against a layer adding the same number of fixed headers. It prints the minimum and the median of the interleaved rounds.
+header style against a layer adding the same number of fixed headers. It prints the minimum and
+the median of the interleaved rounds.
 """
 
 from __future__ import annotations
