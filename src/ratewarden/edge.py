@@ -81,18 +81,19 @@ def _lifted_of(dependant: Any) -> Lifted | None:
 
 def declared_limits(dependant: Any) -> list[RateLimit]:
     """The ``RateLimit`` dependencies in a dependency tree, in the order FastAPI runs them (each
-    once, as FastAPI caches a dependency's result within a request), lifted ones included."""
-    lifted = _lifted_of(dependant)
-    found: list[RateLimit] = [c for c in lifted.calls if isinstance(c, RateLimit)] if lifted is not None else []
+    once, as FastAPI caches a dependency's result within a request), lifted ones included (in
+    their place: the first one's settings shape the answer)."""
+    found: list[RateLimit] = []
 
-    def walk(node: Any) -> None:
-        for sub in getattr(node, "dependencies", ()):
-            walk(sub)
+    def walk(subs: Any) -> None:
+        for sub in subs:
+            walk(getattr(sub, "dependencies", ()))
             call = getattr(sub, "call", None)
             if isinstance(call, RateLimit) and all(call is not f for f in found):
                 found.append(call)
 
-    walk(dependant)
+    lifted = _lifted_of(dependant)
+    walk(lifted.full if lifted is not None else getattr(dependant, "dependencies", ()))
     return found
 
 

@@ -682,3 +682,29 @@ async def test_override_of_a_dependency_holding_a_limit(limiter: Limiter, store:
     app.dependency_overrides.clear()
     assert [(await request(app, "/me")).status for _ in range(2)] == [200, 429]
     assert list(counters(store).values()) == [1.0]
+
+
+async def test_lifted_limits_keep_their_place_when_the_route_table_changes(limiter: Limiter) -> None:
+    """The first limit of a route sets the answer's headers: after its lifted limits are taken out
+    and the targets rebuilt (a route was added), the order is still FastAPI's."""
+    app = FastAPI()
+    nested = RateLimit("5/min", limiter=limiter, header_style="ietf")
+    lifted = RateLimit("5/min", limiter=limiter, header_style="legacy")
+
+    async def user(decision: Decision = Depends(nested)) -> str:  # noqa: B008
+        return "u"
+
+    @app.get("/x", dependencies=[Depends(user), Depends(lifted)])
+    async def x() -> dict[str, bool]:
+        return {"ok": True}
+
+    install(app)
+    first = await request(app, "/x")
+    assert first.header("ratelimit") is not None and first.header("x-ratelimit-limit") is None
+
+    @app.get("/added")
+    async def added() -> dict[str, bool]:
+        return {"ok": True}
+
+    again = await request(app, "/x")
+    assert again.header("ratelimit") is not None and again.header("x-ratelimit-limit") is None
