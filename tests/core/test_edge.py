@@ -550,24 +550,31 @@ async def test_nested_or_repeated_install_charges_once(limiter: Limiter, store: 
 # --- dependency overrides with lifted limits ------------------------------------------------------
 
 
-def overridable_app(limiter: Limiter, calls: Calls, rate: str = "1/min") -> tuple[FastAPI, CountedLimit]:
+def overridable_app(
+    limiter: Limiter, calls: Calls, rate: str = "1/min", via_router: bool = False
+) -> tuple[FastAPI, CountedLimit]:
     app = FastAPI()
     dep = CountedLimit(rate, limiter=limiter)
+    router = APIRouter(dependencies=[Depends(dep)]) if via_router else app.router
+    route_deps = [Depends(calls.other_dependency)] if via_router else [Depends(calls.other_dependency), Depends(dep)]
 
-    @app.get("/work", dependencies=[Depends(calls.other_dependency), Depends(dep)])
+    @router.get("/work", dependencies=route_deps)
     async def work() -> dict[str, bool]:
         calls.endpoint += 1
         return {"ok": True}
 
+    if via_router:
+        app.include_router(router)
     install(app)
     return app, dep
 
 
+@pytest.mark.parametrize("via_router", [False, True])
 async def test_override_set_before_the_first_request_runs_and_the_edge_stays_out(
-    limiter: Limiter, store: MemoryStore
+    limiter: Limiter, store: MemoryStore, via_router: bool
 ) -> None:
     calls = Calls()
-    app, dep = overridable_app(limiter, calls)
+    app, dep = overridable_app(limiter, calls, via_router=via_router)
     overridden: list[str] = []
     app.dependency_overrides[dep] = lambda: overridden.append("ran")
     assert [(await request(app, "/work")).status for _ in range(3)] == [200, 200, 200]
@@ -578,9 +585,12 @@ async def test_override_set_before_the_first_request_runs_and_the_edge_stays_out
     assert dep.solved == 0 and overridden == ["ran"] * 3  # lifted again: the edge is the check
 
 
-async def test_override_added_after_requests_were_served(limiter: Limiter, store: MemoryStore) -> None:
+@pytest.mark.parametrize("via_router", [False, True])
+async def test_override_added_after_requests_were_served(
+    limiter: Limiter, store: MemoryStore, via_router: bool
+) -> None:
     calls = Calls()
-    app, dep = overridable_app(limiter, calls, "2/min")
+    app, dep = overridable_app(limiter, calls, "2/min", via_router)
     assert [(await request(app, "/work")).status for _ in range(3)] == [200, 200, 429]
     assert dep.solved == 0
     overridden: list[str] = []
