@@ -153,10 +153,17 @@ def _walk_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
             yield from _walk_routes(getattr(route.app, "routes", None) or ())
 
 
-def _routes_version(app: Any) -> object:
-    router = app.router
+def _routes_version(app: Any, seen: frozenset[int] = frozenset()) -> object:
+    """Changes when the routes FastAPI picks from change: the app's own list, the routers included
+    into it and (recursively) the apps mounted in it."""
+    router = getattr(app, "router", app)
+    routes = getattr(router, "routes", None)
+    if routes is None or id(router) in seen:
+        return None
     version = getattr(router, "_get_routes_version", None)
-    return (len(router.routes), version() if version is not None else 0)
+    inner = seen | {id(router)}
+    mounted = tuple(_routes_version(r.app, inner) for r in routes if isinstance(r, (Mount, Host)))
+    return (len(routes), version() if version is not None else 0, mounted)
 
 
 # --- the limits of one route ----------------------------------------------------------------------
@@ -218,7 +225,14 @@ class _Resolver:
         target = make_target(route, context, limits, method, provider) if limits else None
         if target is not None:
             target.overridable = target.covered | limit_owners(dependant)
-        if target is not None and self.lift:
+        # Lift only on the route table the layer's path cache was built on: a path cached before a
+        # route was added (a 404 then) may lead to that route now, and nothing would check a
+        # lifted limit there until the cache is dropped (then the target is rebuilt and lifted).
+        if (
+            target is not None
+            and self.lift
+            and (_lifted_of(dependant) is not None or _routes_version(self.app) == self.version)
+        ):
             target.lifted = lift_declared(dependant, frozenset(limits))
         self.targets[key] = target
         return target

@@ -718,3 +718,24 @@ async def test_lifted_limits_keep_their_place_when_the_route_table_changes(limit
 
     again = await request(app, "/x")
     assert again.header("ratelimit") is not None and again.header("x-ratelimit-limit") is None
+
+
+async def test_a_route_added_to_a_mounted_app_is_not_lifted_under_a_stale_path_cache(
+    limiter: Limiter, store: MemoryStore
+) -> None:
+    """A path the edge cached as a 404 can lead to a route added later (in a mounted app, whose route
+    table the edge checks at most once a second): that route's limit stays with its dependency until
+    the edge has dropped its cache, so no request reaches it unchecked."""
+    sub = FastAPI()
+    app = FastAPI()
+    app.mount("/api", sub)
+    install(app)
+    assert (await request(app, "/api/items/1")).status == 404
+
+    @sub.get("/items/{item_id}", dependencies=[Depends(RateLimit("1/min", limiter=limiter))])
+    async def item(item_id: int) -> dict[str, int]:
+        return {"id": item_id}
+
+    assert (await request(app, "/api/items/2")).status == 200  # placed and charged by the edge
+    assert (await request(app, "/api/items/1")).status == 429  # stale 404 entry: the dependency checked
+    assert list(counters(store).values()) == [1.0]
