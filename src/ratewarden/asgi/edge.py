@@ -102,9 +102,9 @@ class EdgeTarget:
 
     def overridden(self) -> bool:
         """Whether ``app.dependency_overrides`` replaces one of these limits (or a dependency one sits
-        under, which FastAPI then no longer runs): then the edge stays out
-        and FastAPI runs the override. When none does, lifted dependencies an earlier override put
-        back are taken out again."""
+        under, which FastAPI then no longer runs): then the edge stays out and FastAPI runs the
+        override. When none does, lifted dependencies an earlier override put back are taken out
+        again."""
         overrides = getattr(self.overrides, "dependency_overrides", None)
         if overrides and not self.overridable.isdisjoint(overrides):
             return True
