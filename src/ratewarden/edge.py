@@ -28,7 +28,7 @@ from .limiter import Limiter
 from .rules import CompiledRule, policy_of
 from .types import ASGIApp, Scope
 
-__all__ = ["EdgeCheck", "Resolved", "declared_limits", "edge_layer", "lift_declared", "resolve"]
+__all__ = ["EdgeCheck", "Resolved", "declared_limits", "edge_layer", "lift_declared", "limit_owners", "resolve"]
 
 Resolved = tuple[BaseRoute, Any, dict[str, Any]]
 """The route FastAPI will run (``scope["route"]`` there), FastAPI's inclusion context for it (or
