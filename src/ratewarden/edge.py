@@ -7,25 +7,28 @@ route's dependency tree (route, router and app level) and charges them once, bef
 dependency solving. A denied request gets the same problem+json 429 as ``RateLimitMiddleware`` and
 never reaches the router. An allowed one carries an ``EdgeCheck`` in its context
 (``ratewarden.context_of(request).edge``), so each dependency returns the decision without charging
-again. Requests the layer cannot resolve (and dependencies it did not see) fall back to the
-dependency checking the limit itself. The per-request part is ``ratewarden.asgi.edge`` (compiled);
+again; the dependencies whose value is unused (``dependencies=[...]``) are taken out of FastAPI's
+solving altogether (``lift_declared``), and put back while ``app.dependency_overrides`` replaces one
+of the route's limits, so FastAPI runs the override and the edge stays out. Requests the layer
+cannot resolve (and dependencies it did not see) fall back to the dependency checking the limit
+itself. The per-request part is ``ratewarden.asgi.edge`` (compiled);
 this module resolves routes and builds their targets, once per route and path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from starlette.routing import BaseRoute, Host, Match, Mount
 
-from .asgi.edge import EdgeCheck, EdgeLayer, EdgeTarget
+from .asgi.edge import EdgeCheck, EdgeLayer, EdgeTarget, Lifted
 from .fastapi import RateLimit
 from .limiter import Limiter
 from .rules import CompiledRule, policy_of
 from .types import ASGIApp, Scope
 
-__all__ = ["EdgeCheck", "Resolved", "declared_limits", "edge_layer", "lift_declared", "resolve"]
+__all__ = ["EdgeCheck", "Resolved", "declared_limits", "edge_layer", "lift_declared", "limit_owners", "resolve"]
 
 Resolved = tuple[BaseRoute, Any, dict[str, Any]]
 """The route FastAPI will run (``scope["route"]`` there), FastAPI's inclusion context for it (or
@@ -71,49 +74,91 @@ def _enter(route: BaseRoute, child: Scope, scope: Scope) -> Resolved | None:
     return route, None, child.get("path_params") or {}
 
 
-_lifted: dict[int, tuple[Any, tuple[RateLimit, ...]]] = {}
+_lifted: dict[int, Lifted] = {}
 """Dependants whose unused ``RateLimit`` dependencies ``lift_declared`` took out of FastAPI's
-solving, by ``id``: (the dependant, kept alive so its id stays its own; the dependencies lifted)."""
+solving, by ``id`` (each ``Lifted`` keeps its dependant alive, so the id stays its own)."""
+
+
+def _lifted_of(dependant: Any) -> Lifted | None:
+    found = _lifted.get(id(dependant))
+    return found if found is not None and found.dependant is dependant else None
 
 
 def declared_limits(dependant: Any) -> list[RateLimit]:
     """The ``RateLimit`` dependencies in a dependency tree, in the order FastAPI runs them (each
-    once, as FastAPI caches a dependency's result within a request), lifted ones included.
+    once, as FastAPI caches a dependency's result within a request), lifted ones included (in
+    their place: the first one's settings shape the answer).
 
     Args:
         dependant: FastAPI's dependency tree of a route.
     """
-    lifted = _lifted.get(id(dependant))
-    found: list[RateLimit] = list(lifted[1]) if lifted is not None and lifted[0] is dependant else []
+    found: list[RateLimit] = []
 
-    def walk(node: Any) -> None:
-        for sub in getattr(node, "dependencies", ()):
-            walk(sub)
+    def walk(subs: Any) -> None:
+        for sub in subs:
+            walk(getattr(sub, "dependencies", ()))
             call = getattr(sub, "call", None)
             if isinstance(call, RateLimit) and all(call is not f for f in found):
                 found.append(call)
 
-    walk(dependant)
+    lifted = _lifted_of(dependant)
+    walk(lifted.full if lifted is not None else getattr(dependant, "dependencies", ()))
     return found
 
 
-def lift_declared(dependant: Any, covered: frozenset[RateLimit]) -> None:
+def limit_owners(dependant: Any) -> frozenset[object]:
+    """The dependencies of a tree that have a ``RateLimit`` somewhere under them: overriding one
+    takes that limit out of what FastAPI runs.
+
+    Args:
+        dependant: FastAPI's dependency tree of a route.
+    """
+    owners: set[object] = set()
+
+    def walk(node: Any) -> bool:
+        found = False
+        for sub in getattr(node, "dependencies", ()):
+            call = getattr(sub, "call", None)
+            if walk(sub) and isinstance(call, Hashable):  # overrides are a dict: keys are hashable
+                owners.add(call)
+                found = True
+            found = found or isinstance(call, RateLimit)
+        return found
+
+    walk(dependant)
+    return frozenset(owners)
+
+
+def lift_declared(dependant: Any, covered: frozenset[RateLimit]) -> Lifted | None:
     """Take the ``RateLimit`` dependencies in ``covered`` whose value nobody uses (those declared in
     a ``dependencies=[...]`` list) out of FastAPI's dependency solving for this route: the edge is
-    their check. The list is replaced, not changed in place, so requests being solved keep theirs.
+    their check. Returns how to put them back (``Lifted``), or ``None`` when there was none to lift.
+    The list is replaced, not changed in place, so requests being solved keep theirs.
 
     Args:
         dependant: FastAPI's dependency tree of the route.
         covered: The dependencies the edge checks.
     """
-    current = list(getattr(dependant, "dependencies", ()))
-    lift = [d for d in current if d.name is None and isinstance(d.call, RateLimit) and d.call in covered]
+    previous = _lifted_of(dependant)
+    full = previous.full if previous is not None else list(getattr(dependant, "dependencies", ()))
+    already = previous.calls if previous is not None else ()
+    lift = [
+        d
+        for d in full
+        if d.name is None and isinstance(d.call, RateLimit) and (d.call in covered or any(d.call is c for c in already))
+    ]
     if not lift:
-        return
-    previous = _lifted.get(id(dependant))
-    already = previous[1] if previous is not None and previous[0] is dependant else ()
-    _lifted[id(dependant)] = (dependant, (*already, *(d.call for d in lift)))
-    dependant.dependencies = [d for d in current if all(d is not x for x in lift)]
+        return None
+    lean = [d for d in full if all(d is not x for x in lift)]
+    found = previous
+    if found is None:
+        found = _lifted[id(dependant)] = Lifted(dependant, full, lean, ())
+    elif len(lift) == len(already):
+        return found
+    found.lean, found.calls = lean, tuple(d.call for d in lift)
+    if not found.restored:  # else an override has the full list in place until it is gone
+        dependant.dependencies = lean
+    return found
 
 
 def _walk_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
@@ -126,10 +171,17 @@ def _walk_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
             yield from _walk_routes(getattr(route.app, "routes", None) or ())
 
 
-def _routes_version(app: Any) -> object:
-    router = app.router
+def _routes_version(app: Any, seen: frozenset[int] = frozenset()) -> object:
+    """Changes when the routes FastAPI picks from change: the app's own list, the routers included
+    into it and (recursively) the apps mounted in it."""
+    router = getattr(app, "router", app)
+    routes = getattr(router, "routes", None)
+    if routes is None or id(router) in seen:
+        return None
     version = getattr(router, "_get_routes_version", None)
-    return (len(router.routes), version() if version is not None else 0)
+    inner = seen | {id(router)}
+    mounted = tuple(_routes_version(r.app, inner) for r in routes if isinstance(r, (Mount, Host)))
+    return (len(routes), version() if version is not None else 0, mounted)
 
 
 # --- the limits of one route ----------------------------------------------------------------------
@@ -152,7 +204,7 @@ class _Resolver:
     """The route table seen from the edge (the slow path of ``EdgeLayer``): which target a request
     has, with targets built once per (route, method)."""
 
-    def __init__(self, app: Any, lift: bool = False) -> None:
+    def __init__(self, app: Any, lift: bool = True) -> None:
         self.app = app
         self.lift = lift
         self.version: object = None
@@ -189,19 +241,27 @@ class _Resolver:
         limits = declared_limits(dependant) if dependant is not None else []
         provider = getattr(owner, "dependency_overrides_provider", None)
         target = make_target(route, context, limits, method, provider) if limits else None
-        if target is not None and self.lift:
-            lift_declared(dependant, frozenset(limits))
+        if target is not None:
+            target.overridable = target.covered | limit_owners(dependant)
+        # Lift only on the route table the layer's path cache was built on: a path cached before a
+        # route was added (a 404 then) may lead to that route now, and nothing would check a
+        # lifted limit there until the cache is dropped (then the target is rebuilt and lifted).
+        if (
+            target is not None
+            and self.lift
+            and (_lifted_of(dependant) is not None or _routes_version(self.app) == self.version)
+        ):
+            target.lifted = lift_declared(dependant, frozenset(limits))
         self.targets[key] = target
         return target
 
 
-def edge_layer(app: ASGIApp, fastapi_app: Any, lift: bool = False) -> EdgeLayer:
+def edge_layer(app: ASGIApp, fastapi_app: Any, lift: bool = True) -> EdgeLayer:
     """The edge layer for ``fastapi_app`` wrapping ``app`` (what ``install`` adds as middleware).
 
     Args:
         app: The ASGI app to wrap.
         fastapi_app: The FastAPI app whose routes are resolved.
-        lift: Also lift unused ``RateLimit`` dependencies out of FastAPI's solving
-            (``install(edge_only=True)``).
+        lift: Take unused ``RateLimit`` dependencies out of FastAPI's solving (``install(lift=...)``).
     """
     return EdgeLayer(app, _Resolver(fastapi_app, lift))

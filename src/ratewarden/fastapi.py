@@ -175,7 +175,7 @@ async def _problem_handler(request: Request, exc: Exception) -> Response:
 
 
 
-def install(app: FastAPI, *, edge_only: bool = False) -> None:
+def install(app: FastAPI, *, lift: bool = True) -> None:
     """Set ``app`` up for its ``RateLimit`` dependencies.
 
     * Edge enforcement: the limits declared with ``Depends(RateLimit(...))`` (on routes, routers
@@ -185,16 +185,21 @@ def install(app: FastAPI, *, edge_only: bool = False) -> None:
     * Rate-limit headers stay on endpoints that return a ``Response`` themselves.
     * The OpenAPI schema documents the 429 answer and the rate-limit headers of limited routes.
 
+    Overrides keep FastAPI's behaviour: while ``app.dependency_overrides`` replaces a route's
+    ``RateLimit``, the edge leaves that route's limits alone and FastAPI calls the override (lifted
+    dependencies are put back).
+
     Args:
         app: The FastAPI app.
-        edge_only: Also take the ``RateLimit`` dependencies whose value is unused (those in
+        lift: Take the ``RateLimit`` dependencies whose value is unused (those in
             ``dependencies=[...]`` lists) out of FastAPI's dependency solving once the edge has placed
-            their route, saving what FastAPI spends running a dependency (about 10 µs) on every allowed
-            request. Their ``app.dependency_overrides`` are then no longer called.
+            their route, which saves what FastAPI spends running a dependency (about 10 µs) on every
+            allowed request. ``False`` keeps every dependency in FastAPI's solving (each returns the
+            edge's decision without charging again).
     """
     from .edge import edge_layer
     from .openapi import document_limits
 
     app.add_exception_handler(RateLimitExceeded, _problem_handler)
-    app.add_middleware(edge_layer, fastapi_app=app, lift=edge_only)
+    app.add_middleware(edge_layer, fastapi_app=app, lift=lift)
     document_limits(app)

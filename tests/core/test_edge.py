@@ -20,6 +20,7 @@ from ratewarden.edge import EdgeCheck, resolve
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.keys import path_param
 from tests.core.asgi import http_scope, request
+from tests.core.counted_limit import CountedLimit
 from tests.vectors.runner import FakeClock
 
 # Routes serving several methods get one operation id per method; FastAPI warns, harmlessly here.
@@ -465,10 +466,10 @@ async def test_unknown_paths_and_methods_are_not_charged(limiter: Limiter, store
     assert counters(store) == {}
 
 
-async def test_edge_only_takes_unused_limits_out_of_fastapi(limiter: Limiter, store: MemoryStore) -> None:
+async def test_unused_limits_are_lifted_by_default(limiter: Limiter, store: MemoryStore) -> None:
     calls = Calls()
     app = FastAPI()
-    dep = RateLimit("2/min", limiter=limiter)
+    dep = CountedLimit("2/min", limiter=limiter)
     router = APIRouter(prefix="/r", dependencies=[Depends(dep), Depends(calls.other_dependency)])
 
     @router.get("/x")
@@ -480,17 +481,55 @@ async def test_edge_only_takes_unused_limits_out_of_fastapi(limiter: Limiter, st
         return {"remaining": decision.remaining}  # a used value stays a dependency
 
     app.include_router(router)
-    install(app, edge_only=True)
+    install(app)
     replies = [await request(app, "/r/x") for _ in range(3)]
     assert [r.status for r in replies] == [200, 200, 429]
     assert replies[0].header("x-ratelimit-remaining") == "1" and calls.other == 2
-    assert [(await request(app, "/used")).json() for _ in range(2)] == [{"remaining": 1}, {"remaining": 0}]
-    assert sorted(counters(store).values()) == [2.0, 2.0]
     # FastAPI no longer solves the lifted dependency; the edge and the OpenAPI schema still see it.
-    context_dependants = [c.dependant for r in app.routes for c in getattr(r, "effective_route_contexts", list)()]
-    lifted = context_dependants or [r.dependant for r in app.routes if getattr(r, "path", "") == "/r/x"]  # type: ignore[attr-defined]
-    assert all(d.call is not dep for d in lifted[0].dependencies)
+    assert dep.solved == 0
+    assert [(await request(app, "/used")).json() for _ in range(2)] == [{"remaining": 1}, {"remaining": 0}]
+    assert dep.solved == 2  # the parameter form is untouched and gets the edge's decision
+    assert sorted(counters(store).values()) == [2.0, 2.0]
     assert "429" in app.openapi()["paths"]["/r/x"]["get"]["responses"]
+
+
+async def test_lift_false_keeps_the_dependency_in_fastapi(limiter: Limiter, store: MemoryStore) -> None:
+    app = FastAPI()
+    dep = CountedLimit("2/min", limiter=limiter)
+
+    @app.get("/x", dependencies=[Depends(dep)])
+    async def x() -> dict[str, bool]:
+        return {"ok": True}
+
+    install(app, lift=False)
+    assert [(await request(app, "/x")).status for _ in range(3)] == [200, 200, 429]
+    assert dep.solved == 2  # run by FastAPI for each allowed request, returning the edge's decision
+    assert list(counters(store).values()) == [2.0]  # charged once each
+
+
+async def test_concurrent_requests_with_lifting_exactly_the_limit(limiter: Limiter, store: MemoryStore) -> None:
+    app = FastAPI()
+    lifted = CountedLimit("37/min", limiter=limiter)
+    used = CountedLimit("23/min", limiter=limiter)
+    got: list[Decision] = []
+
+    @app.get("/lifted", dependencies=[Depends(lifted)])
+    async def lifted_route() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/used")
+    async def used_route(decision: Decision = Depends(used)) -> dict[str, bool]:  # noqa: B008
+        got.append(decision)
+        return {"ok": True}
+
+    install(app)
+    replies = await asyncio.gather(*(request(app, p) for _ in range(200) for p in ("/lifted", "/used")))
+    by_path = {p: [r.status for r in replies[i::2]] for i, p in enumerate(("/lifted", "/used"))}
+    assert by_path["/lifted"].count(200) == 37 and by_path["/lifted"].count(429) == 163
+    assert by_path["/used"].count(200) == 23 and by_path["/used"].count(429) == 177
+    assert sorted(counters(store).values()) == [23.0, 37.0]  # no double charge
+    assert lifted.solved == 0 and used.solved == 23
+    assert sorted(d.remaining for d in got) == list(range(23))
 
 
 async def test_nested_or_repeated_install_charges_once(limiter: Limiter, store: MemoryStore) -> None:
@@ -507,3 +546,197 @@ async def test_nested_or_repeated_install_charges_once(limiter: Limiter, store: 
     install(app)
     assert [(await request(app, "/sub/x")).status for _ in range(4)] == [200, 200, 200, 429]
     assert list(counters(store).values()) == [3.0]
+
+
+# --- dependency overrides with lifted limits ------------------------------------------------------
+
+
+def overridable_app(
+    limiter: Limiter, calls: Calls, rate: str = "1/min", via_router: bool = False
+) -> tuple[FastAPI, CountedLimit]:
+    app = FastAPI()
+    dep = CountedLimit(rate, limiter=limiter)
+    router = APIRouter(dependencies=[Depends(dep)]) if via_router else app.router
+    route_deps = [Depends(calls.other_dependency)] if via_router else [Depends(calls.other_dependency), Depends(dep)]
+
+    @router.get("/work", dependencies=route_deps)
+    async def work() -> dict[str, bool]:
+        calls.endpoint += 1
+        return {"ok": True}
+
+    if via_router:
+        app.include_router(router)
+    install(app)
+    return app, dep
+
+
+@pytest.mark.parametrize("via_router", [False, True])
+async def test_override_set_before_the_first_request_runs_and_the_edge_stays_out(
+    limiter: Limiter, store: MemoryStore, via_router: bool
+) -> None:
+    calls = Calls()
+    app, dep = overridable_app(limiter, calls, via_router=via_router)
+    overridden: list[str] = []
+    app.dependency_overrides[dep] = lambda: overridden.append("ran")
+    assert [(await request(app, "/work")).status for _ in range(3)] == [200, 200, 200]
+    assert overridden == ["ran"] * 3 and counters(store) == {}  # FastAPI ran the override; nothing charged
+    del app.dependency_overrides[dep]
+    assert [(await request(app, "/work")).status for _ in range(2)] == [200, 429]
+    assert list(counters(store).values()) == [1.0]
+    assert dep.solved == 0 and overridden == ["ran"] * 3  # lifted again: the edge is the check
+
+
+@pytest.mark.parametrize("via_router", [False, True])
+async def test_override_added_after_requests_were_served(
+    limiter: Limiter, store: MemoryStore, via_router: bool
+) -> None:
+    calls = Calls()
+    app, dep = overridable_app(limiter, calls, "2/min", via_router)
+    assert [(await request(app, "/work")).status for _ in range(3)] == [200, 200, 429]
+    assert dep.solved == 0
+    overridden: list[str] = []
+
+    async def override() -> None:
+        overridden.append("ran")
+
+    app.dependency_overrides[dep] = override
+    assert [(await request(app, "/work")).status for _ in range(3)] == [200, 200, 200]
+    assert overridden == ["ran"] * 3 and list(counters(store).values()) == [2.0]
+    assert (calls.endpoint, calls.other) == (5, 5)
+    app.dependency_overrides.clear()
+    assert (await request(app, "/work")).status == 429  # enforced at the edge again
+    assert dep.solved == 0 and calls.other == 5
+
+
+async def test_override_of_one_limit_leaves_the_others_to_their_dependencies(
+    limiter: Limiter, store: MemoryStore
+) -> None:
+    """Overriding a route's parameter-form limit takes the edge out of that route: its lifted
+    limit goes back to FastAPI and checks itself, charged once; the route gets the override's value."""
+    app = FastAPI()
+    lifted = CountedLimit("2/min", limiter=limiter, name="lifted")
+    used = CountedLimit("100/min", limiter=limiter, name="used")
+    got: list[Any] = []
+
+    @app.get("/both", dependencies=[Depends(lifted)])
+    async def both(decision: Any = Depends(used)) -> dict[str, bool]:  # noqa: B008
+        got.append(decision)
+        return {"ok": True}
+
+    install(app)
+    assert (await request(app, "/both")).status == 200
+    assert lifted.solved == 0 and isinstance(got[0], Decision)
+    app.dependency_overrides[used] = lambda: "stand-in"
+    replies = [await request(app, "/both") for _ in range(2)]
+    assert [r.status for r in replies] == [200, 429]
+    assert replies[1].header("content-type") == "application/problem+json"  # raised by the dependency
+    assert got[1:] == ["stand-in"] and lifted.solved == 2
+    assert counters(store) == {
+        "rw:{lifted|203.0.113.7}:fixed_window:2/60000": 2.0,
+        "rw:{used|203.0.113.7}:fixed_window:100/60000": 1.0,
+    }
+    app.dependency_overrides.clear()
+    assert (await request(app, "/both")).status == 429
+    assert lifted.solved == 2 and len(got) == 2  # the edge answered; nothing reached FastAPI
+
+
+async def test_override_removed_while_a_request_past_the_edge_is_unsolved(
+    limiter: Limiter, store: MemoryStore
+) -> None:
+    """A request that skipped the edge for an override, still waiting to be solved when the override
+    goes, is charged by its dependency: the limit is not taken out from under it."""
+    app = FastAPI()
+    dep = CountedLimit("3/min", limiter=limiter)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(request: Request) -> None:
+        if "x-wait" in request.headers:
+            entered.set()
+            await release.wait()
+
+    @app.get("/work", dependencies=[Depends(gate), Depends(dep)])
+    async def work() -> dict[str, bool]:
+        return {"ok": True}
+
+    install(app)
+    app.dependency_overrides[dep] = lambda: None
+    waiting = asyncio.ensure_future(request(app, "/work", headers=[("x-wait", "1")]))
+    await entered.wait()
+    app.dependency_overrides.clear()
+    assert (await request(app, "/work")).status == 200  # charged at the edge
+    release.set()
+    assert (await waiting).status == 200  # charged by its dependency, no override left to run
+    assert list(counters(store).values()) == [2.0]
+    assert dep.solved == 2  # both ran it (the one charged at the edge got the edge's decision)
+    assert [(await request(app, "/work")).status for _ in range(2)] == [200, 429]
+    assert dep.solved == 2  # lifted again once nothing that skipped the edge was in flight
+
+
+async def test_override_of_a_dependency_holding_a_limit(limiter: Limiter, store: MemoryStore) -> None:
+    """FastAPI does not run the dependencies of an overridden dependency: a limit declared under one
+    (here, in the user lookup tests replace) is not enforced at the edge either while it is replaced."""
+    app = FastAPI()
+    dep = RateLimit("1/min", limiter=limiter)
+
+    async def current_user(decision: Decision = Depends(dep)) -> str:  # noqa: B008
+        return "real"
+
+    @app.get("/me")
+    async def me(user: str = Depends(current_user)) -> dict[str, str]:
+        return {"user": user}
+
+    install(app)
+    app.dependency_overrides[current_user] = lambda: "stand-in"
+    replies = [await request(app, "/me") for _ in range(3)]
+    assert [r.status for r in replies] == [200] * 3 and replies[0].json() == {"user": "stand-in"}
+    assert counters(store) == {}
+    app.dependency_overrides.clear()
+    assert [(await request(app, "/me")).status for _ in range(2)] == [200, 429]
+    assert list(counters(store).values()) == [1.0]
+
+
+async def test_lifted_limits_keep_their_place_when_the_route_table_changes(limiter: Limiter) -> None:
+    """The first limit of a route sets the answer's headers: after its lifted limits are taken out
+    and the targets rebuilt (a route was added), the order is still FastAPI's."""
+    app = FastAPI()
+    nested = RateLimit("5/min", limiter=limiter, header_style="ietf")
+    lifted = RateLimit("5/min", limiter=limiter, header_style="legacy")
+
+    async def user(decision: Decision = Depends(nested)) -> str:  # noqa: B008
+        return "u"
+
+    @app.get("/x", dependencies=[Depends(user), Depends(lifted)])
+    async def x() -> dict[str, bool]:
+        return {"ok": True}
+
+    install(app)
+    first = await request(app, "/x")
+    assert first.header("ratelimit") is not None and first.header("x-ratelimit-limit") is None
+
+    @app.get("/added")
+    async def added() -> dict[str, bool]:
+        return {"ok": True}
+
+    again = await request(app, "/x")
+    assert again.header("ratelimit") is not None and again.header("x-ratelimit-limit") is None
+
+
+async def test_a_route_added_to_a_mounted_app_is_not_lifted_under_a_stale_path_cache(
+    limiter: Limiter, store: MemoryStore
+) -> None:
+    """A path the edge cached as a 404 can lead to a route added later (in a mounted app, whose route
+    table the edge checks at most once a second): that route's limit stays with its dependency until
+    the edge has dropped its cache, so no request reaches it unchecked."""
+    sub = FastAPI()
+    app = FastAPI()
+    app.mount("/api", sub)
+    install(app)
+    assert (await request(app, "/api/items/1")).status == 404
+
+    @sub.get("/items/{item_id}", dependencies=[Depends(RateLimit("1/min", limiter=limiter))])
+    async def item(item_id: int) -> dict[str, int]:
+        return {"id": item_id}
+
+    assert (await request(app, "/api/items/2")).status == 200  # placed and charged by the edge
+    assert (await request(app, "/api/items/1")).status == 429  # stale 404 entry: the dependency checked
+    assert list(counters(store).values()) == [1.0]

@@ -22,7 +22,7 @@ from ..responses import rejection, send_unavailable
 from ..rules import CompiledRule
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["SINK_KEY", "EdgeCheck", "EdgeLayer", "EdgeTarget"]
+__all__ = ["SINK_KEY", "EdgeCheck", "EdgeLayer", "EdgeTarget", "Lifted"]
 
 SINK_KEY = "ratewarden.headers"
 """Scope key of the list a dependency that checks for itself appends its headers to."""
@@ -34,10 +34,48 @@ Groups = tuple[tuple[Limiter, tuple[CompiledRule, ...]], ...]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
+class Lifted:
+    """The ``RateLimit`` dependencies taken out of one FastAPI dependant's solving (the edge is their
+    check), and the way back: while an override in ``app.dependency_overrides`` applies, the
+    dependant gets its ``full`` list again so FastAPI runs the override as it would without the edge;
+    once no override applies and no request that skipped the edge is still in flight (it may not have
+    been solved yet), it gets the ``lean`` list again. The lists are swapped, never changed in place,
+    so a request being solved keeps the one it started with."""
+
+    __slots__ = ("calls", "dependant", "full", "inflight", "lean", "restored")
+
+    def __init__(self, dependant: object, full: list[Any], lean: list[Any], calls: tuple[object, ...]) -> None:
+        self.dependant = dependant
+        self.full = full
+        self.lean = lean
+        self.calls = calls
+        self.restored = False
+        self.inflight = 0
+
+    def restore(self) -> None:
+        """Put the lifted dependencies back in the dependant (a request skips the edge)."""
+        self.inflight += 1
+        if not self.restored:
+            self.restored = True
+            setattr(self.dependant, "dependencies", self.full)  # noqa: B010
+
+    def done(self) -> None:
+        """A request that skipped the edge has finished."""
+        self.inflight -= 1
+
+    def relift(self) -> None:
+        """Take the lifted dependencies out again, unless a request that skipped the edge may still
+        be solving them."""
+        if self.inflight == 0:
+            self.restored = False
+            setattr(self.dependant, "dependencies", self.lean)  # noqa: B010
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class EdgeTarget:
     """The declared limits of one (route, method), grouped by limiter, with the answer's settings."""
 
-    __slots__ = ("covered", "groups", "headers", "overrides", "policy", "route", "style")
+    __slots__ = ("covered", "groups", "headers", "lifted", "overridable", "overrides", "policy", "route", "style")
 
     def __init__(
         self,
@@ -56,12 +94,23 @@ class EdgeTarget:
         self.style: HeaderStyle = style
         self.policy = policy
         self.overrides = overrides  # the app whose dependency_overrides may replace these limits
+        self.lifted: Lifted | None = None  # set when the route's unused limits leave FastAPI's solving
+        # What an override may replace to take these limits out of FastAPI's run: the limits and
+        # the dependencies they sit under.
+        self.overridable: frozenset[object] = covered
 
     def overridden(self) -> bool:
+        """Whether ``app.dependency_overrides`` replaces one of these limits (or a dependency one sits
+        under, which FastAPI then no longer runs): then the edge stays out and FastAPI runs the
+        override. When none does, lifted dependencies an earlier override put back are taken out
+        again."""
         overrides = getattr(self.overrides, "dependency_overrides", None)
-        if not overrides:
-            return False
-        return not self.covered.isdisjoint(overrides)
+        if overrides and not self.overridable.isdisjoint(overrides):
+            return True
+        lifted = self.lifted
+        if lifted is not None and lifted.restored:
+            lifted.relift()
+        return False
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -111,8 +160,11 @@ class EdgeLayer:
             await self.app(scope, receive, send)
             return
         target = self.target(scope)
-        if target is None or target.overridden():
+        if target is None:
             await with_collected_headers(self.app, scope, receive, send)
+            return
+        if target.overridden():
+            await run_overridden(self.app, target.lifted, scope, receive, send)
             return
         context = context_for(scope)
         previous = context.edge
@@ -169,6 +221,20 @@ async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]
         if decision is None or found.remaining < decision.remaining:
             decision = found
     return decision
+
+
+async def run_overridden(app: ASGIApp, lifted: Lifted | None, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run a request whose limits an override replaces past the edge, with the lifted dependencies
+    back in FastAPI's solving while it is in flight (FastAPI then calls the override, or the
+    dependencies not overridden check their limits themselves)."""
+    if lifted is None:
+        await with_collected_headers(app, scope, receive, send)
+        return
+    lifted.restore()
+    try:
+        await with_collected_headers(app, scope, receive, send)
+    finally:
+        lifted.done()
 
 
 async def with_collected_headers(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
