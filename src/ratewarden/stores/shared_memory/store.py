@@ -1,8 +1,9 @@
 """``SharedMemoryStore``: the ``Store`` on the shared table: hit, peek, adjust, reset, clear, the
 ``max_keys`` bound and the overflow allowance a full region charges new keys to.
 
-``hit_now`` on one key is the hot path: it inlines the lock, the probe and the state rewrite
-(``locks.py``, ``table.py`` hold the general versions every other path uses).
+``hit_now`` on one key is the hot path: it inlines the lock, the probe and the state rewrite, or
+hands them to the C helpers (``_native.c``) when built (``locks.py``, ``table.py`` hold the general
+versions every other path uses).
 """
 
 from __future__ import annotations
@@ -214,9 +215,26 @@ class SharedMemoryStore(Store):
         digest, home, region = where
         mm = seg.mm
         mutex = seg.mutex
+        native = seg.native
         # A robust mutex belongs to a thread, so it excludes this process's threads too; an fcntl
         # lock belongs to the process, so threads first take the process's thread lock.
-        if mutex:
+        if native is not None:
+            # The C helpers (_native.c): one call locks the region and reads the key's state if
+            # its entry is there and clean, another writes the new state and unlocks.
+            got = native.begin(region.number, digest, now)
+            if not isinstance(got, int):
+                try:
+                    new_state, decision = limit.fn(got, now, costs[0], limit.rate)
+                    decision.policy = limit.name
+                except BaseException:
+                    native.unlock(region.number)
+                    raise
+                native.commit(region.number, now + decision.reset_after, new_state)
+                return decision
+            if got > 0:  # the lock failed (held only after EOWNERDEAD)
+                owner_died(seg, got, region)
+            # Else the lock is held and the key needs the general path below.
+        elif mutex:
             rc = _mutex_lock(region.addr)
             if rc:
                 owner_died(seg, rc, region)
@@ -273,7 +291,9 @@ class SharedMemoryStore(Store):
                     insert(seg, region, slot.digest, slot.home, hold_of(limit), expires, new_state)
             return decision
         finally:
-            if mutex:
+            if native is not None:
+                native.unlock(region.number)
+            elif mutex:
                 _mutex_unlock(region.addr)
             else:
                 _lockf(seg.fd, _LOCK_UN, 1, region.lock)
