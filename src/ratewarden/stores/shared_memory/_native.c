@@ -432,7 +432,7 @@ static PyTypeObject TableType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "The shared-memory table's hot operations in C.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_native", "The shared-memory table's hot operations in C.", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
