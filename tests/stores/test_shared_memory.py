@@ -167,16 +167,18 @@ def test_forked_workers_share_the_parents_table(shm_dir: Path, lock: str) -> Non
     results = ctx.Queue()
 
     def child() -> None:
-        results.put(sum(store.hit_now([key], [limit], [1.0]).allowed for _ in range(150)))
+        allowed = sum(store.hit_now([key], [limit], [1.0]).allowed for _ in range(150))
+        results.put((allowed, store._pid == os.getpid()))  # the fork was noticed: mapped again
 
     procs = [ctx.Process(target=child) for _ in range(3)]
     for p in procs:
         p.start()
-    counts = [results.get(timeout=60) for _ in procs]
+    got = [results.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    assert sum(counts) == 99
+    assert all(remapped for _, remapped in got)
+    assert sum(count for count, _ in got) == 99
     assert not store.hit_now([key], [limit], [1.0]).allowed
 
 

@@ -61,7 +61,17 @@ _mutex_lock: Callable[[int], int] = lambda address: 0  # noqa: E731 - set on fir
 _mutex_unlock: Callable[[int], int] = lambda address: 0  # noqa: E731
 _LOCK_EX: Final = fcntl.LOCK_EX
 _LOCK_UN: Final = fcntl.LOCK_UN
-_getpid: Final = os.getpid
+# Forks seen by this process's lineage: a store compares it with its own copy on every check
+# instead of calling getpid() (a system call, ~0.2 µs: a third of a compiled check).
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
 
 
 def _attach(path: Path, max_keys: int, log_size: int, lock: str) -> Segment:
@@ -117,6 +127,7 @@ class SharedMemoryStore(Store):
         self._overflow_logged = False
         self._seg: Segment | None = _attach(self.path, max_keys, log_size, lock)
         self._pid = os.getpid()
+        self._forks = _forks
         self._checked: set[str] = set()
         self._where: dict[str, tuple[bytes, int, Region]] = {}
 
@@ -145,6 +156,7 @@ class SharedMemoryStore(Store):
             self._seg = seg = _attach(self.path, self.max_keys, self.log_size, self.lock)
             self._pid = os.getpid()
             self._where.clear()
+        self._forks = _forks
         return seg
 
     def _check_limit(self, limit: Limit) -> None:
@@ -200,7 +212,7 @@ class SharedMemoryStore(Store):
         # Longer than ~60 lines on purpose: the one-key check inlines the lock, the probe and the
         # state rewrite (each call saved is ~0.1 µs of a ~2 µs check in the interpreter).
         seg = self._seg
-        if seg is None or self._pid != _getpid():
+        if seg is None or self._forks != _forks:
             seg = self._segment()
         now = self.clock()
         if len(keys) != 1:
