@@ -83,11 +83,26 @@ region_of(Table *self, PyObject *arg)
     return &self->regions[r];
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#define RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define RELAX() __asm__ __volatile__("yield")
+#else
+#define RELAX() ((void)0)
+#endif
+/* A holder keeps a region for a fraction of a microsecond: retry that long before sleeping in
+ * the kernel (a futex wait and wake cost more than the whole check). */
+#define SPINS 100
+
 /* 0 or pthread_mutex_lock's error; the lock is held on 0 and EOWNERDEAD. */
 static int
 take(Table *self, Region *region)
 {
     int rc = pthread_mutex_trylock(region->mutex);
+    for (int spin = 0; rc == EBUSY && spin < SPINS; spin++) {
+        RELAX();
+        rc = pthread_mutex_trylock(region->mutex);
+    }
     if (rc == EBUSY) {
         self->busy++;  /* a waiter: close() must not unmap under it */
         Py_BEGIN_ALLOW_THREADS
