@@ -134,8 +134,8 @@ async def extra_cost(requests: int, runs: int, concurrency: int) -> None:
     mem = extras["middleware + MemoryStore"]
     for name in (SHM, SHM_CTYPES) if NATIVE else (SHM,):
         shm = extras[name]
-        which = name.removeprefix("middleware + SharedMemoryStore").strip() or "shm"
-        print(f"shm {which} extra / memory extra: {shm[0] / mem[0]:.2f} (min), {shm[1] / mem[1]:.2f} (median); "
+        which = name.removeprefix("middleware + SharedMemoryStore")
+        print(f"shm{which} extra / memory extra: {shm[0] / mem[0]:.2f} (min), {shm[1] / mem[1]:.2f} (median); "
               "target <= 1.5")
 
 
