@@ -157,6 +157,45 @@ def test_a_thread_waiting_for_a_region_lets_the_others_run(
     _run_with_deadline(check, 20)
 
 
+@pytest.mark.parametrize("kind", [k for k in LOCK_KINDS if k.startswith("mutex")])
+def test_a_check_takes_over_a_region_whose_holder_died(
+    shm_dir: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process SIGKILLed while it holds a region's mutex (between two writes): the next one-key
+    check is told EOWNERDEAD, takes the lock over, says so, and counts on from the stored state."""
+    if kind == "mutex-ctypes":
+        monkeypatch.setenv("RATEWARDEN_SHM_NATIVE", "0")
+    import logging
+
+    from ratewarden.stores.shared_memory import locks
+
+    store = SharedMemoryStore(unique_name(), max_keys=100, directory=shm_dir, lock="mutex")
+    limit = Limit(Rate(5, 3600.0), "gcra")
+    assert store.hit_now(["rw:{k}"], [limit], [1.0]).remaining == 4
+    ctx = multiprocessing.get_context("fork")
+
+    def die_holding_the_lock() -> None:
+        seg = store._segment()
+        locks.lock(seg, store._slot(seg, "rw:{k}").region)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    victim = ctx.Process(target=die_holding_the_lock)
+    victim.start()
+    victim.join(30)
+    assert victim.exitcode == -signal.SIGKILL
+
+    def survivor() -> None:
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        logging.getLogger("ratewarden.stores.shared_memory").addHandler(handler)
+        assert (store._segment().native is not None) == (NATIVE and kind == "mutex")
+        assert [store.hit_now(["rw:{k}"], [limit], [1.0]).remaining for _ in range(2)] == [3, 2]
+        assert any("holder died" in r.getMessage() for r in records), [r.getMessage() for r in records]
+
+    _run_with_deadline(survivor, 20)
+
+
 def test_forked_workers_share_the_parents_table(shm_dir: Path, lock: str) -> None:
     """A store opened before fork (gunicorn --preload) is re-mapped in each child: still exact."""
     store = SharedMemoryStore(unique_name(), max_keys=1000, directory=shm_dir, clock=shm_workers.frozen, lock=lock)
