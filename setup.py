@@ -2,7 +2,8 @@
 
 A wheel or a regular install compiles the modules in ``HOT_MODULES`` with mypyc (shipped inside
 mypy, a build requirement only: mypyc's runtime is embedded in the built extension, so the
-package keeps no runtime dependency). The result stays pure Python when
+package keeps no runtime dependency), and on Linux the shared-memory store's C helpers
+(``NATIVE_EXTENSIONS``). The result stays pure Python when
 
 * ``RATEWARDEN_PURE_PYTHON=1`` is set,
 * the install is editable (``pip install -e``): compiled modules inside ``src/`` would shadow the
@@ -26,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The modules a request goes through (paths relative to this file). rates.py (parsing, at start-up
@@ -66,6 +67,16 @@ HOT_MODULES = [
     "src/ratewarden/asgi/websocket.py",
     "src/ratewarden/asgi/edge.py",
 ]
+
+# Hand-written C built next to the mypyc modules (Linux only: process-shared robust mutexes). The
+# package works without them (a pure-Python build takes the same mutexes through ctypes).
+NATIVE_EXTENSIONS = [
+    Extension(
+        "ratewarden.stores.shared_memory._native",
+        ["src/ratewarden/stores/shared_memory/_native.c"],
+        extra_compile_args=["-O2"],
+    ),
+] if sys.platform.startswith("linux") else []
 
 # How mypyc's type check runs in a build. The build needs the hot modules' types, not a lint pass
 # (``make lint`` runs mypy --strict with every extra installed): pip's isolated build environment
@@ -129,7 +140,7 @@ def _ext_modules() -> list[Any]:
         options: dict[str, Any] = {"opt_level": "3", "debug_level": "0"}
         if "group_name" in inspect.signature(mypycify).parameters:  # newer mypyc (older: a hashed name)
             options["group_name"] = "ratewarden"  # the shared library: ratewarden__mypyc.*.so
-        return list(mypycify([*BUILD_TYPE_CHECK, *HOT_MODULES], **options))
+        return [*mypycify([*BUILD_TYPE_CHECK, *HOT_MODULES], **options), *NATIVE_EXTENSIONS]
     except (Exception, SystemExit) as exc:  # mypyc exits on type errors
         _fail_or_warn(f"mypyc could not compile the hot-path modules ({type(exc).__name__}: {exc})")
         return []

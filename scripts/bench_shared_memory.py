@@ -2,9 +2,10 @@
 key contended by two processes.
 
 1. Extra cost: direct ASGI calls on one FastAPI app shape (bare, middleware + MemoryStore,
-   middleware + SharedMemoryStore), batches of ``--concurrency`` concurrent requests, rounds
-   interleaving the variants in one process; min and median CPU µs per request, the extra over the
-   bare app, and shm extra / memory extra (target <= 1.5).
+   middleware + SharedMemoryStore, and when the C helpers are built the same store on its
+   ``ctypes`` fallback, ``RATEWARDEN_SHM_NATIVE=0``), batches of ``--concurrency`` concurrent
+   requests, rounds interleaving the variants in one process; min and median CPU µs per request,
+   the extra over the bare app, and shm extra / memory extra (target <= 1.5).
 2. Contention: ``store.hit_now`` on one key in one process, then in two processes at once on the
    same key (same table); aggregate checks/s, rounds interleaved (target: two processes lose less
    than 30 % of one process's throughput).
@@ -60,15 +61,36 @@ def limited(store: Any) -> FastAPI:
     return app
 
 
-def shm_store(name: str) -> SharedMemoryStore:
-    return SharedMemoryStore(name, max_keys=65_536, directory=DIRECTORY)
+def shm_store(name: str, native: bool = True, **options: Any) -> SharedMemoryStore:
+    """A table in the bench's directory; ``native=False``: on the ``ctypes`` fallback even where
+    the C helpers are built (a separate name: each process maps a name once)."""
+    saved = os.environ.get("RATEWARDEN_SHM_NATIVE")
+    os.environ["RATEWARDEN_SHM_NATIVE"] = "1" if native else "0"
+    try:
+        return SharedMemoryStore(name, max_keys=65_536, directory=DIRECTORY, **options)
+    finally:
+        if saved is None:
+            del os.environ["RATEWARDEN_SHM_NATIVE"]
+        else:
+            os.environ["RATEWARDEN_SHM_NATIVE"] = saved
 
 
+def has_native() -> bool:
+    store = shm_store("bench-probe")
+    store.unlink()
+    return store._segment().native is not None
+
+
+NATIVE = has_native()
+SHM = "middleware + SharedMemoryStore" + (" (C)" if NATIVE else "")
+SHM_CTYPES = "middleware + SharedMemoryStore (ctypes)"
 VARIANTS: dict[str, Callable[[], FastAPI]] = {
     "bare": bare,
     "middleware + MemoryStore": lambda: limited(MemoryStore()),
-    "middleware + SharedMemoryStore": lambda: limited(shm_store("bench-mw")),
+    SHM: lambda: limited(shm_store("bench-mw")),
 }
+if NATIVE:
+    VARIANTS[SHM_CTYPES] = lambda: limited(shm_store("bench-mw-ctypes", native=False))
 
 
 async def drive(app: FastAPI, requests: int, concurrency: int) -> float:
@@ -102,16 +124,19 @@ async def extra_cost(requests: int, runs: int, concurrency: int) -> None:
     for _ in range(runs):
         for name, app in apps.items():
             samples[name].append(await drive(app, requests, concurrency))
-    print(f"{'variant':32s} {'min µs':>7s} {'med µs':>7s} {'extra min':>9s} {'extra med':>9s}")
+    print(f"{'variant':40s} {'min µs':>7s} {'med µs':>7s} {'extra min':>9s} {'extra med':>9s}")
     base_min = min(samples["bare"])
     base_med = statistics.median(samples["bare"])
     extras: dict[str, tuple[float, float]] = {}
     for name, values in samples.items():
         extras[name] = (min(values) - base_min, statistics.median(values) - base_med)
-        print(f"{name:32s} {min(values):7.2f} {statistics.median(values):7.2f} {extras[name][0]:9.2f} {extras[name][1]:9.2f}")
+        print(f"{name:40s} {min(values):7.2f} {statistics.median(values):7.2f} {extras[name][0]:9.2f} {extras[name][1]:9.2f}")
     mem = extras["middleware + MemoryStore"]
-    shm = extras["middleware + SharedMemoryStore"]
-    print(f"shm extra / memory extra: {shm[0] / mem[0]:.2f} (min), {shm[1] / mem[1]:.2f} (median); target <= 1.5")
+    for name in (SHM, SHM_CTYPES) if NATIVE else (SHM,):
+        shm = extras[name]
+        which = name.removeprefix("middleware + SharedMemoryStore")
+        print(f"shm{which} extra / memory extra: {shm[0] / mem[0]:.2f} (min), {shm[1] / mem[1]:.2f} (median); "
+              "target <= 1.5")
 
 
 HOT = Limit(Rate(ALLOW, 60.0), "gcra")
@@ -160,7 +185,8 @@ def contention(checks: int, runs: int) -> None:
 
 def mechanisms(checks: int, runs: int) -> None:
     """The lock choice, measured: one process, one key, ``hit_now`` with the region lock taken as a
-    process-shared robust mutex (the default on Linux), with ``fcntl.lockf`` on the region's byte
+    process-shared robust mutex (the default on Linux; through the C helpers when built, and
+    through ``ctypes``, the fallback), with ``fcntl.lockf`` on the region's byte
     (the fallback, ``lock="lockf"``), with ``fcntl.flock`` on the whole file (one lock for
     everything, shared with forked children: not used), and with no lock at all (unsafe: the
     floor of the Python work)."""
@@ -168,8 +194,9 @@ def mechanisms(checks: int, runs: int) -> None:
 
     from ratewarden.stores.shared_memory import store as shared_memory
 
-    mutex = SharedMemoryStore("bench-mech-mutex", max_keys=65_536, directory=DIRECTORY, lock="mutex")
-    lockf = SharedMemoryStore("bench-mech-lockf", max_keys=65_536, directory=DIRECTORY, lock="lockf")
+    mutex = shm_store("bench-mech-mutex", lock="mutex")
+    ctypes_mutex = shm_store("bench-mech-ctypes", native=False, lock="mutex")
+    lockf = shm_store("bench-mech-lockf", lock="lockf")
     keys, limits, costs = [HOT_KEY], [HOT], [1.0]
     real = shared_memory._lockf
 
@@ -180,7 +207,8 @@ def mechanisms(checks: int, runs: int) -> None:
         return None
 
     variants: dict[str, tuple[Any, Any]] = {
-        "robust mutex (default)": (mutex, real),
+        "robust mutex, C helpers" if NATIVE else "robust mutex, ctypes": (mutex, real),
+        **({"robust mutex, ctypes (fallback)": (ctypes_mutex, real)} if NATIVE else {}),
         "lockf per region": (lockf, real),
         "flock whole file": (lockf, flock),
         "no lock (unsafe floor)": (lockf, nolock),
@@ -198,8 +226,9 @@ def mechanisms(checks: int, runs: int) -> None:
         shared_memory._lockf = real
     print("hit_now on one key, CPU µs per check:")
     for name, values in samples.items():
-        print(f"  {name:28s} {min(values):6.2f} min {statistics.median(values):6.2f} median")
+        print(f"  {name:32s} {min(values):6.2f} min {statistics.median(values):6.2f} median")
     mutex.unlink()
+    ctypes_mutex.unlink()
     lockf.unlink()
 
 
@@ -211,13 +240,14 @@ def main() -> None:
     parser.add_argument("--checks", type=int, default=100_000, help="checks per process in the contention test")
     args = parser.parse_args()
     build = "mypyc-compiled" if getattr(ratewarden, "COMPILED", False) else "pure Python"
-    print(f"ratewarden {build}; table in {DIRECTORY}")
+    helpers = "C helpers built" if NATIVE else "no C helpers (ctypes)"
+    print(f"ratewarden {build}, {helpers}; table in {DIRECTORY}")
     asyncio.run(extra_cost(args.requests, args.runs, args.concurrency))
     print()
     contention(args.checks, args.runs)
     print()
     mechanisms(args.checks, args.runs)
-    for name in ("bench-mw", "bench-hot"):
+    for name in ("bench-mw", "bench-mw-ctypes", "bench-hot"):
         shm_store(name).unlink()
 
 

@@ -129,6 +129,12 @@ def chaos(name: str, directory: str, admitted_path: str, ready_fd: int, seed: in
             store.reset_now([key])
 
 
+def burst_with(native: bool, name: str, directory: str, barrier: Any, out: Any) -> None:
+    """``hot_key_burst`` with the C helpers (where built) or on the ``ctypes`` fallback."""
+    os.environ["RATEWARDEN_SHM_NATIVE"] = "1" if native else "0"
+    hot_key_burst(name, directory, barrier, out)
+
+
 def final_check(name: str, directory: str, out: Any) -> None:
     """Open the table after the chaos and do one check of every kind."""
     store = SharedMemoryStore(name, max_keys=1000, directory=directory)
@@ -144,7 +150,8 @@ def die_at(point: str, store: SharedMemoryStore, action: Any) -> None:
     """Run ``action()`` and SIGKILL this process at ``point`` of a write (``CRASH_POINTS`` in
     test_shared_memory.py): the ``struct`` objects that write an entry's state (``seg.bodies``)
     and the table's 32-bit fields (``table.U32``) are swapped for ones that die before or after
-    the chosen write. No source tracing, so it works in the mypyc-compiled build too."""
+    the chosen write; where the C helpers write the state (``_native.c``), their ``crash_at``
+    hook dies at the same two steps. No source tracing, so it works in the mypyc-compiled build too."""
     import signal
     import struct
 
@@ -187,5 +194,7 @@ def die_at(point: str, store: SharedMemoryStore, action: Any) -> None:
 
     table.U32 = Fields(table.U32.format)  # type: ignore[misc]
     seg.bodies = [Body(s.format) for s in seg.bodies]
+    if seg.native is not None:  # the C helpers write a one-key check's state themselves
+        seg.native.crash_at = {"state-half-written": 1, "state-written-still-dirty": 2}.get(point, 0)
     action()
     os._exit(3)  # the point was never reached

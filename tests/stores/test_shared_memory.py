@@ -40,12 +40,20 @@ def shm_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+NATIVE = importlib.util.find_spec("ratewarden.stores.shared_memory._native") is not None
 LOCK_KINDS = ["mutex", "lockf"] if sys.platform.startswith("linux") else ["lockf"]
+if NATIVE:
+    LOCK_KINDS.insert(1, "mutex-ctypes")
 
 
 @pytest.fixture(params=LOCK_KINDS)
-def lock(request: pytest.FixtureRequest) -> str:
-    """The crash and exactness tests run on both region locks: robust mutexes and fcntl locks."""
+def lock(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The crash and exactness tests run on both region locks: robust mutexes and fcntl locks;
+    where the C helpers are built, the mutexes run through them ("mutex") and through their
+    ``ctypes`` fallback ("mutex-ctypes", for this process and the ones it starts)."""
+    if request.param == "mutex-ctypes":
+        monkeypatch.setenv("RATEWARDEN_SHM_NATIVE", "0")
+        return "mutex"
     return str(request.param)
 
 
@@ -81,6 +89,113 @@ def test_spawned_processes_150_concurrent_each_admit_exactly_100(shm_dir: Path, 
         assert allowed == 100, f"{algorithm}: {allowed} allowed of 450 against a limit of 100"
 
 
+def test_c_helpers_and_ctypes_processes_share_one_table_exactly(shm_dir: Path) -> None:
+    """The C helpers and the ctypes fallback take the same mutexes and write the same entries:
+    processes of both kinds on one key admit exactly the limit together."""
+    ctx = multiprocessing.get_context("spawn")
+    name = unique_name()
+    SharedMemoryStore(name, max_keys=1000, directory=shm_dir, lock=LOCK_KINDS[0])  # mutexes where there are
+    barrier = ctx.Barrier(4)
+    args: list[tuple[object, ...]] = [(native, name, str(shm_dir), barrier) for native in (True, False, True, False)]
+    results = _spawn_all(ctx, shm_workers.burst_with, args)
+    errors = [r for r in results if isinstance(r, str)]
+    assert not errors, errors
+    for algorithm in ALGORITHM_NAMES:
+        allowed = sum(r[algorithm] for r in results)  # type: ignore[index]
+        assert allowed == 100, f"{algorithm}: {allowed} allowed of 600 against a limit of 100"
+
+
+def test_c_helpers_are_used_where_built(shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled Linux build ships the C helpers and a mutex table uses them (unless switched off
+    with RATEWARDEN_SHM_NATIVE=0); a pure-Python install runs on ctypes."""
+    import ratewarden
+
+    if ratewarden.COMPILED and sys.platform.startswith("linux"):
+        assert NATIVE, "the compiled build has no ratewarden.stores.shared_memory._native"
+    if not sys.platform.startswith("linux"):
+        assert not NATIVE
+        return
+    used = SharedMemoryStore(unique_name(), max_keys=100, directory=shm_dir, lock="mutex")
+    assert (used._segment().native is not None) == NATIVE
+    monkeypatch.setenv("RATEWARDEN_SHM_NATIVE", "0")
+    fallback = SharedMemoryStore(unique_name(), max_keys=100, directory=shm_dir, lock="mutex")
+    assert fallback._segment().native is None
+    limit = Limit(Rate(3, 3600.0), "token_bucket")
+    for store in (used, fallback):
+        assert [store.hit_now(["rw:{k}"], [limit], [1.0]).allowed for _ in range(4)] == [True, True, True, False]
+
+
+@pytest.mark.parametrize("kind", [k for k in LOCK_KINDS if k.startswith("mutex")])
+def test_a_thread_waiting_for_a_region_lets_the_others_run(
+    shm_dir: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check that waits for a region's mutex held by another thread releases the GIL while it
+    waits (else the holder could never finish); once released, it goes through."""
+    if kind == "mutex-ctypes":
+        monkeypatch.setenv("RATEWARDEN_SHM_NATIVE", "0")
+    from ratewarden.stores.shared_memory import locks
+
+    def check() -> None:
+        import threading
+
+        store = SharedMemoryStore(unique_name(), max_keys=100, directory=shm_dir, lock="mutex")
+        limit = Limit(Rate(5, 3600.0), "gcra")
+        assert store.hit_now(["rw:{k}"], [limit], [1.0]).remaining == 4
+        seg = store._segment()
+        assert (seg.native is not None) == (NATIVE and kind == "mutex")
+        region = store._where["rw:{k}"][2]
+        locks.lock(seg, region)  # held by this thread
+        done: list[int] = []
+        waiter = threading.Thread(target=lambda: done.append(store.hit_now(["rw:{k}"], [limit], [1.0]).remaining))
+        waiter.start()
+        time.sleep(0.3)  # needs the GIL: the waiter must not sit on it
+        assert waiter.is_alive() and not done
+        locks.unlock(seg, region)
+        waiter.join(5)
+        assert done == [3]
+
+    _run_with_deadline(check, 20)
+
+
+@pytest.mark.parametrize("kind", [k for k in LOCK_KINDS if k.startswith("mutex")])
+def test_a_check_takes_over_a_region_whose_holder_died(
+    shm_dir: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process SIGKILLed while it holds a region's mutex (between two writes): the next one-key
+    check is told EOWNERDEAD, takes the lock over, says so, and counts on from the stored state."""
+    if kind == "mutex-ctypes":
+        monkeypatch.setenv("RATEWARDEN_SHM_NATIVE", "0")
+    import logging
+
+    from ratewarden.stores.shared_memory import locks
+
+    store = SharedMemoryStore(unique_name(), max_keys=100, directory=shm_dir, lock="mutex")
+    limit = Limit(Rate(5, 3600.0), "gcra")
+    assert store.hit_now(["rw:{k}"], [limit], [1.0]).remaining == 4
+    ctx = multiprocessing.get_context("fork")
+
+    def die_holding_the_lock() -> None:
+        seg = store._segment()
+        locks.lock(seg, store._slot(seg, "rw:{k}").region)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    victim = ctx.Process(target=die_holding_the_lock)
+    victim.start()
+    victim.join(30)
+    assert victim.exitcode == -signal.SIGKILL
+
+    def survivor() -> None:
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        logging.getLogger("ratewarden.stores.shared_memory").addHandler(handler)
+        assert (store._segment().native is not None) == (NATIVE and kind == "mutex")
+        assert [store.hit_now(["rw:{k}"], [limit], [1.0]).remaining for _ in range(2)] == [3, 2]
+        assert any("holder died" in r.getMessage() for r in records), [r.getMessage() for r in records]
+
+    _run_with_deadline(survivor, 20)
+
+
 def test_forked_workers_share_the_parents_table(shm_dir: Path, lock: str) -> None:
     """A store opened before fork (gunicorn --preload) is re-mapped in each child: still exact."""
     store = SharedMemoryStore(unique_name(), max_keys=1000, directory=shm_dir, clock=shm_workers.frozen, lock=lock)
@@ -91,16 +206,18 @@ def test_forked_workers_share_the_parents_table(shm_dir: Path, lock: str) -> Non
     results = ctx.Queue()
 
     def child() -> None:
-        results.put(sum(store.hit_now([key], [limit], [1.0]).allowed for _ in range(150)))
+        allowed = sum(store.hit_now([key], [limit], [1.0]).allowed for _ in range(150))
+        results.put((allowed, store._pid == os.getpid()))  # the fork was noticed: mapped again
 
     procs = [ctx.Process(target=child) for _ in range(3)]
     for p in procs:
         p.start()
-    counts = [results.get(timeout=60) for _ in procs]
+    got = [results.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    assert sum(counts) == 99
+    assert all(remapped for _, remapped in got)
+    assert sum(count for count, _ in got) == 99
     assert not store.hit_now([key], [limit], [1.0]).allowed
 
 

@@ -9,8 +9,9 @@ Layout (``layout.py``): a header (magic, layout version, sizes), then ``stripes`
 key's 16-byte BLAKE2b digest picks its region; each region holds a dense array of fixed-size
 entries (state as float64s, its expiry, the digest) and an open-addressed index (linear probing,
 backward-shift deletion, so no tombstones: ``table.py``), and has its own lock (``locks.py``): a
-process-shared robust mutex in the file (Linux, through ``ctypes``: ``mutex.py``; the next locker
-is told when a holder died) or else an ``fcntl`` byte-range lock on one byte (dropped by the
+process-shared robust mutex in the file (Linux, through the C helpers ``_native.c`` when built,
+which also do a one-key check's probe and state copy, else ``ctypes``: ``mutex.py``; the next
+locker is told when a holder died) or else an ``fcntl`` byte-range lock on one byte (dropped by the
 kernel when its holder dies), so a SIGKILLed worker never blocks the others.
 A check on several keys locks their regions in ascending order (all-or-nothing, no deadlock).
 

@@ -57,7 +57,7 @@ INIT_LOCK: Final = LOCK_BASE - 1
 class Region:
     """Offsets of one region (the overflow region has the same shape)."""
 
-    __slots__ = ("addr", "base", "cap", "entries", "index", "lock", "mask")
+    __slots__ = ("addr", "base", "cap", "entries", "index", "lock", "mask", "number")
 
     def __init__(self, base: int, cap: int, index_size: int, lock: int) -> None:
         self.base = base
@@ -66,6 +66,7 @@ class Region:
         self.mask = index_size - 1
         self.entries = self.index + 4 * index_size
         self.lock = lock  # lockf: the byte locked
+        self.number = lock - LOCK_BASE  # its place in the table (the overflow region is last)
         self.addr = 0  # mutex: its address in this process
 
 

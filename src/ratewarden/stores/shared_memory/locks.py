@@ -1,5 +1,6 @@
-"""Taking a region's lock, of either kind: a robust mutex in the file (``mutex.py``) or an
-``fcntl`` byte-range lock on the region's byte (dropped by the kernel when its holder dies).
+"""Taking a region's lock, of either kind: a robust mutex in the file (through the C helpers,
+``_native.c``, when built, else ``ctypes``: ``mutex.py``) or an ``fcntl`` byte-range lock on the
+region's byte (dropped by the kernel when its holder dies).
 The next holder after a crash takes the lock over and finishes the region's half-done write.
 
 ``SharedMemoryStore.hit_now`` inlines ``lock``/``unlock`` for one key (the hot path).
@@ -26,9 +27,13 @@ log = logging.getLogger("ratewarden.stores.shared_memory")
 def lock(seg: Segment, region: Region) -> None:
     """Take the region's lock, then finish any insert or delete a dead holder left half-done."""
     if seg.mutex:
-        pthread = robust_mutexes()
-        assert pthread is not None
-        rc = pthread.lock(region.addr)
+        native = seg.native
+        if native is not None:
+            rc = native.lock(region.number)
+        else:
+            pthread = robust_mutexes()
+            assert pthread is not None
+            rc = pthread.lock(region.addr)
         if rc:
             owner_died(seg, rc, region)
     else:
@@ -39,9 +44,13 @@ def lock(seg: Segment, region: Region) -> None:
 
 def unlock(seg: Segment, region: Region) -> None:
     if seg.mutex:
-        pthread = robust_mutexes()
-        assert pthread is not None
-        pthread.unlock(region.addr)
+        native = seg.native
+        if native is not None:
+            native.unlock(region.number)
+        else:
+            pthread = robust_mutexes()
+            assert pthread is not None
+            pthread.unlock(region.addr)
     else:
         fcntl.lockf(seg.fd, fcntl.LOCK_UN, 1, region.lock)
 
@@ -49,9 +58,13 @@ def unlock(seg: Segment, region: Region) -> None:
 def owner_died(seg: Segment, rc: int, region: Region) -> None:
     """``pthread_mutex_lock`` failed: a holder that died leaves us the lock (EOWNERDEAD)."""
     if rc == errno.EOWNERDEAD:
-        pthread = robust_mutexes()
-        assert pthread is not None
-        pthread.consistent(region.addr)
+        native = seg.native
+        if native is not None:
+            native.consistent(region.number)
+        else:
+            pthread = robust_mutexes()
+            assert pthread is not None
+            pthread.consistent(region.addr)
         log.warning("shared-memory table %s: took over a lock whose holder died", seg.path)
         return
     raise SharedMemoryError(f"{seg.path}: cannot lock a region: {os.strerror(rc)}")

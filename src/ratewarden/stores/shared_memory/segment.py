@@ -12,9 +12,11 @@ import mmap
 import os
 import re
 import stat
+import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..._mypyc import mypyc_attr
 from .errors import SharedMemoryError
@@ -36,6 +38,9 @@ from .layout import (
     stripes_for,
 )
 from .mutex import robust_mutexes
+
+if TYPE_CHECKING:
+    from ._native import Table
 
 __all__ = ["Segment", "attach", "detach", "segment_path"]
 
@@ -95,16 +100,33 @@ class Segment:
         self.overflow = Region(HEADER_SIZE + stripes * rsize, OVERFLOW_CAP, osize, LOCK_BASE + stripes)
         self.fd = self._open()
         self._anchor: ctypes.c_char | None = None
+        self.native: Table | None = None
         try:
             self.lock_kind = self._initialise(max_keys, stripes, floats, esize, isize, rsize, total, lock)
+            self.mutex = self.lock_kind == "mutex"
+            self.native = self._native() if self.mutex else None
         except BaseException:
             if self._anchor is not None:
                 self._anchor = None
                 self.mm.close()
             os.close(self.fd)
             raise
-        self.mutex = self.lock_kind == "mutex"
         self.bodies, self.states = state_codecs(floats)
+
+    def _native(self) -> Table | None:
+        """The C helpers' view of this mapping (robust mutexes without ``ctypes``, the one-key
+        check's probe and state copy), or None: not built (a pure-Python install, not Linux),
+        or switched off with ``RATEWARDEN_SHM_NATIVE=0`` (the ``ctypes`` path, same file)."""
+        if os.environ.get("RATEWARDEN_SHM_NATIVE", "").strip().lower() in ("0", "false", "no", "off"):
+            return None
+        try:
+            from . import _native
+        except ImportError:
+            return None
+        if _native.LAYOUT_VERSION != LAYOUT_VERSION or sys.byteorder != "little":
+            return None
+        spans = [(r.base, r.index, r.entries, r.mask) for r in [*self.regions, self.overflow]]
+        return _native.Table(self.mm, self.esize, self.floats, spans)
 
     def _open(self) -> int:
         flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -198,6 +220,9 @@ class Segment:
             fcntl.lockf(fd, fcntl.LOCK_UN, 1, INIT_LOCK)
 
     def close(self) -> None:
+        if self.native is not None:
+            self.native.close()  # refused while this process holds or awaits a lock through it
+            self.native = None
         self._anchor = None
         self.mm.close()
         os.close(self.fd)
