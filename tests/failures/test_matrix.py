@@ -87,27 +87,13 @@ def cells() -> list[Any]:
         for fault in faults:
             for integration in INTEGRATIONS:
                 for on_error in ("open", "closed"):
-                    marks = [CLUSTER_GAP] if (backend, fault, on_error) in CLUSTER_GAP_CELLS else []
-                    out.append(pytest.param(integration, backend, fault, on_error, marks=marks,
+                    out.append(pytest.param(integration, backend, fault, on_error,
                                             id=f"{integration}-{backend}-{fault}-{on_error}"))
     return out
 
 
-# A known, open gap (issue 11's note): on Redis Cluster a check refused while its node was paused
-# is occasionally charged when the node resumes (seen on redis-py
-# 5.0.8, more often, and 8.1). These cells still run and pass most of the time; they are not allowed to hide
-# any other failure than that charge (``raises``).
-CLUSTER_GAP_CELLS = {("cluster", "paused", "closed"), ("cluster", "slow", "closed")}
-
-
 class ChargedWhileRefused(AssertionError):
     """Requests answered during a fault were charged on the server afterwards."""
-
-
-CLUSTER_GAP = pytest.mark.xfail(
-    reason="Redis Cluster: a check refused during a pause can still be charged on resume (open gap)",
-    raises=ChargedWhileRefused, strict=False,
-)
 
 
 @pytest.fixture(autouse=True)

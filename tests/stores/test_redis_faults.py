@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,11 +15,12 @@ from collections.abc import Iterator
 import pytest
 
 from ratewarden import Limiter
+from ratewarden.decision import Decision
 from ratewarden.limits import Limit, make_limits
 from ratewarden.rates import Rate
 from ratewarden.stores.base import StoreError
-from ratewarden.stores.redis import RedisStore
-from tests.servers import RedisCluster, RedisStandalone
+from ratewarden.stores.redis import SCRIPT, RedisStore
+from tests.servers import RedisCluster, RedisStandalone, Server
 
 
 @pytest.fixture
@@ -53,6 +56,73 @@ async def test_checks_refused_while_paused_are_never_charged(private_redis: Redi
         assert (await limiter.hit(key, "1000/hour", algorithm="fixed_window")).remaining == 998
     finally:
         await limiter.close()
+
+
+async def _peek_when_back(store: RedisStore, key: str, limit: Limit) -> Decision:
+    """The key's decision once its node answers again (after running what it had queued)."""
+    started = time.monotonic()
+    while True:
+        try:
+            return (await store.peek([key], [limit]))[0]
+        except StoreError:
+            assert time.monotonic() - started < 10, "the cluster did not come back"
+            await asyncio.sleep(0.05)
+
+
+def _key_away_from(store: RedisStore, avoid: set[int], tag: str) -> str:
+    """A key whose slot a primary not on the ``avoid`` ports serves (the client is initialized)."""
+    for n in itertools.count():
+        key = f"rw:{{{tag}|{n}}}:x"
+        if store.client.get_node_from_key(key).port not in avoid:
+            return key
+    raise AssertionError  # pragma: no cover - itertools.count() never ends
+
+
+def _process_serving(cluster: RedisCluster, store: RedisStore, key: str) -> Server:
+    port = store.client.get_node_from_key(key).port
+    return next(s for s in cluster.servers if s.port == port)
+
+
+async def test_a_new_cluster_stores_first_checks_carry_their_deadline(redis_cluster: RedisCluster) -> None:
+    """The first pipeline of a Cluster store was encoded before the server clock was measured and
+    went without a deadline: refused because its node was paused, it was charged on resume."""
+    store = RedisStore(redis_cluster.url, timeout=0.1)
+    (limit,) = make_limits("10/hour", "gcra")
+    try:
+        await store.client.initialize()  # discovery only: no script sent, the clock not measured
+        key = _key_away_from(store, {store.client.get_default_node().port}, uuid.uuid4().hex)  # TIME still answers
+        await store.client.script_load(SCRIPT)  # on every primary, as once any process used the cluster
+        await store.reset([key])  # a first call that is no check opens the connection to the key's node
+        with _process_serving(redis_cluster, store, key).paused():
+            results = await asyncio.gather(*(store.hit([key], [limit], [1.0]) for _ in range(3)), return_exceptions=True)
+            assert all(isinstance(r, StoreError) for r in results), results
+        assert (await _peek_when_back(store, key, limit)).remaining == 10  # before: 7
+    finally:
+        await store.close()
+
+
+async def test_a_slow_first_contact_does_not_make_cluster_deadlines_late(
+    redis_cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server clock's offset was measured around the client's first call, cluster discovery
+    included: half of that (tens of ms under load) went into every deadline, past the margin, so
+    checks refused while their node was paused were charged when it resumed right after."""
+    monkeypatch.setattr("ratewarden.stores.redis.pipeline._MAX_EXTENSIONS", 0)  # callers give up at the timeout
+    store = RedisStore(redis_cluster.url, timeout=0.2)
+    (limit,) = make_limits("10/hour", "gcra")
+    startup = next(s for s in redis_cluster.servers if s.port == redis_cluster.ports[0])
+    try:
+        startup.pause()  # discovery asks this node first: it answers 0.15 s late
+        threading.Timer(0.15, startup.resume).start()
+        key = f"rw:{{{uuid.uuid4().hex}}}:x"
+        assert (await _peek_when_back(store, key, limit)).remaining == 10  # connected to its node, script loaded
+        with _process_serving(redis_cluster, store, key).paused():
+            results = await asyncio.gather(*(store.hit([key], [limit], [1.0]) for _ in range(3)), return_exceptions=True)
+            assert all(isinstance(r, StoreError) for r in results), results
+        assert (await _peek_when_back(store, key, limit)).remaining == 10  # before: 7
+    finally:
+        startup.resume()
+        await store.close()
 
 
 async def test_a_busy_loop_stretches_a_check_to_at_most_two_timeouts(private_redis: RedisStandalone) -> None:

@@ -3,12 +3,21 @@
 A caller stops waiting for a check after ``timeout``; a script that only reaches the server
 later (a paused server resuming, a busy network) must charge nothing, so each call carries that
 moment on the server clock, negated (``-<seconds>``; the script reads it as a deadline and takes
-the time from ``TIME``). The offset between the server clock and ours is measured on connect. A
-test clock (``clock=`` on the store) replaces all this with its own time, sent as is.
+the time from ``TIME``). The offset between the server clock and ours is measured on connect,
+before the first script is sent. A test clock (``clock=`` on the store) replaces all this with
+its own time, sent as is.
+
+A measurement is off by up to half its round trip. The deadline keeps a margin of a tenth of the
+timeout for that and for the reply's travel, so a sample must not include anything but ``TIME``
+itself: a client's first call also discovers a cluster and opens connections (tens of ms under
+load, more than the margin: a script run on a node resuming right after its caller gave up still
+charged). ``measure(..., samples=2)`` keeps the quicker of two samples, the second on the
+connection the first opened.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,12 +36,18 @@ _DEADLINE_SHARE = 0.9
 class ScriptClock:
     """Deadlines on the server clock for calls whose callers wait ``timeout`` seconds."""
 
-    __slots__ = ("skew", "test_clock", "timeout")
+    __slots__ = ("refused", "skew", "test_clock", "timeout")
 
     def __init__(self, timeout: float, test_clock: Callable[[], float] | None) -> None:
         self.timeout = timeout
         self.test_clock = test_clock
         self.skew: float | None = None  # server clock minus ours, measured on connect
+        self.refused = False  # the server refused ``TIME`` (an ACL): scripts go without a deadline
+
+    @property
+    def unknown(self) -> bool:
+        """Whether scripts would go without a deadline that a measurement could give them."""
+        return self.skew is None and self.test_clock is None and not self.refused
 
     def deadline(self, wall_due: float) -> str:
         """The clock argument of calls whose callers stop waiting at ``wall_due`` (our
@@ -44,14 +59,21 @@ class ScriptClock:
             return ""
         return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew)
 
-    async def measure(self, server_time: Callable[[], Awaitable[Any]]) -> None:
+    async def measure(self, server_time: Callable[[], Awaitable[Any]], samples: int = 1) -> None:
         """Keep the offset of the server clock (``server_time()``: ``TIME``'s reply) from ours,
-        to within half a round trip. A refused ``TIME`` (an ACL) leaves it unknown: scripts then
-        go without a deadline."""
-        before = time.time()
-        try:
-            seconds, micros = await server_time()
-        except ResponseError:
-            return
-        after = time.time()
-        self.skew = int(seconds) + int(micros) / 1e6 - (before + after) / 2
+        to within half a round trip: of the quickest of ``samples`` calls. A refused ``TIME``
+        (an ACL) leaves it unknown: scripts then go without a deadline."""
+        best = skew = math.inf
+        for _ in range(samples):
+            before = time.time()
+            try:
+                seconds, micros = await server_time()
+            except ResponseError:
+                self.refused = True
+                return
+            after = time.time()
+            if after - before < best:
+                best = after - before
+                skew = int(seconds) + int(micros) / 1e6 - (before + after) / 2
+        self.skew = skew
+        self.refused = False

@@ -5,7 +5,8 @@
 * ``ClusterConnections``: calls routed by redis-py's cluster pipeline (one connection per node).
 
 Both return one reply per call, an error reply as its exception, and send ``NOSCRIPT`` calls
-again as ``EVAL`` (once per server, after a restart or failover).
+again as ``EVAL`` (once per server, after a restart or failover). Both measure the server clock's
+offset (``prepare``) before the first pipeline is sent, so that every script carries its deadline.
 """
 
 from __future__ import annotations
@@ -72,10 +73,24 @@ class PackedConnections:
         self.idle.append(conn)
         return replies
 
-    async def _exchange(self, conn: Any, commands: list[bytes], replies: list[Reply]) -> None:
+    async def prepare(self) -> None:
+        """Connect a connection (measuring the server clock on it) for the first pipeline."""
+        conn = self.idle.pop() if self.idle else new_connection(self.client)
+        try:
+            await self._connect(conn)
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            self.idle.append(conn)
+            raise
+        self.idle.append(conn)
+
+    async def _connect(self, conn: Any) -> None:
         if not conn.is_connected:
             await conn.connect()  # not left to send_packed_command: Sentinel's connect() finds the primary
             await self.clock.measure(lambda: _server_time(conn))  # a new connection may be a new server
+
+    async def _exchange(self, conn: Any, commands: list[bytes], replies: list[Reply]) -> None:
+        await self._connect(conn)
         await conn.send_packed_command(commands, check_health=False)
         read = reply_reader(conn)
         for _ in commands:
@@ -102,9 +117,12 @@ class ClusterConnections:
         self.client = client
         self.clock = clock
 
+    async def prepare(self) -> None:
+        """Measure the server clock (on the client's default node): the quicker of two samples,
+        as the first one also discovers the cluster and connects."""
+        await self.clock.measure(self.client.time, samples=2)
+
     async def execute(self, requests: list[tuple[Sequence[str], list[str]]]) -> list[Reply]:
-        if self.clock.skew is None:
-            await self.clock.measure(self.client.time)  # once: later batches carry deadlines
         if len(requests) == 1:
             return [await eval_script(self.client, *requests[0])]
         pipe = self.client.pipeline(transaction=False)

@@ -3,7 +3,9 @@
 At most ``pool_size`` pipelines are in flight; later calls queue into the next one. Every
 pipeline is bounded by ``timeout`` from its first call: its timer fails every call still
 waiting. A timer the event loop ran late (it was busy elsewhere) is re-armed, at most
-``_MAX_EXTENSIONS`` times, and a pipeline sent after that carries the later deadline.
+``_MAX_EXTENSIONS`` times, and a pipeline sent after that carries the later deadline. A
+pipeline queued before the server clock's offset was known (a new store) waits for it to be
+measured and is sent with its deadline, never without.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ class _Batch:
     """Calls queued in one event-loop tick, sent as one pipeline. An item's request is what
     the encoding made of it: a packed command (standalone, Sentinel) or ``(keys, args)``."""
 
-    __slots__ = ("clock", "due", "extensions", "items", "started", "task", "timer")
+    __slots__ = ("clock", "dated", "due", "extensions", "items", "started", "task", "timer")
 
-    def __init__(self, due: float, clock: Any) -> None:
+    def __init__(self, due: float, clock: Any, dated: bool) -> None:
         self.items: list[tuple[Any, asyncio.Future[Reply]]] = []
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.due = due
         self.clock = clock  # the scripts' clock argument (their deadline), as the encoding puts it
+        self.dated = dated  # the clock carries a deadline (or is a test clock's time)
         self.extensions = 0
         self.started = False  # its task began running (cancelling it before would skip its cleanup)
 
@@ -45,7 +48,7 @@ class Pipeline:
 
     ``encoding`` is ``protocol.PackedCommands`` or ``protocol.ScriptArgs`` (its ``request``,
     ``encode_clock`` and ``with_clock``); ``execute`` sends a batch's requests and returns one
-    reply each (``connections``)."""
+    reply each, ``prepare`` measures the server clock's offset (``connections``)."""
 
     def __init__(
         self,
@@ -56,6 +59,7 @@ class Pipeline:
         clock: ScriptClock,
         encoding: Any,
         execute: Callable[[list[Any]], Awaitable[list[Reply]]],
+        prepare: Callable[[], Awaitable[None]],
     ) -> None:
         self.url = url
         self.timeout = timeout
@@ -64,6 +68,7 @@ class Pipeline:
         self.encoding = encoding
         self._encode = encoding.request
         self._execute = execute
+        self._prepare = prepare
         self.batch: _Batch | None = None  # the one being filled
         self.inflight = 0  # batches sent and not yet answered
 
@@ -81,15 +86,15 @@ class Pipeline:
 
     def _new_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
         clock = self.clock.deadline(time.time() + self.timeout)
-        batch = self.batch = _Batch(loop.time() + self.timeout, self.encoding.encode_clock(clock))
+        batch = self.batch = _Batch(loop.time() + self.timeout, self.encoding.encode_clock(clock), not self.clock.unknown)
         batch.timer = loop.call_later(self.timeout, self._expire, batch)
         if self.inflight < self.pool_size:
             loop.call_soon(self._send)
         return batch
 
-    def _extend_deadline(self, batch: _Batch) -> None:
-        """The batch is sent after its timer was re-armed (a busy loop): move the scripts'
-        deadline to the new one."""
+    def _redate(self, batch: _Batch) -> None:
+        """Give the scripts the batch's current deadline: it was queued before the server clock's
+        offset was known, or its timer was re-armed (a busy loop)."""
         if self.clock.test_clock is not None:
             return
         clock = self.clock.deadline(time.time() + batch.due - asyncio.get_running_loop().time())
@@ -97,6 +102,7 @@ class Pipeline:
         with_clock = self.encoding.with_clock
         for n, (request, future) in enumerate(batch.items):
             batch.items[n] = (with_clock(request, old, new), future)
+        batch.clock = new
 
     def _send(self) -> None:
         batch = self.batch
@@ -131,8 +137,13 @@ class Pipeline:
         batch.started = True
         items = batch.items
         try:
-            if batch.extensions:
-                self._extend_deadline(batch)  # rewrites the requests in place
+            if not batch.dated:
+                if self.clock.unknown:
+                    await self._prepare()  # within the batch's timeout: its timer cancels this
+                batch.dated = True
+                self._redate(batch)  # rewrites the requests in place
+            elif batch.extensions:
+                self._redate(batch)
             items = [item for item in items if not item[1].done()]  # callers cancelled: not sent
             if not items:
                 return

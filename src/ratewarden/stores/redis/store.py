@@ -90,7 +90,7 @@ class RedisStore(Store):
         self._pipeline = Pipeline(
             url=self.url, timeout=self.timeout, pool_size=self.pool_size, clock=self._script_clock,
             encoding=self._args if self._cluster else PackedCommands(self._args),
-            execute=self._connections.execute,
+            execute=self._connections.execute, prepare=self._connections.prepare,
         )
         # One script call (keys on one slot): queued into the next pipeline when coalescing.
         self._request: Callable[[str, Sequence[str], Sequence[Limit], Sequence[float]], Awaitable[Reply]] = (
@@ -187,19 +187,7 @@ class RedisStore(Store):
         if len(groups) == 1:
             replies = [await self._request(mode, keys, limits, costs)]
         else:
-            clock = self._script_clock.deadline(time.time() + self.timeout)
-            replies = await self._call(
-                asyncio.gather(
-                    *(
-                        eval_script(
-                            self._client,
-                            [keys[i] for i in idx],
-                            self._args.script_args(mode, [limits[i] for i in idx], [costs[i] for i in idx], clock),
-                        )
-                        for idx in groups
-                    )
-                )
-            )
+            replies = await self._call(self._eval_per_slot(mode, groups, keys, limits, costs))
         out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
         for idx, reply in zip(groups, replies, strict=False):
             for j, i in enumerate(idx):
@@ -210,6 +198,24 @@ class RedisStore(Store):
         return out
 
     # -- sending ---------------------------------------------------------------------------
+
+    async def _eval_per_slot(
+        self, mode: str, groups: list[list[int]], keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> list[Reply]:
+        """One script call per slot group, concurrently, all with the same deadline."""
+        wall_due = time.time() + self.timeout
+        await self._measured()
+        clock = self._script_clock.deadline(wall_due)
+        return await asyncio.gather(
+            *(
+                eval_script(
+                    self._client,
+                    [keys[i] for i in idx],
+                    self._args.script_args(mode, [limits[i] for i in idx], [costs[i] for i in idx], clock),
+                )
+                for idx in groups
+            )
+        )
 
     def _request_one(
         self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
@@ -222,10 +228,15 @@ class RedisStore(Store):
     ) -> Reply:
         """One script call through the client (no coalescing), with its deadline."""
         wall_due = time.time() + self.timeout
-        clock = self._script_clock
-        if clock.skew is None and self.clock is None:
-            await clock.measure(self._client.time)
-        return await eval_script(self._client, keys, self._args.script_args(mode, limits, costs, clock.deadline(wall_due)))
+        await self._measured()
+        clock = self._script_clock.deadline(wall_due)
+        return await eval_script(self._client, keys, self._args.script_args(mode, limits, costs, clock))
+
+    async def _measured(self) -> None:
+        """Measure the server clock if scripts would otherwise go without a deadline (the quicker
+        of two samples: the first may open the client's connection)."""
+        if self._script_clock.unknown:
+            await self._script_clock.measure(self._client.time, samples=2)
 
     async def _call(self, coro: Any) -> Any:
         """Await a client call within the timeout, turning every failure into ``StoreError``."""
