@@ -147,8 +147,9 @@ async def test_a_busy_loop_stretches_a_check_to_at_most_two_timeouts(private_red
             stop = True
             await hogging
         # 2 timeouts (0.2 s) plus the loop's own lag, at most 4 blocked passes (0.6 s): 0.75 s
-        # measured; re-arming the timer 3 times, as before, took 1.35 s.
-        assert elapsed < 1.0, elapsed
+        # measured; re-arming the timer 3 times, as before, took 1.35 s. The bound leaves room for a
+        # loaded machine (1.0 failed once in a combined run).
+        assert elapsed < 1.2, elapsed
     finally:
         await store.close()
 
