@@ -114,3 +114,39 @@ def test_top_level_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "bench" in out and "demo" in out
+
+
+def test_in_process_libraries_run_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round runs every library once, starting with the next one: a burst of load from
+    elsewhere spreads over the libraries instead of landing on one row."""
+    from ratewarden.bench.drivers import inprocess
+
+    order: list[str] = []
+    real = inprocess.run_iteration
+
+    async def recording(app: object, sc: object, concurrency: int | None = None) -> object:
+        order.append(next(lib for lib, built in apps.items() if built is app))
+        return await real(app, sc, concurrency)  # type: ignore[arg-type]
+
+    apps: dict[str, object] = {}
+    from ratewarden.bench import adapters
+
+    loaders = {lib: adapters.load(lib) for lib in ("ratewarden", "bare")}
+
+    def load(lib: str) -> object:
+        cls = loaders[lib]
+
+        class Recorded(cls):  # type: ignore[misc, valid-type]
+            def build(self) -> object:
+                apps[lib] = app = super().build()
+                return app
+
+        return Recorded
+
+    monkeypatch.setattr("ratewarden.bench.runner.load", load)
+    monkeypatch.setattr(inprocess, "run_iteration", recording)
+    opts = Options(scenarios=[SCENARIOS["mw.low"]], libraries=["ratewarden", "bare"], iterations=3, warmup=1)
+    results = run_all(opts)
+    assert order == ["ratewarden", "bare", "bare", "ratewarden", "ratewarden", "bare", "bare", "ratewarden"]
+    assert [len(r.runs) for r in results] == [3, 3]
+    assert all(r.row is not None and r.row.correct for r in results)

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .adapters import Adapter, StoreSpec, Unsupported, load
 from .drivers import inprocess, live
@@ -133,32 +134,67 @@ def _row(task: Task, runs: list[Run], driver: str) -> Row:
     )
 
 
-async def _inprocess(task: Task, opts: Options, store: StoreService | None) -> list[Run]:
-    spec = store.spec if store else StoreSpec()
-    adapter: Adapter = load(task.library)(task.scenario, spec)
-    app = adapter.build()
-    await adapter.start()
-    runs: list[Run] = []
+async def _inprocess(
+    tasks: list[Task], opts: Options, services: dict[str, StoreService]
+) -> list[list[Run] | Exception]:
+    """Run the in-process tasks of one scenario and concurrency level interleaved: every library's
+    first iteration, then every library's second, and so on, starting each round with the next
+    library. An iteration of a low-load scenario lasts a few milliseconds, so a burst of load from
+    elsewhere on a shared machine would otherwise land on whichever library ran at that moment.
+    Each task's runs, or what stopped it (an adapter that cannot run it, a failure)."""
+    adapters: list[Adapter | None] = []
+    apps: list[Any] = []
+    outcome: list[list[Run] | Exception] = []
+    for task in tasks:
+        store = services.get(task.store)
+        spec = store.spec if store else StoreSpec()
+        try:
+            adapter: Adapter = load(task.library)(task.scenario, spec)
+            app = adapter.build()
+            await adapter.start()
+        except Exception as exc:
+            adapters.append(None)
+            apps.append(None)
+            outcome.append(exc)
+            continue
+        adapters.append(adapter)
+        apps.append(app)
+        outcome.append([])
     try:
         for i in range(opts.warmup + opts.iterations):
-            if store:
-                store.flush()
-            await adapter.reset()
-            before = store.commands() if store else None
-            gc.collect()
-            gc.disable()  # a collection inside a 30 ms iteration would dominate it
-            try:
-                run = await inprocess.run_iteration(app, task.scenario, task.concurrency)
-            finally:
-                gc.enable()
-            if before is not None and store:
-                after = store.commands()
-                run.store_calls = None if after is None else after - before
-            if i >= opts.warmup:
-                runs.append(run)
+            for n in [(i + k) % len(tasks) for k in range(len(tasks))]:
+                active, runs = adapters[n], outcome[n]
+                if active is None or isinstance(runs, Exception):
+                    continue
+                try:
+                    run = await _iteration(active, apps[n], tasks[n], services.get(tasks[n].store))
+                except Exception as exc:
+                    outcome[n] = exc
+                    continue
+                if i >= opts.warmup:
+                    runs.append(run)
     finally:
-        await adapter.stop()
-    return runs
+        for started in adapters:
+            if started is not None:
+                await started.stop()
+    return outcome
+
+
+async def _iteration(adapter: Adapter, app: Any, task: Task, store: StoreService | None) -> Run:
+    if store:
+        store.flush()
+    await adapter.reset()
+    before = store.commands() if store else None
+    gc.collect()
+    gc.disable()  # a collection inside a 30 ms iteration would dominate it
+    try:
+        run = await inprocess.run_iteration(app, task.scenario, task.concurrency)
+    finally:
+        gc.enable()
+    if before is not None and store:
+        after = store.commands()
+        run.store_calls = None if after is None else after - before
+    return run
 
 
 def _clear_of_window_edge(window_s: float, duration: float) -> None:
@@ -218,30 +254,19 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
             if kind not in ("memory", "none"):
                 services[kind] = StoreService(kind, urls.get(kind, ""))
                 services[kind].start()
-        for task in plan_tasks(opts):
-            if on_start:
-                on_start(task)
-            store = services.get(task.store)
-            driver = "live" if task.scenario.mode == "live" else "inprocess"
-            try:
-                if driver == "live":
-                    runs = _live(task, opts, store)
-                else:
-                    runs = asyncio.run(_inprocess(task, opts, store))
-                result = Result(task, _row(task, runs, driver), runs)
-            except Unsupported as exc:
-                result = Result(task, None, [], skipped=str(exc))
-            except live.ServerStartError as exc:
-                if task.workers == 1:
-                    raise
-                result = Result(task, None, [], skipped=f"did not start: {exc}")
-            except live.LiveError:
-                raise
-            except Exception as exc:
-                result = Result(task, None, [], skipped=f"failed: {type(exc).__name__}: {exc}")
-            results.append(result)
-            if on_done:
-                on_done(result)
+        for group in _groups(plan_tasks(opts)):
+            for task in group:
+                if on_start:
+                    on_start(task)
+            if group[0].scenario.mode == "live":
+                outcomes = [_live_outcome(group[0], opts, services.get(group[0].store))]
+            else:
+                outcomes = list(asyncio.run(_inprocess(group, opts, services)))
+            for task, outcome in zip(group, outcomes, strict=True):
+                result = _result(task, outcome, "live" if task.scenario.mode == "live" else "inprocess")
+                results.append(result)
+                if on_done:
+                    on_done(result)
     finally:
         for service in services.values():
             service.stop()
@@ -249,6 +274,48 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
             logging.getLogger(name).setLevel(level)
     _add_ratios([r.row for r in results if r.row])
     return results
+
+
+def _groups(tasks: list[Task]) -> list[list[Task]]:
+    """Consecutive in-process tasks of one scenario and concurrency level (its libraries), run
+    interleaved; a live task stays alone (one server at a time)."""
+    groups: list[list[Task]] = []
+    for task in tasks:
+        last = groups[-1] if groups else None
+        if (
+            last is not None
+            and task.scenario.mode != "live"
+            and last[0].scenario.mode != "live"
+            and last[0].scenario.key == task.scenario.key
+            and last[0].concurrency == task.concurrency
+        ):
+            last.append(task)
+        else:
+            groups.append([task])
+    return groups
+
+
+def _live_outcome(task: Task, opts: Options, store: StoreService | None) -> list[Run] | Exception:
+    try:
+        return _live(task, opts, store)
+    except live.ServerStartError as exc:
+        if task.workers == 1:
+            raise
+        return exc
+    except live.LiveError:
+        raise
+    except Exception as exc:  # Unsupported among them: the row is skipped, saying why
+        return exc
+
+
+def _result(task: Task, outcome: list[Run] | Exception, driver: str) -> Result:
+    if isinstance(outcome, Unsupported):
+        return Result(task, None, [], skipped=str(outcome))
+    if isinstance(outcome, live.ServerStartError):
+        return Result(task, None, [], skipped=f"did not start: {outcome}")
+    if isinstance(outcome, Exception):
+        return Result(task, None, [], skipped=f"failed: {type(outcome).__name__}: {outcome}")
+    return Result(task, _row(task, outcome, driver), outcome)
 
 
 def _add_ratios(rows: list[Row]) -> None:
