@@ -10,6 +10,7 @@ again as ``EVAL`` (once per server, after a restart or failover).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from .protocol import SCRIPT, SCRIPT_SHA, Reply, as_eval
 
 try:
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+    from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
@@ -41,12 +42,17 @@ class PackedConnections:
         self.client = client
         self.clock = clock
         self.idle: list[Any] = []
+        self.made: list[Any] = []  # every connection of ours, idle or in flight: close ends them all
 
     async def execute(self, commands: list[bytes]) -> list[Reply]:
         """Send packed ``EVALSHA`` commands on one connection of ours and read every reply.
         A connection that fails before any reply was read (e.g. left stale by a server restart)
         is reconnected and tried once more, as redis-py's own retry does."""
-        conn = self.idle.pop() if self.idle else new_connection(self.client)
+        if self.idle:
+            conn = self.idle.pop()
+        else:
+            conn = new_connection(self.client)
+            self.made.append(conn)
         try:
             for attempt in (0, 1):
                 replies: list[Reply] = []
@@ -85,9 +91,11 @@ class PackedConnections:
                 replies.append(exc)
 
     async def close(self) -> None:
-        for conn in self.idle:
-            await conn.disconnect()
-        self.idle.clear()
+        """Disconnect every connection of ours, in flight ones too (a later pipeline connects
+        again)."""
+        for conn in self.made:
+            with contextlib.suppress(RedisError, OSError):
+                await conn.disconnect()
 
 
 async def _server_time(conn: Any) -> Any:

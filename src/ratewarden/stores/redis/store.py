@@ -22,7 +22,7 @@ from .connections import ClusterConnections, PackedConnections, eval_script
 from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, store_error, timed_out
 from .pipeline import Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
-from .topology import make_client, slot_groups, spans_slots
+from .topology import close_client, make_client, slot_groups, spans_slots
 
 __all__ = ["RedisStore"]
 
@@ -74,7 +74,7 @@ class RedisStore(Store):
         self.prefix = prefix
         self.clock = clock
         self._cluster = cfg.kind == "cluster"
-        self._client: Any = make_client(cfg, connect, self.pool_size)
+        self._client, self._other_clients = make_client(cfg, connect, self.pool_size)
         self._script_clock = ScriptClock(self.timeout, clock)
         self._args = ScriptArgs(clock)
         self._connections = (ClusterConnections if self._cluster else PackedConnections)(self._client, self._script_clock)
@@ -281,9 +281,11 @@ class RedisStore(Store):
             await self._client.delete(*keys)
 
     async def close(self) -> None:
+        """Close every connection the store opened: its own, and the client's (each even if
+        another fails)."""
         with contextlib.suppress(*CONNECTION_ERRORS):
             await self._connections.close()
-            await self._client.aclose()
+        await close_client(self._client, self._other_clients)
 
     @property
     def client(self) -> Any:
