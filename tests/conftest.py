@@ -7,6 +7,7 @@ backend (``redis``, ``sentinel``, ``cluster``, ``memcached``), so ``pytest -m "n
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -26,6 +27,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for fixture in set(getattr(item, "fixturenames", ())) & BACKENDS.keys():
             item.add_marker(BACKENDS[fixture])
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect garbage once a test's fixtures are torn down (its event loop too), so a socket or
+    file it left open is reported against it (a ResourceWarning: an error, see pyproject.toml),
+    not against whichever later test the collector happens to run in."""
+    yield
+    gc.collect()
 
 
 def _need(binary: str) -> None:

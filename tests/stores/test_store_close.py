@@ -25,9 +25,10 @@ async def _use(kind: str, url: str, coalesce: bool | None) -> None:
     slots: fewer than the pool size, which a Sentinel pool without coalescing does not wait
     for), a peek, an adjust, a reset, a clear, and close it."""
     options: dict[str, Any] = {} if coalesce is None else {"coalesce": coalesce}
-    store = make_store(kind, url, **options)
+    prefix = f"rwclose{uuid.uuid4().hex[:8]}"  # clear deletes these keys only
+    store = make_store(kind, url, **options, **({} if kind == "memcached" else {"prefix": prefix}))
     limits = make_limits("50/minute", "sliding_window")
-    keys = [f"rw:{{close{i}|{uuid.uuid4().hex}}}:{limits[0].suffix}" for i in range(8)]
+    keys = [f"{prefix}:{{close{i}}}:{limits[0].suffix}" for i in range(8)]
     try:
         decisions = await asyncio.gather(*(store.hit([key], limits, [1.0]) for key in keys for _ in range(3)))
         assert all(d.allowed for d in decisions)
