@@ -51,3 +51,32 @@ def test_close_leaves_no_socket_open(request: pytest.FixtureRequest, kind: str, 
         gc.collect()
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert not leaks, f"{kind}: {len(leaks)} left open after close: {leaks[:5]}"
+
+
+async def _close_during_checks(kind: str, url: str, coalesce: bool | None) -> None:
+    """Close a store while checks are in flight on it, then check once more: the checks may
+    fail, but leave nothing open."""
+    options: dict[str, Any] = {} if coalesce is None else {"coalesce": coalesce}
+    store = make_store(kind, url, **options)
+    limits = make_limits("50/minute", "sliding_window")
+    keys = [f"rw:{{inflight{i}|{uuid.uuid4().hex}}}:{limits[0].suffix}" for i in range(8)]
+    await store.hit(keys[:1], limits, [1.0])  # connected: the next checks are sent at once
+    checks = asyncio.gather(*(store.hit([key], limits, [1.0]) for key in keys * 3), return_exceptions=True)
+    await asyncio.sleep(0.001)  # the checks are written, their replies not all read
+    await store.close()
+    await checks
+    assert (await store.hit(keys[:1], limits, [1.0])).limit == 50  # a closed store still answers
+
+
+@pytest.mark.parametrize(("kind", "coalesce"), CASES, ids=[f"{k}-{c}" for k, c in CASES])
+def test_close_during_checks_and_checks_after_leave_no_socket_open(
+    request: pytest.FixtureRequest, kind: str, coalesce: bool | None
+) -> None:
+    url = request.getfixturevalue(FIXTURES[kind]).url
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        asyncio.run(_close_during_checks(kind, url, coalesce))
+        gc.collect()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, f"{kind}: {len(leaks)} left open after close: {leaks[:5]}"

@@ -81,12 +81,15 @@ class RedisStore(Store):
         self._pipeline = Pipeline(
             url=self.url, timeout=self.timeout, pool_size=self.pool_size, clock=self._script_clock,
             encoding=self._args if self._cluster else PackedCommands(self._args),
-            execute=self._connections.execute,
+            execute=self._execute,
         )
         # One script call (keys on one slot): queued into the next pipeline when coalescing.
         self._request: Callable[[str, Sequence[str], Sequence[Limit], Sequence[float]], Awaitable[Reply]] = (
             self._pipeline.request if self.coalesce else self._request_one
         )
+        self._busy = 0  # calls and pipelines in flight
+        self._closed = False  # then the last one in flight closes every connection again: a retry
+        # reconnects what close cut under a call, and a later call connects (Sentinel: to a Sentinel)
         self._rejected: dict[str, tuple[float, float, Decision]] = {}  # key: (until, cost, decision)
         self.cached_rejections = 0  # checks answered from the rejection cache
 
@@ -220,12 +223,27 @@ class RedisStore(Store):
 
     async def _call(self, coro: Any) -> Any:
         """Await a client call within the timeout, turning every failure into ``StoreError``."""
+        self._busy += 1
         try:
             return await wait_for_store(coro, self.timeout)
         except asyncio.TimeoutError:
             raise timed_out(self.url, self.timeout) from None
         except CLIENT_ERRORS as exc:
             raise store_error(self.url, exc) from exc
+        finally:
+            self._busy -= 1
+            if self._closed and not self._busy:
+                await self._close_connections()
+
+    async def _execute(self, batch: list[Any]) -> list[Reply]:
+        """Send a pipeline's batch (counted in flight, as ``_call`` counts a call)."""
+        self._busy += 1
+        try:
+            return await self._connections.execute(batch)
+        finally:
+            self._busy -= 1
+            if self._closed and not self._busy:
+                await self._close_connections()
 
     # -- the rest of the Store API ---------------------------------------------------------
 
@@ -282,7 +300,12 @@ class RedisStore(Store):
 
     async def close(self) -> None:
         """Close every connection the store opened: its own, and the client's (each even if
-        another fails)."""
+        another fails). Calls in flight may fail; they, and any later call, leave no connection
+        open."""
+        self._closed = True
+        await self._close_connections()
+
+    async def _close_connections(self) -> None:
         with contextlib.suppress(*CONNECTION_ERRORS):
             await self._connections.close()
         await close_client(self._client, self._other_clients)
