@@ -46,9 +46,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _collect_garbage() -> Iterator[None]:
     """Collect garbage once a test's fixtures are torn down (its event loop too), so a socket or
     file it left open is reported against it (a ResourceWarning: an error, see pyproject.toml),
-    not against whichever later test the collector happens to run in."""
+    not against whichever later test the collector happens to run in. What survives is frozen
+    (``gc.freeze``): the next test's collection looks at its own objects only, in a millisecond
+    or so instead of ~70 ms for the whole heap."""
     yield
     gc.collect()
+    gc.freeze()
+
+
+def pytest_sessionfinish() -> None:
+    gc.unfreeze()  # what a longer-lived fixture left open is reported at the end of the run
 
 
 def _need(binary: str) -> None:
