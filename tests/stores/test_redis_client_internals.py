@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel
 from redis.exceptions import NoScriptError, ResponseError
 
 from ratewarden.limits import make_limits
@@ -23,6 +24,7 @@ from ratewarden.stores.redis.client import (
     ResolvingSSLConnection,
     new_connection,
     reply_reader,
+    sentinel_clients,
 )
 from ratewarden.stores.redis.protocol import PackedCommands, ScriptArgs, as_eval, bulk, decision_at
 from tests.servers import HOST, RedisSentinel, RedisStandalone
@@ -82,6 +84,23 @@ async def test_make_connection_on_a_sentinel_pool_connects_to_the_primary(redis_
             await conn.disconnect()
     finally:
         await store.close()
+
+
+async def test_sentinel_lists_a_client_per_sentinel(redis_sentinel: RedisSentinel) -> None:
+    sentinel = aioredis.sentinel.Sentinel([(HOST, s.port) for s in redis_sentinel.sentinels])
+    clients = sentinel_clients(sentinel)
+    try:
+        ports = sorted(client.connection_pool.connection_kwargs.get("port") for client in clients)
+        assert ports == sorted(s.port for s in redis_sentinel.sentinels), broken(
+            "Sentinel.sentinels", f"gave clients of ports {ports}, not one per Sentinel"
+        )
+        assert all(isinstance(client, aioredis.Redis) for client in clients), broken(
+            "Sentinel.sentinels", f"holds {[type(c).__name__ for c in clients]}, not Redis clients"
+        )
+        assert await asyncio.wait_for(clients[0].ping(), 5)
+    finally:
+        for client in clients:
+            await client.aclose()
 
 
 async def test_socket_timeout_is_the_connections_own_attribute(redis_standalone: RedisStandalone) -> None:

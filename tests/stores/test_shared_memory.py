@@ -349,6 +349,8 @@ def serve(shm_dir: Path) -> Iterator[object]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 def _storm(port: int, total: int) -> tuple[int, set[int]]:

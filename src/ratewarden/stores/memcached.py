@@ -83,7 +83,9 @@ def decode(value: bytes) -> State:
 def _closing_on_interrupt(method: Any) -> Any:
     """An aiomcache command that closes its connection instead of returning it to the pool when
     it does not complete (timeout, cancellation): aiomcache returns it on ``CancelledError`` with
-    the reply unread, and the next command on it reads that reply as its own."""
+    the reply unread, and the next command on it reads that reply as its own. Also once the
+    client is closed: aiomcache's ``close`` closes the idle connections only, so a command in
+    flight (or a later one) would leave its connection, and those it opened to fill the pool, open."""
     raw = method.__wrapped__
 
     async def command(self: Any, *args: Any) -> Any:
@@ -94,12 +96,17 @@ def _closing_on_interrupt(method: Any) -> Any:
             conn.reader.set_exception(exc if isinstance(exc, Exception) else ConnectionAbortedError("interrupted"))
             raise
         finally:
+            if self.closed and conn.reader.exception() is None:
+                conn.reader.set_exception(ConnectionAbortedError("the store was closed"))
             self._pool.release(conn)  # closes it when its reader holds an exception
+            if self.closed:  # and those its acquire opened for the pool meanwhile
+                await self._pool.clear()
 
     return command
 
 
 class _Client(aiomcache.Client):
+    closed = False  # then a command closes its connection when done
     gets = _closing_on_interrupt(aiomcache.Client.gets)
     get = _closing_on_interrupt(aiomcache.Client.get)
     add = _closing_on_interrupt(aiomcache.Client.add)
@@ -348,5 +355,6 @@ class MemcachedStore(Store):
         for task in list(self._undoing):  # give pending put-backs their (bounded) time
             with contextlib.suppress(BaseException):
                 await task
+        self._client.closed = True
         with contextlib.suppress(OSError, aiomcache.exceptions.ClientException):
             await self._client.close()

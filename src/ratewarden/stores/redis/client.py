@@ -8,6 +8,8 @@ by name, rather than in production.
 * Replies are read from the connection's parser (``conn._parser.read_response``), skipping the
   connection's per-reply wrapper (timeout context, health bookkeeping); it returns an error
   reply as its exception instead of raising it.
+* A Sentinel set-up's clients of each Sentinel (``Sentinel.sentinels``) are closed by the store:
+  closing the primary's client leaves them open.
 * Host names are resolved in a daemon thread of our own (``_Resolving``), by overriding the
   connection's ``_connect`` and ``_connection_arguments``.
 """
@@ -27,7 +29,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
-__all__ = ["RELIED_ON", "ResolvingConnection", "ResolvingSSLConnection", "new_connection", "reply_reader"]
+__all__ = [
+    "RELIED_ON", "ResolvingConnection", "ResolvingSSLConnection", "new_connection", "reply_reader", "sentinel_clients",
+]
 
 #: Every redis-py attribute or behaviour used here beyond the documented API, and what for.
 RELIED_ON = {
@@ -37,6 +41,8 @@ RELIED_ON = {
     "Connection._parser": "the connection's parser once connected (hiredis when installed)",
     "_parser.read_response": "a coroutine reading one reply; an error reply as its ResponseError subclass "
     "(NoScriptError for NOSCRIPT; returned, or raised by older parsers), later replies still in step",
+    "Sentinel.sentinels": "the Redis client of each Sentinel, which the store closes (redis-py 5 has no "
+    "Sentinel.aclose)",
     "Connection._connect": "opens the socket to self.host and self.port (called by connect())",
     "Connection._connection_arguments": "the keyword arguments of asyncio.open_connection, with 'ssl' on an "
     "SSLConnection (we add server_hostname)",
@@ -57,6 +63,11 @@ def reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
     caller does)."""
     parser = getattr(conn, "_parser", None)
     return conn.read_response if parser is None else parser.read_response  # type: ignore[no-any-return]
+
+
+def sentinel_clients(sentinel: Any) -> list[Any]:
+    """The client of each Sentinel that ``sentinel`` asks: closing its primary's client leaves them open."""
+    return list(sentinel.sentinels)
 
 
 class _Resolving:

@@ -11,6 +11,7 @@ offset (``prepare``) before the first pipeline is sent, so that every script car
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from .protocol import SCRIPT, SCRIPT_SHA, Reply, as_eval
 
 try:
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+    from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
@@ -42,12 +43,13 @@ class PackedConnections:
         self.client = client
         self.clock = clock
         self.idle: list[Any] = []
+        self.made: list[Any] = []  # every connection of ours, idle or in flight: close ends them all
 
     async def execute(self, commands: list[bytes]) -> list[Reply]:
         """Send packed ``EVALSHA`` commands on one connection of ours and read every reply.
         A connection that fails before any reply was read (e.g. left stale by a server restart)
         is reconnected and tried once more, as redis-py's own retry does."""
-        conn = self.idle.pop() if self.idle else new_connection(self.client)
+        conn = self._take()
         try:
             for attempt in (0, 1):
                 replies: list[Reply] = []
@@ -75,7 +77,7 @@ class PackedConnections:
 
     async def prepare(self) -> None:
         """Connect a connection (measuring the server clock on it) for the first pipeline."""
-        conn = self.idle.pop() if self.idle else new_connection(self.client)
+        conn = self._take()
         try:
             await self._connect(conn)
         except BaseException:
@@ -83,6 +85,14 @@ class PackedConnections:
             self.idle.append(conn)
             raise
         self.idle.append(conn)
+
+    def _take(self) -> Any:
+        """An idle connection, else a new one (remembered, so ``close`` ends it)."""
+        if self.idle:
+            return self.idle.pop()
+        conn = new_connection(self.client)
+        self.made.append(conn)
+        return conn
 
     async def _connect(self, conn: Any) -> None:
         if not conn.is_connected:
@@ -100,9 +110,11 @@ class PackedConnections:
                 replies.append(exc)
 
     async def close(self) -> None:
-        for conn in self.idle:
-            await conn.disconnect()
-        self.idle.clear()
+        """Disconnect every connection of ours, in flight ones too (a later pipeline connects
+        again)."""
+        for conn in self.made:
+            with contextlib.suppress(RedisError, OSError):
+                await conn.disconnect()
 
 
 async def _server_time(conn: Any) -> Any:

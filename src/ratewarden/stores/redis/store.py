@@ -22,7 +22,7 @@ from .connections import ClusterConnections, PackedConnections, eval_script
 from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, store_error, timed_out
 from .pipeline import Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
-from .topology import make_client, slot_groups, spans_slots
+from .topology import close_client, make_client, slot_groups, spans_slots
 
 __all__ = ["RedisStore"]
 
@@ -83,19 +83,22 @@ class RedisStore(Store):
         self.prefix = prefix
         self.clock = clock
         self._cluster = cfg.kind == "cluster"
-        self._client: Any = make_client(cfg, connect, self.pool_size)
+        self._client, self._other_clients = make_client(cfg, connect, self.pool_size)
         self._script_clock = ScriptClock(self.timeout, clock)
         self._args = ScriptArgs(clock)
         self._connections = (ClusterConnections if self._cluster else PackedConnections)(self._client, self._script_clock)
         self._pipeline = Pipeline(
             url=self.url, timeout=self.timeout, pool_size=self.pool_size, clock=self._script_clock,
             encoding=self._args if self._cluster else PackedCommands(self._args),
-            execute=self._connections.execute, prepare=self._connections.prepare,
+            execute=self._execute, prepare=self._prepare,
         )
         # One script call (keys on one slot): queued into the next pipeline when coalescing.
         self._request: Callable[[str, Sequence[str], Sequence[Limit], Sequence[float]], Awaitable[Reply]] = (
             self._pipeline.request if self.coalesce else self._request_one
         )
+        self._busy = 0  # calls and pipelines in flight
+        self._closed = False  # then the last one in flight closes every connection again: a retry
+        # reconnects what close cut under a call, and a later call connects (Sentinel: to a Sentinel)
         self._rejected: dict[str, tuple[float, float, Decision]] = {}  # key: (until, cost, decision)
         self.cached_rejections = 0  # checks answered from the rejection cache
 
@@ -240,12 +243,37 @@ class RedisStore(Store):
 
     async def _call(self, coro: Any) -> Any:
         """Await a client call within the timeout, turning every failure into ``StoreError``."""
+        self._busy += 1
         try:
             return await wait_for_store(coro, self.timeout)
         except asyncio.TimeoutError:
             raise timed_out(self.url, self.timeout) from None
         except CLIENT_ERRORS as exc:
             raise store_error(self.url, exc) from exc
+        finally:
+            self._busy -= 1
+            if self._closed and not self._busy:
+                await self._close_connections()
+
+    async def _prepare(self) -> None:
+        """Measure the server clock before a pipeline is sent (counted in flight: it connects)."""
+        self._busy += 1
+        try:
+            await self._connections.prepare()
+        finally:
+            self._busy -= 1
+            if self._closed and not self._busy:
+                await self._close_connections()
+
+    async def _execute(self, batch: list[Any]) -> list[Reply]:
+        """Send a pipeline's batch (counted in flight, as ``_call`` counts a call)."""
+        self._busy += 1
+        try:
+            return await self._connections.execute(batch)
+        finally:
+            self._busy -= 1
+            if self._closed and not self._busy:
+                await self._close_connections()
 
     # -- the rest of the Store API ---------------------------------------------------------
 
@@ -301,9 +329,16 @@ class RedisStore(Store):
             await self._client.delete(*keys)
 
     async def close(self) -> None:
+        """Close every connection the store opened: its own, and the client's (each even if
+        another fails). Calls in flight may fail; they, and any later call, leave no connection
+        open."""
+        self._closed = True
+        await self._close_connections()
+
+    async def _close_connections(self) -> None:
         with contextlib.suppress(*CONNECTION_ERRORS):
             await self._connections.close()
-            await self._client.aclose()
+        await close_client(self._client, self._other_clients)
 
     @property
     def client(self) -> Any:

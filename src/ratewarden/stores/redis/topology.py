@@ -7,11 +7,12 @@ check whose keys span slots is split by ``slot_groups`` (see ``RedisStore``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from ..urls import StoreURL
-from .client import ResolvingConnection, ResolvingSSLConnection
+from .client import ResolvingConnection, ResolvingSSLConnection, sentinel_clients
 from .protocol import key_bytes
 
 try:
@@ -21,15 +22,17 @@ try:
     from redis.asyncio.sentinel import Sentinel
     from redis.backoff import NoBackoff
     from redis.crc import key_slot
+    from redis.exceptions import RedisError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
-__all__ = ["make_client", "slot_groups", "spans_slots"]
+__all__ = ["close_client", "make_client", "slot_groups", "spans_slots"]
 
 
-def make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> Any:
+def make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> tuple[Any, list[Any]]:
     """The redis-py client for ``cfg`` (a parsed ``redis://``, ``rediss://``, ``redis+sentinel://``
-    or ``redis+cluster://`` URL): at most ``pool_size`` pipelines are in flight."""
+    or ``redis+cluster://`` URL): at most ``pool_size`` pipelines are in flight. Also the clients
+    it relies on that closing it leaves open (a Sentinel set-up's client of each Sentinel)."""
     common: dict[str, Any] = {
         "username": cfg.username,
         "password": cfg.password,
@@ -47,12 +50,13 @@ def make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> Any:
         if "ssl_check_hostname" in cfg.options:
             common["ssl_check_hostname"] = bool(cfg.options["ssl_check_hostname"])
     if cfg.kind == "cluster":
-        return RedisCluster(
+        cluster = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in cfg.hosts],
             max_connections=max(pool_size, 4) * 4,
             retry=Retry(NoBackoff(), 2),
             **common,
         )
+        return cluster, []
     retry = Retry(NoBackoff(), 1)
     if cfg.kind == "sentinel":
         return _sentinel_primary(cfg, connect_timeout, pool_size, common, retry)
@@ -63,13 +67,24 @@ def make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> Any:
         host=host, port=port, db=cfg.db, max_connections=pool_size * 4, timeout=connect_timeout, retry=retry,
         **kwargs,
     )
-    return aioredis.Redis(connection_pool=pool)
+    return aioredis.Redis(connection_pool=pool), []
+
+
+async def close_client(client: Any, others: list[Any]) -> None:
+    """Close ``client`` and ``others`` (``make_client``'s pair) with every connection they opened,
+    each even if another fails: a client given its pool, as ours are, leaves the pool open."""
+    closers = [client.aclose()] if isinstance(client, RedisCluster) else [client.aclose(close_connection_pool=True)]
+    closers += [other.aclose(close_connection_pool=True) for other in others]
+    for closing in closers:
+        with contextlib.suppress(RedisError, OSError):
+            await closing
 
 
 def _sentinel_primary(
     cfg: StoreURL, connect_timeout: float, pool_size: int, common: dict[str, Any], retry: Retry
-) -> Any:
-    """A client of the primary the Sentinels name for ``cfg.service`` (asked again on reconnect)."""
+) -> tuple[Any, list[Any]]:
+    """A client of the primary the Sentinels name for ``cfg.service`` (asked again on reconnect),
+    and the client of each Sentinel it asks."""
     sentinel_kwargs: dict[str, Any] = {
         "socket_connect_timeout": connect_timeout,
         "socket_timeout": max(connect_timeout, 1.0),
@@ -80,7 +95,8 @@ def _sentinel_primary(
     if cfg.tls:
         sentinel_kwargs.update({k: v for k, v in common.items() if k.startswith("ssl")})
     sentinel = Sentinel(cfg.hosts, sentinel_kwargs=sentinel_kwargs, **common)  # type: ignore[no-untyped-call]
-    return sentinel.master_for(cfg.service, db=cfg.db, retry=retry, max_connections=pool_size * 4)
+    primary = sentinel.master_for(cfg.service, db=cfg.db, retry=retry, max_connections=pool_size * 4)
+    return primary, sentinel_clients(sentinel)
 
 
 def slot_groups(keys: Sequence[str], cluster: bool) -> list[list[int]]:
