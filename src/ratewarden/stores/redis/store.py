@@ -97,6 +97,8 @@ class RedisStore(Store):
             self._pipeline.request if self.coalesce else self._request_one
         )
         self._busy = 0  # calls and pipelines in flight
+        self._preparing: asyncio.Future[None] | None = None  # the one clock measurement under way
+        self._closing: set[asyncio.Future[None]] = set()  # closes started by a measurement's end
         self._closed = False  # then the last one in flight closes every connection again: a retry
         # reconnects what close cut under a call, and a later call connects (Sentinel: to a Sentinel)
         self._rejected: dict[str, tuple[float, float, Decision]] = {}  # key: (until, cost, decision)
@@ -256,14 +258,25 @@ class RedisStore(Store):
                 await self._close_connections()
 
     async def _prepare(self) -> None:
-        """Measure the server clock before a pipeline is sent (counted in flight: it connects)."""
-        self._busy += 1
-        try:
-            await self._connections.prepare()
-        finally:
-            self._busy -= 1
-            if self._closed and not self._busy:
-                await self._close_connections()
+        """Measure the server clock before a pipeline is sent. The measurement runs as a task of its
+        own, shared by the pipelines waiting for it and shielded from their cancellation: cut off
+        mid-way, redis-py's cluster discovery leaves its start-up node's connection open. It counts
+        in flight until it ends (it connects)."""
+        task = self._preparing
+        if task is None or task.done():
+            self._busy += 1
+            task = self._preparing = asyncio.ensure_future(self._connections.prepare())
+            task.add_done_callback(self._prepared)
+        await asyncio.shield(task)
+
+    def _prepared(self, task: asyncio.Future[None]) -> None:
+        self._busy -= 1
+        if not task.cancelled():
+            task.exception()  # retrieved: its waiters, if any, were given it
+        if self._closed and not self._busy:
+            closing = asyncio.ensure_future(self._close_connections())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def _execute(self, batch: list[Any]) -> list[Reply]:
         """Send a pipeline's batch (counted in flight, as ``_call`` counts a call)."""
@@ -333,7 +346,13 @@ class RedisStore(Store):
         another fails). Calls in flight may fail; they, and any later call, leave no connection
         open."""
         self._closed = True
+        measuring = self._preparing
+        if measuring is not None and not measuring.done():
+            # Let it end (its own socket timeouts bound it) rather than leave it connecting after us.
+            await asyncio.wait((measuring,), timeout=max(self.timeout, 1.0))
         await self._close_connections()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def _close_connections(self) -> None:
         with contextlib.suppress(*CONNECTION_ERRORS):
