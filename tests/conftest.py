@@ -8,6 +8,7 @@ backend (``redis``, ``sentinel``, ``cluster``, ``memcached``), so ``pytest -m "n
 from __future__ import annotations
 
 import gc
+import warnings
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 
@@ -54,8 +55,26 @@ def _collect_garbage() -> Iterator[None]:
     gc.freeze()
 
 
+_LEFT_OPEN: list[str] = []
+
+
 def pytest_sessionfinish() -> None:
-    gc.unfreeze()  # what a longer-lived fixture left open is reported at the end of the run
+    """What survived a test and was left open later (a module- or session-scoped fixture's client,
+    torn down after the per-test collection and frozen with it) is listed at the end of the run,
+    not raised: it cannot be pinned on one test."""
+    gc.unfreeze()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+        gc.collect()
+    _LEFT_OPEN.extend(str(w.message) for w in caught if issubclass(w.category, ResourceWarning))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _LEFT_OPEN:
+        terminalreporter.section("left open by longer-lived fixtures (found at the end of the run)")
+        for line in sorted(set(_LEFT_OPEN)):
+            terminalreporter.line(f"{_LEFT_OPEN.count(line)} x {line}")
 
 
 def _need(binary: str) -> None:
