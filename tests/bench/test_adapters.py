@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
+import psutil
 import pytest
 
 from ratewarden.bench.adapters import LIBRARIES, StoreSpec, Unsupported, load
@@ -100,3 +102,29 @@ async def test_every_limiter_runs_on_a_private_redis_cluster() -> None:
             # Checks reach the primaries (counts summed over all three); warm-up + measured iteration.
             assert before is not None and after is not None and after - before >= 100, library
     assert not service.procs
+
+
+def _connections_to(ports: list[int]) -> list[Any]:
+    """This process's TCP connections to ``ports`` (closed ones aside)."""
+    proc = psutil.Process()
+    listing = proc.net_connections if hasattr(proc, "net_connections") else proc.connections  # psutil < 6
+    return [c for c in listing(kind="tcp") if c.raddr and c.raddr.port in ports and c.status != psutil.CONN_CLOSE]
+
+
+@pytest.mark.parametrize("library", LIMITERS)
+@pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+async def test_stop_closes_every_connection_to_the_store(library: str, kind: str, request: pytest.FixtureRequest) -> None:
+    """An adapter's stop() leaves no connection of its limiter's client open: the bench runs
+    every library in one process, and a client left open holds its sockets until collected."""
+    server = request.getfixturevalue("redis_standalone" if kind == "redis" else "redis_cluster")
+    ports = [server.port] if kind == "redis" else server.ports
+    assert _connections_to(ports) == []
+    adapter = load(library)(SCENARIOS["http.low"], StoreSpec(kind, server.url))
+    app = adapter.build()
+    await adapter.start()
+    try:
+        run = await run_iteration(app, SCENARIOS["http.low"])
+        assert run.errors == 0 and _connections_to(ports)  # it did connect
+    finally:
+        await adapter.stop()
+    assert _connections_to(ports) == []

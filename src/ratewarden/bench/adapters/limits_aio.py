@@ -115,3 +115,10 @@ class LimitsAdapter(Adapter):
     async def reset(self) -> None:
         if self.store.kind == "memory":  # remote stores are flushed by the harness
             await self.storage.reset()
+
+    async def stop(self) -> None:
+        """Close the storage's redis-py client: limits has no close of its own, and an unclosed
+        client keeps its connections (one per cluster node) open until it is collected."""
+        if self.store.kind in ("redis", "redis-cluster"):
+            storage: Any = self.storage
+            await storage.bridge.storage.aclose()

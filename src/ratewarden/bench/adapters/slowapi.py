@@ -85,3 +85,10 @@ class SlowapiAdapter(Adapter):
     async def reset(self) -> None:
         if self.store.kind != "redis-cluster":  # the harness flushes every primary; limits keeps no local state
             self.limiter.reset()
+
+    async def stop(self) -> None:
+        """Close limits' redis-py client (slowapi has no close of its own): otherwise its
+        connections stay open until it is collected."""
+        if self.store.kind in ("redis", "redis-cluster"):
+            storage: Any = self.limiter._storage
+            storage.storage.close()
