@@ -149,13 +149,13 @@ def final_check(name: str, directory: str, out: Any) -> None:
 def die_at(point: str, store: SharedMemoryStore, action: Any) -> None:
     """Run ``action()`` and SIGKILL this process at ``point`` of a write (``CRASH_POINTS`` in
     test_shared_memory.py): the ``struct`` objects that write an entry's state (``seg.bodies``)
-    and the table's 32-bit fields (``table.U32``) are swapped for ones that die before or after
+    and the writer of the table's 32-bit fields (``table.FIELDS``) are swapped for ones that die before or after
     the chosen write; where the C helpers write the state (``_native.c``), their ``crash_at``
     hook dies at the same two steps. No source tracing, so it works in the mypyc-compiled build too."""
     import signal
     import struct
 
-    from ratewarden.stores.shared_memory import table
+    from ratewarden.stores.shared_memory import layout, table
 
     seg = store._segment()  # this (forked) process's own mapping
     bases = {region.base for region in seg.regions}
@@ -175,12 +175,12 @@ def die_at(point: str, store: SharedMemoryStore, action: Any) -> None:
             "delete-moved-not-counted": (count, False),
         }.get(point, (False, False))
 
-    class Fields(struct.Struct):
-        def pack_into(self, buffer: Any, offset: int, *values: Any) -> None:
-            before, after = fatal(offset, values)
+    class Fields(layout.Fields):
+        def u32(self, mm: Any, offset: int, value: int) -> None:
+            before, after = fatal(offset, (value,))
             if before:
                 die()
-            super().pack_into(buffer, offset, *values)
+            super().u32(mm, offset, value)
             if after:
                 die()
 
@@ -192,7 +192,7 @@ def die_at(point: str, store: SharedMemoryStore, action: Any) -> None:
             if point == "state-written-still-dirty":
                 die()
 
-    table.U32 = Fields(table.U32.format)  # type: ignore[misc]
+    table.FIELDS = Fields()
     seg.bodies = [Body(s.format) for s in seg.bodies]
     if seg.native is not None:  # the C helpers write a one-key check's state themselves
         seg.native.crash_at = {"state-half-written": 1, "state-written-still-dirty": 2}.get(point, 0)

@@ -15,6 +15,7 @@ import re
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -595,6 +596,54 @@ def test_crash_at_each_step_of_a_write(shm_dir: Path, point: str, lock: str) -> 
         assert len(store) == len(limits) + 50 + (doing == "insert") - (doing == "delete")
 
     _run_with_deadline(survivor, 30)
+
+
+def test_header_and_index_fields_are_written_whole(shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``struct.pack_into`` zeroes a field before writing its value, so a process killed in between
+    leaves it at 0: a region's count at 0 loses every key of the region (each starts afresh, up to
+    a second limit; seen under SIGKILL chaos). Inserts, rewrites, sweeps of a full region, deletes
+    and a recovery write every count, op, cursor, index slot and expiry bound through
+    ``table.FIELDS`` (one copy of the final bytes); only entry states, which their dirty byte
+    covers, are packed in place."""
+    from ratewarden.stores.shared_memory import table
+    from ratewarden.stores.shared_memory.layout import OP_DELETE, R_OP, R_OP_A, R_OP_B
+
+    now = [1000.0]
+    store = SharedMemoryStore(unique_name(), max_keys=64, directory=shm_dir, clock=lambda: now[0])
+    seg = store._segment()
+    guarded = [(r.base, r.entries) for r in [*seg.regions, seg.overflow]]  # region headers and indexes
+    packed: list[int] = []
+
+    class Guarded(struct.Struct):
+        def pack_into(self, buffer: object, offset: int, *values: object) -> None:
+            if any(lo <= offset < hi for lo, hi in guarded):
+                packed.append(offset)
+            super().pack_into(buffer, offset, *values)  # type: ignore[arg-type]
+
+    for name in ("U32", "F64", "RHEAD", "BODY_HEAD"):
+        monkeypatch.setattr(table, name, Guarded(getattr(table, name).format))
+    short = Limit(Rate(2, 1.0), "token_bucket")
+    long = Limit(Rate(5, 3600.0), "gcra")
+    for i in range(60):
+        assert store.hit_now([f"rw:{{old{i}}}"], [short], [1.0]).allowed
+    assert store.hit_now(["rw:{keep}"], [long], [1.0]).allowed
+    now[0] += 10.0  # every short key expires; the region fills and is swept whole
+    for i in range(60):
+        assert store.hit_now([f"rw:{{new{i}}}"], [short], [1.0]).allowed
+    store.reset_now([f"rw:{{new{i}}}" for i in range(0, 60, 3)])
+    region = seg.regions[0]
+    # A delete of entry 0 recorded and left half-done, as a killed process leaves it: recovered
+    # by the next lock holder (the move redone, the count lowered).
+    n = table.count(seg, region)
+    keep = store._slot(seg, "rw:{keep}")
+    victim = 0 if table.find(seg, region, keep.digest, keep.home) != 0 else 1
+    table.FIELDS.u32(seg.mm, region.base + R_OP_A, victim)
+    table.FIELDS.u32(seg.mm, region.base + R_OP_B, n - 1)
+    table.FIELDS.u32(seg.mm, region.base + R_OP, OP_DELETE)
+    assert store.peek_now(["rw:{keep}"], [long])[0].remaining == 4
+    assert store.hit_now(["rw:{keep}"], [long], [1.0]).remaining == 3
+    assert packed == [], f"struct.pack_into wrote header or index fields at {sorted(set(packed))}"
+    assert len(store) == n - 1
 
 
 def _run_with_deadline(check: object, timeout: float) -> None:

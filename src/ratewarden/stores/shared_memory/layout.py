@@ -7,6 +7,7 @@ stored after its expiry and length; ``state_codecs`` builds the ``struct`` forma
 
 from __future__ import annotations
 
+import mmap
 import struct
 from typing import Final
 
@@ -29,6 +30,8 @@ RHEAD = struct.Struct("<IIIII4xd")
 RHEAD_SIZE: Final = 128
 R_CURSOR: Final = 4
 R_OP: Final = 8
+R_OP_A: Final = 12
+R_OP_B: Final = 16
 R_NEXT_EXPIRY: Final = 24
 MUTEX: Final = 64  # room for a pthread_mutex_t (40 bytes on x86-64 glibc, 48 on arm64)
 U32 = struct.Struct("<I")
@@ -51,6 +54,24 @@ OP_DELETE: Final = 2
 # Lock bytes live far beyond the data; POSIX record locks need not cover real bytes.
 LOCK_BASE: Final = 1 << 40
 INIT_LOCK: Final = LOCK_BASE - 1
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Fields:
+    """Writes the table's 32-bit fields (a region's count, op and cursor, index slots) and its
+    times in one copy of their final bytes.
+
+    Not ``struct.pack_into``: it zeroes its bytes before writing the value, so a process killed
+    in between would leave, e.g., a region's count at 0, and every key of that region lost (the
+    next check starts them afresh, admitting up to a second limit). A copy of 4 or 8 bytes leaves
+    the old value or the new one. Entry states are still packed in place: their dirty byte covers them.
+    """
+
+    def u32(self, mm: mmap.mmap, offset: int, value: int) -> None:
+        mm[offset : offset + 4] = U32.pack(value)
+
+    def f64(self, mm: mmap.mmap, offset: int, value: float) -> None:
+        mm[offset : offset + 8] = F64.pack(value)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

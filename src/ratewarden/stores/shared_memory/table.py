@@ -28,14 +28,21 @@ from .layout import (
     R_CURSOR,
     R_NEXT_EXPIRY,
     R_OP,
+    R_OP_A,
+    R_OP_B,
     RHEAD,
     U32,
     WRITING,
+    Fields,
     Region,
 )
 from .segment import Segment
 
 log = logging.getLogger("ratewarden.stores.shared_memory")
+
+# Every count, op, cursor, index slot and expiry bound is written through this (tests swap it to
+# kill a process at a chosen write).
+FIELDS = Fields()
 
 
 def entry(seg: Segment, region: Region, pos: int) -> int:
@@ -78,7 +85,7 @@ def write(seg: Segment, region: Region, off: int, expires: float, state: State) 
     mm[off] = CLEAN
     nxt = region.base + R_NEXT_EXPIRY
     if expires < F64.unpack_from(mm, nxt)[0]:
-        F64.pack_into(mm, nxt, expires)
+        FIELDS.f64(mm, nxt, expires)
 
 
 def insert(seg: Segment, region: Region, digest: bytes, home: int, hold: float, expires: float, state: State) -> None:
@@ -87,7 +94,8 @@ def insert(seg: Segment, region: Region, digest: bytes, home: int, hold: float, 
     base = region.base
     pos = count(seg, region)
     off = entry(seg, region, pos)
-    U32.pack_into(mm, base + R_OP, OP_INSERT)
+    fields = FIELDS
+    fields.u32(mm, base + R_OP, OP_INSERT)
     mm[off] = WRITING
     F64.pack_into(mm, off + E_HOLD, hold)
     mm[off + E_DIGEST : off + E_DIGEST + 16] = digest
@@ -96,12 +104,12 @@ def insert(seg: Segment, region: Region, digest: bytes, home: int, hold: float, 
     i = home & mask
     while U32.unpack_from(mm, region.index + 4 * i)[0]:
         i = (i + 1) & mask
-    U32.pack_into(mm, region.index + 4 * i, pos + 1)
-    U32.pack_into(mm, base, pos + 1)
+    fields.u32(mm, region.index + 4 * i, pos + 1)
+    fields.u32(mm, base, pos + 1)
     mm[off] = CLEAN
-    U32.pack_into(mm, base + R_OP, OP_NONE)
+    fields.u32(mm, base + R_OP, OP_NONE)
     if expires < F64.unpack_from(mm, base + R_NEXT_EXPIRY)[0]:
-        F64.pack_into(mm, base + R_NEXT_EXPIRY, expires)
+        fields.f64(mm, base + R_NEXT_EXPIRY, expires)
 
 
 def _home_of(seg: Segment, region: Region, pos: int) -> int:
@@ -123,8 +131,12 @@ def delete(seg: Segment, region: Region, pos: int) -> None:
     base = region.base
     esize = seg.esize
     last = count(seg, region) - 1
-    RHEAD.pack_into(mm, base, last + 1, U32.unpack_from(mm, base + R_CURSOR)[0], OP_DELETE, pos, last,
-                    F64.unpack_from(mm, base + R_NEXT_EXPIRY)[0])
+    fields = FIELDS
+    # The operands first (nothing reads them while the op is none), then the op: from there on a
+    # crash is finished by recover().
+    fields.u32(mm, base + R_OP_A, pos)
+    fields.u32(mm, base + R_OP_B, last)
+    fields.u32(mm, base + R_OP, OP_DELETE)
     # Backward-shift deletion keeps every probe sequence unbroken without tombstones.
     mask = region.mask
     index = region.index
@@ -137,17 +149,17 @@ def delete(seg: Segment, region: Region, pos: int) -> None:
             break
         h = _home_of(seg, region, v - 1) & mask
         if (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j):
-            U32.pack_into(mm, index + 4 * i, v)
+            fields.u32(mm, index + 4 * i, v)
             i = j
-    U32.pack_into(mm, index + 4 * i, 0)
+    fields.u32(mm, index + 4 * i, 0)
     if pos != last:
         slot = _slot_of(seg, region, last)
         src = entry(seg, region, last)
         dst = entry(seg, region, pos)
         mm[dst : dst + esize] = mm[src : src + esize]
-        U32.pack_into(mm, index + 4 * slot, pos + 1)
-    U32.pack_into(mm, base, last)
-    U32.pack_into(mm, base + R_OP, OP_NONE)
+        fields.u32(mm, index + 4 * slot, pos + 1)
+    fields.u32(mm, base, last)
+    fields.u32(mm, base + R_OP, OP_NONE)
 
 
 def recover(seg: Segment, region: Region) -> None:
@@ -156,6 +168,7 @@ def recover(seg: Segment, region: Region) -> None:
     base = region.base
     esize = seg.esize
     n, _, op, a, b, _ = RHEAD.unpack_from(mm, base)
+    fields = FIELDS
     if op == OP_DELETE and n == b + 1:
         if a != b:  # the source entry is untouched until the count drops: redo the move
             src = entry(seg, region, b)
@@ -165,14 +178,17 @@ def recover(seg: Segment, region: Region) -> None:
     # An insert that was counted keeps its entry (its dirty byte makes that key conservative);
     # one that was not is dropped when the index is rebuilt from the counted entries.
     n = min(n, region.cap + 1)
+    fields.u32(mm, base, n)  # a crash from here on redoes only the rebuild: the op stays set until the end
     mm[region.index : region.entries] = bytes(region.entries - region.index)
     mask = region.mask
     for pos in range(n):
         i = _home_of(seg, region, pos) & mask
         while U32.unpack_from(mm, region.index + 4 * i)[0]:
             i = (i + 1) & mask
-        U32.pack_into(mm, region.index + 4 * i, pos + 1)
-    RHEAD.pack_into(mm, base, n, 0, OP_NONE, 0, 0, -math.inf)
+        fields.u32(mm, region.index + 4 * i, pos + 1)
+    fields.u32(mm, base + R_CURSOR, 0)
+    fields.f64(mm, base + R_NEXT_EXPIRY, -math.inf)
+    fields.u32(mm, base + R_OP, OP_NONE)
     log.warning("shared-memory table %s: recovered a region left half-written by a dead process", seg.path)
 
 
@@ -210,7 +226,7 @@ def sweep(seg: Segment, region: Region, steps: int, now: float) -> None:
             delete(seg, region, cursor)
         else:
             cursor += 1
-        U32.pack_into(mm, base + R_CURSOR, cursor)
+        FIELDS.u32(mm, base + R_CURSOR, cursor)
 
 
 def sweep_all(seg: Segment, region: Region, now: float) -> None:
@@ -227,7 +243,7 @@ def sweep_all(seg: Segment, region: Region, now: float) -> None:
         else:
             earliest = min(earliest, expires)
             pos += 1
-    F64.pack_into(mm, region.base + R_NEXT_EXPIRY, earliest)
+    FIELDS.f64(mm, region.base + R_NEXT_EXPIRY, earliest)
 
 
 def has_room(seg: Segment, region: Region, pending: int, now: float) -> bool:
@@ -246,4 +262,4 @@ def clear(seg: Segment) -> None:
     for region in [*seg.regions, seg.overflow]:
         mm[region.base : region.base + MUTEX] = bytes(MUTEX)  # not the (held) mutex
         mm[region.index : region.entries] = bytes(region.entries - region.index)
-        F64.pack_into(mm, region.base + R_NEXT_EXPIRY, math.inf)
+        FIELDS.f64(mm, region.base + R_NEXT_EXPIRY, math.inf)
