@@ -25,16 +25,24 @@ BACKENDS = {
 }
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def _third_party() -> tuple[tuple[str, type[Warning]], ...]:
     # starlette before 0.40 (the oldest supported, scripts/oldest-deps.txt, is older) leaves its
-    # TestClient's anyio memory streams open (closed since starlette PR #2693): third-party, so
-    # not an error there.
+    # TestClient's anyio memory streams open (closed since starlette PR #2693).
     try:
         starlette = tuple(int(part) for part in version("starlette").split(".")[:2])
     except PackageNotFoundError:  # the wheel builds' server-free tests run without it
-        return
-    if starlette < (0, 40):
-        config.addinivalue_line("filterwarnings", "ignore:Unclosed <MemoryObject:ResourceWarning")
+        return ()
+    return (("Unclosed <MemoryObject", ResourceWarning),) if starlette < (0, 40) else ()
+
+
+_THIRD_PARTY = _third_party()
+"""Warnings that are third parties' and not errors here, as (message regex, category): ignored in
+each test (``pytest_configure``) and in the end-of-run listing (``pytest_sessionfinish``)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for message, category in _THIRD_PARTY:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}:{category.__name__}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -65,6 +73,8 @@ def pytest_sessionfinish() -> None:
     gc.unfreeze()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
+        for message, category in _THIRD_PARTY:  # added last, so checked first
+            warnings.filterwarnings("ignore", message, category)
         gc.collect()
         gc.collect()
     _LEFT_OPEN.extend(str(w.message) for w in caught if issubclass(w.category, ResourceWarning))

@@ -17,7 +17,7 @@ this module resolves routes and builds their targets, once per route and path.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 from starlette.routing import BaseRoute, Host, Match, Mount
@@ -74,13 +74,24 @@ def _enter(route: BaseRoute, child: Scope, scope: Scope) -> Resolved | None:
     return route, None, child.get("path_params") or {}
 
 
-_lifted: dict[int, Lifted] = {}
-"""Dependants whose unused ``RateLimit`` dependencies ``lift_declared`` took out of FastAPI's
-solving, by ``id`` (each ``Lifted`` keeps its dependant alive, so the id stays its own)."""
+class _Dependencies(list[Any]):
+    """A dependency list ``lift_declared`` put in a dependant (its ``lean`` or its ``full`` one),
+    carrying the dependant's ``Lifted``: what was lifted lives on the dependant itself and goes with
+    it (FastAPI's dependants can be neither weakly referenced nor hashed, so no registry can know
+    when one is gone; a registry by ``id`` kept every lifted app alive and reused ids)."""
+
+    __slots__ = ("lifted",)
+
+    def __init__(self, items: Iterable[Any], lifted: Lifted) -> None:
+        super().__init__(items)
+        self.lifted = lifted
 
 
 def _lifted_of(dependant: Any) -> Lifted | None:
-    found = _lifted.get(id(dependant))
+    """The dependant's ``Lifted``, from the dependency list ``lift_declared`` put in it (``None`` when
+    it has none, or a list set since replaced ours)."""
+    current = getattr(dependant, "dependencies", None)
+    found = current.lifted if isinstance(current, _Dependencies) else None
     return found if found is not None and found.dependant is dependant else None
 
 
@@ -152,12 +163,13 @@ def lift_declared(dependant: Any, covered: frozenset[RateLimit]) -> Lifted | Non
     lean = [d for d in full if all(d is not x for x in lift)]
     found = previous
     if found is None:
-        found = _lifted[id(dependant)] = Lifted(dependant, full, lean, ())
+        found = Lifted(dependant, [], [], ())
+        found.full = _Dependencies(full, found)
     elif len(lift) == len(already):
         return found
-    found.lean, found.calls = lean, tuple(d.call for d in lift)
+    found.lean, found.calls = _Dependencies(lean, found), tuple(d.call for d in lift)
     if not found.restored:  # else an override has the full list in place until it is gone
-        dependant.dependencies = lean
+        dependant.dependencies = found.lean
     return found
 
 

@@ -4,6 +4,8 @@ routing, on the route FastAPI itself picks; the OpenAPI documentation of declare
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -740,3 +742,24 @@ async def test_a_route_added_to_a_mounted_app_is_not_lifted_under_a_stale_path_c
     assert (await request(app, "/api/items/2")).status == 200  # placed and charged by the edge
     assert (await request(app, "/api/items/1")).status == 429  # stale 404 entry: the dependency checked
     assert list(counters(store).values()) == [1.0]
+
+
+async def test_lifted_apps_are_not_kept_alive(limiter: Limiter) -> None:
+    """What the edge lifted goes with its app: apps built and dropped (an app factory per test, apps
+    rebuilt at runtime) leave neither their limits nor their routes behind."""
+    dropped: list[weakref.ref[Any]] = []
+    for n in range(50):
+        app = FastAPI()
+        dep = RateLimit("5/min", limiter=limiter)
+
+        @app.get(f"/x{n}", dependencies=[Depends(dep)])
+        async def x() -> dict[str, bool]:
+            return {"ok": True}
+
+        install(app)
+        assert (await request(app, f"/x{n}")).status == 200
+        assert app.routes[-1].dependant.dependencies == []  # type: ignore[attr-defined]  # lifted
+        dropped += [weakref.ref(dep), weakref.ref(app.routes[-1])]
+        del app, dep, x
+    gc.collect()
+    assert [r for r in dropped if r() is not None] == []
