@@ -269,18 +269,25 @@ def test_sigkill_in_the_middle_of_checks(shm_dir: Path, lock: str) -> None:
     survivor.start()
     assert os.read(survivor_read, 1) == b"r"
     try:
-        for round_ in range(30):
-            ready_read, ready_write = os.pipe()
-            victim = ctx.Process(
-                target=shm_workers.chaos, args=(name, str(shm_dir), str(shm_dir / f"admitted-{round_}"), ready_write, round_)
-            )
-            victim.start()
-            assert os.read(ready_read, 1) == b"r"
-            time.sleep(rng.uniform(0.0, 0.02))
-            os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
-            victim.join(10)
-            os.close(ready_read)
-            os.close(ready_write)
+        # Three victims at a time: more of them are killed while they hold a lock (a write cut
+        # short mid-way, as a single victim rarely is on two cores).
+        for round_ in range(12):
+            victims = []
+            for seed in range(3 * round_, 3 * round_ + 3):
+                ready_read, ready_write = os.pipe()
+                victim = ctx.Process(
+                    target=shm_workers.chaos, args=(name, str(shm_dir), str(shm_dir / f"admitted-{seed}"), ready_write, seed)
+                )
+                victim.start()
+                victims.append((victim, ready_read, ready_write))
+            for _, ready_read, _ in victims:
+                assert os.read(ready_read, 1) == b"r"
+            for victim, ready_read, ready_write in victims:
+                time.sleep(rng.uniform(0.0, 0.01))
+                os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                victim.join(10)
+                os.close(ready_read)
+                os.close(ready_write)
             assert survivor.is_alive()
         progress = (shm_dir / "admitted-s").stat().st_size
         # A new process does one check of every kind within a bounded time, and so does the survivor.
