@@ -34,6 +34,26 @@ async def test_a_burst_beyond_the_pool_waits_for_connections(request: pytest.Fix
     assert sum(d.allowed for d in results if not isinstance(d, BaseException)) == 50
 
 
+@pytest.mark.parametrize("kind", list(FIXTURES))
+async def test_reset_and_clear_of_more_keys_than_the_pool(request: pytest.FixtureRequest, kind: str) -> None:
+    """A cluster resets and clears key by key, concurrently: 200 keys on one node (one hash tag)
+    take turns for its 32 connections instead of failing."""
+    url = request.getfixturevalue(FIXTURES[kind]).url
+    prefix = f"rwpool{uuid.uuid4().hex[:8]}"  # clear deletes these keys only
+    store = RedisStore(url, timeout=5, coalesce=False, cache=False, prefix=prefix)
+    (limit,) = make_limits("1/hour", "fixed_window")
+    keys = [f"{prefix}:{{one}}:{i}:{limit.suffix}" for i in range(400)]
+    try:
+        for start in range(0, 400, 20):  # fewer at once than the pool: only reset and clear exceed it
+            await asyncio.gather(*(store.hit([key], [limit], [1.0]) for key in keys[start : start + 20]))
+        await store.reset(keys[:200])
+        assert all([(await store.hit([key], [limit], [1.0])).allowed for key in keys[:200]])
+        await store.clear()
+        assert all([(await store.hit([key], [limit], [1.0])).allowed for key in keys[200:]])
+    finally:
+        await store.close()
+
+
 async def _silent_server() -> tuple[asyncio.Server, int]:
     """A TCP server that accepts connections and never answers: every call on it hangs."""
 
@@ -64,4 +84,4 @@ async def test_a_check_that_waited_for_the_pool_names_its_limit() -> None:
     assert all(isinstance(r, StoreError) for r in results), results
     messages = [str(r) for r in results]
     assert all("no reply within 200 ms" in m for m in messages), messages
-    assert [m for m in messages if "all 4 connections of its pool (4 × pool_size) were busy" in m] == messages[4:]
+    assert [m for m in messages if "all 4 connections of the client's pool were busy (pool_size=1)" in m] == messages[4:]
