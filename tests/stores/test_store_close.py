@@ -22,8 +22,7 @@ CASES = [(kind, coalesce) for kind in FIXTURES for coalesce in ((True, False) if
 
 async def _use(kind: str, url: str, coalesce: bool | None) -> None:
     """Open a store, make it open several connections (24 concurrent checks on keys in several
-    slots: fewer than the pool size, which a Sentinel pool without coalescing does not wait
-    for), a peek, an adjust, a reset, a clear, and close it."""
+    slots), a peek, an adjust, a reset, a clear, and close it."""
     options: dict[str, Any] = {} if coalesce is None else {"coalesce": coalesce}
     prefix = f"rwclose{uuid.uuid4().hex[:8]}"  # clear deletes these keys only
     store = make_store(kind, url, **options, **({} if kind == "memcached" else {"prefix": prefix}))

@@ -15,7 +15,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
-__all__ = ["CLIENT_ERRORS", "CONNECTION_ERRORS", "bad_reply", "store_error", "timed_out"]
+__all__ = ["CLIENT_ERRORS", "CONNECTION_ERRORS", "bad_reply", "pool_busy", "store_error", "timed_out"]
 
 #: What the client raises when the server cannot be reached or answers with an error.
 CONNECTION_ERRORS = (RedisError, OSError)
@@ -41,6 +41,15 @@ def store_error(url: str, exc: BaseException) -> StoreError:
 def timed_out(url: str, timeout: float) -> StoreError:
     """No reply within ``timeout`` seconds."""
     return StoreError(f"redis store {url}: no reply within {timeout * 1000:g} ms")
+
+
+def pool_busy(url: str, timeout: float, connections: int, pool_size: int) -> StoreError:
+    """No reply within ``timeout`` seconds, part of them spent waiting for one of the pool's
+    ``connections`` (more checks at once than the pool has connections)."""
+    return StoreError(
+        f"redis store {url}: no reply within {timeout * 1000:g} ms, part of it spent waiting for a free"
+        f" connection: all {connections} connections of the client's pool were busy (pool_size={pool_size})"
+    )
 
 
 def bad_reply(url: str, reply: Reply) -> StoreError:

@@ -19,10 +19,11 @@ from ..deadline import wait_for_store
 from ..urls import parse_store_url
 from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
-from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, store_error, timed_out
+from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, pool_busy, store_error, timed_out
+from .gate import ConnectionGate, Turn
 from .pipeline import Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
-from .topology import close_client, make_client, slot_groups, spans_slots
+from .topology import close_client, make_client, pool_limit, slot_groups, spans_slots
 
 __all__ = ["RedisStore"]
 
@@ -39,7 +40,8 @@ class RedisStore(Store):
             options in its query.
         timeout: Seconds per check (default 0.025).
         connect_timeout: Seconds to connect (default 1).
-        pool_size: Connections (default 8).
+        pool_size: Pipelines in flight at once (default 8); the client's pool has 4 times as many
+            connections, and calls beyond them (e.g. checks with ``coalesce`` off) wait for one.
         coalesce: Send checks made at the same time in one pipeline (default on).
         cache: Answer rejections known to hold from a local cache, without a round trip (default on).
         prefix: The storage-key prefix ``clear`` deletes (``<prefix>:*``).
@@ -84,6 +86,10 @@ class RedisStore(Store):
         self.clock = clock
         self._cluster = cfg.kind == "cluster"
         self._client, self._other_clients = make_client(cfg, connect, self.pool_size)
+        # Calls through the client wait for a free connection of its pool (Sentinel's and Cluster's
+        # pools raise when exhausted). Cluster pipelines take up to pool_size of them per node.
+        pipelines = self.pool_size if self._cluster and self.coalesce else 0
+        self._gate = ConnectionGate(pool_limit(cfg.kind, self.pool_size) - pipelines)
         self._script_clock = ScriptClock(self.timeout, clock)
         self._args = ScriptArgs(clock)
         self._connections = (ClusterConnections if self._cluster else PackedConnections)(self._client, self._script_clock)
@@ -192,7 +198,8 @@ class RedisStore(Store):
         if len(groups) == 1:
             replies = [await self._request(mode, keys, limits, costs)]
         else:
-            replies = await self._call(self._eval_per_slot(mode, groups, keys, limits, costs))
+            turn = Turn()
+            replies = await self._call(self._eval_per_slot(turn, mode, groups, keys, limits, costs), turn)
         out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
         for idx, reply in zip(groups, replies, strict=False):
             for j, i in enumerate(idx):
@@ -205,15 +212,26 @@ class RedisStore(Store):
     # -- sending ---------------------------------------------------------------------------
 
     async def _eval_per_slot(
-        self, mode: str, groups: list[list[int]], keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+        self,
+        turn: Turn,
+        mode: str,
+        groups: list[list[int]],
+        keys: Sequence[str],
+        limits: Sequence[Limit],
+        costs: Sequence[float],
     ) -> list[Reply]:
-        """One script call per slot group, concurrently, all with the same deadline."""
+        """One script call per slot group, concurrently (each in a turn of the connection gate),
+        all with the same deadline."""
         wall_due = time.time() + self.timeout
-        await self._measured()
+        if self._script_clock.unknown:
+            async with self._gate.slot(turn):
+                await self._measured()
         clock = self._script_clock.deadline(wall_due)
         return await asyncio.gather(
             *(
-                eval_script(
+                self._gate.run(
+                    turn,
+                    eval_script,
                     self._client,
                     [keys[i] for i in idx],
                     self._args.script_args(mode, [limits[i] for i in idx], [costs[i] for i in idx], clock),
@@ -226,16 +244,19 @@ class RedisStore(Store):
         self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Awaitable[Reply]:
         """One script call on its own (not coalescing), bounded by the timeout."""
-        return self._call(self._eval_one(mode, keys, limits, costs))
+        turn = Turn()
+        return self._call(self._eval_one(turn, mode, keys, limits, costs), turn)
 
     async def _eval_one(
-        self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+        self, turn: Turn, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Reply:
-        """One script call through the client (no coalescing), with its deadline."""
+        """One script call through the client (no coalescing), with its deadline, in a turn of the
+        connection gate (the clock measurement too: one connection at a time)."""
         wall_due = time.time() + self.timeout
-        await self._measured()
-        clock = self._script_clock.deadline(wall_due)
-        return await eval_script(self._client, keys, self._args.script_args(mode, limits, costs, clock))
+        async with self._gate.slot(turn):
+            await self._measured()
+            clock = self._script_clock.deadline(wall_due)
+            return await eval_script(self._client, keys, self._args.script_args(mode, limits, costs, clock))
 
     async def _measured(self) -> None:
         """Measure the server clock if scripts would otherwise go without a deadline (the quicker
@@ -243,12 +264,15 @@ class RedisStore(Store):
         if self._script_clock.unknown:
             await self._script_clock.measure(self._client.time, samples=2)
 
-    async def _call(self, coro: Any) -> Any:
-        """Await a client call within the timeout, turning every failure into ``StoreError``."""
+    async def _call(self, coro: Any, turn: Turn) -> Any:
+        """Await a client call within the timeout, turning every failure into ``StoreError`` (one
+        naming the pool's limit when the call waited for a connection)."""
         self._busy += 1
         try:
             return await wait_for_store(coro, self.timeout)
         except asyncio.TimeoutError:
+            if turn.waited:
+                raise pool_busy(self.url, self.timeout, self._gate.size, self.pool_size) from None
             raise timed_out(self.url, self.timeout) from None
         except CLIENT_ERRORS as exc:
             raise store_error(self.url, exc) from exc
@@ -311,35 +335,44 @@ class RedisStore(Store):
             self._rejected.pop(key, None)
         if not keys:
             return
+        turn = Turn()
         if self._cluster:
-            await self._call(asyncio.gather(*(self._client.delete(key) for key in keys)))
+            await self._call(asyncio.gather(*(self._gate.run(turn, self._client.delete, key) for key in keys)), turn)
         else:
-            await self._call(self._client.delete(*keys))
+            await self._call(self._gate.run(turn, self._client.delete, *keys), turn)
 
     async def clear(self) -> None:
         """Delete every ``<prefix>:*`` key (on every primary of a cluster)."""
         self._rejected.clear()
 
+        turn = Turn()  # the gate's turns, not its timeout: clear is not bounded by the timeout
+
         async def scan_and_delete() -> None:
             batch: list[Any] = []
-            async for key in self._client.scan_iter(match=f"{self.prefix}:*", count=1000):
+            keys = self._client.scan_iter(match=f"{self.prefix}:*", count=1000).__aiter__()
+            while True:
+                async with self._gate.slot(turn):  # a SCAN call when the last page is used up
+                    try:
+                        key = await keys.__anext__()
+                    except StopAsyncIteration:
+                        break
                 batch.append(key)
                 if len(batch) >= 500:
-                    await self._delete_many(batch)
+                    await self._delete_many(turn, batch)
                     batch = []
             if batch:
-                await self._delete_many(batch)
+                await self._delete_many(turn, batch)
 
         try:
             await scan_and_delete()
         except CONNECTION_ERRORS as exc:  # not bounded by the timeout: a large scan takes long
             raise store_error(self.url, exc) from exc
 
-    async def _delete_many(self, keys: list[Any]) -> None:
+    async def _delete_many(self, turn: Turn, keys: list[Any]) -> None:
         if self._cluster:
-            await asyncio.gather(*(self._client.delete(k) for k in keys))
+            await asyncio.gather(*(self._gate.run(turn, self._client.delete, k) for k in keys))
         else:
-            await self._client.delete(*keys)
+            await self._gate.run(turn, self._client.delete, *keys)
 
     async def close(self) -> None:
         """Close every connection the store opened: its own, and the client's (each even if

@@ -26,12 +26,17 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
-__all__ = ["close_client", "make_client", "slot_groups", "spans_slots"]
+__all__ = ["close_client", "make_client", "pool_limit", "slot_groups", "spans_slots"]
+
+
+def pool_limit(kind: str, pool_size: int) -> int:
+    """The connections ``make_client``'s pool opens at most (per node on a cluster)."""
+    return max(pool_size, 4) * 4 if kind == "cluster" else pool_size * 4
 
 
 def make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> tuple[Any, list[Any]]:
     """The redis-py client for ``cfg`` (a parsed ``redis://``, ``rediss://``, ``redis+sentinel://``
-    or ``redis+cluster://`` URL): at most ``pool_size`` pipelines are in flight. Also the clients
+    or ``redis+cluster://`` URL), with a pool of ``pool_limit`` connections. Also the clients
     it relies on that closing it leaves open (a Sentinel set-up's client of each Sentinel)."""
     common: dict[str, Any] = {
         "username": cfg.username,
@@ -52,7 +57,7 @@ def make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> tuple[
     if cfg.kind == "cluster":
         cluster = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in cfg.hosts],
-            max_connections=max(pool_size, 4) * 4,
+            max_connections=pool_limit(cfg.kind, pool_size),
             retry=Retry(NoBackoff(), 2),
             **common,
         )
@@ -64,7 +69,7 @@ def make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> tuple[
     kwargs: dict[str, Any] = {k: v for k, v in common.items() if k != "ssl"}
     kwargs["connection_class"] = ResolvingSSLConnection if cfg.tls else ResolvingConnection
     pool = aioredis.BlockingConnectionPool(
-        host=host, port=port, db=cfg.db, max_connections=pool_size * 4, timeout=connect_timeout, retry=retry,
+        host=host, port=port, db=cfg.db, max_connections=pool_limit(cfg.kind, pool_size), timeout=connect_timeout, retry=retry,
         **kwargs,
     )
     return aioredis.Redis(connection_pool=pool), []
@@ -95,7 +100,7 @@ def _sentinel_primary(
     if cfg.tls:
         sentinel_kwargs.update({k: v for k, v in common.items() if k.startswith("ssl")})
     sentinel = Sentinel(cfg.hosts, sentinel_kwargs=sentinel_kwargs, **common)  # type: ignore[no-untyped-call]
-    primary = sentinel.master_for(cfg.service, db=cfg.db, retry=retry, max_connections=pool_size * 4)
+    primary = sentinel.master_for(cfg.service, db=cfg.db, retry=retry, max_connections=pool_limit(cfg.kind, pool_size))
     return primary, sentinel_clients(sentinel)
 
 
