@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from ..algorithms import State
 from ..decision import Decision
+from ..errors import ConfigurationError
 from ..limits import Limit
 from .base import Store, StoreError, combine
 from .deadline import wait_for_store
@@ -141,14 +142,18 @@ class MemcachedStore(Store):
     ) -> None:
         cfg = parse_store_url(url, ("memcached",))
         if len(cfg.hosts) != 1:
-            raise ValueError(f"store URL {cfg.text!r}: MemcachedStore takes exactly one host:port")
+            raise ConfigurationError(
+                f"store URL {cfg.text!r}: MemcachedStore takes exactly one host:port, got {len(cfg.hosts)}"
+            )
         self.url = cfg.text
         self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.05))  # type: ignore[arg-type]
         size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
         if not self.timeout > 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout!r} seconds")
-        if size < 1 or retries < 1:
-            raise ValueError("pool_size and retries must be at least 1")
+            raise ConfigurationError(f"memcached store {self.url}: timeout must be positive, got {self.timeout!r} seconds")
+        if size < 1:
+            raise ConfigurationError(f"memcached store {self.url}: pool_size must be at least 1, got {size}")
+        if retries < 1:
+            raise ConfigurationError(f"memcached store {self.url}: retries must be at least 1, got {retries}")
         self.retries = retries
         self.clock = clock
         host, port = cfg.hosts[0]

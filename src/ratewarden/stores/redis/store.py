@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...decision import Decision
+from ...errors import ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine
 from ..deadline import wait_for_store
@@ -73,13 +74,13 @@ class RedisStore(Store):
         self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
         self.cache_rejections = bool(cache if cache is not None else cfg.option("cache", 1))
         if not self.timeout > 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout!r} seconds")
+            raise ConfigurationError(f"redis store {self.url}: timeout must be positive, got {self.timeout!r} seconds")
         if self.pool_size < 1:
-            raise ValueError(f"pool_size must be at least 1, got {self.pool_size}")
+            raise ConfigurationError(f"redis store {self.url}: pool_size must be at least 1, got {self.pool_size}")
         for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
             path = cfg.options.get(name)
             if path is not None and not os.path.isfile(str(path)):
-                raise ValueError(f"store URL {self.url!r}: {name} file {path!r} does not exist")
+                raise ConfigurationError(f"store URL {self.url!r}: {name} file {path!r} does not exist")
         self.prefix = prefix
         self.clock = clock
         self._cluster = cfg.kind == "cluster"

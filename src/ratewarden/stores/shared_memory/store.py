@@ -21,6 +21,7 @@ from typing import Final
 from ..._mypyc import mypyc_attr
 from ...algorithms import State
 from ...decision import Decision
+from ...errors import ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine
 from .errors import SharedMemoryError
@@ -118,13 +119,13 @@ class SharedMemoryStore(Store):
         lock: str = "auto",
     ) -> None:
         if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
-            raise ValueError(f"max_keys must be a positive integer, got {max_keys!r}")
+            raise ConfigurationError(f"max_keys must be a positive integer, got {max_keys!r}")
         if max_keys > 1 << 28:
-            raise ValueError(f"max_keys must be at most {1 << 28}, got {max_keys}")
+            raise ConfigurationError(f"max_keys must be at most {1 << 28}, got {max_keys}")
         if isinstance(log_size, bool) or not isinstance(log_size, int) or not 0 <= log_size <= 65536:
-            raise ValueError(f"log_size must be an integer from 0 to 65536, got {log_size!r}")
+            raise ConfigurationError(f"log_size must be an integer from 0 to 65536, got {log_size!r}")
         if lock != "auto" and lock not in LOCKS:
-            raise ValueError(f"lock must be 'auto', 'mutex' or 'lockf', got {lock!r}")
+            raise ConfigurationError(f"lock must be 'auto', 'mutex' or 'lockf', got {lock!r}")
         self.name = name
         self.lock = lock
         self.path = segment_path(name, directory)
@@ -152,7 +153,7 @@ class SharedMemoryStore(Store):
 
         kind, name, options = parse_local_url(url)
         if kind != "shm":
-            raise ValueError(f"SharedMemoryStore needs an shm://<name> URL, got {url!r}")
+            raise ConfigurationError(f"SharedMemoryStore needs an shm://<name> URL, got {url!r}")
         options.update(overrides)
         return cls(name, **options)  # type: ignore[arg-type]
 
@@ -176,7 +177,7 @@ class SharedMemoryStore(Store):
         if limit.suffix in self._checked:
             return
         if limit.algorithm == "sliding_log" and limit.rate.limit > max(3, self.log_size):
-            raise ValueError(
+            raise ConfigurationError(
                 f"sliding_log limit {limit.rate} needs {limit.rate.limit} timestamps per key, but "
                 f"SharedMemoryStore {self.name!r} keeps at most {max(3, self.log_size)} (log_size): create "
                 f"the store with log_size>={limit.rate.limit}, or use sliding_window/gcra for large limits"
@@ -186,7 +187,7 @@ class SharedMemoryStore(Store):
         self._checked.add(limit.suffix)
 
     def check_limits(self, limits: Sequence[Limit]) -> None:
-        """Raise ``ValueError`` now for any limit this table cannot hold (call at start-up).
+        """Raise ``ConfigurationError`` (a ``ValueError``) now for any limit this table cannot hold (call at start-up).
 
         Args:
             limits: The limits it will be asked to check.
