@@ -15,12 +15,12 @@ from typing import Any
 from ...decision import Decision
 from ...errors import ConfigurationError
 from ...limits import Limit
-from ..base import Store, combine
+from ..base import Store, combine, no_reply
 from ..deadline import wait_for_store
 from ..urls import parse_store_url
 from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
-from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, store_error, timed_out
+from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, store_name
 from .pipeline import Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
 from .topology import close_client, make_client, slot_groups, spans_slots
@@ -28,6 +28,7 @@ from .topology import close_client, make_client, slot_groups, spans_slots
 __all__ = ["RedisStore"]
 
 _CACHE_MAX = 100_000  # rejections remembered at most; expired ones are pruned first when full
+_OPERATIONS = {"h": "hit", "p": "peek", "a": "adjust"}  # script modes, as error messages name them
 
 
 class RedisStore(Store):
@@ -50,6 +51,7 @@ class RedisStore(Store):
 
     can_adjust = True
     server_clock = True  # the scripts read the server's TIME (one clock for every process)
+    client_errors = CLIENT_ERRORS
 
     def __init__(
         self,
@@ -74,9 +76,9 @@ class RedisStore(Store):
         self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
         self.cache_rejections = bool(cache if cache is not None else cfg.option("cache", 1))
         if not self.timeout > 0:
-            raise ConfigurationError(f"redis store {self.url}: timeout must be positive, got {self.timeout!r} seconds")
+            raise ConfigurationError(f"{self!r}: timeout must be positive, got {self.timeout!r} seconds")
         if self.pool_size < 1:
-            raise ConfigurationError(f"redis store {self.url}: pool_size must be at least 1, got {self.pool_size}")
+            raise ConfigurationError(f"{self!r}: pool_size must be at least 1, got {self.pool_size}")
         for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
             path = cfg.options.get(name)
             if path is not None and not os.path.isfile(str(path)):
@@ -106,7 +108,7 @@ class RedisStore(Store):
         self.cached_rejections = 0  # checks answered from the rejection cache
 
     def __repr__(self) -> str:
-        return f"RedisStore({self.url!r})"
+        return store_name(self.url)
 
     # -- the check -------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ class RedisStore(Store):
         if len(groups) == 1:
             replies = [await self._request(mode, keys, limits, costs)]
         else:
-            replies = await self._call(self._eval_per_slot(mode, groups, keys, limits, costs))
+            replies = await self._call(self._eval_per_slot(mode, groups, keys, limits, costs), mode)
         out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
         for idx, reply in zip(groups, replies, strict=False):
             for j, i in enumerate(idx):
@@ -227,7 +229,7 @@ class RedisStore(Store):
         self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Awaitable[Reply]:
         """One script call on its own (not coalescing), bounded by the timeout."""
-        return self._call(self._eval_one(mode, keys, limits, costs))
+        return self._call(self._eval_one(mode, keys, limits, costs), mode)
 
     async def _eval_one(
         self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
@@ -244,15 +246,16 @@ class RedisStore(Store):
         if self._script_clock.unknown:
             await self._script_clock.measure(self._client.time, samples=2)
 
-    async def _call(self, coro: Any) -> Any:
-        """Await a client call within the timeout, turning every failure into ``StoreError``."""
+    async def _call(self, coro: Any, operation: str) -> Any:
+        """Await a client call within the timeout, turning every failure into ``StoreError``
+        (``operation``: a script mode, ``"h"``, ``"p"``, ``"a"``, or the operation's name)."""
         self._busy += 1
         try:
             return await wait_for_store(coro, self.timeout)
         except asyncio.TimeoutError:
-            raise timed_out(self.url, self.timeout) from None
-        except CLIENT_ERRORS as exc:
-            raise store_error(self.url, exc) from exc
+            raise no_reply(repr(self), _OPERATIONS.get(operation, operation), self.timeout) from None
+        except self.client_errors as exc:
+            raise self.store_error(_OPERATIONS.get(operation, operation), exc) from exc
         finally:
             self._busy -= 1
             if self._closed and not self._busy:
@@ -313,9 +316,9 @@ class RedisStore(Store):
         if not keys:
             return
         if self._cluster:
-            await self._call(asyncio.gather(*(self._client.delete(key) for key in keys)))
+            await self._call(asyncio.gather(*(self._client.delete(key) for key in keys)), "reset")
         else:
-            await self._call(self._client.delete(*keys))
+            await self._call(self._client.delete(*keys), "reset")
 
     async def clear(self) -> None:
         """Delete every ``<prefix>:*`` key (on every primary of a cluster)."""
@@ -334,7 +337,7 @@ class RedisStore(Store):
         try:
             await scan_and_delete()
         except CONNECTION_ERRORS as exc:  # not bounded by the timeout: a large scan takes long
-            raise store_error(self.url, exc) from exc
+            raise self.store_error("clear", exc) from exc
 
     async def _delete_many(self, keys: list[Any]) -> None:
         if self._cluster:

@@ -107,6 +107,7 @@ class SharedMemoryStore(Store):
 
     local = True
     can_adjust = True
+    client_errors = (OSError,)  # what the file's locks raise when the kernel refuses them
 
     def __init__(
         self,
@@ -417,20 +418,38 @@ class SharedMemoryStore(Store):
             clear_table(seg)
         self.overflowed = 0
 
+    # The Store API: the synchronous methods, with an OS failure (a lock the kernel refused) as
+    # ``StoreError``. The ``*_now`` methods raise it as is: ``hit_now`` is the inlined hot path.
+
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        return self.hit_now(keys, limits, costs)
+        try:
+            return self.hit_now(keys, limits, costs)
+        except self.client_errors as exc:
+            raise self.store_error("hit", exc) from exc
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        return self.peek_now(keys, limits)
+        try:
+            return self.peek_now(keys, limits)
+        except self.client_errors as exc:
+            raise self.store_error("peek", exc) from exc
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        return self.adjust_now(keys, limits, amounts)
+        try:
+            return self.adjust_now(keys, limits, amounts)
+        except self.client_errors as exc:
+            raise self.store_error("adjust", exc) from exc
 
     async def reset(self, keys: Sequence[str]) -> None:
-        self.reset_now(keys)
+        try:
+            self.reset_now(keys)
+        except self.client_errors as exc:
+            raise self.store_error("reset", exc) from exc
 
     async def clear(self) -> None:
-        self.clear_now()
+        try:
+            self.clear_now()
+        except self.client_errors as exc:
+            raise self.store_error("clear", exc) from exc
 
     async def close(self) -> None:
         """Unmap this process's view; the file and its counters stay for the other workers."""
