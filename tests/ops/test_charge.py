@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -12,6 +13,7 @@ from ratewarden.algorithms import ALGORITHMS
 from ratewarden.charges import Charge, adjust
 from ratewarden.limits import make_limits
 from ratewarden.policy import PolicyMiddleware, parse_policy
+from ratewarden.stores.base import Store
 from tests.servers import Memcached
 
 from ..policy.apps import build_app, client
@@ -52,6 +54,29 @@ async def test_refund_restores_the_allowance(algorithm: str) -> None:
     assert (await store.peek(keys, limits))[0].remaining == 5
     assert store.hit_now(keys, limits, [5.0]).allowed
     assert not store.hit_now(keys, limits, [1.0]).allowed
+
+
+
+def _breaker(store: MemoryStore) -> Store:
+    from ratewarden.stores.breaker import Breaker
+
+    return Breaker(store)
+
+
+@pytest.mark.parametrize("wrap", [lambda store: store, _breaker], ids=["bare", "breaker"])
+async def test_a_memory_store_refunds_through_its_own_adjust(wrap: Callable[[MemoryStore], Store]) -> None:
+    """No ``isinstance(store, MemoryStore)`` in ``charges``: ``MemoryStore.adjust`` itself refunds,
+    called bare, through ``charges.adjust``, or through a wrapper."""
+    memory = MemoryStore(clock=lambda: 1000.5)
+    store = wrap(memory)
+    limits = make_limits("5/min", "gcra")
+    for _ in range(4):
+        assert memory.hit_now(["k"], limits, [1.0]).allowed
+    assert (await store.adjust(["k"], limits, [-1.0]))[0].remaining == 2
+    assert (await adjust(store, ["k"], limits, [-1.0]))[0].remaining == 3
+    assert memory.adjust_now(["k"], limits, [2.0])[0].remaining == 1  # a penalty, synchronously
+    assert memory.adjust_now(["k"], limits, [-9.0])[0].remaining == 5
+    assert memory.state_of("k") is None  # the whole limit back: the key is gone
 
 
 def test_charge_statuses() -> None:

@@ -135,6 +135,16 @@ class Store(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no synchronous peek")
 
+    def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Synchronous ``adjust`` for local stores that can adjust.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units to charge to each key; negative gives them back (a refund).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous adjust")
+
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Apply ``amounts[i]`` to ``keys[i]`` without a limit check; stores with ``can_adjust``.
 
