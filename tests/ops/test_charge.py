@@ -165,3 +165,18 @@ def test_a_reload_the_store_cannot_serve_keeps_the_old_policy(tmp_path) -> None:
     assert app.reload() is False
     assert app.reloader is not None and "cannot" in str(app.reloader.last_error)
     assert [r.name for r in app.rules.rules] == ["api"]
+
+
+async def test_an_adjust_with_a_limit_the_table_cannot_hold_changes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every limit is checked before the first key is touched: all or nothing, as a check is."""
+    from ratewarden import ConfigurationError
+    from ratewarden.stores.shared_memory import SharedMemoryStore
+    from tests.shm import unique_name
+
+    store = SharedMemoryStore(unique_name(), max_keys=100, directory=tmp_path, log_size=10)
+    fits, too_big = make_limits("5/min", "gcra")[0], make_limits("50/min", "sliding_log")[0]
+    assert store.hit_now(["a"], [fits], [3.0]).remaining == 2
+    with pytest.raises(ConfigurationError, match="log_size"):
+        await store.adjust(["a", "b"], [fits, too_big], [-3.0, 1.0])
+    assert (await store.peek(["a"], [fits]))[0].remaining == 2  # not refunded
+    await store.close()

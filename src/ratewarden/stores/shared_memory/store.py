@@ -1,9 +1,15 @@
-"""``SharedMemoryStore``: the ``Store`` on the shared table: hit, peek, adjust, reset, clear, the
-``max_keys`` bound and the overflow allowance a full region charges new keys to.
+"""``SharedMemoryStore``: the ``Store`` on the shared table: the check, the ``max_keys`` bound and
+the overflow allowance a full region charges new keys to; peek, adjust, reset, clear and the
+introspection are ``operations.py``, called from here.
 
 ``hit_now`` on one key is the hot path: it inlines the lock, the probe and the state rewrite, or
 hands them to the C helpers (``_native.c``) when built (``locks.py``, ``table.py`` hold the general
 versions every other path uses).
+
+Over ~400 lines (about 440) on purpose: the inlined ``hit_now`` is about 100 of them, and the
+module globals it reads (``_lockf``, the mutex functions, ``_forks``) and what rebinds them
+(``_attach``, ``_count_fork``) must live in this module; moving more out would leave one-line
+forwarding methods or cost the check a call.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from ...decision import Decision
 from ...errors import ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine
+from . import operations
 from .errors import SharedMemoryError
 from .layout import (
     BODY_HEAD,
@@ -47,8 +54,7 @@ from .locks import unlock as unlock_region
 from .mutex import robust_mutexes
 from .segment import Segment, attach, detach, segment_path
 from .slots import Slot, charge_all, charge_overflow, load
-from .table import clear as clear_table
-from .table import count, delete, entry, find, has_room, insert, read, recover, sweep, write
+from .table import has_room, insert, recover, sweep, write
 
 log = logging.getLogger("ratewarden.stores.shared_memory")
 
@@ -351,16 +357,7 @@ class SharedMemoryStore(Store):
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """Current decisions for a zero-cost request; charges nothing."""
         seg = self._segment()
-        now = self.clock()
-        slots = [self._slot(seg, key) for key in keys]
-        out = []
-        with seg.tlock, locked(seg, [s.region for s in slots]):
-            for slot, limit in zip(slots, limits, strict=True):
-                load(seg, slot, limit, now)
-                _, decision = limit.fn(slot.state, now, 0.0, limit.rate)
-                decision.policy = limit.name
-                out.append(decision)
-        return out
+        return operations.peek(seg, [self._slot(seg, key) for key in keys], limits, self.clock())
 
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Charge (positive) or refund (negative) without denying, as ``MemoryStore`` does.
@@ -370,33 +367,11 @@ class SharedMemoryStore(Store):
             limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units per key: positive charges, negative refunds.
         """
-        from ...charges import adjusted_state
-
         if not len(keys) == len(limits) == len(amounts):
             raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
+        self.check_limits(limits)
         seg = self._segment()
-        now = self.clock()
-        slots = [self._slot(seg, key) for key in keys]
-        out = []
-        with seg.tlock, locked(seg, [s.region for s in slots]):
-            for slot, limit, amount in zip(slots, limits, amounts, strict=True):
-                self._check_limit(limit)
-                region = slot.region
-                off = load(seg, slot, limit, now)
-                state = slot.state
-                new_state, decision = adjusted_state(limit, state, now, amount)
-                decision.policy = limit.name
-                if new_state is None:
-                    if off >= 0:
-                        delete(seg, region, find(seg, region, slot.digest, slot.home))
-                elif new_state is not state:
-                    expires = now + decision.reset_after
-                    if off >= 0:
-                        write(seg, region, off, expires, new_state)
-                    elif count(seg, region) < region.cap:
-                        insert(seg, region, slot.digest, slot.home, hold_of(limit), expires, new_state)
-                out.append(decision)
-        return out
+        return operations.adjust(seg, [self._slot(seg, key) for key in keys], limits, amounts, self.clock())
 
     def reset_now(self, keys: Sequence[str]) -> None:
         """Synchronous ``reset``.
@@ -405,17 +380,10 @@ class SharedMemoryStore(Store):
             keys: The storage keys to forget.
         """
         seg = self._segment()
-        slots = [self._slot(seg, key) for key in keys]
-        with seg.tlock, locked(seg, [s.region for s in slots]):
-            for slot in slots:
-                pos = find(seg, slot.region, slot.digest, slot.home)
-                if pos >= 0:
-                    delete(seg, slot.region, pos)
+        operations.reset(seg, [self._slot(seg, key) for key in keys])
 
     def clear_now(self) -> None:
-        seg = self._segment()
-        with seg.tlock, locked(seg, [*seg.regions, seg.overflow]):
-            clear_table(seg)
+        operations.clear(self._segment())
         self.overflowed = 0
 
     # The Store API: the synchronous methods, with an OS failure (a lock the kernel refused) as
@@ -466,8 +434,7 @@ class SharedMemoryStore(Store):
     # -- introspection ------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        seg = self._segment()
-        return sum(count(seg, region) for region in seg.regions)
+        return operations.live_keys(self._segment())
 
     def state_of(self, key: str) -> State | None:
         """The live state stored under ``key`` (for tests and stats).
@@ -476,11 +443,4 @@ class SharedMemoryStore(Store):
             key: A storage key.
         """
         seg = self._segment()
-        slot = self._slot(seg, key)
-        now = self.clock()
-        with seg.tlock, locked(seg, [slot.region]):
-            pos = find(seg, slot.region, slot.digest, slot.home)
-            if pos < 0:
-                return None
-            expires, state = read(seg, entry(seg, slot.region, pos))
-            return state if expires > now else None
+        return operations.state_of(seg, self._slot(seg, key), self.clock())
