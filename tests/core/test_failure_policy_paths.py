@@ -1,53 +1,23 @@
-"""Failure edges found by trying the package (issue 11): a delay rule when the store fails, WebSocket
-messages under fail-closed, custom 429 answers keeping their headers, and ``Breaker.adjust``."""
+"""The failure policy beyond the main check: a store or key function that fails while a delayed
+request is re-checked, while WebSocket messages are checked, or while a ban key is computed answers
+as ``on_error`` says (fail open: served; fail closed: 503 / close 1013), never with a 500."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import MutableMapping, Sequence
+import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
-from starlette.responses import PlainTextResponse
 
-from ratewarden import Decision, Limiter, MemoryStore, RateLimitMiddleware, Rule, Store, StoreError
-from ratewarden.charges import adjust
+from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
+from ratewarden.bans import Bans
 from ratewarden.delay import Delay
 from ratewarden.keys import header
-from ratewarden.limits import Limit, make_limits
 from ratewarden.policy import PolicyMiddleware, PolicyRule
-from ratewarden.stores.breaker import Breaker
-from ratewarden.stores.redis import RedisStore
 from tests.core.asgi import request
 from tests.policy.apps import build_app
-from tests.servers import RedisStandalone
-
-
-class FlakyStore(Store):
-    """A remote-style store (answers with a coroutine) over a ``MemoryStore`` that goes down
-    after ``up_for`` checks."""
-
-    def __init__(self, up_for: int) -> None:
-        self.memory = MemoryStore()
-        self.up_for = up_for
-        self.hits = 0
-
-    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        self.hits += 1
-        if self.hits > self.up_for:
-            raise StoreError("store went down")
-        return await self.memory.hit(keys, limits, costs)
-
-    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        return await self.memory.peek(keys, limits)
-
-    async def reset(self, keys: Sequence[str]) -> None:
-        await self.memory.reset(keys)
-
-    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        if self.hits >= self.up_for:
-            raise StoreError("store is down")
-        return await adjust(self.memory, keys, limits, amounts)
+from tests.stores.helpers import FlakyStore
 
 
 def _delayed_app(on_error: str) -> tuple[PolicyMiddleware, Delay, FlakyStore]:
@@ -133,83 +103,30 @@ async def test_websocket_messages_still_flow_under_fail_open() -> None:
     assert not [m for m in sent if m["type"] == "websocket.close"]
 
 
-def _slow_down(scope: Any, decision: Decision) -> PlainTextResponse:
-    return PlainTextResponse("slow down", 429)
+def broken_key(scope: MutableMapping[str, Any]) -> str:
+    raise RuntimeError("key service down")
 
 
-def _slow_down_with_retry(scope: Any, decision: Decision) -> PlainTextResponse:
-    return PlainTextResponse("slow down", 429, headers={"Retry-After": "99"})
+async def endpoint(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"served"})
 
 
-@pytest.mark.parametrize("middleware", [RateLimitMiddleware, PolicyMiddleware])
-async def test_custom_on_limit_answer_keeps_retry_after_and_rate_limit_headers(middleware: Any) -> None:
-    app = middleware(build_app(), Limiter(MemoryStore()), [Rule("/api/**", "1/min")], on_limit=_slow_down)
-    assert (await request(app, "/api/x")).status == 200
-    reply = await request(app, "/api/x")
-    assert reply.status == 429 and reply.body == b"slow down"
-    retry = reply.headers_named("retry-after")
-    assert len(retry) == 1 and 1 <= int(retry[0]) <= 60
-    assert reply.header("ratelimit-policy") is not None and reply.header("ratelimit") is not None
-    assert reply.header("x-ratelimit-remaining") == "0"
-
-
-@pytest.mark.parametrize("middleware", [RateLimitMiddleware, PolicyMiddleware])
-async def test_custom_on_limit_headers_are_not_duplicated(middleware: Any) -> None:
-    app = middleware(build_app(), Limiter(MemoryStore()), [Rule("/api/**", "1/min")], on_limit=_slow_down_with_retry,
-                     headers="on_limit", header_style="legacy")
-    await request(app, "/api/x")
-    reply = await request(app, "/api/x")
-    assert reply.status == 429
-    assert reply.headers_named("retry-after") == ["99"]  # the handler's own value wins
-    assert reply.headers_named("x-ratelimit-limit") == ["1"]
-    assert reply.header("ratelimit") is None  # header_style="legacy"
-
-
-async def _breaker_adjust_roundtrip(store: Store) -> None:
-    limits = make_limits("5/min", "fixed_window", "t")
-    key = f"rw:{{t|{uuid.uuid4().hex}}}:x"
-    breaker = Breaker(store)
-    assert (await breaker.hit([key], limits, [1.0])).remaining == 4
-    penalised = await adjust(breaker, [key], limits, [3.0])
-    assert penalised[0].remaining == 1
-    refunded = await adjust(breaker, [key], limits, [-2.0])
-    assert refunded[0].remaining == 3
-    assert (await store.peek([key], limits))[0].remaining == 3
-
-
-async def test_breaker_adjusts_through_to_the_memory_store() -> None:
-    await _breaker_adjust_roundtrip(MemoryStore())
-
-
-async def test_breaker_adjusts_through_to_redis(request: pytest.FixtureRequest) -> None:
-    server: RedisStandalone = request.getfixturevalue("redis_standalone")
-    store = RedisStore(server.url, timeout=5)
-    try:
-        await _breaker_adjust_roundtrip(store)
-    finally:
-        await store.close()
-
-
-async def test_breaker_adjust_uses_the_fallback_while_the_store_is_down() -> None:
-    limits = make_limits("5/min", "fixed_window", "t")
-    fallback = MemoryStore()
-    breaker = Breaker(FlakyStore(up_for=0), fallback=fallback)
-    assert (await adjust(breaker, ["k"], limits, [2.0]))[0].remaining == 3
-    assert (await fallback.peek(["k"], limits))[0].remaining == 3
-
-
-def _raising_key(scope: Any) -> str:
-    raise RuntimeError("key function bug")
-
-
-@pytest.mark.parametrize(("on_error", "status"), [("open", 200), ("closed", 503)])
-async def test_a_raising_ban_key_function_follows_the_failure_policy(on_error: str, status: int) -> None:
-    from ratewarden.bans import Bans
-
-    bans = Bans(after=1, duration=60, key=_raising_key)
-    app = PolicyMiddleware(build_app(), Limiter(MemoryStore(), on_error=on_error),  # type: ignore[arg-type]
-                           [Rule("/api/**", "1/min")], bans=bans)
-    first = await request(app, "/api/x")
-    second = await request(app, "/api/x")
-    assert first.status == status
-    assert second.status == (429 if on_error == "open" else 503)  # limits still apply when open
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+async def test_a_ban_key_function_that_raises_follows_the_failure_policy(
+    on_error: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It used to escape PolicyMiddleware as an HTTP 500 under either policy."""
+    monkeypatch.setattr("ratewarden.enforcement._last_error_log", -1e9)
+    limiter = Limiter(MemoryStore(), on_error=on_error)  # type: ignore[arg-type]
+    bans = Bans(after=1, within=60, duration=60, key=broken_key)
+    app = PolicyMiddleware(endpoint, limiter, [Rule("/x", "1/hour")], bans=bans)
+    with caplog.at_level(logging.WARNING, logger="ratewarden"):
+        replies = [await request(app, "/x") for _ in range(3)]
+    if on_error == "open":
+        # No ban check and no strike: the rule itself still limits.
+        assert [r.status for r in replies] == [200, 429, 429]
+    else:
+        assert [r.status for r in replies] == [503] * 3
+    assert any("ban key function" in r.getMessage() for r in caplog.records)
+    assert (await request(app, "/unrelated")).status == 200
