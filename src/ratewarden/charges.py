@@ -7,7 +7,8 @@ run with a negative cost, and a state that ends up with the whole limit availabl
 deleted (which is what "nothing used" means for every algorithm).
 
 Stores that can (``Store.can_adjust``, checked when ``charge=`` is configured) implement an
-``adjust(keys, limits, amounts)`` coroutine; ``MemoryStore`` is handled here directly.
+``adjust(keys, limits, amounts)`` coroutine with ``adjusted_state``; the local ones also a
+synchronous ``adjust_now``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from .algorithms import State
 from .decision import Decision
 from .limits import Limit
 from .stores.base import Store
-from .stores.memory import MemoryStore
 
 __all__ = ["Charge", "adjust", "adjusted_state"]
 
@@ -71,26 +71,6 @@ def adjusted_state(limit: Limit, state: State | None, now: float, amount: float)
     return new_state, decision
 
 
-def _adjust_memory(
-    store: MemoryStore, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]
-) -> list[Decision]:
-    now = store.clock()
-    out = []
-    data = store._data
-    with store._lock:
-        for key, limit, amount in zip(keys, limits, amounts, strict=True):
-            entry = data.get(key)
-            state = entry[1] if entry is not None and entry[0] > now else None
-            new_state, decision = adjusted_state(limit, state, now, amount)
-            decision.policy = limit.name
-            if new_state is None:
-                data.pop(key, None)
-            elif new_state is not state and (entry is not None or len(data) < store.max_keys):
-                data[key] = (now + decision.reset_after, new_state)
-            out.append(decision)
-    return out
-
-
 async def adjust(store: Store, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
     """Charge (positive) or refund (negative) ``amounts`` on ``keys``, never denying.
 
@@ -100,8 +80,6 @@ async def adjust(store: Store, keys: Sequence[str], limits: Sequence[Limit], amo
         limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
         amounts: Units per key: positive charges, negative refunds.
     """
-    if isinstance(store, MemoryStore):  # its table is edited here, with the pure algorithms
-        return _adjust_memory(store, keys, limits, amounts)
     return await store.adjust(keys, limits, amounts)  # Store.adjust raises for a store that cannot
 
 

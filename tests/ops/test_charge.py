@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -12,6 +13,7 @@ from ratewarden.algorithms import ALGORITHMS
 from ratewarden.charges import Charge, adjust
 from ratewarden.limits import make_limits
 from ratewarden.policy import PolicyMiddleware, parse_policy
+from ratewarden.stores.base import Store
 from tests.servers import Memcached
 
 from ..policy.apps import build_app, client
@@ -52,6 +54,29 @@ async def test_refund_restores_the_allowance(algorithm: str) -> None:
     assert (await store.peek(keys, limits))[0].remaining == 5
     assert store.hit_now(keys, limits, [5.0]).allowed
     assert not store.hit_now(keys, limits, [1.0]).allowed
+
+
+
+def _breaker(store: MemoryStore) -> Store:
+    from ratewarden.stores.breaker import Breaker
+
+    return Breaker(store)
+
+
+@pytest.mark.parametrize("wrap", [lambda store: store, _breaker], ids=["bare", "breaker"])
+async def test_a_memory_store_refunds_through_its_own_adjust(wrap: Callable[[MemoryStore], Store]) -> None:
+    """No ``isinstance(store, MemoryStore)`` in ``charges``: ``MemoryStore.adjust`` itself refunds,
+    called bare, through ``charges.adjust``, or through a wrapper."""
+    memory = MemoryStore(clock=lambda: 1000.5)
+    store = wrap(memory)
+    limits = make_limits("5/min", "gcra")
+    for _ in range(4):
+        assert memory.hit_now(["k"], limits, [1.0]).allowed
+    assert (await store.adjust(["k"], limits, [-1.0]))[0].remaining == 2
+    assert (await adjust(store, ["k"], limits, [-1.0]))[0].remaining == 3
+    assert memory.adjust_now(["k"], limits, [2.0])[0].remaining == 1  # a penalty, synchronously
+    assert memory.adjust_now(["k"], limits, [-9.0])[0].remaining == 5
+    assert memory.state_of("k") is None  # the whole limit back: the key is gone
 
 
 def test_charge_statuses() -> None:
@@ -140,3 +165,18 @@ def test_a_reload_the_store_cannot_serve_keeps_the_old_policy(tmp_path) -> None:
     assert app.reload() is False
     assert app.reloader is not None and "cannot" in str(app.reloader.last_error)
     assert [r.name for r in app.rules.rules] == ["api"]
+
+
+async def test_an_adjust_with_a_limit_the_table_cannot_hold_changes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every limit is checked before the first key is touched: all or nothing, as a check is."""
+    from ratewarden import ConfigurationError
+    from ratewarden.stores.shared_memory import SharedMemoryStore
+    from tests.shm import unique_name
+
+    store = SharedMemoryStore(unique_name(), max_keys=100, directory=tmp_path, log_size=10)
+    fits, too_big = make_limits("5/min", "gcra")[0], make_limits("50/min", "sliding_log")[0]
+    assert store.hit_now(["a"], [fits], [3.0]).remaining == 2
+    with pytest.raises(ConfigurationError, match="log_size"):
+        await store.adjust(["a", "b"], [fits, too_big], [-3.0, 1.0])
+    assert (await store.peek(["a"], [fits]))[0].remaining == 2  # not refunded
+    await store.close()

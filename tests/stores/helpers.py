@@ -1,15 +1,18 @@
-"""Store factories and the multi-process client used by the store tests."""
+"""Store factories, the multi-process client and a store that goes down (``FlakyStore``), used by
+the store tests and the failure-policy tests."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ratewarden.algorithms import ALGORITHMS
+from ratewarden.decision import Decision
 from ratewarden.limits import Limit
 from ratewarden.rates import Rate
-from ratewarden.stores.base import Store
+from ratewarden.stores.base import Store, StoreError
+from ratewarden.stores.memory import MemoryStore
 
 ALGORITHM_NAMES = list(ALGORITHMS)
 KINDS = ["redis", "cluster", "sentinel", "memcached", "shm"]
@@ -61,3 +64,30 @@ def client_process(kind: str, url: str, prefix: str, index: int, barrier: Any, o
     except BaseException as exc:  # report instead of leaving the parent waiting on the queue
         out.put((index, f"{type(exc).__name__}: {exc}"))
         raise
+
+
+class FlakyStore(Store):
+    """A remote-style store (answers with a coroutine) over a ``MemoryStore`` that goes down
+    after ``up_for`` checks."""
+
+    def __init__(self, up_for: int) -> None:
+        self.memory = MemoryStore()
+        self.up_for = up_for
+        self.hits = 0
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        self.hits += 1
+        if self.hits > self.up_for:
+            raise StoreError("store went down")
+        return await self.memory.hit(keys, limits, costs)
+
+    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        return await self.memory.peek(keys, limits)
+
+    async def reset(self, keys: Sequence[str]) -> None:
+        await self.memory.reset(keys)
+
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        if self.hits >= self.up_for:
+            raise StoreError("store is down")
+        return await self.memory.adjust(keys, limits, amounts)

@@ -1,4 +1,5 @@
-"""The contract every store fulfils: atomic all-or-nothing checks of several limits."""
+"""The contract every store fulfils: atomic all-or-nothing checks of several limits, and the one
+place a store's client failures become ``StoreError`` (``client_error``, ``no_reply``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ..decision import Decision
 from ..errors import ConfigurationError, StoreError
 from ..limits import Limit
 
-__all__ = ["Capability", "Store", "StoreError", "combine"]
+__all__ = ["Capability", "Store", "StoreError", "client_error", "combine", "no_reply"]
 
 Capability = Literal["local", "adjust", "server_clock"]
 _ABILITIES = {
@@ -42,6 +43,19 @@ class Store(ABC):
     can_adjust: ClassVar[bool] = False
     #: Time comes from the store's server, one clock for every process that uses it.
     server_clock: ClassVar[bool] = False
+    #: What the store's client raises when the store cannot answer; each store catches these where
+    #: it calls its client (no wrapper around the check) and raises ``self.store_error(...)``.
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+
+    def store_error(self, operation: str, exc: BaseException) -> StoreError:
+        """``exc`` (one of ``client_errors``) as a ``StoreError`` naming this store and ``operation``,
+        with ``exc`` as its ``__cause__``; a ``StoreError`` is returned as is.
+
+        Args:
+            operation: What failed (``"hit"``, ``"peek"``, ``"adjust"``, ``"reset"``, ``"clear"``).
+            exc: The client's exception.
+        """
+        return client_error(repr(self), operation, exc)
 
     def supports(self, capability: Capability) -> bool:
         """Whether this store has ``capability`` (``"local"``, ``"adjust"``, ``"server_clock"``).
@@ -121,6 +135,16 @@ class Store(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no synchronous peek")
 
+    def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Synchronous ``adjust`` for local stores that can adjust.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units to charge to each key; negative gives them back (a refund).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous adjust")
+
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Apply ``amounts[i]`` to ``keys[i]`` without a limit check; stores with ``can_adjust``.
 
@@ -139,6 +163,43 @@ class Store(ABC):
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
         return None
+
+
+def client_error(store: str, operation: str, exc: BaseException) -> StoreError:
+    """``exc``, a store client's failure, as a ``StoreError``: ``<store>: <operation>: <type>: <text>``,
+    plus the root cause when the client left it out of its message (older redis-py omits e.g. the SSL
+    verification error). ``exc`` is the ``__cause__`` (set here too: some errors reach their callers
+    through a future, not a ``raise ... from``). A ``StoreError`` is returned as is.
+
+    Args:
+        store: The store, as its ``repr`` shows it (password hidden).
+        operation: What failed (``"hit"``, ``"peek"``, ...).
+        exc: The client's exception.
+    """
+    if isinstance(exc, StoreError):
+        return exc
+    message = f"{type(exc).__name__}: {exc}"
+    root: BaseException = exc
+    seen = {id(exc)}
+    while (inner := root.__cause__ or root.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        root = inner
+    if root is not exc and str(root) not in message:
+        message += f" ({type(root).__name__}: {root})"
+    error = StoreError(f"{store}: {operation}: {message}")
+    error.__cause__ = exc
+    return error
+
+
+def no_reply(store: str, operation: str, timeout: float) -> StoreError:
+    """The ``StoreError`` for a store that did not answer within ``timeout`` seconds.
+
+    Args:
+        store: The store, as its ``repr`` shows it.
+        operation: What timed out.
+        timeout: The time allowed, in seconds.
+    """
+    return StoreError(f"{store}: {operation}: no reply within {timeout * 1000:g} ms")
 
 
 def combine(decisions: Sequence[Decision]) -> Decision:

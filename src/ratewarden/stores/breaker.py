@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from ..decision import Decision
+from ..errors import ConfigurationError
 from ..limits import Limit
 from .base import Capability, Store, StoreError
 from .deadline import wait_for_store
@@ -56,11 +57,11 @@ class Breaker(Store):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if failures < 1:
-            raise ValueError(f"failures must be at least 1, got {failures}")
+            raise ConfigurationError(f"failures must be at least 1, got {failures}")
         if not cooldown > 0:
-            raise ValueError(f"cooldown must be positive, got {cooldown!r}")
+            raise ConfigurationError(f"cooldown must be positive, got {cooldown!r}")
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be positive or None, got {timeout!r}")
+            raise ConfigurationError(f"timeout must be positive or None, got {timeout!r}")
         self.store = store
         self.failures = failures
         self.cooldown = cooldown

@@ -34,8 +34,9 @@ from typing import Any, TypeVar
 
 from ..algorithms import State
 from ..decision import Decision
+from ..errors import ConfigurationError
 from ..limits import Limit
-from .base import Store, StoreError, combine
+from .base import Store, StoreError, combine, no_reply
 from .deadline import wait_for_store
 from .urls import parse_store_url
 
@@ -129,6 +130,7 @@ class MemcachedStore(Store):
     """
 
     can_adjust = True
+    client_errors = (OSError, aiomcache.exceptions.ClientException, RuntimeError)  # RuntimeError: another loop
 
     def __init__(
         self,
@@ -141,14 +143,18 @@ class MemcachedStore(Store):
     ) -> None:
         cfg = parse_store_url(url, ("memcached",))
         if len(cfg.hosts) != 1:
-            raise ValueError(f"store URL {cfg.text!r}: MemcachedStore takes exactly one host:port")
+            raise ConfigurationError(
+                f"store URL {cfg.text!r}: MemcachedStore takes exactly one host:port, got {len(cfg.hosts)}"
+            )
         self.url = cfg.text
         self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.05))  # type: ignore[arg-type]
         size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
         if not self.timeout > 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout!r} seconds")
-        if size < 1 or retries < 1:
-            raise ValueError("pool_size and retries must be at least 1")
+            raise ConfigurationError(f"{self!r}: timeout must be positive, got {self.timeout!r} seconds")
+        if size < 1:
+            raise ConfigurationError(f"{self!r}: pool_size must be at least 1, got {size}")
+        if retries < 1:
+            raise ConfigurationError(f"{self!r}: retries must be at least 1, got {retries}")
         self.retries = retries
         self.clock = clock
         host, port = cfg.hosts[0]
@@ -162,7 +168,7 @@ class MemcachedStore(Store):
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         mkeys = [memcached_key(k) for k in keys]
-        return await self._run(mkeys, lambda: self._cas_hit(mkeys, limits, costs))
+        return await self._run(mkeys, lambda: self._cas_hit(mkeys, limits, costs), "hit")
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Charge (positive) or refund (negative) ``amounts[i]`` on ``keys[i]`` without a limit
@@ -170,20 +176,21 @@ class MemcachedStore(Store):
         if not len(keys) == len(limits) == len(amounts):
             raise ValueError("adjust: keys, limits and amounts must have the same length")
         mkeys = [memcached_key(k) for k in keys]
-        return await self._run(mkeys, lambda: self._cas_adjust(mkeys, limits, amounts))
+        return await self._run(mkeys, lambda: self._cas_adjust(mkeys, limits, amounts), "adjust")
 
-    async def _run(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]]) -> _T:
-        """``operation`` under this process's per-key locks, with the timeout and error mapping."""
-        return await self._bounded(self._locked(mkeys, operation))
+    async def _run(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]], name: str) -> _T:
+        """``operation`` (called ``name`` in errors) under this process's per-key locks, with the
+        timeout and error mapping."""
+        return await self._bounded(self._locked(mkeys, operation), name)
 
-    async def _bounded(self, awaitable: Awaitable[_T]) -> _T:
-        """``awaitable`` within the timeout, every failure as ``StoreError``."""
+    async def _bounded(self, awaitable: Awaitable[_T], operation: str) -> _T:
+        """``awaitable`` within the timeout, every failure as ``StoreError`` naming ``operation``."""
         try:
             return await wait_for_store(awaitable, self.timeout)
         except asyncio.TimeoutError:
-            raise StoreError(f"memcached store {self.url}: no reply within {self.timeout * 1000:g} ms") from None
-        except (OSError, aiomcache.exceptions.ClientException, RuntimeError) as exc:  # RuntimeError: another loop
-            raise StoreError(f"memcached store {self.url}: {type(exc).__name__}: {exc}") from exc
+            raise no_reply(repr(self), operation, self.timeout) from None
+        except self.client_errors as exc:
+            raise self.store_error(operation, exc) from exc
 
     async def _locked(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]]) -> _T:
         ordered = sorted(set(mkeys))
@@ -239,7 +246,7 @@ class MemcachedStore(Store):
                     break
                 self.cas_conflicts += 1
             else:
-                raise StoreError(f"memcached store {self.url}: gave up after {self.retries} compare-and-swap conflicts")
+                raise StoreError(f"{self!r}: adjust: gave up after {self.retries} compare-and-swap conflicts")
             out.append(decision)
         return out
 
@@ -288,7 +295,7 @@ class MemcachedStore(Store):
                 # caller gets no answer, so nothing may stay charged.
                 await self._undo_interrupted(written, landing)
                 raise
-        raise StoreError(f"memcached store {self.url}: gave up after {self.retries} compare-and-swap conflicts")
+        raise StoreError(f"{self!r}: hit: gave up after {self.retries} compare-and-swap conflicts")
 
     async def _undo_interrupted(self, writes: list[_Undo], landing: asyncio.Future[bool] | None) -> None:
         """Put back ``writes`` in a task of its own (this one is being cancelled), once the write
@@ -327,7 +334,7 @@ class MemcachedStore(Store):
                 await self._client.cas(key, old, token, expiry(decision.reset_after, time.time()))
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        values = await self._bounded(self._get_all([memcached_key(k) for k in keys]))
+        values = await self._bounded(self._get_all([memcached_key(k) for k in keys]), "peek")
         now = self.clock()
         out = []
         for value, limit in zip(values, limits, strict=False):
@@ -340,7 +347,7 @@ class MemcachedStore(Store):
         return [await self._client.get(k) for k in mkeys]
 
     async def reset(self, keys: Sequence[str]) -> None:
-        await self._bounded(self._delete_all([memcached_key(k) for k in keys]))
+        await self._bounded(self._delete_all([memcached_key(k) for k in keys]), "reset")
 
     async def _delete_all(self, mkeys: list[bytes]) -> None:
         for key in mkeys:
@@ -349,7 +356,7 @@ class MemcachedStore(Store):
     async def clear(self) -> None:
         """Memcached cannot list keys, so this empties the whole instance (``flush_all``):
         give ratewarden a memcached of its own if you use it."""
-        await self._bounded(self._client.flush_all())
+        await self._bounded(self._client.flush_all(), "clear")
 
     async def close(self) -> None:
         for task in list(self._undoing):  # give pending put-backs their (bounded) time

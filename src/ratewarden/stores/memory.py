@@ -47,7 +47,7 @@ class MemoryStore(Store):
     """
 
     local = True
-    can_adjust = True  # through ratewarden.charges, which edits the table directly
+    can_adjust = True
 
     def __init__(self, max_keys: int = 1_000_000, clock: Callable[[], float] = time.time) -> None:
         if max_keys < 1:
@@ -190,3 +190,32 @@ class MemoryStore(Store):
         """
         entry = self._data.get(key)
         return entry[1] if entry is not None and entry[0] > self.clock() else None
+
+    def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Charge (positive) or refund (negative) without denying (``charges.adjusted_state``).
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units per key: positive charges, negative refunds.
+        """
+        from ..charges import adjusted_state  # charges imports the stores package: import on use
+
+        now = self.clock()
+        out = []
+        data = self._data
+        with self._lock:
+            for key, limit, amount in zip(keys, limits, amounts, strict=True):
+                entry = data.get(key)
+                state = entry[1] if entry is not None and entry[0] > now else None
+                new_state, decision = adjusted_state(limit, state, now, amount)
+                decision.policy = limit.name
+                if new_state is None:
+                    data.pop(key, None)
+                elif new_state is not state and (entry is not None or len(data) < self.max_keys):
+                    data[key] = (now + decision.reset_after, new_state)
+                out.append(decision)
+        return out
+
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        return self.adjust_now(keys, limits, amounts)

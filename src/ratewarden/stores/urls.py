@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ..errors import ConfigurationError
+
 if TYPE_CHECKING:
     from .base import Store
 
@@ -107,18 +109,18 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
         allowed: The kinds the calling store supports.
     """
     if not isinstance(url, str):
-        raise ValueError(f"store URL must be a string, got {type(url).__name__}")
+        raise ConfigurationError(f"store URL must be a string, got {type(url).__name__}")
     text = redact(url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     kind_tls = _KINDS.get(scheme)
     if kind_tls is None or kind_tls[0] not in allowed:
         schemes = ", ".join(f"{s}://" for s, (k, _) in _KINDS.items() if k in allowed)
-        raise ValueError(f"unsupported store URL {text!r}: the scheme must be one of {schemes}")
+        raise ConfigurationError(f"unsupported store URL {text!r}: the scheme must be one of {schemes}")
     kind, tls = kind_tls
     hostpart = parts.netloc.rsplit("@", 1)[-1]
     if not hostpart:
-        raise ValueError(f"store URL {text!r} names no host (e.g. {scheme}://127.0.0.1:{_DEFAULT_PORTS[kind]})")
+        raise ConfigurationError(f"store URL {text!r} names no host (e.g. {scheme}://127.0.0.1:{_DEFAULT_PORTS[kind]})")
     hosts = []
     for item in hostpart.split(","):
         if item.startswith("["):  # [ipv6]:port
@@ -129,7 +131,7 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
         try:
             hosts.append((host, int(port) if port else _DEFAULT_PORTS[kind]))
         except ValueError:
-            raise ValueError(f"store URL {text!r}: bad port {port!r} in {item!r}") from None
+            raise ConfigurationError(f"store URL {text!r}: bad port {port!r} in {item!r}") from None
     result = StoreURL(kind=kind, hosts=hosts, tls=tls, text=text)
     if "@" in parts.netloc:
         userinfo = parts.netloc.rsplit("@", 1)[0]
@@ -137,36 +139,47 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
         result.username = unquote(user) or None
         result.password = unquote(password) if sep else None
     path = [p for p in parts.path.split("/") if p]
-    try:
-        if kind == "sentinel":
-            if not path:
-                raise ValueError(
-                    f"store URL {text!r} names no Sentinel service: use "
-                    f"redis+sentinel://host:26379/<service name>[/<db>]"
-                )
-            result.service = unquote(path[0])
-            result.db = int(path[1]) if len(path) > 1 else 0
-        elif kind == "standalone":
-            result.db = int(path[0]) if path else 0
-        elif path and kind == "cluster" and path != ["0"]:
-            raise ValueError(f"store URL {text!r}: Redis Cluster has only database 0")
-    except ValueError as exc:
-        if "store URL" in str(exc):
-            raise
-        raise ValueError(f"store URL {text!r}: the database must be a number, got {parts.path!r}") from None
+    if kind == "sentinel":
+        if not path:
+            raise ConfigurationError(
+                f"store URL {text!r} names no Sentinel service: use "
+                f"redis+sentinel://host:26379/<service name>[/<db>]"
+            )
+        result.service = unquote(path[0])
+        result.db = _database(text, path[1:])
+    elif kind == "standalone":
+        result.db = _database(text, path)
+    elif path and kind == "cluster" and path != ["0"]:
+        raise ConfigurationError(f"store URL {text!r}: Redis Cluster has only database 0, got {parts.path!r}")
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         kind_of = OPTIONS.get(name)
         if kind_of is None or (kind == "memcached" and name.startswith(("ssl_", "sentinel_", "client_"))):
             known = ", ".join(n for n in OPTIONS if kind != "memcached" or not n.startswith(("ssl_", "sentinel_", "client_")))
-            raise ValueError(f"store URL {text!r}: unknown option {name!r}; known options: {known}")
+            raise ConfigurationError(f"store URL {text!r}: unknown option {name!r}; known options: {known}")
         try:
             converted = kind_of(value)
         except ValueError:
-            raise ValueError(f"store URL {text!r}: option {name}={value!r} must be a {kind_of.__name__}") from None
+            raise ConfigurationError(f"store URL {text!r}: option {name}={value!r} must be a {kind_of.__name__}") from None
         if isinstance(converted, (int, float)) and converted < 0:
-            raise ValueError(f"store URL {text!r}: option {name}={value!r} must not be negative")
+            raise ConfigurationError(f"store URL {text!r}: option {name}={value!r} must not be negative")
         result.options[name] = converted
     return result
+
+
+def _database(text: str, path: list[str]) -> int:
+    """The database number a URL's path names (``0`` when it names none).
+
+    Args:
+        text: The URL with its password hidden, for the message.
+        path: The path's segments after any Sentinel service name.
+    """
+    if not path:
+        return 0
+    if len(path) > 1 or not (path[0].isascii() and path[0].isdigit()):
+        raise ConfigurationError(
+            f"store URL {text!r}: the database must be a number, got {'/'.join(path)!r} (e.g. /0)"
+        )
+    return int(path[0])
 
 
 #: Options of ``shm://<name>`` and ``memory://`` URLs, with their types.
@@ -174,6 +187,7 @@ LOCAL_OPTIONS: dict[str, dict[str, type]] = {
     "shm": {"max_keys": int, "log_size": int, "directory": str},
     "memory": {"max_keys": int},
 }
+_LOCAL_LEAST = {"max_keys": 1, "log_size": 0}  # the smallest value each numeric option accepts
 
 
 def parse_local_url(url: str) -> tuple[str, str, dict[str, object]]:
@@ -184,31 +198,34 @@ def parse_local_url(url: str) -> tuple[str, str, dict[str, object]]:
         url: A ``shm://`` or ``memory://`` URL.
     """
     if not isinstance(url, str):
-        raise ValueError(f"store URL must be a string, got {type(url).__name__}")
+        raise ConfigurationError(f"store URL must be a string, got {type(url).__name__}")
     parts = urlsplit(url)
     kind = parts.scheme.lower()
     known = LOCAL_OPTIONS.get(kind)
     if known is None:
-        raise ValueError(f"unsupported store URL {url!r}: expected shm://<name> or memory://")
+        raise ConfigurationError(f"unsupported store URL {url!r}: expected shm://<name> or memory://")
     name = unquote(parts.netloc + parts.path).strip("/")
     if kind == "shm" and not name:
-        raise ValueError(f"store URL {url!r} names no table: use shm://<name>[?max_keys=65536]")
+        raise ConfigurationError(f"store URL {url!r} names no table: use shm://<name>[?max_keys=65536]")
     if kind == "memory" and name:
-        raise ValueError(f"store URL {url!r}: memory:// takes no name (use memory://?max_keys=N)")
+        raise ConfigurationError(f"store URL {url!r}: memory:// takes no name (use memory://?max_keys=N)")
     options: dict[str, object] = {}
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         kind_of = known.get(key)
         if kind_of is None:
-            raise ValueError(f"store URL {url!r}: unknown option {key!r}; known options: {', '.join(known)}")
+            raise ConfigurationError(f"store URL {url!r}: unknown option {key!r}; known options: {', '.join(known)}")
         try:
-            options[key] = kind_of(value)
+            options[key] = converted = kind_of(value)
         except ValueError:
-            raise ValueError(f"store URL {url!r}: option {key}={value!r} must be a {kind_of.__name__}") from None
+            raise ConfigurationError(f"store URL {url!r}: option {key}={value!r} must be a {kind_of.__name__}") from None
+        least = _LOCAL_LEAST.get(key)
+        if least is not None and converted < least:
+            raise ConfigurationError(f"store URL {url!r}: option {key}={value!r} must be at least {least}")
     return kind, name, options
 
 
 def check_store_url(url: str) -> None:
-    """Raise ``ValueError`` if ``url`` is not a store URL ratewarden understands (nothing is opened).
+    """Raise ``ConfigurationError`` (a ``ValueError``) if ``url`` is not a store URL ratewarden understands (nothing is opened).
 
     Args:
         url: The URL to check.

@@ -1,13 +1,12 @@
-"""Failures of the Redis client as ``StoreError``: the one place their messages are built.
-
-Every message starts ``redis store <url>:``; a client exception keeps its type and text, plus
-its root cause when the client left it out (older redis-py omits e.g. the SSL verification
-error), and stays the ``StoreError``'s ``__cause__``.
+"""What the Redis client raises, and the ``StoreError`` helpers for the parts of ``RedisStore``
+that hold its URL rather than the store (the pipeline): they name the store as its ``repr`` does
+and use the one mapping in ``stores.base`` (``client_error``, ``no_reply``).
 """
 
 from __future__ import annotations
 
 from ...errors import StoreError
+from ..base import client_error, no_reply
 from .protocol import Reply
 
 try:
@@ -15,7 +14,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
-__all__ = ["CLIENT_ERRORS", "CONNECTION_ERRORS", "bad_reply", "pool_busy", "store_error", "timed_out"]
+__all__ = ["CLIENT_ERRORS", "CONNECTION_ERRORS", "bad_reply", "pool_busy", "store_error", "store_name", "timed_out"]
 
 #: What the client raises when the server cannot be reached or answers with an error.
 CONNECTION_ERRORS = (RedisError, OSError)
@@ -23,35 +22,31 @@ CONNECTION_ERRORS = (RedisError, OSError)
 CLIENT_ERRORS = (RedisError, OSError, RuntimeError)
 
 
-def store_error(url: str, exc: BaseException) -> StoreError:
+def store_name(url: str) -> str:
+    """How messages name the store at ``url`` (its ``repr``; the URL's password already hidden)."""
+    return f"RedisStore({url!r})"
+
+
+def store_error(url: str, exc: BaseException, operation: str = "pipelined call") -> StoreError:
     """``exc`` (a client failure) as a ``StoreError`` naming the store; one already is as is."""
-    if isinstance(exc, StoreError):
-        return exc
-    message = f"{type(exc).__name__}: {exc}"
-    root = exc  # the reason itself (e.g. the SSL verification error), which older redis-py omits
-    while (root.__cause__ or root.__context__) is not None and root is not (root.__cause__ or root.__context__):
-        root = root.__cause__ or root.__context__  # type: ignore[assignment]
-    if root is not exc and str(root) not in message:
-        message += f" ({type(root).__name__}: {root})"
-    error = StoreError(f"redis store {url}: {message}")
-    error.__cause__ = exc  # also where the error reaches its callers through a future, not a raise
-    return error
+    return client_error(store_name(url), operation, exc)
 
 
-def timed_out(url: str, timeout: float) -> StoreError:
+def timed_out(url: str, timeout: float, operation: str = "pipelined call") -> StoreError:
     """No reply within ``timeout`` seconds."""
-    return StoreError(f"redis store {url}: no reply within {timeout * 1000:g} ms")
+    return no_reply(store_name(url), operation, timeout)
 
 
-def pool_busy(url: str, timeout: float, connections: int, pool_size: int) -> StoreError:
+def pool_busy(url: str, operation: str, timeout: float, connections: int, pool_size: int) -> StoreError:
     """No reply within ``timeout`` seconds, part of them spent waiting for one of the pool's
     ``connections`` (more checks at once than the pool has connections)."""
     return StoreError(
-        f"redis store {url}: no reply within {timeout * 1000:g} ms, part of it spent waiting for a free"
-        f" connection: all {connections} connections of the client's pool were busy (pool_size={pool_size})"
+        f"{store_name(url)}: {operation}: no reply within {timeout * 1000:g} ms, part of it spent waiting"
+        f" for a free connection: all {connections} connections of the client's pool were busy"
+        f" (pool_size={pool_size})"
     )
 
 
 def bad_reply(url: str, reply: Reply) -> StoreError:
     """A script reply of the wrong shape (raise it from the decoding error)."""
-    return StoreError(f"redis store {url}: unexpected script reply {reply!r}")
+    return StoreError(f"{store_name(url)}: unexpected script reply {reply!r}")

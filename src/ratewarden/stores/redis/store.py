@@ -13,13 +13,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...decision import Decision
+from ...errors import ConfigurationError
 from ...limits import Limit
-from ..base import Store, combine
+from ..base import Store, combine, no_reply
 from ..deadline import wait_for_store
 from ..urls import parse_store_url
 from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
-from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, pool_busy, store_error, timed_out
+from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, pool_busy, store_name
 from .gate import ConnectionGate, Turn
 from .pipeline import Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
@@ -28,6 +29,7 @@ from .topology import close_client, make_client, pool_limit, slot_groups, spans_
 __all__ = ["RedisStore"]
 
 _CACHE_MAX = 100_000  # rejections remembered at most; expired ones are pruned first when full
+_OPERATIONS = {"h": "hit", "p": "peek", "a": "adjust"}  # script modes, as error messages name them
 
 
 class RedisStore(Store):
@@ -51,6 +53,7 @@ class RedisStore(Store):
 
     can_adjust = True
     server_clock = True  # the scripts read the server's TIME (one clock for every process)
+    client_errors = CLIENT_ERRORS
 
     def __init__(
         self,
@@ -75,13 +78,13 @@ class RedisStore(Store):
         self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
         self.cache_rejections = bool(cache if cache is not None else cfg.option("cache", 1))
         if not self.timeout > 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout!r} seconds")
+            raise ConfigurationError(f"{self!r}: timeout must be positive, got {self.timeout!r} seconds")
         if self.pool_size < 1:
-            raise ValueError(f"pool_size must be at least 1, got {self.pool_size}")
+            raise ConfigurationError(f"{self!r}: pool_size must be at least 1, got {self.pool_size}")
         for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
             path = cfg.options.get(name)
             if path is not None and not os.path.isfile(str(path)):
-                raise ValueError(f"store URL {self.url!r}: {name} file {path!r} does not exist")
+                raise ConfigurationError(f"store URL {self.url!r}: {name} file {path!r} does not exist")
         self.prefix = prefix
         self.clock = clock
         self._cluster = cfg.kind == "cluster"
@@ -111,7 +114,7 @@ class RedisStore(Store):
         self.cached_rejections = 0  # checks answered from the rejection cache
 
     def __repr__(self) -> str:
-        return f"RedisStore({self.url!r})"
+        return store_name(self.url)
 
     # -- the check -------------------------------------------------------------------------
 
@@ -199,7 +202,7 @@ class RedisStore(Store):
             replies = [await self._request(mode, keys, limits, costs)]
         else:
             turn = Turn()
-            replies = await self._call(self._eval_per_slot(turn, mode, groups, keys, limits, costs), turn)
+            replies = await self._call(self._eval_per_slot(turn, mode, groups, keys, limits, costs), turn, mode)
         out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
         for idx, reply in zip(groups, replies, strict=False):
             for j, i in enumerate(idx):
@@ -245,7 +248,7 @@ class RedisStore(Store):
     ) -> Awaitable[Reply]:
         """One script call on its own (not coalescing), bounded by the timeout."""
         turn = Turn()
-        return self._call(self._eval_one(turn, mode, keys, limits, costs), turn)
+        return self._call(self._eval_one(turn, mode, keys, limits, costs), turn, mode)
 
     async def _eval_one(
         self, turn: Turn, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
@@ -264,18 +267,20 @@ class RedisStore(Store):
         if self._script_clock.unknown:
             await self._script_clock.measure(self._client.time, samples=2)
 
-    async def _call(self, coro: Any, turn: Turn) -> Any:
+    async def _call(self, coro: Any, turn: Turn, operation: str) -> Any:
         """Await a client call within the timeout, turning every failure into ``StoreError`` (one
-        naming the pool's limit when the call waited for a connection)."""
+        naming the pool's limit when the call waited for a connection; ``operation``: a script
+        mode, ``"h"``, ``"p"``, ``"a"``, or the operation's name)."""
         self._busy += 1
         try:
             return await wait_for_store(coro, self.timeout)
         except asyncio.TimeoutError:
+            name = _OPERATIONS.get(operation, operation)
             if turn.waited:
-                raise pool_busy(self.url, self.timeout, self._gate.size, self.pool_size) from None
-            raise timed_out(self.url, self.timeout) from None
-        except CLIENT_ERRORS as exc:
-            raise store_error(self.url, exc) from exc
+                raise pool_busy(self.url, name, self.timeout, self._gate.size, self.pool_size) from None
+            raise no_reply(repr(self), name, self.timeout) from None
+        except self.client_errors as exc:
+            raise self.store_error(_OPERATIONS.get(operation, operation), exc) from exc
         finally:
             self._busy -= 1
             if self._closed and not self._busy:
@@ -337,9 +342,11 @@ class RedisStore(Store):
             return
         turn = Turn()
         if self._cluster:
-            await self._call(asyncio.gather(*(self._gate.run(turn, self._client.delete, key) for key in keys)), turn)
+            await self._call(
+                asyncio.gather(*(self._gate.run(turn, self._client.delete, key) for key in keys)), turn, "reset"
+            )
         else:
-            await self._call(self._gate.run(turn, self._client.delete, *keys), turn)
+            await self._call(self._gate.run(turn, self._client.delete, *keys), turn, "reset")
 
     async def clear(self) -> None:
         """Delete every ``<prefix>:*`` key (on every primary of a cluster)."""
@@ -366,7 +373,7 @@ class RedisStore(Store):
         try:
             await scan_and_delete()
         except CONNECTION_ERRORS as exc:  # not bounded by the timeout: a large scan takes long
-            raise store_error(self.url, exc) from exc
+            raise self.store_error("clear", exc) from exc
 
     async def _delete_many(self, turn: Turn, keys: list[Any]) -> None:
         if self._cluster:

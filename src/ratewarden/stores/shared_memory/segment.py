@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..._mypyc import mypyc_attr
+from ...errors import ConfigurationError
 from .errors import SharedMemoryError
 from .layout import (
     E_FLOATS,
@@ -56,7 +57,7 @@ def segment_path(name: str, directory: str | os.PathLike[str] | None = None) -> 
             directory.
     """
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(
+        raise ConfigurationError(
             f"shared-memory store name must be 1-100 letters, digits, '_', '-' or '.', got {name!r}"
         )
     if directory is None:

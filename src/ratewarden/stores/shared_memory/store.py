@@ -1,9 +1,15 @@
-"""``SharedMemoryStore``: the ``Store`` on the shared table: hit, peek, adjust, reset, clear, the
-``max_keys`` bound and the overflow allowance a full region charges new keys to.
+"""``SharedMemoryStore``: the ``Store`` on the shared table: the check, the ``max_keys`` bound and
+the overflow allowance a full region charges new keys to; peek, adjust, reset, clear and the
+introspection are ``operations.py``, called from here.
 
 ``hit_now`` on one key is the hot path: it inlines the lock, the probe and the state rewrite, or
 hands them to the C helpers (``_native.c``) when built (``locks.py``, ``table.py`` hold the general
 versions every other path uses).
+
+Over ~400 lines (about 440) on purpose: the inlined ``hit_now`` is about 100 of them, and the
+module globals it reads (``_lockf``, the mutex functions, ``_forks``) and what rebinds them
+(``_attach``, ``_count_fork``) must live in this module; moving more out would leave one-line
+forwarding methods or cost the check a call.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from typing import Final
 from ..._mypyc import mypyc_attr
 from ...algorithms import State
 from ...decision import Decision
+from ...errors import ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine
+from . import operations
 from .errors import SharedMemoryError
 from .layout import (
     BODY_HEAD,
@@ -46,8 +54,7 @@ from .locks import unlock as unlock_region
 from .mutex import robust_mutexes
 from .segment import Segment, attach, detach, segment_path
 from .slots import Slot, charge_all, charge_overflow, load
-from .table import clear as clear_table
-from .table import count, delete, entry, find, has_room, insert, read, recover, sweep, write
+from .table import has_room, insert, recover, sweep, write
 
 log = logging.getLogger("ratewarden.stores.shared_memory")
 
@@ -106,6 +113,7 @@ class SharedMemoryStore(Store):
 
     local = True
     can_adjust = True
+    client_errors = (OSError,)  # what the file's locks raise when the kernel refuses them
 
     def __init__(
         self,
@@ -118,13 +126,13 @@ class SharedMemoryStore(Store):
         lock: str = "auto",
     ) -> None:
         if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
-            raise ValueError(f"max_keys must be a positive integer, got {max_keys!r}")
+            raise ConfigurationError(f"max_keys must be a positive integer, got {max_keys!r}")
         if max_keys > 1 << 28:
-            raise ValueError(f"max_keys must be at most {1 << 28}, got {max_keys}")
+            raise ConfigurationError(f"max_keys must be at most {1 << 28}, got {max_keys}")
         if isinstance(log_size, bool) or not isinstance(log_size, int) or not 0 <= log_size <= 65536:
-            raise ValueError(f"log_size must be an integer from 0 to 65536, got {log_size!r}")
+            raise ConfigurationError(f"log_size must be an integer from 0 to 65536, got {log_size!r}")
         if lock != "auto" and lock not in LOCKS:
-            raise ValueError(f"lock must be 'auto', 'mutex' or 'lockf', got {lock!r}")
+            raise ConfigurationError(f"lock must be 'auto', 'mutex' or 'lockf', got {lock!r}")
         self.name = name
         self.lock = lock
         self.path = segment_path(name, directory)
@@ -152,7 +160,7 @@ class SharedMemoryStore(Store):
 
         kind, name, options = parse_local_url(url)
         if kind != "shm":
-            raise ValueError(f"SharedMemoryStore needs an shm://<name> URL, got {url!r}")
+            raise ConfigurationError(f"SharedMemoryStore needs an shm://<name> URL, got {url!r}")
         options.update(overrides)
         return cls(name, **options)  # type: ignore[arg-type]
 
@@ -176,7 +184,7 @@ class SharedMemoryStore(Store):
         if limit.suffix in self._checked:
             return
         if limit.algorithm == "sliding_log" and limit.rate.limit > max(3, self.log_size):
-            raise ValueError(
+            raise ConfigurationError(
                 f"sliding_log limit {limit.rate} needs {limit.rate.limit} timestamps per key, but "
                 f"SharedMemoryStore {self.name!r} keeps at most {max(3, self.log_size)} (log_size): create "
                 f"the store with log_size>={limit.rate.limit}, or use sliding_window/gcra for large limits"
@@ -186,7 +194,7 @@ class SharedMemoryStore(Store):
         self._checked.add(limit.suffix)
 
     def check_limits(self, limits: Sequence[Limit]) -> None:
-        """Raise ``ValueError`` now for any limit this table cannot hold (call at start-up).
+        """Raise ``ConfigurationError`` (a ``ValueError``) now for any limit this table cannot hold (call at start-up).
 
         Args:
             limits: The limits it will be asked to check.
@@ -349,16 +357,7 @@ class SharedMemoryStore(Store):
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """Current decisions for a zero-cost request; charges nothing."""
         seg = self._segment()
-        now = self.clock()
-        slots = [self._slot(seg, key) for key in keys]
-        out = []
-        with seg.tlock, locked(seg, [s.region for s in slots]):
-            for slot, limit in zip(slots, limits, strict=True):
-                load(seg, slot, limit, now)
-                _, decision = limit.fn(slot.state, now, 0.0, limit.rate)
-                decision.policy = limit.name
-                out.append(decision)
-        return out
+        return operations.peek(seg, [self._slot(seg, key) for key in keys], limits, self.clock())
 
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Charge (positive) or refund (negative) without denying, as ``MemoryStore`` does.
@@ -368,33 +367,11 @@ class SharedMemoryStore(Store):
             limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units per key: positive charges, negative refunds.
         """
-        from ...charges import adjusted_state
-
         if not len(keys) == len(limits) == len(amounts):
             raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
+        self.check_limits(limits)
         seg = self._segment()
-        now = self.clock()
-        slots = [self._slot(seg, key) for key in keys]
-        out = []
-        with seg.tlock, locked(seg, [s.region for s in slots]):
-            for slot, limit, amount in zip(slots, limits, amounts, strict=True):
-                self._check_limit(limit)
-                region = slot.region
-                off = load(seg, slot, limit, now)
-                state = slot.state
-                new_state, decision = adjusted_state(limit, state, now, amount)
-                decision.policy = limit.name
-                if new_state is None:
-                    if off >= 0:
-                        delete(seg, region, find(seg, region, slot.digest, slot.home))
-                elif new_state is not state:
-                    expires = now + decision.reset_after
-                    if off >= 0:
-                        write(seg, region, off, expires, new_state)
-                    elif count(seg, region) < region.cap:
-                        insert(seg, region, slot.digest, slot.home, hold_of(limit), expires, new_state)
-                out.append(decision)
-        return out
+        return operations.adjust(seg, [self._slot(seg, key) for key in keys], limits, amounts, self.clock())
 
     def reset_now(self, keys: Sequence[str]) -> None:
         """Synchronous ``reset``.
@@ -403,33 +380,44 @@ class SharedMemoryStore(Store):
             keys: The storage keys to forget.
         """
         seg = self._segment()
-        slots = [self._slot(seg, key) for key in keys]
-        with seg.tlock, locked(seg, [s.region for s in slots]):
-            for slot in slots:
-                pos = find(seg, slot.region, slot.digest, slot.home)
-                if pos >= 0:
-                    delete(seg, slot.region, pos)
+        operations.reset(seg, [self._slot(seg, key) for key in keys])
 
     def clear_now(self) -> None:
-        seg = self._segment()
-        with seg.tlock, locked(seg, [*seg.regions, seg.overflow]):
-            clear_table(seg)
+        operations.clear(self._segment())
         self.overflowed = 0
 
+    # The Store API: the synchronous methods, with an OS failure (a lock the kernel refused) as
+    # ``StoreError``. The ``*_now`` methods raise it as is: ``hit_now`` is the inlined hot path.
+
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        return self.hit_now(keys, limits, costs)
+        try:
+            return self.hit_now(keys, limits, costs)
+        except self.client_errors as exc:
+            raise self.store_error("hit", exc) from exc
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        return self.peek_now(keys, limits)
+        try:
+            return self.peek_now(keys, limits)
+        except self.client_errors as exc:
+            raise self.store_error("peek", exc) from exc
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        return self.adjust_now(keys, limits, amounts)
+        try:
+            return self.adjust_now(keys, limits, amounts)
+        except self.client_errors as exc:
+            raise self.store_error("adjust", exc) from exc
 
     async def reset(self, keys: Sequence[str]) -> None:
-        self.reset_now(keys)
+        try:
+            self.reset_now(keys)
+        except self.client_errors as exc:
+            raise self.store_error("reset", exc) from exc
 
     async def clear(self) -> None:
-        self.clear_now()
+        try:
+            self.clear_now()
+        except self.client_errors as exc:
+            raise self.store_error("clear", exc) from exc
 
     async def close(self) -> None:
         """Unmap this process's view; the file and its counters stay for the other workers."""
@@ -446,8 +434,7 @@ class SharedMemoryStore(Store):
     # -- introspection ------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        seg = self._segment()
-        return sum(count(seg, region) for region in seg.regions)
+        return operations.live_keys(self._segment())
 
     def state_of(self, key: str) -> State | None:
         """The live state stored under ``key`` (for tests and stats).
@@ -456,11 +443,4 @@ class SharedMemoryStore(Store):
             key: A storage key.
         """
         seg = self._segment()
-        slot = self._slot(seg, key)
-        now = self.clock()
-        with seg.tlock, locked(seg, [slot.region]):
-            pos = find(seg, slot.region, slot.digest, slot.home)
-            if pos < 0:
-                return None
-            expires, state = read(seg, entry(seg, slot.region, pos))
-            return state if expires > now else None
+        return operations.state_of(seg, self._slot(seg, key), self.clock())
