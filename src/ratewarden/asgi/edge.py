@@ -15,8 +15,8 @@ from typing import Any
 from .._mypyc import mypyc_attr
 from ..context import EdgeCheck, context_for
 from ..decision import Decision
-from ..enforcement import LimitUnavailable, check_rules
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
+from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..responses import rejection, send_unavailable
 from ..rules import CompiledRule
@@ -177,7 +177,14 @@ class EdgeLayer:
         try:
             if len(groups) == 1:
                 limiter, rules = groups[0]
-                if limiter.enabled:
+                if not limiter.enabled:
+                    pass
+                elif can_check_now(limiter, rules):
+                    try:
+                        decision = check_now(limiter, rules[0], scope)
+                    except KeyPending as pending:
+                        decision = await check_pending(limiter, rules[0], scope, pending)
+                else:
                     decision = await check_rules(limiter, rules, scope)
             else:
                 decision = await check_groups(groups, scope)
@@ -196,14 +203,7 @@ class EdgeLayer:
         if target.headers != "always":
             await self.app(scope, receive, send)
             return
-        extra = rate_limit_headers(decision, target.style, target.policy)
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), *extra]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+        await self.app(scope, receive, SendWithRateHeaders(send, decision, target.style, target.policy))
 
 
 async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:

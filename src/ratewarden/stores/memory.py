@@ -21,9 +21,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from .._mypyc import mypyc_attr
-from ..algorithms import State
+from ..algorithms import Algorithm, State
+from ..algorithms.fixed_window import fixed_window
 from ..decision import Decision
 from ..limits import Limit
 from .base import Store, combine
@@ -34,6 +36,7 @@ log = logging.getLogger("ratewarden.stores.memory")
 
 _Entry = tuple[float, State]  # (expires_at, state)
 _OVERFLOW = "\x00overflow:"
+_FIXED_WINDOW: Final[Algorithm] = fixed_window
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -95,7 +98,10 @@ class MemoryStore(Store):
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         now = self.clock()
         data = self._data
-        with self._lock:
+        # acquire/release rather than ``with``: half the cost compiled, and every request pays it.
+        lock = self._lock
+        lock.acquire()
+        try:
             if len(keys) == 1:
                 key = keys[0]
                 limit = limits[0]
@@ -105,7 +111,11 @@ class MemoryStore(Store):
                     table, key = self._slot(key, limit, now)
                     entry = table.get(key)
                 state = entry[1] if entry is not None and entry[0] > now else None
-                new_state, decision = limit.fn(state, now, costs[0], limit.rate)
+                fn = limit.fn
+                if fn is _FIXED_WINDOW:  # the default algorithm: a direct (compiled) call, no boxing
+                    new_state, decision = fixed_window(state, now, costs[0], limit.rate)
+                else:
+                    new_state, decision = fn(state, now, costs[0], limit.rate)
                 decision.policy = limit.name
                 if new_state is not None:
                     if entry is None and table is data:
@@ -113,6 +123,8 @@ class MemoryStore(Store):
                     table[key] = (now + decision.reset_after, new_state)
                 return decision
             return self._hit_many(keys, limits, costs, now)
+        finally:
+            lock.release()
 
     def _hit_many(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], now: float
