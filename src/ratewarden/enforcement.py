@@ -62,7 +62,7 @@ class KeyPending(Exception):
         self.value = value
 
 
-def can_check_now(limiter: Limiter, rules: Sequence[CompiledRule]) -> bool:
+def can_check_now(limiter: Limiter, rules: tuple[CompiledRule, ...]) -> bool:
     """Whether ``check_now`` applies: one enforced rule with a sync key and a fixed cost, on a store
     that answers without I/O (the usual in-process setup).
 
@@ -83,7 +83,8 @@ def check_now(limiter: Limiter, rule: CompiledRule, scope: Scope) -> Decision | 
         scope: The ASGI connection scope.
     """
     try:
-        raw = rule.key(scope)
+        client = rule.client_ip
+        raw = client.__call__(scope) if client is not None else rule.key(scope)  # native call for ClientIP
         if type(raw) is str and raw:
             key = raw
         elif isinstance(raw, Awaitable):

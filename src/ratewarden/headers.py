@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Sequence
-from typing import Literal
+from typing import Final, Literal
 
 from ._mypyc import mypyc_attr
 from .decision import Decision
@@ -30,33 +30,76 @@ HeaderMode = Literal["always", "on_limit", "off"]
 HeaderStyle = Literal["ietf", "legacy", "both"]
 Headers = list[tuple[bytes, bytes]]
 
-_Fixed = tuple[bytes, bytes, bytes]  # (RateLimit-Policy value, RateLimit value prefix, limit)
-_fixed_cache: dict[tuple[str, int, float], _Fixed] = {}
-_by_policy: dict[str, tuple[int, float, _Fixed]] = {}  # the usual hit: one (limit, period) per name
+_CACHE_LIMIT = 4096
 
 
-def _fixed_parts(decision: Decision) -> _Fixed:
-    """The parts of the headers that depend only on the policy, built once per policy.
+@mypyc_attr(allow_interpreted_subclasses=True)
+class _Parts:
+    """The parts of one policy's headers that do not change from request to request, built once,
+    with the last ``reset`` and ``RateLimit-Policy`` headers built from them (a window's reset
+    changes once a second, and the policy value given is the same rule's every time).
+
+    Each memo is one attribute holding a tuple, replaced whole, so threads never see half of one.
+    """
+
+    __slots__ = ("given", "limit", "limit_header", "period", "policy_header", "prefix", "reset")
+
+    def __init__(self, policy: str, limit: int, period: float) -> None:
+        self.limit = limit
+        self.period = period
+        name = policy.encode("latin-1", "replace")
+        window = max(1, math.ceil(period))
+        self.policy_header = (b"ratelimit-policy", b'"%s";q=%d;w=%d' % (name, limit, window))
+        self.prefix = b'"%s";r=' % name
+        self.limit_header = (b"x-ratelimit-limit", b"%d" % limit)
+        self.given: tuple[bytes, bytes] = self.policy_header  # the last (name, given policy value)
+        self.reset: tuple[int, bytes] = (-1, b"")  # the last (seconds, their text)
+
+    def policy_for(self, policy: bytes | None) -> tuple[bytes, bytes]:
+        """The ``RateLimit-Policy`` header: ``policy``, or this policy's own value for ``None``."""
+        if policy is None:
+            return self.policy_header
+        given = self.given
+        if given[1] is policy or given[1] == policy:
+            return given
+        given = (b"ratelimit-policy", policy)
+        self.given = given
+        return given
+
+    def reset_text(self, seconds: int) -> bytes:
+        """``seconds`` as header text."""
+        memo = self.reset
+        if memo[0] == seconds:
+            return memo[1]
+        text = b"%d" % seconds
+        self.reset = (seconds, text)
+        return text
+
+
+_by_policy: Final[dict[str, _Parts]] = {}  # the usual hit: one (limit, period) per policy name
+_by_limit: Final[dict[tuple[str, int, float], _Parts]] = {}  # a name shared by limits of other sizes
+
+
+def _parts(decision: Decision) -> _Parts:
+    """The header parts of the decision's policy.
 
     Looked up by the policy's name first (a string keeps its hash: no tuple to build and hash on
     every request), checked against the decision's limit and period; a name shared by limits of
     different sizes falls back to the (name, limit, period) table.
     """
     policy = decision.policy
-    named = _by_policy.get(policy)
-    if named is not None and named[0] == decision.limit and named[1] == decision.period:
-        return named[2]
+    parts = _by_policy.get(policy)
+    if parts is not None and parts.limit == decision.limit and parts.period == decision.period:
+        return parts
     cache_key = (policy, decision.limit, decision.period)
-    parts = _fixed_cache.get(cache_key)
-    if parts is None:
-        window = max(1, math.ceil(decision.period))
-        name = policy.encode("latin-1", "replace")
-        parts = (b'"%s";q=%d;w=%d' % (name, decision.limit, window), b'"%s";' % name, b"%d" % decision.limit)
-        if len(_fixed_cache) < 4096:
-            _fixed_cache[cache_key] = parts
-    if named is None and len(_by_policy) < 4096:
-        _by_policy[policy] = (decision.limit, decision.period, parts)
-    return parts
+    found = _by_limit.get(cache_key)
+    if found is None:
+        found = _Parts(policy, decision.limit, decision.period)
+        if len(_by_limit) < _CACHE_LIMIT:
+            _by_limit[cache_key] = found
+    if parts is None and len(_by_policy) < _CACHE_LIMIT:
+        _by_policy[policy] = found
+    return found
 
 
 def policy_value(limits: Sequence[Limit]) -> bytes:
@@ -101,16 +144,14 @@ def add_rate_limit_headers(
         style: Which rate-limit headers: ``"ietf"``, ``"legacy"`` or ``"both"``.
         policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
     """
-    fixed_policy, prefix, limit = _fixed_parts(decision)
-    if policy is None:
-        policy = fixed_policy
-    reset = b"%d" % math.ceil(decision.reset_after)
+    parts = _parts(decision)
+    reset = parts.reset_text(math.ceil(decision.reset_after))
     remaining = b"%d" % decision.remaining
     if style == "both" or style == "ietf":
-        headers.append((b"ratelimit-policy", policy))
-        headers.append((b"ratelimit", b"%sr=%s;t=%s" % (prefix, remaining, reset)))
+        headers.append(parts.policy_for(policy))
+        headers.append((b"ratelimit", b"%s%s;t=%s" % (parts.prefix, remaining, reset)))
     if style != "ietf":
-        headers.append((b"x-ratelimit-limit", limit))
+        headers.append(parts.limit_header)
         headers.append((b"x-ratelimit-remaining", remaining))
         headers.append((b"x-ratelimit-reset", reset))
 
@@ -138,8 +179,14 @@ class SendWithRateHeaders:
         self.policy = policy
 
     def __call__(self, message: Message) -> Awaitable[None]:
-        if message["type"] == "http.response.start":
-            headers: Headers = [*message.get("headers", ())]
+        if isinstance(message, dict):  # dict operations in the compiled build (the usual message)
+            kind: str = message["type"]
+            if kind == "http.response.start":
+                headers: Headers = [*message.get("headers", ())]
+                add_rate_limit_headers(headers, self.decision, self.style, self.policy)
+                message["headers"] = headers
+        elif message["type"] == "http.response.start":
+            headers = [*message.get("headers", ())]
             add_rate_limit_headers(headers, self.decision, self.style, self.policy)
             message["headers"] = headers
         return self.send(message)

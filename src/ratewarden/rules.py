@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
 from .headers import policy_value
-from .keys import KeyFunc, client_ip
+from .keys import ClientIP, KeyFunc, client_ip
 from .limiter import storage_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .rates import Rate, freeze_rates
@@ -147,6 +147,7 @@ class CompiledRule:
     """
 
     __slots__ = (
+        "client_ip",
         "cost",
         "cost_fn",
         "costs",
@@ -167,6 +168,8 @@ class CompiledRule:
     def __init__(self, rule: Rule, prefix: str) -> None:
         self.rule = rule
         self.key = rule.key
+        # The default key (a ClientIP), called natively by the fast path.
+        self.client_ip: ClientIP | None = rule.key if isinstance(rule.key, ClientIP) else None
         self.key_is_async = inspect.iscoroutinefunction(rule.key) or inspect.iscoroutinefunction(
             getattr(rule.key, "__call__", None)  # noqa: B004 - callable objects with async __call__
         )

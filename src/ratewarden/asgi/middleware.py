@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Sequence
 
 from .._mypyc import mypyc_attr
-from ..context import STATE_KEY, RequestContext
+from ..context import context_for
 from ..decision import Decision
 from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
@@ -69,7 +69,7 @@ class RateLimitMiddleware:
         self.websockets = WebSocketLimits(limiter, websocket_deny, websocket_on_message_limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
+        kind: str = scope["type"]
         if kind == "http":
             matched = self.rules.match(scope["method"], scope["path"])
             if not matched:
@@ -93,13 +93,7 @@ class RateLimitMiddleware:
             if decision is None:
                 await self.app(scope, receive, send)
                 return
-            state = scope.get("state")
-            if state is None:
-                state = scope["state"] = {}
-            context = state.get(STATE_KEY)
-            if not isinstance(context, RequestContext):
-                context = state[STATE_KEY] = RequestContext()
-            context.decision = decision
+            context_for(scope).decision = decision
             if not decision.allowed:
                 await self._reject(scope, receive, send, decision, policy_of(matched))
                 return
