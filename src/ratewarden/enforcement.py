@@ -17,6 +17,7 @@ from .keys import key_text
 from .limiter import Limiter
 from .limits import Limit
 from .rules import CompiledRule
+from .stores.memory import MemoryStore
 from .types import Scope
 
 __all__ = [
@@ -91,7 +92,10 @@ def check_now(limiter: Limiter, rule: CompiledRule, scope: Scope) -> Decision | 
             raise KeyPending(raw)
         else:  # no value: the client IP then
             key = key_text(raw, scope)
-        return limiter.store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
+        store = limiter.store
+        if rule.single and type(store) is MemoryStore:  # exactly: a subclass may override hit_now
+            return store.hit_one(rule.storage_keys(key)[0], rule.limits[0], rule.cost)
+        return store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
     except KeyPending:
         raise
     except Exception as exc:

@@ -53,7 +53,7 @@ class _Parts:
         self.prefix = b'"%s";r=' % name
         self.limit_header = (b"x-ratelimit-limit", b"%d" % limit)
         self.given: tuple[bytes, bytes] = self.policy_header  # the last (name, given policy value)
-        self.reset: tuple[int, bytes] = (-1, b"")  # the last (seconds, their text)
+        self.reset: tuple[int, bytes, tuple[bytes, bytes]] = (-1, b"", (b"", b""))  # the last (seconds, text, header)
 
     def policy_for(self, policy: bytes | None) -> tuple[bytes, bytes]:
         """The ``RateLimit-Policy`` header: ``policy``, or this policy's own value for ``None``."""
@@ -66,14 +66,15 @@ class _Parts:
         self.given = given
         return given
 
-    def reset_text(self, seconds: int) -> bytes:
-        """``seconds`` as header text."""
+    def reset_for(self, seconds: int) -> tuple[int, bytes, tuple[bytes, bytes]]:
+        """``seconds`` with its header text and its ``X-RateLimit-Reset`` header."""
         memo = self.reset
         if memo[0] == seconds:
-            return memo[1]
-        text = b"%d" % seconds
-        self.reset = (seconds, text)
-        return text
+            return memo
+        text = str(seconds).encode()
+        memo = (seconds, text, (b"x-ratelimit-reset", text))
+        self.reset = memo
+        return memo
 
 
 _by_policy: Final[dict[str, _Parts]] = {}  # the usual hit: one (limit, period) per policy name
@@ -145,15 +146,15 @@ def add_rate_limit_headers(
         policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
     """
     parts = _parts(decision)
-    reset = parts.reset_text(math.ceil(decision.reset_after))
-    remaining = b"%d" % decision.remaining
+    _, reset, reset_header = parts.reset_for(math.ceil(decision.reset_after))
+    remaining = str(decision.remaining).encode()  # (b"%d" % n formats, then copies, compiled)
     if style == "both" or style == "ietf":
         headers.append(parts.policy_for(policy))
         headers.append((b"ratelimit", b"%s%s;t=%s" % (parts.prefix, remaining, reset)))
     if style != "ietf":
         headers.append(parts.limit_header)
         headers.append((b"x-ratelimit-remaining", remaining))
-        headers.append((b"x-ratelimit-reset", reset))
+        headers.append(reset_header)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -162,6 +162,7 @@ class CompiledRule:
         "rule",
         "shadow",
         "simple",
+        "single",
         "suffixes",
     )
 
@@ -187,6 +188,7 @@ class CompiledRule:
         self.keys_cache: dict[str, tuple[str, ...]] = {}
         # The middleware's fast path: one sync key, a fixed cost, enforced.
         self.simple = not self.key_is_async and self.cost_fn is None and not self.shadow and bool(self.limits)
+        self.single = len(self.limits) == 1  # one storage key: MemoryStore.hit_one
 
     def storage_keys(self, key: str, message: bool = False) -> tuple[str, ...]:
         """Storage keys of this rule's limits for client ``key``, cached for recent keys (as
