@@ -20,6 +20,7 @@ from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..responses import rejection, send_unavailable
 from ..rules import CompiledRule
+from ..scopes import value_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["SINK_KEY", "EdgeCheck", "EdgeLayer", "EdgeTarget", "Lifted"]
@@ -130,18 +131,21 @@ class EdgeLayer:
         self.cacheable = True
         self.count = -1
         self.next_check = 0.0
+        # The route list last read from the resolver: a route appended to it shows at once; a new
+        # list (or any other change) at the next full check, within _RECHECK_SECONDS.
+        self.routes: Sequence[object] = ()
 
     def target(self, scope: Scope) -> EdgeTarget | None:
         now = time.monotonic()
-        count = len(self.resolver.routes())
-        if count != self.count or now >= self.next_check:
-            self.count = count
+        if len(self.routes) != self.count or now >= self.next_check:
+            self.routes = self.resolver.routes()
+            self.count = len(self.routes)
             self.next_check = now + _RECHECK_SECONDS
             if self.resolver.changed():
                 self.cache = {}
                 self.cacheable = bool(self.resolver.cacheable)
         method: str = scope["method"]
-        cache_key = (method, scope.get("root_path", ""), scope["path"])
+        cache_key = (method, value_of(scope, "root_path", ""), scope["path"])
         found = self.cache.get(cache_key) if self.cacheable else None
         if found is None:
             found = self.resolver.lookup(scope)
