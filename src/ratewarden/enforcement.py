@@ -55,8 +55,12 @@ async def _key_of(rule: CompiledRule, scope: Scope) -> str:
 
 
 class KeyPending(Exception):
-    """``check_now`` cannot decide at once: the key function answered an awaitable (``value``), which
-    ``check_pending`` awaits. Rare: only a sync key function with an async fallback does that."""
+    """``check_now`` cannot decide at once: the key function answered an awaitable, which
+    ``check_pending`` awaits. Rare: only a sync key function with an async fallback does that.
+
+    Args:
+        value: The key function's awaitable answer.
+    """
 
     def __init__(self, value: object) -> None:
         super().__init__()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Sequence
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from ._mypyc import mypyc_attr
 from .decision import Decision
@@ -33,13 +33,30 @@ Headers = list[tuple[bytes, bytes]]
 _CACHE_LIMIT = 4096
 
 
+# The header tuples kept below are typed ``tuple[bytes, ...]``: compiled, a ``tuple[bytes, bytes]``
+# would be unpacked into a C struct and packed into a new tuple for every list it joins.
+_Header = tuple[bytes, ...]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class _Reset:
+    """A number of seconds to reset, with its text and its ``X-RateLimit-Reset`` header."""
+
+    __slots__ = ("header", "seconds", "text")
+
+    def __init__(self, seconds: int) -> None:
+        self.seconds = seconds
+        self.text = str(seconds).encode()
+        self.header: _Header = (b"x-ratelimit-reset", self.text)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class _Parts:
     """The parts of one policy's headers that do not change from request to request, built once,
-    with the last ``reset`` and ``RateLimit-Policy`` headers built from them (a window's reset
-    changes once a second, and the policy value given is the same rule's every time).
+    with the last reset and ``RateLimit-Policy`` headers built from them (a window's reset changes
+    once a second, and the policy value given is the same rule's every time).
 
-    Each memo is one attribute holding a tuple, replaced whole, so threads never see half of one.
+    Each memo is one attribute replaced whole, so threads never see half of one.
     """
 
     __slots__ = ("given", "limit", "limit_header", "period", "policy_header", "prefix", "reset")
@@ -49,13 +66,13 @@ class _Parts:
         self.period = period
         name = policy.encode("latin-1", "replace")
         window = max(1, math.ceil(period))
-        self.policy_header = (b"ratelimit-policy", b'"%s";q=%d;w=%d' % (name, limit, window))
+        self.policy_header: _Header = (b"ratelimit-policy", b'"%s";q=%d;w=%d' % (name, limit, window))
         self.prefix = b'"%s";r=' % name
-        self.limit_header = (b"x-ratelimit-limit", b"%d" % limit)
-        self.given: tuple[bytes, bytes] = self.policy_header  # the last (name, given policy value)
-        self.reset: tuple[int, bytes, tuple[bytes, bytes]] = (-1, b"", (b"", b""))  # the last (seconds, text, header)
+        self.limit_header: _Header = (b"x-ratelimit-limit", b"%d" % limit)
+        self.given: _Header = self.policy_header  # the last RateLimit-Policy header of a given value
+        self.reset = _Reset(0)
 
-    def policy_for(self, policy: bytes | None) -> tuple[bytes, bytes]:
+    def policy_for(self, policy: bytes | None) -> _Header:
         """The ``RateLimit-Policy`` header: ``policy``, or this policy's own value for ``None``."""
         if policy is None:
             return self.policy_header
@@ -66,15 +83,13 @@ class _Parts:
         self.given = given
         return given
 
-    def reset_for(self, seconds: int) -> tuple[int, bytes, tuple[bytes, bytes]]:
-        """``seconds`` with its header text and its ``X-RateLimit-Reset`` header."""
-        memo = self.reset
-        if memo[0] == seconds:
-            return memo
-        text = str(seconds).encode()
-        memo = (seconds, text, (b"x-ratelimit-reset", text))
-        self.reset = memo
-        return memo
+    def reset_for(self, seconds: int) -> _Reset:
+        """``seconds`` with its text and header."""
+        reset = self.reset
+        if reset.seconds != seconds:
+            reset = _Reset(seconds)
+            self.reset = reset
+        return reset
 
 
 _by_policy: Final[dict[str, _Parts]] = {}  # the usual hit: one (limit, period) per policy name
@@ -146,15 +161,16 @@ def add_rate_limit_headers(
         policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
     """
     parts = _parts(decision)
-    _, reset, reset_header = parts.reset_for(math.ceil(decision.reset_after))
-    remaining = str(decision.remaining).encode()  # (b"%d" % n formats, then copies, compiled)
+    reset = parts.reset_for(math.ceil(decision.reset_after))
+    remaining = str(decision.remaining).encode()
+    out: list[Any] = headers  # the kept header tuples join it as they are
     if style == "both" or style == "ietf":
-        headers.append(parts.policy_for(policy))
-        headers.append((b"ratelimit", b"%s%s;t=%s" % (parts.prefix, remaining, reset)))
+        out.append(parts.policy_for(policy))
+        out.append((b"ratelimit", b"%s%s;t=%s" % (parts.prefix, remaining, reset.text)))
     if style != "ietf":
-        headers.append(parts.limit_header)
-        headers.append((b"x-ratelimit-remaining", remaining))
-        headers.append(reset_header)
+        out.append(parts.limit_header)
+        out.append((b"x-ratelimit-remaining", remaining))
+        out.append(reset.header)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
