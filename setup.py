@@ -34,6 +34,7 @@ from setuptools.command.build_ext import build_ext
 # only) stays interpreted: compiled, it would raise TypeError instead of ValueError for bad input.
 HOT_MODULES = [
     "src/ratewarden/decision.py",
+    "src/ratewarden/scopes.py",
     "src/ratewarden/context.py",
     "src/ratewarden/limits.py",
     "src/ratewarden/algorithms/__init__.py",

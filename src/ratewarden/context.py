@@ -21,15 +21,16 @@ When several integrations check one request they share the context; the innermos
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from ._mypyc import mypyc_attr
 from .decision import Decision
+from .scopes import set_value, value_of
 from .types import Scope
 
 __all__ = ["STATE_KEY", "EdgeCheck", "RequestContext", "context_for", "context_of"]
 
-STATE_KEY = "ratewarden"
+STATE_KEY: Final = "ratewarden"
 """The one key ratewarden writes in ``scope["state"]``."""
 
 
@@ -98,11 +99,12 @@ def context_for(scope: Scope) -> RequestContext:
     Args:
         scope: The ASGI connection scope.
     """
-    state = scope.get("state")
+    state = value_of(scope, "state")
     if state is None:
-        state = {}
-        scope["state"] = state
-    found = state.get(STATE_KEY)
+        context = RequestContext()
+        set_value(scope, "state", {STATE_KEY: context})
+        return context
+    found = value_of(state, STATE_KEY)
     if isinstance(found, RequestContext):
         return found
     context = RequestContext()

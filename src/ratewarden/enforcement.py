@@ -17,9 +17,12 @@ from .keys import key_text
 from .limiter import Limiter
 from .limits import Limit
 from .rules import CompiledRule
+from .stores.memory import MemoryStore
 from .types import Scope
 
-__all__ = ["LimitUnavailable", "check_rules", "report_failure"]
+__all__ = [
+    "KeyPending", "LimitUnavailable", "can_check_now", "check_now", "check_pending", "check_rules", "report_failure",
+]
 
 log = logging.getLogger("ratewarden")
 
@@ -49,6 +52,76 @@ async def _key_of(rule: CompiledRule, scope: Scope) -> str:
     if rule.key_is_async or isinstance(value, Awaitable):
         value = await value  # type: ignore[misc]
     return key_text(value, scope)
+
+
+class KeyPending(Exception):
+    """``check_now`` cannot decide at once: the key function answered an awaitable, which
+    ``check_pending`` awaits. Rare: only a sync key function with an async fallback does that.
+
+    Args:
+        value: The key function's awaitable answer.
+    """
+
+    def __init__(self, value: object) -> None:
+        super().__init__()
+        self.value = value
+
+
+def can_check_now(limiter: Limiter, rules: tuple[CompiledRule, ...]) -> bool:
+    """Whether ``check_now`` applies: one enforced rule with a sync key and a fixed cost, on a store
+    that answers without I/O (the usual in-process setup).
+
+    Args:
+        limiter: Checks the limits on its store.
+        rules: The rules the request matched.
+    """
+    return len(rules) == 1 and rules[0].simple and limiter.store.local
+
+
+def check_now(limiter: Limiter, rule: CompiledRule, scope: Scope) -> Decision | None:
+    """``check_rules`` for one rule that ``can_check_now``, without a coroutine: same keys, same
+    decision, same failure policy. Raises ``KeyPending`` when the key function answered an awaitable.
+
+    Args:
+        limiter: Checks the limits on its store.
+        rule: The one rule the request matched.
+        scope: The ASGI connection scope.
+    """
+    try:
+        client = rule.client_ip
+        raw = client.__call__(scope) if client is not None else rule.key(scope)  # native call for ClientIP
+        if type(raw) is str and raw:
+            key = raw
+        elif isinstance(raw, Awaitable):
+            raise KeyPending(raw)
+        else:  # no value: the client IP then
+            key = key_text(raw, scope)
+        store = limiter.store
+        if rule.single and type(store) is MemoryStore:  # exactly: a subclass may override hit_now
+            return store.hit_one(rule.storage_keys(key)[0], rule.limits[0], rule.cost)
+        return store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
+    except KeyPending:
+        raise
+    except Exception as exc:
+        report_failure(limiter, "rate limit check", exc)
+        return None
+
+
+async def check_pending(limiter: Limiter, rule: CompiledRule, scope: Scope, pending: KeyPending) -> Decision | None:
+    """The rest of ``check_now`` once the key function's awaitable answer is awaited.
+
+    Args:
+        limiter: Checks the limits on its store.
+        rule: The one rule the request matched.
+        scope: The ASGI connection scope.
+        pending: What ``check_now`` raised.
+    """
+    try:
+        value = await pending.value  # type: ignore[misc]
+        return limiter.store.hit_now(rule.storage_keys(key_text(value, scope)), rule.limits, rule.costs)
+    except Exception as exc:
+        report_failure(limiter, "rate limit check", exc)
+        return None
 
 
 async def check_rules(

@@ -8,33 +8,114 @@ reset. ``Retry-After`` (whole seconds, at least 1) goes on 429 and 503 answers o
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Awaitable, Sequence
+from typing import Any, Final, Literal
 
+from ._mypyc import mypyc_attr
 from .decision import Decision
 from .limits import Limit
+from .types import Message, Send
 
-__all__ = ["HeaderMode", "HeaderStyle", "policy_value", "rate_limit_headers", "retry_after_header"]
+__all__ = [
+    "HeaderMode",
+    "HeaderStyle",
+    "SendWithRateHeaders",
+    "add_rate_limit_headers",
+    "policy_value",
+    "rate_limit_headers",
+    "retry_after_header",
+]
 
 HeaderMode = Literal["always", "on_limit", "off"]
 HeaderStyle = Literal["ietf", "legacy", "both"]
 Headers = list[tuple[bytes, bytes]]
 
-_Fixed = tuple[bytes, bytes, bytes]  # (RateLimit-Policy value, RateLimit value prefix, limit)
-_fixed_cache: dict[tuple[str, int, float], _Fixed] = {}
+_CACHE_LIMIT = 4096
 
 
-def _fixed_parts(decision: Decision) -> _Fixed:
-    """The parts of the headers that depend only on the policy, built once per policy."""
-    cache_key = (decision.policy, decision.limit, decision.period)
-    parts = _fixed_cache.get(cache_key)
-    if parts is None:
-        window = max(1, math.ceil(decision.period))
-        name = decision.policy.encode("latin-1", "replace")
-        parts = (b'"%s";q=%d;w=%d' % (name, decision.limit, window), b'"%s";' % name, b"%d" % decision.limit)
-        if len(_fixed_cache) < 4096:
-            _fixed_cache[cache_key] = parts
-    return parts
+# The header tuples kept below are typed ``tuple[bytes, ...]``: compiled, a ``tuple[bytes, bytes]``
+# would be unpacked into a C struct and packed into a new tuple for every list it joins.
+_Header = tuple[bytes, ...]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class _Reset:
+    """A number of seconds to reset, with its text and its ``X-RateLimit-Reset`` header."""
+
+    __slots__ = ("header", "seconds", "text")
+
+    def __init__(self, seconds: int) -> None:
+        self.seconds = seconds
+        self.text = str(seconds).encode()
+        self.header: _Header = (b"x-ratelimit-reset", self.text)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class _Parts:
+    """The parts of one policy's headers that do not change from request to request, built once,
+    with the last reset and ``RateLimit-Policy`` headers built from them (a window's reset changes
+    once a second, and the policy value given is the same rule's every time).
+
+    Each memo is one attribute replaced whole, so threads never see half of one.
+    """
+
+    __slots__ = ("given", "limit", "limit_header", "period", "policy_header", "prefix", "reset")
+
+    def __init__(self, policy: str, limit: int, period: float) -> None:
+        self.limit = limit
+        self.period = period
+        name = policy.encode("latin-1", "replace")
+        window = max(1, math.ceil(period))
+        self.policy_header: _Header = (b"ratelimit-policy", b'"%s";q=%d;w=%d' % (name, limit, window))
+        self.prefix = b'"%s";r=' % name
+        self.limit_header: _Header = (b"x-ratelimit-limit", b"%d" % limit)
+        self.given: _Header = self.policy_header  # the last RateLimit-Policy header of a given value
+        self.reset = _Reset(0)
+
+    def policy_for(self, policy: bytes | None) -> _Header:
+        """The ``RateLimit-Policy`` header: ``policy``, or this policy's own value for ``None``."""
+        if policy is None:
+            return self.policy_header
+        given = self.given
+        if given[1] is policy or given[1] == policy:
+            return given
+        given = (b"ratelimit-policy", policy)
+        self.given = given
+        return given
+
+    def reset_for(self, seconds: int) -> _Reset:
+        """``seconds`` with its text and header."""
+        reset = self.reset
+        if reset.seconds != seconds:
+            reset = _Reset(seconds)
+            self.reset = reset
+        return reset
+
+
+_by_policy: Final[dict[str, _Parts]] = {}  # the usual hit: one (limit, period) per policy name
+_by_limit: Final[dict[tuple[str, int, float], _Parts]] = {}  # a name shared by limits of other sizes
+
+
+def _parts(decision: Decision) -> _Parts:
+    """The header parts of the decision's policy.
+
+    Looked up by the policy's name first (a string keeps its hash: no tuple to build and hash on
+    every request), checked against the decision's limit and period; a name shared by limits of
+    different sizes falls back to the (name, limit, period) table.
+    """
+    policy = decision.policy
+    parts = _by_policy.get(policy)
+    if parts is not None and parts.limit == decision.limit and parts.period == decision.period:
+        return parts
+    cache_key = (policy, decision.limit, decision.period)
+    found = _by_limit.get(cache_key)
+    if found is None:
+        found = _Parts(policy, decision.limit, decision.period)
+        if len(_by_limit) < _CACHE_LIMIT:
+            _by_limit[cache_key] = found
+    if parts is None and len(_by_policy) < _CACHE_LIMIT:
+        _by_policy[policy] = found
+    return found
 
 
 def policy_value(limits: Sequence[Limit]) -> bytes:
@@ -63,26 +144,69 @@ def rate_limit_headers(decision: Decision, style: HeaderStyle = "both", policy: 
         policy: The ``RateLimit-Policy`` value listing every limit that applied (``policy_of``); ``None``
             leaves that header out. (see ``policy_value``)
     """
-    fixed_policy, prefix, limit = _fixed_parts(decision)
-    if policy is None:
-        policy = fixed_policy
-    reset = math.ceil(decision.reset_after)
-    remaining = decision.remaining
-    if style == "both":
-        return [
-            (b"ratelimit-policy", policy),
-            (b"ratelimit", b"%sr=%d;t=%d" % (prefix, remaining, reset)),
-            (b"x-ratelimit-limit", limit),
-            (b"x-ratelimit-remaining", b"%d" % remaining),
-            (b"x-ratelimit-reset", b"%d" % reset),
-        ]
-    if style == "ietf":
-        return [(b"ratelimit-policy", policy), (b"ratelimit", b"%sr=%d;t=%d" % (prefix, remaining, reset))]
-    return [
-        (b"x-ratelimit-limit", limit),
-        (b"x-ratelimit-remaining", b"%d" % remaining),
-        (b"x-ratelimit-reset", b"%d" % reset),
-    ]
+    headers: Headers = []
+    add_rate_limit_headers(headers, decision, style, policy)
+    return headers
+
+
+def add_rate_limit_headers(
+    headers: Headers, decision: Decision, style: HeaderStyle = "both", policy: bytes | None = None
+) -> None:
+    """Append ``rate_limit_headers(decision, style, policy)`` to ``headers`` (no list of its own).
+
+    Args:
+        headers: The list to extend.
+        decision: The decision to describe.
+        style: Which rate-limit headers: ``"ietf"``, ``"legacy"`` or ``"both"``.
+        policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
+    """
+    parts = _parts(decision)
+    reset = parts.reset_for(math.ceil(decision.reset_after))
+    remaining = str(decision.remaining).encode()
+    out: list[Any] = headers  # the kept header tuples join it as they are
+    if style == "both" or style == "ietf":
+        out.append(parts.policy_for(policy))
+        out.append((b"ratelimit", b"%s%s;t=%s" % (parts.prefix, remaining, reset.text)))
+    if style != "ietf":
+        out.append(parts.limit_header)
+        out.append((b"x-ratelimit-remaining", remaining))
+        out.append(reset.header)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class SendWithRateHeaders:
+    """An ASGI ``send`` that adds the rate-limit headers of ``decision`` to the response start.
+
+    One small object per allowed request instead of a closure, and no coroutine of its own: calling
+    it returns the wrapped ``send``'s awaitable (what ``await send(message)`` awaits).
+
+    Args:
+        send: The ASGI ``send`` to wrap.
+        decision: The decision the headers describe.
+        style: Which rate-limit headers: ``"ietf"``, ``"legacy"`` or ``"both"``.
+        policy: The ``RateLimit-Policy`` value (``policy_of``); ``None`` uses the deciding limit's.
+    """
+
+    __slots__ = ("decision", "policy", "send", "style")
+
+    def __init__(self, send: Send, decision: Decision, style: HeaderStyle, policy: bytes | None) -> None:
+        self.send = send
+        self.decision = decision
+        self.style: HeaderStyle = style
+        self.policy = policy
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if isinstance(message, dict):  # dict operations in the compiled build (the usual message)
+            kind: str = message["type"]
+            if kind == "http.response.start":
+                headers: Headers = [*message.get("headers", ())]
+                add_rate_limit_headers(headers, self.decision, self.style, self.policy)
+                message["headers"] = headers
+        elif message["type"] == "http.response.start":
+            headers = [*message.get("headers", ())]
+            add_rate_limit_headers(headers, self.decision, self.style, self.policy)
+            message["headers"] = headers
+        return self.send(message)
 
 
 def retry_after_header(decision: Decision) -> tuple[bytes, bytes] | None:

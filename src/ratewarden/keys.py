@@ -13,6 +13,7 @@ from typing import Any
 
 from ._mypyc import mypyc_attr
 from .credentials import bearer_token_of, digest, header_value, query_value
+from .scopes import value_of
 from .types import Scope
 
 __all__ = [
@@ -67,7 +68,7 @@ class ClientIP:
         self._trust_cache: dict[str, bool] = {}
 
     def __call__(self, scope: Scope) -> str:
-        client = scope.get("client")
+        client = value_of(scope, "client")
         peer = client[0] if client else None
         if not peer:
             return "unknown"

@@ -26,10 +26,12 @@ class Limit:
             (``100/60000``).
     """
 
-    __slots__ = ("algorithm", "fn", "name", "rate", "suffix")
+    __slots__ = ("algorithm", "fn", "name", "period", "quota", "rate", "suffix")
 
     def __init__(self, rate: Rate, algorithm: AlgorithmName = DEFAULT_ALGORITHM, name: str = "") -> None:
         self.rate = rate
+        self.quota = rate.limit  # the rate's parts, read on the hot path without touching the Rate
+        self.period = rate.period
         self.algorithm = algorithm
         self.fn: Algorithm = get_algorithm(algorithm)
         burst = "" if rate.burst is None else f"b{rate.burst}"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
 from .headers import policy_value
-from .keys import KeyFunc, client_ip
+from .keys import ClientIP, KeyFunc, client_ip
 from .limiter import storage_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .rates import Rate, freeze_rates
@@ -147,6 +147,7 @@ class CompiledRule:
     """
 
     __slots__ = (
+        "client_ip",
         "cost",
         "cost_fn",
         "costs",
@@ -161,12 +162,15 @@ class CompiledRule:
         "rule",
         "shadow",
         "simple",
+        "single",
         "suffixes",
     )
 
     def __init__(self, rule: Rule, prefix: str) -> None:
         self.rule = rule
         self.key = rule.key
+        # The default key (a ClientIP), called natively by the fast path.
+        self.client_ip: ClientIP | None = rule.key if isinstance(rule.key, ClientIP) else None
         self.key_is_async = inspect.iscoroutinefunction(rule.key) or inspect.iscoroutinefunction(
             getattr(rule.key, "__call__", None)  # noqa: B004 - callable objects with async __call__
         )
@@ -184,6 +188,7 @@ class CompiledRule:
         self.keys_cache: dict[str, tuple[str, ...]] = {}
         # The middleware's fast path: one sync key, a fixed cost, enforced.
         self.simple = not self.key_is_async and self.cost_fn is None and not self.shadow and bool(self.limits)
+        self.single = len(self.limits) == 1  # one storage key: MemoryStore.hit_one
 
     def storage_keys(self, key: str, message: bool = False) -> tuple[str, ...]:
         """Storage keys of this rule's limits for client ``key``, cached for recent keys (as
@@ -221,7 +226,11 @@ class RuleSet:
 
     def __init__(self, rules: Sequence[Rule], prefix: str = "rw") -> None:
         self.prefix = prefix
-        self._table: tuple[tuple[tuple[Rule, CompiledRule], ...], dict[tuple[str, str], tuple[CompiledRule, ...]]]
+        self._table: tuple[
+            tuple[tuple[Rule, CompiledRule], ...],
+            dict[tuple[str, str], tuple[CompiledRule, ...]],
+            dict[str, tuple[CompiledRule, ...]] | None,
+        ]
         self.replace(rules)
 
     @property
@@ -240,7 +249,12 @@ class RuleSet:
         compiled = tuple((r, CompiledRule(r, self.prefix)) for r in rules)
         # Bypass rules first: a bypass match skips everything.
         ordered = tuple(sorted(compiled, key=lambda rc: not rc[0].bypass))
-        self._table = (ordered, {})
+        # When no rule names methods, an HTTP request's match depends on its path alone: cached by
+        # the path string (its hash is kept), with no (method, path) tuple to build and hash.
+        by_path: dict[str, tuple[CompiledRule, ...]] | None = (
+            {} if all(r.methods is None and type(r).applies is Rule.applies for r in rules) else None
+        )
+        self._table = (ordered, {}, by_path)
 
     def match(self, method: str, path: str, websocket: bool = False) -> tuple[CompiledRule, ...]:
         """The compiled rules a request matches (none when a bypass rule matches).
@@ -250,25 +264,39 @@ class RuleSet:
             path: The request path.
             websocket: Match WebSocket rules instead of HTTP ones.
         """
-        rules, cache = self._table
+        rules, cache, by_path = self._table
+        if by_path is not None and not websocket:
+            found = by_path.get(path)
+            if found is None:
+                found = _scan(rules, method, path, websocket)
+                if len(by_path) >= _MATCH_CACHE_LIMIT:
+                    by_path.clear()
+                by_path[path] = found
+            return found
         cache_key = ("WS" if websocket else method, path)
         found = cache.get(cache_key)
-        if found is not None:
-            return found
-        matched: list[CompiledRule] = []
-        for rule, compiled in rules:
-            if rule.websocket != websocket and not rule.bypass:
-                continue
-            if rule.applies(method, path):
-                if rule.bypass:
-                    matched = []
-                    break
-                matched.append(compiled)
-        found = tuple(matched)
-        if len(cache) >= _MATCH_CACHE_LIMIT:
-            cache.clear()
-        cache[cache_key] = found
+        if found is None:
+            found = _scan(rules, method, path, websocket)
+            if len(cache) >= _MATCH_CACHE_LIMIT:
+                cache.clear()
+            cache[cache_key] = found
         return found
+
+
+def _scan(
+    rules: tuple[tuple[Rule, CompiledRule], ...], method: str, path: str, websocket: bool
+) -> tuple[CompiledRule, ...]:
+    """Match the rules one by one (a cache miss)."""
+    matched: list[CompiledRule] = []
+    for rule, compiled in rules:
+        if rule.websocket != websocket and not rule.bypass:
+            continue
+        if rule.applies(method, path):
+            if rule.bypass:
+                matched = []
+                break
+            matched.append(compiled)
+    return tuple(matched)
 
 
 _policies: dict[tuple[CompiledRule, ...], bytes] = {}

@@ -15,8 +15,14 @@ from .base import State
 
 
 def fixed_window(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
-    limit = rate.limit
-    period = rate.period
+    return fixed_window_of(state, now, cost, rate.limit, rate.period)
+
+
+def fixed_window_of(
+    state: State | None, now: float, cost: float, limit: int, period: float
+) -> tuple[State | None, Decision]:
+    """``fixed_window`` with the rate's limit and period given (``Limit`` keeps them, so the memory
+    store's fast path reads no ``Rate`` attribute)."""
     start = math.floor(now / period) * period
     count = state[1] if state is not None and state[0] == start else 0.0
     reset_after = start + period - now

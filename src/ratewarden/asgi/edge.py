@@ -15,11 +15,12 @@ from typing import Any
 from .._mypyc import mypyc_attr
 from ..context import EdgeCheck, context_for
 from ..decision import Decision
-from ..enforcement import LimitUnavailable, check_rules
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
+from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..responses import rejection, send_unavailable
 from ..rules import CompiledRule
+from ..scopes import value_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["SINK_KEY", "EdgeCheck", "EdgeLayer", "EdgeTarget", "Lifted"]
@@ -130,18 +131,21 @@ class EdgeLayer:
         self.cacheable = True
         self.count = -1
         self.next_check = 0.0
+        # The route list last read from the resolver: a route appended to it shows at once; a new
+        # list (or any other change) at the next full check, within _RECHECK_SECONDS.
+        self.routes: Sequence[object] = ()
 
     def target(self, scope: Scope) -> EdgeTarget | None:
         now = time.monotonic()
-        count = len(self.resolver.routes())
-        if count != self.count or now >= self.next_check:
-            self.count = count
+        if len(self.routes) != self.count or now >= self.next_check:
+            self.routes = self.resolver.routes()
+            self.count = len(self.routes)
             self.next_check = now + _RECHECK_SECONDS
             if self.resolver.changed():
                 self.cache = {}
                 self.cacheable = bool(self.resolver.cacheable)
         method: str = scope["method"]
-        cache_key = (method, scope.get("root_path", ""), scope["path"])
+        cache_key = (method, value_of(scope, "root_path", ""), scope["path"])
         found = self.cache.get(cache_key) if self.cacheable else None
         if found is None:
             found = self.resolver.lookup(scope)
@@ -177,7 +181,14 @@ class EdgeLayer:
         try:
             if len(groups) == 1:
                 limiter, rules = groups[0]
-                if limiter.enabled:
+                if not limiter.enabled:
+                    pass
+                elif can_check_now(limiter, rules):
+                    try:
+                        decision = check_now(limiter, rules[0], scope)
+                    except KeyPending as pending:
+                        decision = await check_pending(limiter, rules[0], scope, pending)
+                else:
                     decision = await check_rules(limiter, rules, scope)
             else:
                 decision = await check_groups(groups, scope)
@@ -196,14 +207,7 @@ class EdgeLayer:
         if target.headers != "always":
             await self.app(scope, receive, send)
             return
-        extra = rate_limit_headers(decision, target.style, target.policy)
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), *extra]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+        await self.app(scope, receive, SendWithRateHeaders(send, decision, target.style, target.policy))
 
 
 async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:

@@ -10,14 +10,14 @@ import inspect
 from collections.abc import Sequence
 
 from .._mypyc import mypyc_attr
-from ..context import STATE_KEY, RequestContext
+from ..context import context_for
 from ..decision import Decision
-from ..enforcement import LimitUnavailable, check_rules
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
+from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..responses import LimitHandler, adding_missing_headers, limited_headers, rejection, send_unavailable
 from ..rules import Rule, RuleSet, policy_of
-from ..types import ASGIApp, Message, Receive, Scope, Send
+from ..types import ASGIApp, Receive, Scope, Send
 from .websocket import MessageLimitAction, WebSocketDeny, WebSocketLimits
 
 __all__ = ["RateLimitMiddleware"]
@@ -69,7 +69,7 @@ class RateLimitMiddleware:
         self.websockets = WebSocketLimits(limiter, websocket_deny, websocket_on_message_limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
+        kind: str = scope["type"]
         if kind == "http":
             matched = self.rules.match(scope["method"], scope["path"])
             if not matched:
@@ -80,34 +80,27 @@ class RateLimitMiddleware:
                 await self.app(scope, receive, send)
                 return
             try:
-                decision = await check_rules(limiter, matched, scope)
+                if can_check_now(limiter, matched):
+                    try:
+                        decision = check_now(limiter, matched[0], scope)
+                    except KeyPending as pending:
+                        decision = await check_pending(limiter, matched[0], scope, pending)
+                else:
+                    decision = await check_rules(limiter, matched, scope)
             except LimitUnavailable:
                 await send_unavailable(send)
                 return
             if decision is None:
                 await self.app(scope, receive, send)
                 return
-            state = scope.get("state")
-            if state is None:
-                state = scope["state"] = {}
-            context = state.get(STATE_KEY)
-            if not isinstance(context, RequestContext):
-                context = state[STATE_KEY] = RequestContext()
-            context.decision = decision
+            context_for(scope).decision = decision
             if not decision.allowed:
                 await self._reject(scope, receive, send, decision, policy_of(matched))
                 return
             if self.headers != "always":
                 await self.app(scope, receive, send)
                 return
-            extra = rate_limit_headers(decision, self.header_style, policy_of(matched))
-
-            async def send_with_headers(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    message["headers"] = [*message.get("headers", ()), *extra]
-                await send(message)
-
-            await self.app(scope, receive, send_with_headers)
+            await self.app(scope, receive, SendWithRateHeaders(send, decision, self.header_style, policy_of(matched)))
             return
         if kind == "websocket":
             matched = self.rules.match("GET", scope["path"], websocket=True)
