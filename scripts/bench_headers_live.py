@@ -5,12 +5,17 @@ Each variant is one FastAPI app served by its own uvicorn process (uvloop, httpt
 of each is printed with its ratio to the matching floor: a pure ASGI layer adding the same number of
 fixed headers (for allowed traffic) or bare FastAPI (headers off, limited traffic).
 
+Beside req/s, the server's own CPU time per request (utime + stime from /proc, over the measured
+run) gives the capacity ratio ``floor CPU / variant CPU``: what one worker could serve on a CPU of
+its own. On a shared machine whose throughput swings between rounds, it is the steadier figure.
+
     PYTHONPATH=build/compiled .venv/bin/python scripts/bench_headers_live.py --duration 3 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import socket
 import statistics
@@ -94,7 +99,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(variant: str, duration: float, connections: int) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (Linux /proc), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(variant: str, duration: float, connections: int) -> tuple[float, float]:
+    """(req/s, server CPU µs per request) of one run against ``variant``."""
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", variant, "--port", str(port)])
     try:
@@ -107,11 +120,14 @@ def measure(variant: str, duration: float, connections: int) -> float:
                 time.sleep(0.1)
         url = f"http://127.0.0.1:{port}/test"
         subprocess.run(["wrk", "-t1", f"-c{connections}", "-d1s", url], capture_output=True, check=True)  # warm-up
+        cpu = cpu_seconds(server.pid)
         out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", url],
                              capture_output=True, text=True, check=True).stdout
+        cpu = cpu_seconds(server.pid) - cpu
         found = re.search(r"Requests/sec:\s+([\d.]+)", out)
-        assert found, out
-        return float(found.group(1))
+        served = re.search(r"(\d+) requests in", out)
+        assert found and served, out
+        return float(found.group(1)), cpu / int(served.group(1)) * 1e6
     finally:
         server.terminate()
         server.wait(10)
@@ -131,17 +147,25 @@ def main() -> None:
         return
     names = args.variants.split(",")
     samples: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.rounds):
         for name in names:
-            samples[name].append(measure(name, args.duration, args.connections))
+            rate, per_request = measure(name, args.duration, args.connections)
+            samples[name].append(rate)
+            cpu[name].append(per_request)
     median = {name: statistics.median(values) for name, values in samples.items()}
-    print(f"{'variant':24s} {'req/s (median)':>15s} {'vs floor':>9s}  floor / all rounds")
+    cpu_median = {name: statistics.median(values) for name, values in cpu.items()}
+    cpu_min = {name: min(values) for name, values in cpu.items()}
+    print(f"{'variant':24s} {'req/s (median)':>15s} {'vs floor':>9s} {'CPU µs/req':>11s} {'capacity':>9s}"
+          f" {'(of mins)':>9s}  floor / all rounds")
     for name in names:
         floor = FLOORS.get(name)
         ratio = f"{median[name] / median[floor]:9.3f}" if floor in median else f"{'':9s}"
+        capacity = f"{cpu_median[floor] / cpu_median[name]:9.3f}" if floor in median else f"{'':9s}"
+        of_mins = f"{cpu_min[floor] / cpu_min[name]:9.3f}" if floor in median else f"{'':9s}"
         rounds = ", ".join(f"{v:,.0f}" for v in samples[name])
-        print(f"{name:24s} {median[name]:15,.0f} {ratio}  {floor or ''} / {rounds}")
-
+        print(f"{name:24s} {median[name]:15,.0f} {ratio} {cpu_median[name]:11.1f} {capacity} {of_mins}"
+              f"  {floor or ''} / {rounds}")
 
 if __name__ == "__main__":
     main()
