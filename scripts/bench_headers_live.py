@@ -9,7 +9,9 @@ Beside req/s, the server's own CPU time per request (utime + stime from /proc, o
 run) gives the capacity ratio ``floor CPU / variant CPU``: what one worker could serve on a CPU of
 its own. On a shared machine whose throughput swings between rounds, it is the steadier figure.
 
-    PYTHONPATH=build/compiled .venv/bin/python scripts/bench_headers_live.py --duration 3 --rounds 3
+    build/venv-wheel/bin/python scripts/bench_headers_live.py --duration 3 --rounds 3
+
+(the compiled wheel ``make bench`` installs; a ``setup.py build --build-lib DIR`` tree on ``PYTHONPATH`` works too)
 """
 
 from __future__ import annotations

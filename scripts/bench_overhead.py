@@ -6,7 +6,10 @@ and noise hit all of them alike. Prints µs per request, the extra over the bare
 of ours to traffik's extra. Needs the ``bench`` extra.
 
     .venv/bin/python scripts/bench_overhead.py --requests 4000 --runs 7
-    PYTHONPATH=build/compiled .venv/bin/python scripts/bench_overhead.py --edge --requests 2000 --runs 11
+    cd /tmp && /work/main/build/venv-wheel/bin/python /work/main/scripts/bench_overhead.py --edge --requests 2000 --runs 11
+
+(``make bench`` installs the compiled wheel in ``build/venv-wheel``; a ``setup.py build --build-lib DIR``
+tree on ``PYTHONPATH`` works too.)
 
 ``--edge`` measures the issue-12 targets instead of the comparison with traffik: the dependency with
 ``install(app)`` (edge enforcement; also with ``lift=False``) against the middleware, the

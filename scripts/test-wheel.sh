@@ -6,7 +6,7 @@
 #
 #   scripts/test-wheel.sh PYTHON [CONSTRAINTS] [-- PYTEST ARGS...]
 #
-# CONSTRAINTS: a pip constraints file (e.g. ci/oldest-deps.txt: the oldest supported versions of
+# CONSTRAINTS: a pip constraints file (e.g. scripts/oldest-deps.txt: the oldest supported versions of
 # the optional dependencies) applied when installing the extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
