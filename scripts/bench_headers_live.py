@@ -12,6 +12,11 @@ its own. On a shared machine whose throughput swings between rounds, it is the s
     build/venv-wheel/bin/python scripts/bench_headers_live.py --duration 3 --rounds 3
 
 (the compiled wheel ``make bench`` installs; a ``setup.py build --build-lib DIR`` tree on ``PYTHONPATH`` works too)
+
+``--instructions N`` counts instead of timing: each server runs under valgrind's callgrind, is warmed
+up, then serves ``N`` requests over one keep-alive connection with the counters zeroed just before and
+dumped just after; the instructions per request it prints do not move with the machine's load, so
+variants a few per cent apart can be told apart on a shared machine.
 """
 
 from __future__ import annotations
@@ -108,6 +113,63 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _get_all(sock: socket.socket, count: int) -> None:
+    """Send ``count`` GET /test requests one after another on ``sock``, reading each whole answer."""
+    request = b"GET /test HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    buffer = b""
+    for _ in range(count):
+        sock.sendall(request)
+        while b"\r\n\r\n" not in buffer:
+            buffer += sock.recv(65536)
+        head, _, buffer = buffer.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(buffer) < length:
+            buffer += sock.recv(65536)
+        buffer = buffer[length:]
+
+
+def count_instructions(variant: str, requests: int) -> float:
+    """Instructions the server runs per request of ``variant`` (callgrind, after a warm-up)."""
+    import tempfile
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no",
+                                   sys.executable, __file__, "--serve", variant, "--port", str(port)],
+                                  stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            with sock:
+                _get_all(sock, 300)
+                subprocess.run(["callgrind_control", "--zero", str(server.pid)], capture_output=True, check=True)
+                _get_all(sock, requests)
+                subprocess.run(["callgrind_control", "--dump=measured", str(server.pid)], capture_output=True,
+                               check=True)
+        finally:
+            server.terminate()
+            server.wait(60)
+        for name in os.listdir(tmp):
+            with open(os.path.join(tmp, name)) as f:
+                text = f.read()
+            if "measured" in text.split("\nevents:", 1)[0]:
+                if os.environ.get("CALLGRIND_KEEP"):  # for callgrind_annotate
+                    with open(f"{os.environ['CALLGRIND_KEEP']}-{variant.replace(' ', '_')}", "w") as f:
+                        f.write(text)
+                found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+                assert found, name
+                return int(found.group(1)) / requests
+    raise RuntimeError("callgrind wrote no dump for the measured requests")
+
+
 def measure(variant: str, duration: float, connections: int) -> tuple[float, float]:
     """(req/s, server CPU µs per request) of one run against ``variant``."""
     port = free_port()
@@ -143,11 +205,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--instructions", type=int, default=0, metavar="N",
+                        help="count the server's instructions per request over N requests (callgrind) instead")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port)
         return
     names = args.variants.split(",")
+    if args.instructions:
+        counts = {name: count_instructions(name, args.instructions) for name in names}
+        print(f"{'variant':24s} {'instr/request':>14s} {'vs floor':>9s} {'extra':>8s}  floor")
+        for name in names:
+            floor = FLOORS.get(name)
+            ratio = f"{counts[floor] / counts[name]:9.3f}" if floor in counts else f"{'':9s}"
+            extra = f"{counts[name] - counts[floor]:8,.0f}" if floor in counts else f"{'':8s}"
+            print(f"{name:24s} {counts[name]:14,.0f} {ratio} {extra}  {floor or ''}")
+        return
     samples: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.rounds):

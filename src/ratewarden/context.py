@@ -99,12 +99,13 @@ def context_for(scope: Scope) -> RequestContext:
     Args:
         scope: The ASGI connection scope.
     """
-    state = value_of(scope, "state")
+    # The dict operations inline (not value_of): every limited request runs this.
+    state = scope.get("state") if isinstance(scope, dict) else value_of(scope, "state")
     if state is None:
         context = RequestContext()
         set_value(scope, "state", {STATE_KEY: context})
         return context
-    found = value_of(state, STATE_KEY)
+    found = state.get(STATE_KEY) if isinstance(state, dict) else value_of(state, STATE_KEY)
     if isinstance(found, RequestContext):
         return found
     context = RequestContext()

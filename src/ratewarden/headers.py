@@ -42,11 +42,12 @@ _Header = tuple[bytes, ...]
 class _Reset:
     """A number of seconds to reset, with its text and its ``X-RateLimit-Reset`` header."""
 
-    __slots__ = ("header", "seconds", "text")
+    __slots__ = ("header", "seconds", "suffix", "text")
 
     def __init__(self, seconds: int) -> None:
         self.seconds = seconds
-        self.text = str(seconds).encode()
+        self.text = b"%d" % seconds
+        self.suffix = b";t=" + self.text  # ends the RateLimit value
         self.header: _Header = (b"x-ratelimit-reset", self.text)
 
 
@@ -162,11 +163,11 @@ def add_rate_limit_headers(
     """
     parts = _parts(decision)
     reset = parts.reset_for(math.ceil(decision.reset_after))
-    remaining = str(decision.remaining).encode()
+    remaining = b"%d" % decision.remaining
     out: list[Any] = headers  # the kept header tuples join it as they are
     if style == "both" or style == "ietf":
         out.append(parts.policy_for(policy))
-        out.append((b"ratelimit", b"%s%s;t=%s" % (parts.prefix, remaining, reset.text)))
+        out.append((b"ratelimit", parts.prefix + remaining + reset.suffix))
     if style != "ietf":
         out.append(parts.limit_header)
         out.append((b"x-ratelimit-remaining", remaining))

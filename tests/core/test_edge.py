@@ -46,7 +46,7 @@ def limiter(store: MemoryStore) -> Limiter:
 
 def counters(store: MemoryStore) -> dict[str, float]:
     """Each fixed-window key and the cost charged to it."""
-    return {key: entry[1][1] for key, entry in store._data.items()}
+    return {key: state[1] for key in store._data if (state := store.state_of(key)) is not None}
 
 
 class Calls:

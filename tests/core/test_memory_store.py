@@ -152,6 +152,23 @@ def test_expired_entries_are_reclaimed(kind: str, clock: FakeClock) -> None:
     assert all(store.state_of(f"old-{i}") is None for i in range(100))
 
 
+def test_expired_key_charged_beside_a_new_key_keeps_its_charge(kind: str, clock: FakeClock) -> None:
+    """A check of an expired key and a new key: reclaiming room for the new key must not drop the
+    expired key's entry the same check just charged (it sits first in line to be swept)."""
+    store: Any = local_store(kind, clock=clock)
+    short = Limit(Rate(5, 1.0), name="short")
+    long = Limit(Rate(5, 600.0), name="long")
+    store.hit_now(["expired"], [short], [1])
+    clock.advance(2.0)  # "expired" is the oldest entry and has expired
+    decision = store.hit_now(["expired", "new"], [short, long], [1, 1])
+    assert decision.allowed
+    for _ in range(3):
+        store.hit_now(["expired"], [short], [1])
+    last = store.hit_now(["expired"], [short], [1])
+    assert (last.allowed, last.remaining) == (True, 0)  # 5 charged in this window: the fifth fits
+    assert not store.hit_now(["expired"], [short], [1]).allowed
+
+
 def test_reclaiming_happens_without_a_full_table(kind: str, clock: FakeClock) -> None:
     """Expired states are dropped a few at a time as new keys arrive, not only at the bound."""
     store: Any = local_store(kind, 10_000, clock=clock)

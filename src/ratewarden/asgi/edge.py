@@ -127,7 +127,7 @@ class EdgeLayer:
     def __init__(self, app: ASGIApp, resolver: Any) -> None:
         self.app = app
         self.resolver = resolver
-        self.cache: dict[tuple[str, str, str], tuple[EdgeTarget | None, dict[str, Any]]] = {}
+        self.cache: dict[object, tuple[EdgeTarget | None, dict[str, Any]]] = {}  # by path, or (method, root, path)
         self.cacheable = True
         self.count = -1
         self.next_check = 0.0
@@ -145,7 +145,11 @@ class EdgeLayer:
                 self.cache = {}
                 self.cacheable = bool(self.resolver.cacheable)
         method: str = scope["method"]
-        cache_key = (method, value_of(scope, "root_path", ""), scope["path"])
+        path: str = scope["path"]
+        root: str = value_of(scope, "root_path", "")
+        # A GET at the root is keyed by its path alone: a string keeps its hash, a tuple is built
+        # and hashed anew for every request.
+        cache_key: object = path if method == "GET" and not root else (method, root, path)
         found = self.cache.get(cache_key) if self.cacheable else None
         if found is None:
             found = self.resolver.lookup(scope)

@@ -34,9 +34,19 @@ __all__ = ["MemoryStore"]
 
 log = logging.getLogger("ratewarden.stores.memory")
 
-_Entry = tuple[float, State]  # (expires_at, state)
 _OVERFLOW = "\x00overflow:"
 _FIXED_WINDOW: Final[Algorithm] = fixed_window
+
+
+class _Entry:
+    """One key's live state and when it expires; updated in place by each check, so a key already
+    held costs no table write (only a new key is inserted)."""
+
+    __slots__ = ("expires", "state")
+
+    def __init__(self, expires: float, state: State) -> None:
+        self.expires = expires
+        self.state = state
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -71,7 +81,7 @@ class MemoryStore(Store):
         data = self._data
         for _ in range(min(count, len(data))):
             head = next(iter(data))
-            if data[head][0] <= now:
+            if data[head].expires <= now:
                 del data[head]
             else:
                 data.move_to_end(head)
@@ -126,7 +136,7 @@ class MemoryStore(Store):
             if entry is None:
                 table, key = self._slot(key, limit, now)
                 entry = table.get(key)
-            state = entry[1] if entry is not None and entry[0] > now else None
+            state = entry.state if entry is not None and entry.expires > now else None
             fn = limit.fn
             if fn is _FIXED_WINDOW:  # the default algorithm: a direct (compiled) call, no boxing
                 new_state, decision = fixed_window_of(state, now, cost, limit.quota, limit.period)
@@ -134,9 +144,13 @@ class MemoryStore(Store):
                 new_state, decision = fn(state, now, cost, limit.rate)
             decision.policy = limit.name
             if new_state is not None:
-                if entry is None and table is data:
-                    self._sweep(2, now)
-                table[key] = (now + decision.reset_after, new_state)
+                if entry is not None:
+                    entry.expires = now + decision.reset_after
+                    entry.state = new_state
+                else:
+                    if table is data:
+                        self._sweep(2, now)
+                    table[key] = _Entry(now + decision.reset_after, new_state)
             return decision
         finally:
             lock.release()
@@ -145,7 +159,7 @@ class MemoryStore(Store):
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], now: float
     ) -> Decision:
         data = self._data
-        results: list[tuple[dict[str, _Entry], str, State | None, Decision]] = []
+        results: list[tuple[dict[str, _Entry], str, _Entry | None, State | None, Decision]] = []
         allowed = True
         pending = 0
         for key, limit, cost in zip(keys, limits, costs, strict=True):
@@ -155,18 +169,23 @@ class MemoryStore(Store):
                 table, key = self._slot(key, limit, now, pending)
                 entry = table.get(key)
                 pending += table is data
-            state = entry[1] if entry is not None and entry[0] > now else None
+            state = entry.state if entry is not None and entry.expires > now else None
             new_state, decision = limit.fn(state, now, cost, limit.rate)
             decision.policy = limit.name
             allowed = allowed and decision.allowed
-            results.append((table, key, new_state, decision))
+            results.append((table, key, entry, new_state, decision))
         if allowed:
-            if pending:
+            for table, key, entry, new_state, decision in results:
+                if new_state is None:
+                    continue
+                if entry is not None:
+                    entry.expires = now + decision.reset_after
+                    entry.state = new_state
+                else:
+                    table[key] = _Entry(now + decision.reset_after, new_state)
+            if pending:  # after the writes: a sweep may drop an expired entry written above in place
                 self._sweep(2, now)
-            for table, key, new_state, decision in results:
-                if new_state is not None:
-                    table[key] = (now + decision.reset_after, new_state)
-        return combine([r[3] for r in results])
+        return combine([r[4] for r in results])
 
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """Current decisions for a zero-cost request; charges nothing."""
@@ -175,7 +194,7 @@ class MemoryStore(Store):
         with self._lock:
             for key, limit in zip(keys, limits, strict=True):
                 entry = self._data.get(key)
-                state = entry[1] if entry is not None and entry[0] > now else None
+                state = entry.state if entry is not None and entry.expires > now else None
                 _, decision = limit.fn(state, now, 0.0, limit.rate)
                 decision.policy = limit.name
                 out.append(decision)
@@ -215,8 +234,10 @@ class MemoryStore(Store):
         Args:
             key: A storage key.
         """
-        entry = self._data.get(key)
-        return entry[1] if entry is not None and entry[0] > self.clock() else None
+        now = self.clock()
+        with self._lock:
+            entry = self._data.get(key)
+            return entry.state if entry is not None and entry.expires > now else None
 
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Charge (positive) or refund (negative) without denying (``charges.adjusted_state``).
@@ -234,13 +255,18 @@ class MemoryStore(Store):
         with self._lock:
             for key, limit, amount in zip(keys, limits, amounts, strict=True):
                 entry = data.get(key)
-                state = entry[1] if entry is not None and entry[0] > now else None
+                state = entry.state if entry is not None and entry.expires > now else None
                 new_state, decision = adjusted_state(limit, state, now, amount)
                 decision.policy = limit.name
                 if new_state is None:
                     data.pop(key, None)
-                elif new_state is not state and (entry is not None or len(data) < self.max_keys):
-                    data[key] = (now + decision.reset_after, new_state)
+                elif new_state is state:
+                    pass
+                elif entry is not None:
+                    entry.expires = now + decision.reset_after
+                    entry.state = new_state
+                elif len(data) < self.max_keys:
+                    data[key] = _Entry(now + decision.reset_after, new_state)
                 out.append(decision)
         return out
 
