@@ -109,5 +109,8 @@ def context_for(scope: Scope) -> RequestContext:
     if isinstance(found, RequestContext):
         return found
     context = RequestContext()
-    state[STATE_KEY] = context
+    if isinstance(state, dict):
+        state[STATE_KEY] = context
+    else:
+        state[STATE_KEY] = context
     return context

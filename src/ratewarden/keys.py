@@ -54,7 +54,7 @@ class ClientIP:
             usually owns a whole /64).
     """
 
-    __slots__ = ("_norm_cache", "_trust_cache", "ipv6_prefix", "trusted")
+    __slots__ = ("_last", "_norm_cache", "_trust_cache", "ipv6_prefix", "trusted")
 
     def __init__(self, trusted_proxies: Iterable[str] = (), ipv6_prefix: int = 64) -> None:
         if not 0 < ipv6_prefix <= 128:
@@ -66,15 +66,21 @@ class ClientIP:
         self.ipv6_prefix = ipv6_prefix
         self._norm_cache: dict[str, str] = {}
         self._trust_cache: dict[str, bool] = {}
+        self._last: tuple[str, str] = ("", "unknown")  # the last direct peer and its key
 
     def __call__(self, scope: Scope) -> str:
-        client = value_of(scope, "client")
+        client = scope.get("client") if isinstance(scope, dict) else value_of(scope, "client")
         peer = client[0] if client else None
         if not peer:
             return "unknown"
         if self.trusted and self._is_trusted(peer):
             return self._from_headers(scope, peer)
-        return self.normalize(peer)
+        last = self._last  # a connection's requests share one peer: no lookup for them
+        if peer == last[0]:
+            return last[1]
+        key = self.normalize(peer)
+        self._last = (peer, key)
+        return key
 
     def normalize(self, address: str) -> str:
         """Canonical text of ``address`` (IPv6 reduced to its prefix); unparsable input is kept,

@@ -111,6 +111,16 @@ def test_ipv4_mapped_addresses_are_normalised() -> None:
     assert PROXY(scope("10.0.0.5", [("x-forwarded-for", "::ffff:5.6.7.8")])) == "5.6.7.8"
 
 
+def test_alternating_peers_each_get_their_own_key() -> None:
+    """The last peer's key is reused for the next request from it, never for another peer."""
+    key = ClientIP()
+    peers = ["198.51.100.1", "2001:db8:1:2::1", "198.51.100.1", "::ffff:192.0.2.1", "2001:db8:1:2::1", ""]
+    got = [key(scope(peer)) for peer in peers]
+    assert got == ["198.51.100.1", "2001:db8:1:2::/64", "198.51.100.1", "192.0.2.1", "2001:db8:1:2::/64", "unknown"]
+    assert key(scope("198.51.100.2")) == "198.51.100.2"
+    assert key(scope("198.51.100.2", [("x-forwarded-for", "5.6.7.8")])) == "198.51.100.2"  # not a proxy
+
+
 def test_missing_or_odd_client() -> None:
     assert client_ip(scope(None)) == "unknown"
     assert client_ip({"type": "http", "client": None}) == "unknown"

@@ -8,8 +8,8 @@ on a cache miss only, through the ``resolver`` given to the layer.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
+from time import monotonic
 from typing import Any
 
 from .._mypyc import mypyc_attr
@@ -136,7 +136,7 @@ class EdgeLayer:
         self.routes: Sequence[object] = ()
 
     def target(self, scope: Scope) -> EdgeTarget | None:
-        now = time.monotonic()
+        now = monotonic()
         if len(self.routes) != self.count or now >= self.next_check:
             self.routes = self.resolver.routes()
             self.count = len(self.routes)
@@ -144,24 +144,35 @@ class EdgeLayer:
             if self.resolver.changed():
                 self.cache = {}
                 self.cacheable = bool(self.resolver.cacheable)
-        method: str = scope["method"]
-        path: str = scope["path"]
-        root: str = value_of(scope, "root_path", "")
+        if isinstance(scope, dict):  # dict operations in the compiled build (the usual scope)
+            method: str = scope["method"]
+            path: str = scope["path"]
+            root: str = scope.get("root_path", "")
+        else:
+            method = scope["method"]
+            path = scope["path"]
+            root = value_of(scope, "root_path", "")
         # A GET at the root is keyed by its path alone: a string keeps its hash, a tuple is built
         # and hashed anew for every request.
         cache_key: object = path if method == "GET" and not root else (method, root, path)
         found = self.cache.get(cache_key) if self.cacheable else None
         if found is None:
-            found = self.resolver.lookup(scope)
-            if self.cacheable:
-                if len(self.cache) >= _CACHE_LIMIT:
-                    self.cache.clear()
-                self.cache[cache_key] = found
-        target, params = found
+            found = self._resolve(scope, cache_key)
+        target = found[0]
+        params = found[1]
         if params and "path_params" not in scope:
             # Key and cost functions may read path parameters; the router sets the same values later.
             scope["path_params"] = dict(params)
         return target
+
+    def _resolve(self, scope: Scope, cache_key: object) -> tuple[EdgeTarget | None, dict[str, Any]]:
+        """A cache miss: the resolver finds the route's target (kept unless the app is not cacheable)."""
+        found: tuple[EdgeTarget | None, dict[str, Any]] = self.resolver.lookup(scope)
+        if self.cacheable:
+            if len(self.cache) >= _CACHE_LIMIT:
+                self.cache.clear()
+            self.cache[cache_key] = found
+        return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -69,9 +69,15 @@ class RateLimitMiddleware:
         self.websockets = WebSocketLimits(limiter, websocket_deny, websocket_on_message_limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind: str = scope["type"]
+        if isinstance(scope, dict):  # dict operations in the compiled build (the usual scope)
+            kind: str = scope["type"]
+            if kind == "http":
+                matched = self.rules.match(scope["method"], scope["path"])
+        else:
+            kind = scope["type"]
+            if kind == "http":
+                matched = self.rules.match(scope["method"], scope["path"])
         if kind == "http":
-            matched = self.rules.match(scope["method"], scope["path"])
             if not matched:
                 await self.app(scope, receive, send)
                 return
