@@ -2,7 +2,8 @@
 
 Each variant is one FastAPI app served by its own uvicorn process (uvloop, httptools); wrk runs
 ``--duration`` seconds against it, variants interleaved over ``--rounds`` rounds; the median req/s
-of each is printed with its ratio to the matching floor: a pure ASGI layer adding the same number of
+of each is printed with its ratio to the matching floor (and the median of the ratios paired within
+each round, steadier when the machine drifts during the run): a pure ASGI layer adding the same number of
 fixed headers (for allowed traffic) or bare FastAPI (headers off, limited traffic).
 
 Beside req/s, the server's own CPU time per request (utime + stime from /proc, over the measured
@@ -135,9 +136,10 @@ def count_instructions(variant: str, requests: int) -> float:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
+        env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
         server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no",
                                    sys.executable, __file__, "--serve", variant, "--port", str(port)],
-                                  stderr=subprocess.DEVNULL)
+                                  stderr=subprocess.DEVNULL, env=env)
         try:
             deadline = time.monotonic() + 300
             while True:
@@ -228,19 +230,29 @@ def main() -> None:
             rate, per_request = measure(name, args.duration, args.connections)
             samples[name].append(rate)
             cpu[name].append(per_request)
+    # Ratios paired within a round (variants seconds apart) move less with the machine's drift than
+    # a ratio of medians taken over the whole run.
+    paired = {name: statistics.median(v / f for v, f in zip(samples[name], samples[FLOORS[name]], strict=True))
+              for name in names if FLOORS.get(name) in samples}
+    paired_cpu = {name: statistics.median(f / v for v, f in zip(cpu[name], cpu[FLOORS[name]], strict=True))
+                  for name in names if FLOORS.get(name) in cpu}
     median = {name: statistics.median(values) for name, values in samples.items()}
     cpu_median = {name: statistics.median(values) for name, values in cpu.items()}
     cpu_min = {name: min(values) for name, values in cpu.items()}
-    print(f"{'variant':24s} {'req/s (median)':>15s} {'vs floor':>9s} {'CPU µs/req':>11s} {'capacity':>9s}"
-          f" {'(of mins)':>9s}  floor / all rounds")
+    print(f"{'variant':24s} {'req/s (median)':>15s} {'vs floor':>9s} {'paired':>7s} {'CPU µs/req':>11s}"
+          f" {'capacity':>9s} {'paired':>7s} {'(of mins)':>9s}  floor / all rounds")
+    blank = ""
     for name in names:
-        floor = FLOORS.get(name)
-        ratio = f"{median[name] / median[floor]:9.3f}" if floor in median else f"{'':9s}"
-        capacity = f"{cpu_median[floor] / cpu_median[name]:9.3f}" if floor in median else f"{'':9s}"
-        of_mins = f"{cpu_min[floor] / cpu_min[name]:9.3f}" if floor in median else f"{'':9s}"
+        floor = FLOORS.get(name, "")
+        has_floor = floor in median
+        ratio = f"{median[name] / median[floor]:9.3f}" if has_floor else f"{blank:9s}"
+        pair = f"{paired[name]:7.3f}" if has_floor else f"{blank:7s}"
+        capacity = f"{cpu_median[floor] / cpu_median[name]:9.3f}" if has_floor else f"{blank:9s}"
+        pair_cpu = f"{paired_cpu[name]:7.3f}" if has_floor else f"{blank:7s}"
+        of_mins = f"{cpu_min[floor] / cpu_min[name]:9.3f}" if has_floor else f"{blank:9s}"
         rounds = ", ".join(f"{v:,.0f}" for v in samples[name])
-        print(f"{name:24s} {median[name]:15,.0f} {ratio} {cpu_median[name]:11.1f} {capacity} {of_mins}"
-              f"  {floor or ''} / {rounds}")
+        print(f"{name:24s} {median[name]:15,.0f} {ratio} {pair} {cpu_median[name]:11.1f} {capacity} {pair_cpu}"
+              f" {of_mins}  {floor} / {rounds}")
 
 if __name__ == "__main__":
     main()
