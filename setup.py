@@ -139,7 +139,8 @@ def _ext_modules() -> list[Any]:
     try:
         from mypyc.build import mypycify
 
-        options: dict[str, Any] = {"opt_level": "3", "debug_level": "0"}
+        # RATEWARDEN_OPT_LEVEL: the C compiler's -O level (3 unless set), to compare builds.
+        options: dict[str, Any] = {"opt_level": os.environ.get("RATEWARDEN_OPT_LEVEL", "3"), "debug_level": "0"}
         if "group_name" in inspect.signature(mypycify).parameters:  # newer mypyc (older: a hashed name)
             options["group_name"] = "ratewarden"  # the shared library: ratewarden__mypyc.*.so
         return [*mypycify([*BUILD_TYPE_CHECK, *HOT_MODULES], **options), *NATIVE_EXTENSIONS]

@@ -137,7 +137,8 @@ def count_instructions(variant: str, requests: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
         env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
-        server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no",
+        extra = os.environ.get("CALLGRIND_ARGS", "").split()  # e.g. --cache-sim=yes
+        server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no", *extra,
                                    sys.executable, __file__, "--serve", variant, "--port", str(port)],
                                   stderr=subprocess.DEVNULL, env=env)
         try:

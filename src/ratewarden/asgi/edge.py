@@ -8,12 +8,12 @@ on a cache miss only, through the ``resolver`` given to the layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from time import monotonic
 from typing import Any
 
 from .._mypyc import mypyc_attr
-from ..context import EdgeCheck, context_for
+from ..context import EdgeCheck, RequestContext, context_for
 from ..decision import Decision
 from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
@@ -175,54 +175,94 @@ class EdgeLayer:
         return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(scope, receive, send)
+
+    def handle(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """What answers this request, as an awaitable: on the usual paths the app's own (the check
+        runs here, synchronously), so the coroutine of ``__call__`` stays one ``await`` long.
+
+        Args:
+            scope: The ASGI connection scope.
+            receive: The ASGI ``receive``.
+            send: The ASGI ``send``.
+        """
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            return self.app(scope, receive, send)
         target = self.target(scope)
         if target is None:
-            await with_collected_headers(self.app, scope, receive, send)
-            return
+            return with_collected_headers(self.app, scope, receive, send)
         if target.overridden():
-            await run_overridden(self.app, target.lifted, scope, receive, send)
-            return
+            return run_overridden(self.app, target.lifted, scope, receive, send)
         context = context_for(scope)
         previous = context.edge
         if previous is not None and previous.route is target.route:
             # An outer edge layer (install() on a parent app, or called twice) charged this already.
-            await self.app(scope, receive, send)
-            return
+            return self.app(scope, receive, send)
         groups = target.groups
+        if len(groups) != 1:
+            return self._check_and_answer(target, context, scope, receive, send, None)
+        limiter, rules = groups[0]
         decision: Decision | None = None
+        if limiter.enabled:
+            if not can_check_now(limiter, rules):
+                return self._check_and_answer(target, context, scope, receive, send, None)
+            try:
+                decision = check_now(limiter, rules[0], scope)
+            except KeyPending as pending:
+                return self._check_and_answer(target, context, scope, receive, send, pending)
+            except LimitUnavailable:
+                return send_unavailable(send)
+        return self._answer(target, context, decision, scope, receive, send)
+
+    async def _check_and_answer(
+        self,
+        target: EdgeTarget,
+        context: RequestContext,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        pending: KeyPending | None,
+    ) -> None:
+        """The general path: a check that awaits (an async key, another store, several rules or
+        limiters)."""
+        groups = target.groups
         try:
-            if len(groups) == 1:
-                limiter, rules = groups[0]
-                if not limiter.enabled:
-                    pass
-                elif can_check_now(limiter, rules):
-                    try:
-                        decision = check_now(limiter, rules[0], scope)
-                    except KeyPending as pending:
-                        decision = await check_pending(limiter, rules[0], scope, pending)
-                else:
-                    decision = await check_rules(limiter, rules, scope)
-            else:
+            if len(groups) != 1:
                 decision = await check_groups(groups, scope)
+            elif pending is not None:
+                decision = await check_pending(groups[0][0], groups[0][1][0], scope, pending)
+            else:
+                decision = await check_rules(groups[0][0], groups[0][1], scope)
         except LimitUnavailable:
             await send_unavailable(send)
             return
+        await self._answer(target, context, decision, scope, receive, send)
+
+    def _answer(
+        self,
+        target: EdgeTarget,
+        context: RequestContext,
+        decision: Decision | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> Awaitable[None]:
+        """Record the check, then run the app (with the rate-limit headers when sent) or refuse."""
         context.edge = EdgeCheck(target.route, target.covered, decision)
         if decision is None:
-            await self.app(scope, receive, send)
-            return
+            return self.app(scope, receive, send)
         if not decision.allowed:
-            body, headers = rejection(decision, target.style, target.headers != "off", target.policy)
-            await send({"type": "http.response.start", "status": 429, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
+            return refuse(send, decision, target)
         if target.headers != "always":
-            await self.app(scope, receive, send)
-            return
-        await self.app(scope, receive, SendWithRateHeaders(send, decision, target.style, target.policy))
+            return self.app(scope, receive, send)
+        return self.app(scope, receive, SendWithRateHeaders(send, decision, target.style, target.policy))
+
+
+async def refuse(send: Send, decision: Decision, target: EdgeTarget) -> None:
+    """Answer the 429 at the edge: FastAPI never sees the request."""
+    body, headers = rejection(decision, target.style, target.headers != "off", target.policy)
+    await send({"type": "http.response.start", "status": 429, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:

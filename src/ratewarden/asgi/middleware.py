@@ -7,7 +7,7 @@ through untouched, so streaming and server-sent responses are unaffected.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from .._mypyc import mypyc_attr
 from ..context import context_for
@@ -16,7 +16,7 @@ from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..responses import LimitHandler, adding_missing_headers, limited_headers, rejection, send_unavailable
-from ..rules import Rule, RuleSet, policy_of
+from ..rules import CompiledRule, Rule, RuleSet, policy_of
 from ..types import ASGIApp, Receive, Scope, Send
 from .websocket import MessageLimitAction, WebSocketDeny, WebSocketLimits
 
@@ -69,6 +69,17 @@ class RateLimitMiddleware:
         self.websockets = WebSocketLimits(limiter, websocket_deny, websocket_on_message_limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(scope, receive, send)
+
+    def handle(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """What answers this connection, as an awaitable: on the usual paths the app's own (the check
+        runs here, synchronously), so the coroutine of ``__call__`` stays one ``await`` long.
+
+        Args:
+            scope: The ASGI connection scope.
+            receive: The ASGI ``receive``.
+            send: The ASGI ``send``.
+        """
         if isinstance(scope, dict):  # dict operations in the compiled build (the usual scope)
             kind: str = scope["type"]
             if kind == "http":
@@ -79,41 +90,52 @@ class RateLimitMiddleware:
                 matched = self.rules.match(scope["method"], scope["path"])
         if kind == "http":
             if not matched:
-                await self.app(scope, receive, send)
-                return
+                return self.app(scope, receive, send)
             limiter = self.limiter
             if not limiter.enabled:
-                await self.app(scope, receive, send)
-                return
+                return self.app(scope, receive, send)
+            if not can_check_now(limiter, matched):
+                return self._check_and_answer(matched, scope, receive, send, None)
             try:
-                if can_check_now(limiter, matched):
-                    try:
-                        decision = check_now(limiter, matched[0], scope)
-                    except KeyPending as pending:
-                        decision = await check_pending(limiter, matched[0], scope, pending)
-                else:
-                    decision = await check_rules(limiter, matched, scope)
+                decision = check_now(limiter, matched[0], scope)
+            except KeyPending as pending:
+                return self._check_and_answer(matched, scope, receive, send, pending)
             except LimitUnavailable:
-                await send_unavailable(send)
-                return
-            if decision is None:
-                await self.app(scope, receive, send)
-                return
-            context_for(scope).decision = decision
-            if not decision.allowed:
-                await self._reject(scope, receive, send, decision, policy_of(matched))
-                return
-            if self.headers != "always":
-                await self.app(scope, receive, send)
-                return
-            await self.app(scope, receive, SendWithRateHeaders(send, decision, self.header_style, policy_of(matched)))
-            return
+                return send_unavailable(send)
+            return self._answer(decision, matched, scope, receive, send)
         if kind == "websocket":
             matched = self.rules.match("GET", scope["path"], websocket=True)
             if matched and self.limiter.enabled:
-                await self.websockets.handle(self.app, matched, scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+                return self.websockets.handle(self.app, matched, scope, receive, send)
+        return self.app(scope, receive, send)
+
+    async def _check_and_answer(
+        self, matched: tuple[CompiledRule, ...], scope: Scope, receive: Receive, send: Send, pending: KeyPending | None
+    ) -> None:
+        """The general path: a check that awaits (an async key, another store, several rules)."""
+        limiter = self.limiter
+        try:
+            if pending is not None:
+                decision = await check_pending(limiter, matched[0], scope, pending)
+            else:
+                decision = await check_rules(limiter, matched, scope)
+        except LimitUnavailable:
+            await send_unavailable(send)
+            return
+        await self._answer(decision, matched, scope, receive, send)
+
+    def _answer(
+        self, decision: Decision | None, matched: tuple[CompiledRule, ...], scope: Scope, receive: Receive, send: Send
+    ) -> Awaitable[None]:
+        """Run the app, with the rate-limit headers when they are sent, or refuse."""
+        if decision is None:
+            return self.app(scope, receive, send)
+        context_for(scope).decision = decision
+        if not decision.allowed:
+            return self._reject(scope, receive, send, decision, policy_of(matched))
+        if self.headers != "always":
+            return self.app(scope, receive, send)
+        return self.app(scope, receive, SendWithRateHeaders(send, decision, self.header_style, policy_of(matched)))
 
     async def _reject(
         self, scope: Scope, receive: Receive, send: Send, decision: Decision, policy: bytes | None = None
