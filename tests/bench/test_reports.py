@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -100,11 +99,6 @@ def test_bad_input_gets_a_message_and_a_nonzero_exit(capsys: pytest.CaptureFixtu
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 def test_live_run_counts_statuses_and_samples_the_server(tmp_path: Path) -> None:
-    # The scenario's 100/min window is aligned to the minute: a run across :00 would allow 100 in
-    # each of two windows. Start well inside a minute (servers, wrk and the run take ~10 s).
-    into_minute = time.time() % 60
-    if into_minute > 40:
-        time.sleep(60.5 - into_minute)
     opts = Options(scenarios=[SCENARIOS["live.light"]], libraries=["ratewarden", "bare"], iterations=1, warmup=0,
                    duration=1.0, concurrency=[10])
     results = run_all(opts)
@@ -156,3 +150,18 @@ def test_in_process_libraries_run_interleaved(monkeypatch: pytest.MonkeyPatch) -
     assert order == ["ratewarden", "bare", "bare", "ratewarden", "ratewarden", "bare", "bare", "ratewarden"]
     assert [len(r.runs) for r in results] == [3, 3]
     assert all(r.row is not None and r.row.correct for r in results)
+
+
+@pytest.mark.parametrize(("into_window", "slept"), [(58.5, 1.55), (10.0, None), (57.5, 2.55), (56.9, None)])
+def test_a_live_run_never_straddles_a_window_edge(
+    monkeypatch: pytest.MonkeyPatch, into_window: float, slept: float | None
+) -> None:
+    """A fixed window restarts at each epoch-aligned edge: a run crossing one would allow a second
+    ``limit``, so the runner waits for the next window when the run (plus 2 s) would not fit."""
+    from ratewarden.bench import runner
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(runner.time, "time", lambda: 1_000_020.0 + into_window)  # 1_000_020 = 60 * 16_667
+    monkeypatch.setattr(runner.time, "sleep", sleeps.append)
+    runner._clear_of_window_edge(60, 1.0)
+    assert sleeps == ([] if slept is None else [pytest.approx(slept)])

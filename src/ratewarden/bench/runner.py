@@ -224,6 +224,8 @@ def _live(task: Task, opts: Options, store: StoreService | None) -> list[Run]:
                     _clear_of_window_edge(task.scenario.window_s, duration)
             else:
                 hot_key = "hot-key-user"
+                if not warm:
+                    _clear_of_window_edge(task.scenario.window_s, duration)
                 server.reset()
             before = store.commands() if store else None
             run = live.run_iteration(server, task.scenario, duration, task.concurrency, client_cores, hot_key)
