@@ -109,8 +109,5 @@ def context_for(scope: Scope) -> RequestContext:
     if isinstance(found, RequestContext):
         return found
     context = RequestContext()
-    if isinstance(state, dict):
-        state[STATE_KEY] = context
-    else:
-        state[STATE_KEY] = context
+    set_value(state, STATE_KEY, context)
     return context
