@@ -1,10 +1,11 @@
 """Live cost of each rate-limit header style under uvicorn + wrk (one worker, loopback).
 
 Each variant is one FastAPI app served by its own uvicorn process (uvloop, httptools); wrk runs
-``--duration`` seconds against it, variants interleaved over ``--rounds`` rounds; the median req/s
-of each is printed with its ratio to the matching floor (and the median of the ratios paired within
-each round, steadier when the machine drifts during the run): a pure ASGI layer adding the same number of
-fixed headers (for allowed traffic) or bare FastAPI (headers off, limited traffic).
+``--duration`` seconds against it, variants interleaved over ``--rounds`` rounds (each round starting
+one variant further on); the median req/s of each is printed with its ratio to the matching floor
+(and the median of the ratios paired within each round, steadier when the machine drifts during the
+run): a pure ASGI layer adding the same fixed headers, byte for byte (for allowed traffic), or bare
+FastAPI (headers off, limited traffic).
 
 Beside req/s, the server's own CPU time per request (utime + stime from /proc, over the measured
 run) gives the capacity ratio ``floor CPU / variant CPU``: what one worker could serve on a CPU of
@@ -37,14 +38,16 @@ FIXED = [
     (b"ratelimit-policy", b'"/test";q=1000000000;w=60'), (b"ratelimit", b'"/test";r=999999999;t=60'),
     (b"x-ratelimit-limit", b"1000000000"), (b"x-ratelimit-remaining", b"999999999"), (b"x-ratelimit-reset", b"60"),
 ]
+# The edge names a dependency's limit after its route ("GET-/test"): its floor adds those bytes.
+FIXED_EDGE = [(name, value.replace(b'"/test"', b'"GET-/test"')) for name, value in FIXED]
 VARIANTS = [
-    "bare", "floor 5 headers", "floor 2 headers", "floor 3 headers",
+    "bare", "floor 5 headers", "floor 2 headers", "floor 3 headers", "floor edge headers",
     "middleware both", "middleware ietf", "middleware legacy", "middleware off",
     "dependency+edge both", "middleware 429", "dependency+edge 429",
 ]
 FLOORS = {
     "middleware both": "floor 5 headers", "middleware ietf": "floor 2 headers",
-    "middleware legacy": "floor 3 headers", "middleware off": "bare", "dependency+edge both": "floor 5 headers",
+    "middleware legacy": "floor 3 headers", "middleware off": "bare", "dependency+edge both": "floor edge headers",
     "middleware 429": "bare", "dependency+edge 429": "bare",
 }
 
@@ -75,8 +78,8 @@ def build(variant: str) -> Any:
         app.add_middleware(RateLimitMiddleware, limiter=Limiter(MemoryStore()), rules=[Rule("/test", f"{limit}/min")],
                            **options)
     elif variant.startswith("floor"):
-        count = int(variant.split()[1])
-        fixed = FIXED[:count] if count != 3 else FIXED[2:]
+        size = variant.split()[1]
+        fixed = FIXED_EDGE if size == "edge" else FIXED[:int(size)] if size != "3" else FIXED[2:]
 
         class FloorHeaders:
             def __init__(self, inner: Any) -> None:
@@ -226,8 +229,10 @@ def main() -> None:
         return
     samples: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(args.rounds):
-        for name in names:
+    for round_number in range(args.rounds):
+        # Each round starts one variant further on, so no variant always runs first or after the same one.
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
             rate, per_request = measure(name, args.duration, args.connections)
             samples[name].append(rate)
             cpu[name].append(per_request)
