@@ -174,12 +174,12 @@ class EdgeLayer:
             self.cache[cache_key] = found
         return found
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.handle(scope, receive, send)
-
-    def handle(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         """What answers this request, as an awaitable: on the usual paths the app's own (the check
-        runs here, synchronously), so the coroutine of ``__call__`` stays one ``await`` long.
+        runs here, synchronously), so the layer adds no coroutine of its own. Starlette's middleware
+        stack awaits it, as it awaits any app; unlike ``RateLimitMiddleware``, which may be the
+        app a server is given (and is then told apart as ASGI 3 by its ``async def``), this layer
+        only ever runs inside the FastAPI app ``install()`` adds it to.
 
         Args:
             scope: The ASGI connection scope.
