@@ -41,13 +41,13 @@ FIXED = [
 # The edge names a dependency's limit after its route ("GET-/test"): its floor adds those bytes.
 FIXED_EDGE = [(name, value.replace(b'"/test"', b'"GET-/test"')) for name, value in FIXED]
 VARIANTS = [
-    "bare", "floor 5 headers", "floor 2 headers", "floor 3 headers", "floor edge headers",
+    "bare", "pass-through layer", "floor 5 headers", "floor 2 headers", "floor 3 headers", "floor edge headers",
     "middleware both", "middleware ietf", "middleware legacy", "middleware off",
     "dependency+edge both", "middleware 429", "dependency+edge 429",
 ]
 FLOORS = {
     "middleware both": "floor 5 headers", "middleware ietf": "floor 2 headers",
-    "middleware legacy": "floor 3 headers", "middleware off": "bare", "dependency+edge both": "floor edge headers",
+    "middleware legacy": "floor 3 headers", "middleware off": "bare", "pass-through layer": "bare", "dependency+edge both": "floor edge headers",
     "middleware 429": "bare", "dependency+edge 429": "bare",
 }
 
@@ -77,6 +77,16 @@ def build(variant: str) -> Any:
             options["header_style"] = style
         app.add_middleware(RateLimitMiddleware, limiter=Limiter(MemoryStore()), rules=[Rule("/test", f"{limit}/min")],
                            **options)
+    elif variant == "pass-through layer":  # what any pure ASGI layer costs: one more hop, nothing done
+
+        class PassThrough:
+            def __init__(self, inner: Any) -> None:
+                self.app = inner
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                await self.app(scope, receive, send)
+
+        app.add_middleware(PassThrough)
     elif variant.startswith("floor"):
         size = variant.split()[1]
         fixed = FIXED_EDGE if size == "edge" else FIXED[:int(size)] if size != "3" else FIXED[2:]
