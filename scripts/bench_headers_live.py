@@ -47,8 +47,8 @@ VARIANTS = [
 ]
 FLOORS = {
     "middleware both": "floor 5 headers", "middleware ietf": "floor 2 headers",
-    "middleware legacy": "floor 3 headers", "middleware off": "bare", "pass-through layer": "bare", "dependency+edge both": "floor edge headers",
-    "middleware 429": "bare", "dependency+edge 429": "bare",
+    "middleware legacy": "floor 3 headers", "middleware off": "bare", "pass-through layer": "bare",
+    "dependency+edge both": "floor edge headers", "middleware 429": "bare", "dependency+edge 429": "bare",
 }
 
 
