@@ -218,6 +218,31 @@ def test_threads_on_one_key_get_exactly_the_limit(algorithm: str, kind: str, clo
     assert sum(allowed) == 500
 
 
+def test_the_store_mutex_keeps_other_threads_out_until_released() -> None:
+    """The bound ``_acquire``/``_release`` a check calls are the store's lock: a thread that wants
+    it while it is held waits, and gets it once it is released."""
+    store = MemoryStore()
+    store._acquire()
+    entered = threading.Event()
+
+    def other() -> None:
+        store._acquire()
+        entered.set()
+        store._release()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert not entered.wait(0.2)
+    finally:
+        store._release()
+    assert entered.wait(10)
+    thread.join()
+    store.hit_now(["k"], [Limit(Rate(1, 60.0))], [1])  # not left held
+    with store._lock:
+        pass
+
+
 # --- the store answers exactly what the pure algorithm answers -------------------------------------
 
 @pytest.mark.parametrize("kind", KINDS)
