@@ -223,6 +223,7 @@ def test_the_store_mutex_keeps_other_threads_out_until_released() -> None:
     it while it is held waits, and gets it once it is released."""
     store = MemoryStore()
     store._acquire()
+    assert store._lock.locked()  # the same lock the store's other methods take with ``with``
     entered = threading.Event()
 
     def other() -> None:
@@ -238,9 +239,8 @@ def test_the_store_mutex_keeps_other_threads_out_until_released() -> None:
         store._release()
     assert entered.wait(10)
     thread.join()
-    store.hit_now(["k"], [Limit(Rate(1, 60.0))], [1])  # not left held
-    with store._lock:
-        pass
+    store.hit_now(["k"], [Limit(Rate(1, 60.0))], [1])
+    assert not store._lock.locked()  # a check leaves it free
 
 
 # --- the store answers exactly what the pure algorithm answers -------------------------------------
