@@ -22,6 +22,7 @@ from ratewarden.stores.redis.client import (
     RELIED_ON,
     ResolvingConnection,
     ResolvingSSLConnection,
+    arrivals,
     new_connection,
     reply_reader,
     sentinel_clients,
@@ -212,6 +213,33 @@ def test_public_connection_calls_keep_their_parameters() -> None:
     assert isinstance(inspect.getattr_static(aioredis.Connection, "is_connected", None), property), broken(
         "Connection.is_connected", "is not a property"
     )
+
+
+async def test_arrivals_count_what_the_connection_receives(redis_standalone: RedisStandalone) -> None:
+    """``arrivals`` wraps the feed of ``"Connection._reader"`` (an ``asyncio.StreamReader``) and
+    finds the socket through ``"Connection._writer"``'s transport."""
+    store = RedisStore(redis_standalone.url, timeout=5, connect_timeout=2)
+    conn = new_connection(store.client)
+    try:
+        await conn.connect()
+        assert isinstance(getattr(conn, "_reader", None), asyncio.StreamReader), broken(
+            "Connection._reader", "is not the connection's asyncio.StreamReader"
+        )
+        assert isinstance(getattr(conn, "_writer", None), asyncio.StreamWriter), broken(
+            "Connection._writer", "is not the connection's asyncio.StreamWriter"
+        )
+        counted = arrivals(conn)
+        assert counted is not None and counted.fd == conn._writer.transport.get_extra_info("socket").fileno()
+        assert arrivals(conn) is counted  # one count per reader
+        before = counted.chunks
+        await conn.send_packed_command([b"*1\r\n$4\r\nPING\r\n"], check_health=False)
+        await asyncio.sleep(0.05)  # the reply is read into the reader (our loop was idle)
+        assert counted.chunks > before, broken("Connection._reader", "its protocol no longer feeds it (feed_data)")
+        assert not counted.waiting()  # nothing left in the kernel
+        assert await _read(reply_reader(conn)) in (b"PONG", "PONG")
+    finally:
+        await conn.disconnect()
+        await store.close()
 
 
 def test_every_reliance_is_checked() -> None:

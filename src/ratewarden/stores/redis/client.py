@@ -12,6 +12,10 @@ by name, rather than in production.
   closing the primary's client leaves them open.
 * Host names are resolved in a daemon thread of our own (``_Resolving``), by overriding the
   connection's ``_connect`` and ``_connection_arguments``.
+* Replies arriving on our own connections are counted (``arrivals``) by wrapping the feed of the
+  connection's ``asyncio.StreamReader`` (``conn._reader``); the kernel's unread bytes are seen on
+  the socket of ``conn._writer``'s transport. A timeout then tells a store that does not answer
+  from a reply our own busy event loop has not read yet.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import select
 import socket
 import threading
 from collections.abc import Awaitable, Callable
@@ -30,13 +35,16 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
 __all__ = [
-    "RELIED_ON", "ResolvingConnection", "ResolvingSSLConnection", "new_connection", "reply_reader", "sentinel_clients",
+    "RELIED_ON", "Arrivals", "ResolvingConnection", "ResolvingSSLConnection", "new_connection", "reply_reader", "sentinel_clients",
 ]
 
 #: Every redis-py attribute or behaviour used here beyond the documented API, and what for.
 RELIED_ON = {
     "ConnectionPool.make_connection": "a new connection of the pool's class and arguments, not checked out "
     "(BlockingConnectionPool, SentinelConnectionPool)",
+    "Connection._reader": "the connected connection's asyncio.StreamReader, fed by its protocol's "
+    "data_received (arrivals counts the feed)",
+    "Connection._writer": "the connected connection's asyncio.StreamWriter, whose transport has the socket",
     "Connection.socket_timeout": "read at each exchange; None lets our own timer bound it",
     "Connection._parser": "the connection's parser once connected (hiredis when installed)",
     "_parser.read_response": "a coroutine reading one reply; an error reply as its ResponseError subclass "
@@ -63,6 +71,52 @@ def reply_reader(conn: Any) -> Callable[[], Awaitable[Any]]:
     caller does)."""
     parser = getattr(conn, "_parser", None)
     return conn.read_response if parser is None else parser.read_response  # type: ignore[no-any-return]
+
+
+class Arrivals:
+    """What one connection has received: ``chunks`` handed to its reader by our event loop, and
+    ``fd``, its socket, for bytes still unread in the kernel."""
+
+    __slots__ = ("chunks", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.chunks = 0
+        self.fd = fd
+
+    def waiting(self) -> bool:
+        """Whether bytes from the server wait in the kernel, unread by our loop yet."""
+        if self.fd < 0:
+            return False
+        try:
+            readable, _, _ = select.select([self.fd], [], [], 0)
+        except (OSError, ValueError):  # closed meanwhile
+            return False
+        return bool(readable)
+
+
+def arrivals(conn: Any) -> Arrivals | None:
+    """The arrival count of the connected ``conn`` (set up on its first call and again after a
+    reconnect gives it a new reader), or ``None`` when its stream is not the expected kind."""
+    reader = getattr(conn, "_reader", None)
+    if not isinstance(reader, asyncio.StreamReader):
+        return None
+    counted: Arrivals | None = getattr(reader, "_ratewarden_arrivals", None)
+    if counted is not None:
+        return counted
+    sock = None
+    writer = getattr(conn, "_writer", None)
+    if writer is not None:
+        sock = writer.transport.get_extra_info("socket")
+    counted = Arrivals(sock.fileno() if sock is not None else -1)
+    feed = reader.feed_data
+
+    def feed_counted(data: bytes) -> None:
+        counted.chunks += 1
+        feed(data)
+
+    reader.feed_data = feed_counted  # type: ignore[method-assign,assignment]
+    reader._ratewarden_arrivals = counted  # type: ignore[attr-defined]
+    return counted
 
 
 def sentinel_clients(sentinel: Any) -> list[Any]:

@@ -36,18 +36,25 @@ _DEADLINE_SHARE = 0.9
 class ScriptClock:
     """Deadlines on the server clock for calls whose callers wait ``timeout`` seconds."""
 
-    __slots__ = ("refused", "skew", "test_clock", "timeout")
+    __slots__ = ("refused", "rtt", "skew", "test_clock", "timeout")
 
     def __init__(self, timeout: float, test_clock: Callable[[], float] | None) -> None:
         self.timeout = timeout
         self.test_clock = test_clock
         self.skew: float | None = None  # server clock minus ours, measured on connect
+        self.rtt = math.inf  # the round trip of the sample ``skew`` comes from: twice its error
         self.refused = False  # the server refused ``TIME`` (an ACL): scripts go without a deadline
 
     @property
     def unknown(self) -> bool:
         """Whether scripts would go without a deadline that a measurement could give them."""
         return self.skew is None and self.test_clock is None and not self.refused
+
+    @property
+    def error(self) -> float:
+        """Seconds a deadline may fall after the moment it was meant for: half the round trip of
+        the measurement (0 before one, or with a test clock)."""
+        return self.rtt / 2 if self.rtt < math.inf else 0.0
 
     def deadline(self, wall_due: float) -> str:
         """The clock argument of calls whose callers stop waiting at ``wall_due`` (our
@@ -57,12 +64,15 @@ class ScriptClock:
         skew = self.skew
         if skew is None:
             return ""
-        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew)
+        # Half the sample's round trip is the offset's error: a deadline never earlier than meant.
+        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew + self.error)
 
     async def measure(self, server_time: Callable[[], Awaitable[Any]], samples: int = 1) -> None:
         """Keep the offset of the server clock (``server_time()``: ``TIME``'s reply) from ours,
-        to within half a round trip: of the quickest of ``samples`` calls. A refused ``TIME``
-        (an ACL) leaves it unknown: scripts then go without a deadline."""
+        to within half a round trip: of the quickest of ``samples`` calls. A sample taken while
+        our loop was busy (a long round trip) does not replace a better one it agrees with; one
+        that disagrees beyond both errors (a new server, after a failover) does. A refused
+        ``TIME`` (an ACL) leaves it unknown: scripts then go without a deadline."""
         best = skew = math.inf
         for _ in range(samples):
             before = time.time()
@@ -75,5 +85,8 @@ class ScriptClock:
             if after - before < best:
                 best = after - before
                 skew = int(seconds) + int(micros) / 1e6 - (before + after) / 2
-        self.skew = skew
+        known = self.skew
+        if known is None or best <= self.rtt or abs(skew - known) > (best + self.rtt) / 2:
+            self.skew = skew
+            self.rtt = best
         self.refused = False

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .client import new_connection, reply_reader
+from .client import arrivals, new_connection, reply_reader
 from .clock import ScriptClock
 from .protocol import SCRIPT, SCRIPT_SHA, Reply, as_eval
 
@@ -24,6 +24,9 @@ try:
     from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
+
+if TYPE_CHECKING:
+    from .pipeline import Exchange
 
 __all__ = ["ClusterConnections", "PackedConnections", "eval_script"]
 
@@ -45,8 +48,9 @@ class PackedConnections:
         self.idle: list[Any] = []
         self.made: list[Any] = []  # every connection of ours, idle or in flight: close ends them all
 
-    async def execute(self, commands: list[bytes]) -> list[Reply]:
-        """Send packed ``EVALSHA`` commands on one connection of ours and read every reply.
+    async def execute(self, commands: list[bytes], exchange: Exchange) -> list[Reply]:
+        """Send packed ``EVALSHA`` commands on one connection of ours and read every reply,
+        telling ``exchange`` when they are written and what the connection receives.
         A connection that fails before any reply was read (e.g. left stale by a server restart)
         is reconnected and tried once more, as redis-py's own retry does."""
         conn = self._take()
@@ -54,6 +58,9 @@ class PackedConnections:
             for attempt in (0, 1):
                 replies: list[Reply] = []
                 try:
+                    await self._connect(conn)
+                    commands = exchange.fresh(commands)
+                    exchange.sent(arrivals(conn))  # before the write: a reply may arrive during its drain
                     await self._exchange(conn, commands, replies)
                     break
                 except (RedisConnectionError, OSError):
@@ -64,8 +71,12 @@ class PackedConnections:
                 await conn.disconnect()  # a demoted primary: reconnecting asks Sentinel again
             missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
             if missing:
+                # The server lost the script (SCRIPT FLUSH): load it once, then send those calls
+                # again by its hash with a fresh deadline; EVAL each only if loading is refused.
+                loaded = await _load_script(conn)
+                resend = exchange.fresh([commands[i] for i in missing])
                 again: list[Reply] = []
-                await self._exchange(conn, [as_eval(commands[i]) for i in missing], again)
+                await self._exchange(conn, resend if loaded else [as_eval(c) for c in resend], again)
                 for i, reply in zip(missing, again, strict=False):
                     replies[i] = reply
         except BaseException:
@@ -98,6 +109,10 @@ class PackedConnections:
         if not conn.is_connected:
             await conn.connect()  # not left to send_packed_command: Sentinel's connect() finds the primary
             await self.clock.measure(lambda: _server_time(conn))  # a new connection may be a new server
+            # A new server (started, restarted, failed over) lacks the script: loading it here
+            # keeps a burst of first checks from each coming back NOSCRIPT and being sent again
+            # with the whole script (a pipeline of 500 EVALs is 5 MB).
+            await _load_script(conn)
 
     async def _exchange(self, conn: Any, commands: list[bytes], replies: list[Reply]) -> None:
         await self._connect(conn)
@@ -117,6 +132,17 @@ class PackedConnections:
                 await conn.disconnect()
 
 
+async def _load_script(conn: Any) -> bool:
+    """``SCRIPT LOAD`` the check script on ``conn``'s server: whether it was loaded (an ACL may
+    refuse the command; ``EVAL`` then remains)."""
+    await conn.send_command("SCRIPT", "LOAD", SCRIPT, check_health=False)
+    try:
+        reply = await conn.read_response()
+    except ResponseError:
+        return False
+    return not isinstance(reply, ResponseError)
+
+
 async def _server_time(conn: Any) -> Any:
     await conn.send_command("TIME", check_health=False)
     return await conn.read_response()
@@ -131,10 +157,23 @@ class ClusterConnections:
 
     async def prepare(self) -> None:
         """Measure the server clock (on the client's default node): the quicker of two samples,
-        as the first one also discovers the cluster and connects."""
+        as the first one also discovers the cluster and connects; then load the script on every
+        primary, so that a burst of first checks does not come back ``NOSCRIPT``."""
         await self.clock.measure(self.client.time, samples=2)
+        await self._load_script()
 
-    async def execute(self, requests: list[tuple[Sequence[str], list[str]]]) -> list[Reply]:
+    async def _load_script(self) -> bool:
+        try:
+            await self.client.execute_command("SCRIPT LOAD", SCRIPT)  # every primary
+        except ResponseError:
+            return False  # refused (an ACL): EVAL remains
+        return True
+
+    async def execute(self, requests: list[tuple[Sequence[str], list[str]]], exchange: Exchange) -> list[Reply]:
+        """Send the calls through redis-py's cluster pipeline (its connections are its own: no
+        arrivals are known, so a timeout is judged by our loop's lag alone)."""
+        requests = exchange.fresh(requests)
+        exchange.sent(None)
         if len(requests) == 1:
             return [await eval_script(self.client, *requests[0])]
         pipe = self.client.pipeline(transaction=False)
@@ -143,12 +182,16 @@ class ClusterConnections:
         replies: list[Reply] = await pipe.execute(raise_on_error=False)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
-            # Sent as one pipeline (one connection per node), not one call per check, which
+            # A node lost the script (restarted, failed over, flushed): load it on every primary
+            # and send those calls again by hash with a fresh deadline (EVAL if loading is
+            # refused), as one pipeline (one connection per node), not one call per check, which
             # would exhaust the nodes' connection pools.
+            command = "EVALSHA" if await self._load_script() else "EVAL"
+            body = SCRIPT_SHA if command == "EVALSHA" else SCRIPT
+            resend = exchange.fresh([requests[i] for i in missing])
             pipe = self.client.pipeline(transaction=False)
-            for i in missing:
-                keys, args = requests[i]
-                pipe.execute_command("EVAL", SCRIPT, len(keys), *keys, *args)
+            for keys, args in resend:
+                pipe.execute_command(command, body, len(keys), *keys, *args)
             again = await pipe.execute(raise_on_error=False)
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply

@@ -1,11 +1,25 @@
 """Coalescing: script calls queued in one event-loop tick go out as one pipeline.
 
-At most ``pool_size`` pipelines are in flight; later calls queue into the next one. Every
-pipeline is bounded by ``timeout`` from its first call: its timer fails every call still
-waiting. A timer the event loop ran late (it was busy elsewhere) is re-armed, at most
-``_MAX_EXTENSIONS`` times, and a pipeline sent after that carries the later deadline. A
-pipeline queued before the server clock's offset was known (a new store) waits for it to be
-measured and is sent with its deadline, never without.
+At most ``pool_size`` pipelines are in flight; later calls queue into the next one. A pipeline's
+timer runs ``timeout`` from when it is queued and is judged when it fires (see ``deadline``):
+
+* not sent yet (queued behind ``pool_size`` pipelines in flight, or its task not run yet by a
+  busy loop): our own queue, never the store's fault: the timer is re-armed;
+* sent, and the store was heard from since the last look (bytes arrived on its connection, or
+  wait in the kernel): the reply is on its way: re-armed, as long as the store keeps answering;
+* sent on a connection of ours (standalone, Sentinel) and nothing arrived: the store is silent;
+* started and not written yet (connecting, measuring the server clock, loading the script):
+  re-armed until ``connect_timeout`` has passed since it started;
+* otherwise (a Cluster pipeline, whose connections are redis-py's): if our own
+  loop is behind (the timer fired late, or one more loop pass took long), re-armed, at most
+  ``_MAX_EXTENSIONS`` times;
+* else the store is silent: every call still waiting fails with a timeout.
+
+Every script carries a deadline on the server clock (``clock``): it is set for ``timeout`` after
+the moment the pipeline is written (set again when it was queued or connecting for longer than
+``LATE``), so a script that reaches the server after its caller could have given up charges
+nothing. A pipeline queued before the server clock's offset was known (a new store) waits for it
+to be measured and is sent with its deadline, never without.
 """
 
 from __future__ import annotations
@@ -17,37 +31,80 @@ from typing import Any
 
 from ...limits import Limit
 from ..deadline import EXTENSIONS, LATE
+from .client import Arrivals
 from .clock import ScriptClock
 from .errors import store_error, timed_out
 from .protocol import Reply
 
-__all__ = ["Pipeline"]
+__all__ = ["Exchange", "Pipeline"]
 
-_MAX_EXTENSIONS = EXTENSIONS  # a busy loop can stretch a check's wait to at most 2 timeouts
+_MAX_EXTENSIONS = EXTENSIONS  # re-arms for a busy loop alone, with no sign from the store
+
+
+class Exchange:
+    """How far a batch got on the wire, as the connection layer reports it: ``fresh`` just
+    before its requests are written (it re-dates them when they were dated more than ``LATE``
+    ago), ``sent`` once they are written, with the connection's ``Arrivals`` when known."""
+
+    __slots__ = ("arrivals", "batch", "pipeline", "seen", "written")
+
+    def __init__(self, pipeline: Pipeline, batch: _Batch) -> None:
+        self.pipeline = pipeline
+        self.batch = batch
+        self.arrivals: Arrivals | None = None
+        self.seen = 0
+        self.written = False
+
+    def fresh(self, requests: list[Any]) -> list[Any]:
+        """``requests`` with a deadline counted from now, unless theirs is recent enough."""
+        return self.pipeline.redated(self.batch, requests)
+
+    def sent(self, arrivals: Arrivals | None) -> None:
+        self.arrivals = arrivals
+        self.seen = arrivals.chunks if arrivals is not None else 0
+        self.written = True
+
+    def heard(self) -> bool:
+        """Whether the store sent anything on this batch's connection since the last look."""
+        arrivals = self.arrivals
+        if arrivals is None:
+            return False
+        if arrivals.chunks != self.seen:
+            self.seen = arrivals.chunks
+            return True
+        return arrivals.waiting()
 
 
 class _Batch:
     """Calls queued in one event-loop tick, sent as one pipeline. An item's request is what
     the encoding made of it: a packed command (standalone, Sentinel) or ``(keys, args)``."""
 
-    __slots__ = ("clock", "dated", "due", "extensions", "items", "started", "task", "timer")
+    __slots__ = (
+        "clock", "dated", "dated_at", "due", "exchange", "extensions", "finished", "items", "runs_until", "started",
+        "started_at", "task", "timer",
+    )
 
-    def __init__(self, due: float, clock: Any, dated: bool) -> None:
+    def __init__(self, due: float, clock: Any, dated: bool, dated_at: float) -> None:
         self.items: list[tuple[Any, asyncio.Future[Reply]]] = []
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.due = due
         self.clock = clock  # the scripts' clock argument (their deadline), as the encoding puts it
         self.dated = dated  # the clock carries a deadline (or is a test clock's time)
-        self.extensions = 0
+        self.dated_at = dated_at  # loop time the clock was computed at
+        self.runs_until = dated_at  # loop time after which its scripts can no longer run (charge)
+        self.extensions = 0  # re-arms for a busy loop alone
         self.started = False  # its task began running (cancelling it before would skip its cleanup)
+        self.started_at = 0.0
+        self.finished = False
+        self.exchange: Exchange | None = None
 
 
 class Pipeline:
     """Queues script calls into batches and runs them through ``execute``.
 
     ``encoding`` is ``protocol.PackedCommands`` or ``protocol.ScriptArgs`` (its ``request``,
-    ``encode_clock`` and ``with_clock``); ``execute`` sends a batch's requests and returns one
+    ``encode_clock`` and ``with_clock``); ``execute`` sends a batch's requests (telling its ``Exchange``) and returns one
     reply each, ``prepare`` measures the server clock's offset (``connections``)."""
 
     def __init__(
@@ -58,11 +115,15 @@ class Pipeline:
         pool_size: int,
         clock: ScriptClock,
         encoding: Any,
-        execute: Callable[[list[Any]], Awaitable[list[Reply]]],
+        execute: Callable[[list[Any], Exchange], Awaitable[list[Reply]]],
         prepare: Callable[[], Awaitable[None]],
+        span: float | None = None,
+        connect_timeout: float = 1.0,
     ) -> None:
         self.url = url
         self.timeout = timeout
+        self.span = timeout if span is None else span  # how long after dating a script may still run
+        self.connect_timeout = connect_timeout
         self.pool_size = pool_size
         self.clock = clock
         self.encoding = encoding
@@ -85,24 +146,31 @@ class Pipeline:
         return future
 
     def _new_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
-        clock = self.clock.deadline(time.time() + self.timeout)
-        batch = self.batch = _Batch(loop.time() + self.timeout, self.encoding.encode_clock(clock), not self.clock.unknown)
+        clock = self.clock.deadline(time.time() + self.span)
+        now = loop.time()
+        batch = self.batch = _Batch(now + self.timeout, self.encoding.encode_clock(clock), not self.clock.unknown, now)
+        batch.runs_until = now + self.span + self.clock.error
         batch.timer = loop.call_later(self.timeout, self._expire, batch)
         if self.inflight < self.pool_size:
             loop.call_soon(self._send)
         return batch
 
-    def _redate(self, batch: _Batch) -> None:
-        """Give the scripts the batch's current deadline: it was queued before the server clock's
-        offset was known, or its timer was re-armed (a busy loop)."""
+    def redated(self, batch: _Batch, requests: list[Any], force: bool = False) -> list[Any]:
+        """``requests`` (of ``batch``) carrying a deadline ``timeout`` from now, when theirs was
+        computed more than ``LATE`` ago (queued, connecting, or a busy loop) or is missing
+        (``force``: queued before the server clock was measured); else as they are."""
         if self.clock.test_clock is not None:
-            return
-        clock = self.clock.deadline(time.time() + batch.due - asyncio.get_running_loop().time())
-        old, new = batch.clock, self.encoding.encode_clock(clock)
-        with_clock = self.encoding.with_clock
-        for n, (request, future) in enumerate(batch.items):
-            batch.items[n] = (with_clock(request, old, new), future)
+            return requests
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not force and now - batch.dated_at <= LATE:
+            return requests
+        old, new = batch.clock, self.encoding.encode_clock(self.clock.deadline(time.time() + self.span))
         batch.clock = new
+        batch.dated_at = now
+        batch.runs_until = now + self.span + self.clock.error
+        with_clock = self.encoding.with_clock
+        return [with_clock(request, old, new) for request in requests]
 
     def _send(self) -> None:
         batch = self.batch
@@ -113,14 +181,54 @@ class Pipeline:
         batch.task = asyncio.get_running_loop().create_task(self._run(batch))
 
     def _expire(self, batch: _Batch) -> None:
+        """The batch's timer fired: judge it (see the module docstring)."""
+        batch.timer = None
+        if batch.finished:
+            return
         loop = asyncio.get_running_loop()
-        if loop.time() - batch.due > LATE and batch.extensions < _MAX_EXTENSIONS:
-            # The timer fired late: the event loop was busy elsewhere (a CPU-bound handler, a
-            # backlog of requests), so the reply may already be waiting in the socket, read only
-            # after this callback. The timeout bounds the store, not the loop: measure it again.
+        exchange = batch.exchange
+        if not batch.started or (exchange is not None and exchange.heard()):
+            self._rearm(batch, loop)
+        elif exchange is None or not exchange.written:
+            # Connecting (and measuring the server clock, loading the script): a few round trips
+            # through our own loop, bounded as redis-py bounds a connect.
+            if loop.time() - batch.started_at < self.connect_timeout:
+                self._rearm(batch, loop)
+            else:
+                self._fail(batch)
+        elif exchange.arrivals is not None or batch.extensions >= _MAX_EXTENSIONS:
+            # Sent on a connection whose arrivals we see: nothing arrived, so the store is silent.
+            self._fail(batch)
+        elif loop.time() - batch.due > LATE:
             batch.extensions += 1
-            batch.due = loop.time() + self.timeout
-            batch.timer = loop.call_later(self.timeout, self._expire, batch)
+            self._rearm(batch, loop)
+        else:  # how busy is the loop? one more pass tells
+            loop.call_soon(self._judge, batch, loop.time())
+
+    def _judge(self, batch: _Batch, asked: float) -> None:
+        if batch.finished:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - asked > LATE:
+            batch.extensions += 1
+            self._rearm(batch, loop)
+        else:
+            self._fail(batch)
+
+    def _rearm(self, batch: _Batch, loop: asyncio.AbstractEventLoop) -> None:
+        batch.due = loop.time() + self.timeout
+        batch.timer = loop.call_later(self.timeout, self._expire, batch)
+
+    def _fail(self, batch: _Batch) -> None:
+        """The store is silent: every call still waiting fails with a timeout, once its scripts
+        can no longer run (a caller never gives up on a check the store may still charge)."""
+        if batch.finished:
+            return
+        loop = asyncio.get_running_loop()
+        left = batch.runs_until - loop.time()
+        if left > 0 and batch.dated:
+            batch.due = loop.time() + left  # judged again then: the store may answer meanwhile
+            batch.timer = loop.call_later(left, self._expire, batch)
             return
         error = timed_out(self.url, self.timeout)
         for _, future in batch.items:
@@ -135,19 +243,22 @@ class Pipeline:
 
     async def _run(self, batch: _Batch) -> None:
         batch.started = True
+        batch.started_at = asyncio.get_running_loop().time()
         items = batch.items
         try:
-            if not batch.dated:
+            undated = not batch.dated
+            if undated:
                 if self.clock.unknown:
-                    await self._prepare()  # within the batch's timeout: its timer cancels this
+                    await self._prepare()  # within the batch's timeout: its timer judges this
                 batch.dated = True
-                self._redate(batch)  # rewrites the requests in place
-            elif batch.extensions:
-                self._redate(batch)
             items = [item for item in items if not item[1].done()]  # callers cancelled: not sent
             if not items:
                 return
-            replies = await self._execute([request for request, _ in items])
+            requests = [request for request, _ in items]
+            if undated:
+                requests = self.redated(batch, requests, force=True)
+            exchange = batch.exchange = Exchange(self, batch)
+            replies = await self._execute(requests, exchange)
             for (_, future), reply in zip(items, replies, strict=False):
                 if future.done():
                     continue
@@ -163,6 +274,7 @@ class Pipeline:
                 if not future.done():
                     future.set_exception(error)
         finally:
+            batch.finished = True
             if batch.timer is not None:
                 batch.timer.cancel()
             self.inflight -= 1

@@ -22,7 +22,7 @@ from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
 from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, pool_busy, store_name
 from .gate import ConnectionGate, Turn
-from .pipeline import Pipeline
+from .pipeline import Exchange, Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
 from .topology import close_client, make_client, pool_limit, slot_groups, spans_slots
 
@@ -40,7 +40,8 @@ class RedisStore(Store):
     Args:
         url: ``redis://``, ``rediss://`` (TLS), ``valkey://``, or their Sentinel and Cluster forms, with
             options in its query.
-        timeout: Seconds per check (default 0.025).
+        timeout: Seconds the store may stay silent before a check fails (default 0.1): time our own
+            event loop or queue holds a check does not count, nor does a reply on its way.
         connect_timeout: Seconds to connect (default 1).
         pool_size: Pipelines in flight at once (default 8); the client's pool has 4 times as many
             connections, and calls beyond them (e.g. checks with ``coalesce`` off) wait for one.
@@ -70,9 +71,7 @@ class RedisStore(Store):
         cfg = parse_store_url(url, ("standalone", "sentinel", "cluster"))
         self.url = cfg.text
         self.kind = cfg.kind
-        # Cluster pipelines go through redis-py's slot routing (slower than our packed path).
-        default_timeout = 0.1 if cfg.kind == "cluster" else 0.025
-        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", default_timeout))  # type: ignore[arg-type]
+        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.1))  # type: ignore[arg-type]
         connect = float(connect_timeout if connect_timeout is not None else cfg.option("connect_timeout", 1.0))  # type: ignore[arg-type]
         self.pool_size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
         self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
@@ -100,6 +99,9 @@ class RedisStore(Store):
             url=self.url, timeout=self.timeout, pool_size=self.pool_size, clock=self._script_clock,
             encoding=self._args if self._cluster else PackedCommands(self._args),
             execute=self._execute, prepare=self._prepare,
+            # redis-py's cluster pipeline writes to each node from a task of its own, a loop pass
+            # or more after we date its scripts: under a flood, more than a timeout.
+            span=self.timeout * (3 if self._cluster else 1), connect_timeout=connect,
         )
         # One script call (keys on one slot): queued into the next pipeline when coalescing.
         self._request: Callable[[str, Sequence[str], Sequence[Limit], Sequence[float]], Awaitable[Reply]] = (
@@ -307,11 +309,11 @@ class RedisStore(Store):
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
 
-    async def _execute(self, batch: list[Any]) -> list[Reply]:
+    async def _execute(self, batch: list[Any], exchange: Exchange) -> list[Reply]:
         """Send a pipeline's batch (counted in flight, as ``_call`` counts a call)."""
         self._busy += 1
         try:
-            return await self._connections.execute(batch)
+            return await self._connections.execute(batch, exchange)
         finally:
             self._busy -= 1
             if self._closed and not self._busy:
