@@ -2,16 +2,18 @@
 
 * One ``EVALSHA`` per check evaluates all its limits (any mix of the seven algorithms) all or
   nothing, on the server clock (``TIME``), and returns the deciding limit's full decision, so
-  headers need no second call. ``NOSCRIPT`` falls back to ``EVAL``, which reloads the script.
+  headers need no second call. The script is loaded on connect; a later ``NOSCRIPT`` loads it
+  again (``EVAL`` where an ACL refuses ``SCRIPT LOAD``).
 * Checks started in the same event-loop tick go out as one pipeline (``coalesce``); at most
   ``pool_size`` pipelines are in flight, later checks queue into the next one.
 * Rejections are remembered locally until their retry time (``cache``): a key known to be over
   its limit is answered without a round trip. Only denials are cached, so it never allows
   anything the server would deny.
-* Every check is bounded by ``timeout`` (``2 * timeout`` when the event loop itself ran the
-  timer late); failures raise ``StoreError`` naming the URL. Each script carries the moment
-  its caller stops waiting (on the server clock): a script that only runs after that, e.g. once
-  a paused server resumes, charges nothing, so a check answered as failed is never charged.
+* A check fails when the store stays silent for ``timeout``: time our own busy event loop or
+  queue holds it does not count, nor does a reply that has arrived and waits to be read (see
+  ``pipeline``); failures raise ``StoreError`` naming the URL. Each script carries the moment
+  its caller may stop waiting (on the server clock): a script that only runs after that, e.g.
+  once a paused server resumes, charges nothing, so a check answered as failed is never charged.
 * Redis Cluster: keys of one (scope, client key) share a hash tag, so such a check is one
   script on one slot. A check whose keys span slots (rules keyed on different identities)
   first peeks every slot and charges only when all allow; see docs/stores.md.
@@ -21,7 +23,7 @@ Where each part lives:
 =================  ==========================================================================
 ``store``          ``RedisStore``: check, peek, adjust, reset, clear; the rejection cache
 ``protocol``       the script, its arguments, hand-packed RESP commands, reply decoding
-``pipeline``       coalescing into pipelines: batches, timers, late-timer extensions, slots
+``pipeline``       coalescing into pipelines: batches, slots, timers judged by what arrived
 ``connections``    sending a pipeline: our own connections (standalone, Sentinel) or Cluster's
 ``clock``          the scripts' deadline on the server clock
 ``topology``       the client for standalone / Sentinel / Cluster; Cluster hash slots
