@@ -38,23 +38,22 @@ def ttl_of(port: int, key: bytes) -> int:
     return int(reply.split()[1][1:])
 
 
-async def test_a_lock_waiter_that_times_out_does_not_release_the_holders_lock(private_memcached: Memcached) -> None:
+async def test_a_lock_waiter_that_gives_up_does_not_release_the_holders_lock(private_memcached: Memcached) -> None:
     store = MemcachedStore(private_memcached.url, timeout=1.0)
-    (limit,) = make_limits("10/min")
-    key = f"rw:{{lock|{uuid.uuid4().hex}}}:x"
+    limits = make_limits("10/min; 100/hour")
+    tag = uuid.uuid4().hex
+    keys = [f"rw:{{lock|{tag}}}:{limit.suffix}" for limit in limits]  # multi-key: the per-key locks
     try:
-        await store.hit([key], [limit], [1.0])  # connections open before the pause
+        await store.hit(keys, limits, [1.0, 1.0])  # connections open before the pause
         with private_memcached.server.paused():
-            holder = asyncio.create_task(store.hit([key], [limit], [1.0]))  # stalls holding the lock
+            holder = asyncio.create_task(store.hit(keys, limits, [1.0, 1.0]))  # stalls holding the locks
             await asyncio.sleep(0.05)
-            store.timeout = 0.05
-            with pytest.raises(StoreError):
-                await store.hit([key], [limit], [1.0])  # waits for the lock, times out
+            with pytest.raises(asyncio.TimeoutError):  # its caller gives up while it waits for the locks
+                await asyncio.wait_for(store.hit(keys, limits, [1.0, 1.0]), 0.05)
             await asyncio.sleep(0.02)  # the cancelled waiter has unwound
-            entry = store._locks[memcached_key(key)]
+            entry = store._locks[memcached_key(keys[0])]
             assert entry[0].locked()  # still the holder's
-            store.timeout = 1.0
-            with pytest.raises(StoreError):
+            with pytest.raises(StoreError, match="no reply within 1000 ms"):
                 await holder
         assert store._locks == {}
     finally:
@@ -101,20 +100,19 @@ async def test_a_put_back_keeps_the_expiry_of_the_state_it_restores(memcached_se
     limits = make_limits("10/min; 100/hour", "fixed_window")
     tag = uuid.uuid4().hex
     keys = [f"rw:{{undo|{tag}}}:{limit.suffix}" for limit in limits]
-    client: Any = store._client
-    real_cas = client.cas
+    real_read = store._read_all
 
-    async def cas_losing_the_second_key(key: bytes, *args: Any) -> bool:
-        if key == memcached_key(keys[1]):  # another process writes the second key first
-            await rival.hit([keys[1]], [limits[1]], [1.0])
-        return bool(await real_cas(key, *args))
+    async def read_then_lose_the_second_key(mkeys: list[bytes]) -> Any:
+        read = await real_read(mkeys)
+        await rival.hit([keys[1]], [limits[1]], [1.0])  # another process writes the second key first
+        return read
 
     try:
         await store.hit(keys, limits, [1.0, 1.0])  # both keys exist: the next check uses cas
-        client.cas = cas_losing_the_second_key
+        store._read_all = read_then_lose_the_second_key  # type: ignore[method-assign]
         with pytest.raises(StoreError, match="compare-and-swap"):
             await store.hit(keys, limits, [1.0, 1.0])
-        client.cas = real_cas
+        store._read_all = real_read  # type: ignore[method-assign]
         assert [d.remaining for d in await store.peek(keys, limits)] == [9, 98]  # first key put back
         ttl = ttl_of(memcached_server.port, memcached_key(keys[0]))
         assert 0 < ttl <= 61  # before: -1, the restored state never expired
