@@ -118,11 +118,16 @@ class Pipeline:
         execute: Callable[[list[Any], Exchange], Awaitable[list[Reply]]],
         prepare: Callable[[], Awaitable[None]],
         span: float | None = None,
+        late_writes: bool = False,
         connect_timeout: float = 1.0,
     ) -> None:
         self.url = url
         self.timeout = timeout
         self.span = timeout if span is None else span  # how long after dating a script may still run
+        # The connection layer writes a loop pass or more after dating (Cluster: redis-py's
+        # pipeline writes from a task per node): add three of the loop's recent passes.
+        self.late_writes = late_writes
+        self.loop_pass = 0.0  # a recent loop pass, as long as a batch's task took to start (decaying)
         self.connect_timeout = connect_timeout
         self.pool_size = pool_size
         self.clock = clock
@@ -146,14 +151,18 @@ class Pipeline:
         return future
 
     def _new_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
-        clock = self.clock.deadline(time.time() + self.span)
+        span = self._span()
+        clock = self.clock.deadline(time.time() + span)
         now = loop.time()
         batch = self.batch = _Batch(now + self.timeout, self.encoding.encode_clock(clock), not self.clock.unknown, now)
-        batch.runs_until = now + self.span + self.clock.error
+        batch.runs_until = now + span + self.clock.error
         batch.timer = loop.call_later(self.timeout, self._expire, batch)
         if self.inflight < self.pool_size:
             loop.call_soon(self._send)
         return batch
+
+    def _span(self) -> float:
+        return self.span + 3 * self.loop_pass if self.late_writes else self.span
 
     def redated(self, batch: _Batch, requests: list[Any], force: bool = False) -> list[Any]:
         """``requests`` (of ``batch``) carrying a deadline ``timeout`` from now, when theirs was
@@ -165,10 +174,11 @@ class Pipeline:
         now = loop.time()
         if not force and now - batch.dated_at <= LATE:
             return requests
-        old, new = batch.clock, self.encoding.encode_clock(self.clock.deadline(time.time() + self.span))
+        span = self._span()
+        old, new = batch.clock, self.encoding.encode_clock(self.clock.deadline(time.time() + span))
         batch.clock = new
         batch.dated_at = now
-        batch.runs_until = now + self.span + self.clock.error
+        batch.runs_until = now + span + self.clock.error
         with_clock = self.encoding.with_clock
         return [with_clock(request, old, new) for request in requests]
 
@@ -244,6 +254,7 @@ class Pipeline:
     async def _run(self, batch: _Batch) -> None:
         batch.started = True
         batch.started_at = asyncio.get_running_loop().time()
+        self.loop_pass = max(batch.started_at - batch.dated_at, 0.9 * self.loop_pass)
         items = batch.items
         try:
             undated = not batch.dated
