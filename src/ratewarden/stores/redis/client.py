@@ -84,14 +84,18 @@ class Arrivals:
         self.fd = fd
 
     def waiting(self) -> bool:
-        """Whether bytes from the server wait in the kernel, unread by our loop yet."""
+        """Whether bytes from the server wait in the kernel, unread by our loop yet (``poll``:
+        ``select`` refuses descriptors from 1024 up, which a server with 1,000 clients has)."""
         if self.fd < 0:
             return False
         try:
-            readable, _, _ = select.select([self.fd], [], [], 0)
+            if not hasattr(select, "poll"):  # Windows
+                return bool(select.select([self.fd], [], [], 0)[0])
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            return bool(poller.poll(0))
         except (OSError, ValueError):  # closed meanwhile
             return False
-        return bool(readable)
 
 
 def arrivals(conn: Any) -> Arrivals | None:
