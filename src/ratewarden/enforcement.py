@@ -17,11 +17,13 @@ from .keys import key_text
 from .limiter import Limiter
 from .limits import Limit
 from .rules import CompiledRule
+from .stores.base import StoreError
 from .stores.memory import MemoryStore
 from .types import Scope
 
 __all__ = [
     "KeyPending", "LimitUnavailable", "can_check_now", "check_now", "check_pending", "check_rules", "report_failure",
+    "store_failed",
 ]
 
 log = logging.getLogger("ratewarden")
@@ -36,9 +38,13 @@ def failure_counts() -> dict[tuple[str, str], int]:
     return dict(_failures)
 
 
-def _report_failure(what: str, exc: BaseException) -> None:
+def _count_failure(what: str, exc: BaseException) -> None:
     name = type(exc).__name__
     _failures[(what, name)] = _failures.get((what, name), 0) + 1
+
+
+def _report_failure(what: str, exc: BaseException) -> None:
+    _count_failure(what, exc)
     # A store outage fails every request; log at most once a second, not once a request.
     global _last_error_log
     now = time.monotonic()
@@ -96,12 +102,18 @@ def check_now(limiter: Limiter, rule: CompiledRule, scope: Scope) -> Decision | 
             raise KeyPending(raw)
         else:  # no value: the client IP then
             key = key_text(raw, scope)
+    except KeyPending:
+        raise
+    except Exception as exc:
+        report_failure(limiter, "rate limit check", exc)
+        return None
+    try:
         store = limiter.store
         if rule.single and type(store) is MemoryStore:  # exactly: a subclass may override hit_now
             return store.hit_one(rule.storage_keys(key)[0], rule.limits[0], rule.cost)
         return store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
-    except KeyPending:
-        raise
+    except StoreError as exc:
+        return store_failed(limiter, "rate limit check", exc, rule.storage_keys(key), rule.limits, rule.costs)
     except Exception as exc:
         report_failure(limiter, "rate limit check", exc)
         return None
@@ -118,7 +130,14 @@ async def check_pending(limiter: Limiter, rule: CompiledRule, scope: Scope, pend
     """
     try:
         value = await pending.value  # type: ignore[misc]
-        return limiter.store.hit_now(rule.storage_keys(key_text(value, scope)), rule.limits, rule.costs)
+        keys = rule.storage_keys(key_text(value, scope))
+    except Exception as exc:
+        report_failure(limiter, "rate limit check", exc)
+        return None
+    try:
+        return limiter.store.hit_now(keys, rule.limits, rule.costs)
+    except StoreError as exc:
+        return store_failed(limiter, "rate limit check", exc, keys, rule.limits, rule.costs)
     except Exception as exc:
         report_failure(limiter, "rate limit check", exc)
         return None
@@ -160,10 +179,16 @@ async def check_rules(
                     value = await raw if isinstance(raw, Awaitable) else raw
                     key = key_text(value, scope)
                 storage_keys = rule.storage_keys(key)
+            except Exception as exc:
+                report_failure(limiter, "rate limit check", exc)
+                return None
+            try:
                 if store.local:
                     return store.hit_now(storage_keys, rule.limits, rule.costs)
                 cached = store.cached_rejection(storage_keys, rule.costs)
                 return cached or await store.hit(storage_keys, rule.limits, rule.costs)
+            except StoreError as exc:
+                return store_failed(limiter, "rate limit check", exc, storage_keys, rule.limits, rule.costs)
             except Exception as exc:
                 report_failure(limiter, "rate limit check", exc)
                 return None
@@ -201,6 +226,8 @@ async def check_rules(
         if store.local:
             return store.hit_now(keys, limits, costs)
         return await store.hit(keys, limits, costs)
+    except StoreError as exc:
+        return store_failed(limiter, "store", exc, keys, limits, costs)
     except Exception as exc:
         report_failure(limiter, "store", exc)
         return None
@@ -221,6 +248,29 @@ async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: 
             context.shadow = (*context.shadow, decision)
         if not decision.allowed:
             log.info("shadow limit %s would deny key=%s (retry after %.3fs)", rule.rule.name, key, decision.retry_after)
+
+
+def store_failed(
+    limiter: Limiter, what: str, exc: StoreError, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+) -> Decision | None:
+    """A check the store failed, as every integration answers it: ``Limiter.decide_without_store``
+    counts and logs it and, under fail-open, decides it with the insurance limiter; without one,
+    fail-open returns ``None`` (no decision: the request goes through) and fail-closed raises
+    ``LimitUnavailable``.
+
+    Args:
+        limiter: Whose store failed (its ``fallback`` and ``on_error`` apply).
+        what: What failed, for ``failure_counts``.
+        exc: What the store raised.
+        keys: The check's storage keys.
+        limits: The limit checked on each key.
+        costs: What the request costs under each limit.
+    """
+    _count_failure(what, exc)
+    decision = limiter.decide_without_store(exc, keys, limits, costs)
+    if decision is None and limiter.on_error == "closed":
+        raise LimitUnavailable(what) from exc
+    return decision
 
 
 def report_failure(limiter: Limiter, what: str, exc: Exception) -> None:

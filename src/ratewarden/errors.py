@@ -5,7 +5,8 @@
   (``ratewarden.policy.PolicyError``, which lists every problem found). Raised when the
   value is given, never at the first request.
 - ``StoreError``: a store could not answer (unreachable, timed out, an error reply); the
-  original exception is kept as ``__cause__``.
+  original exception is kept as ``__cause__``, and ``reason`` says which (``"timeout"``,
+  ``"unreachable"`` or ``"error"``).
 - ``LimitUnavailable``: a limit could not be checked and the failure policy is fail-closed, so
   the request is refused (503) rather than let through unchecked.
 
@@ -27,8 +28,31 @@ class ConfigurationError(RatewardenError, ValueError):
 
 
 class StoreError(RatewardenError):
-    """A store could not answer (unreachable, timed out, broken reply)."""
+    """A store could not answer (unreachable, timed out, broken reply).
+
+    Args:
+        *args: The message, as for any exception.
+        reason: Why: ``"timeout"`` (no reply in time), ``"unreachable"`` (connection refused, reset,
+            closed) or ``"error"`` (anything else: an error reply, a broken reply); counted by
+            ``Limiter.without_store``.
+    """
+
+    #: ``"timeout"``, ``"unreachable"`` or ``"error"``.
+    reason: str = "error"
+
+    def __init__(self, *args: object, reason: str = "error") -> None:
+        super().__init__(*args)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep ``reason`` across pickling (processes)
+        return (_store_error, (type(self), self.args, self.reason), self.__dict__)
 
 
 class LimitUnavailable(RatewardenError):
     """The limit could not be checked and the policy is fail-closed: answer 503."""
+
+
+def _store_error(kind: type[StoreError], args: tuple[object, ...], reason: str) -> StoreError:
+    error = kind(*args)
+    error.reason = reason
+    return error

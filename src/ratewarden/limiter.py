@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 import math
+import time
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -15,15 +16,57 @@ from .decision import Decision
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .loop_thread import LoopThread
 from .rates import Rate, freeze_rates
-from .stores.base import Store
+from .stores.base import Store, StoreError
 from .stores.memory import MemoryStore
 
-__all__ = ["FailurePolicy", "Limiter", "safe_key", "storage_key"]
+__all__ = [
+    "WITHOUT_STORE_REASONS", "FailurePolicy", "Fallback", "Limiter", "safe_key", "storage_key", "without_store_totals",
+]
 
 log = logging.getLogger("ratewarden")
 
 FailurePolicy = Literal["open", "closed"]
+#: ``Limiter(fallback=...)``: a local store, ``"local"`` (a new ``MemoryStore`` of the limiter's
+#: own) or ``None`` (no insurance limiter: a failed check is not decided).
+Fallback = Store | Literal["local"] | None
 MAX_KEY_LENGTH = 200
+#: Why a check was decided without the store (``Limiter.without_store``): the store's failure
+#: (``timeout``, ``unreachable``, ``error``), who answered it instead (``local_limiter``), or
+#: the store's own cache of rejections (``over_limit_cache``, read from ``Store.cached_rejections``).
+WITHOUT_STORE_REASONS = ("timeout", "unreachable", "error", "local_limiter", "over_limit_cache")
+_FAILURE_REASONS = ("timeout", "unreachable", "error")
+_LABELS = {"timeout": "timeout", "unreachable": "unreachable", "error": "error", "local_limiter": "local limiter",
+           "over_limit_cache": "over-limit cache"}
+#: A failed check this long (seconds) after the previous failed one starts a new outage: the
+#: limiter's own insurance limiter starts it with no counts.
+OUTAGE_GAP = 60.0
+#: Seconds between two log lines about checks decided without the store (per limiter).
+LOG_INTERVAL = 1.0
+# Every limiter of this process (``ratewarden_checks_without_store_total`` in ``Metrics``).
+_totals: dict[str, int] = dict.fromkeys((*_FAILURE_REASONS, "local_limiter"), 0)
+
+
+def without_store_totals() -> dict[str, int]:
+    """``Limiter.without_store`` summed over every limiter of this process, without
+    ``over_limit_cache`` (a count of the stores: ``Metrics`` reads it from the stores it watches)."""
+    return dict(_totals)
+
+
+def cached_rejections(store: Store) -> int:
+    """``store.cached_rejections``, looking through wrappers (``Breaker``, ``Metrics.instrument``).
+
+    Args:
+        store: The limiter's store, wrapped or not.
+    """
+    for _ in range(8):  # wrappers of wrappers, bounded
+        count = int(getattr(store, "cached_rejections", 0))
+        if count:
+            return count
+        inner = getattr(store, "inner", None) or getattr(store, "store", None)
+        if not isinstance(inner, Store):
+            return 0
+        store = inner
+    return 0
 
 
 def safe_key(key: str) -> str:
@@ -64,9 +107,16 @@ class Limiter:
     Args:
         store: Where the counts live; the default ``None`` is a new ``MemoryStore()``.
         prefix: Prepended to every storage key, so several limiters can share a store.
-        on_error: What happens when the store (or a key function) fails: ``"open"`` (the default) lets the
-            request through and logs; ``"closed"`` answers 503.
+        on_error: What happens when the store (or a key function) fails: ``"open"`` (the default) decides
+            the check with ``fallback`` (a key function's failure, or no fallback: lets the request
+            through) and logs; ``"closed"`` answers 503 (``Limiter.hit`` raises ``StoreError``).
         enabled: ``False`` turns every integration into a pass-through (e.g. in tests).
+        fallback: The insurance limiter: under ``on_error="open"``, a check the store fails
+            (``StoreError``) is decided by this local store instead, with the same keys, limits and
+            costs, so an outage limits per process instead of not at all. ``"local"`` (the default)
+            is a ``MemoryStore()`` of this limiter's own (none for a store that is itself local);
+            ``None`` lets such checks through unchecked (``Limiter.hit`` raises the ``StoreError``).
+            Its counts are never copied to the store: once the store answers, it decides again.
     """
 
     def __init__(
@@ -76,6 +126,7 @@ class Limiter:
         prefix: str = "rw",
         on_error: FailurePolicy = "open",
         enabled: bool = True,
+        fallback: Fallback = "local",
     ) -> None:
         if on_error not in ("open", "closed"):
             raise ValueError(f"on_error must be 'open' or 'closed', got {on_error!r}")
@@ -92,6 +143,27 @@ class Limiter:
         self.enabled = enabled
         self._limits_cache: dict[tuple[object, str], tuple[Limit, ...]] = {}
         self._sync_loop = LoopThread()
+        self._owns_fallback = False
+        self.fallback: Store | None = None
+        if isinstance(fallback, str):
+            if fallback != "local":
+                raise ValueError(f"fallback must be a local store, 'local' or None, got {fallback!r}")
+            self._owns_fallback = not self.store.local
+            self.fallback = MemoryStore() if self._owns_fallback else None
+        elif isinstance(fallback, Store):
+            fallback.require("local", "Limiter(fallback=...)")
+            self.fallback = fallback
+        elif fallback is not None:
+            raise TypeError(
+                f"fallback must be a local store (e.g. MemoryStore()), 'local' or None, got {_type_name(fallback)}: {fallback!r}"
+            )
+        # Checks decided without the store: by reason (``without_store``), and what was logged.
+        self._without: dict[str, int] = dict.fromkeys((*_FAILURE_REASONS, "local_limiter"), 0)
+        self._logged: dict[str, int] = dict(self._without)
+        self._logged_cached = 0
+        self._logged_at = -math.inf  # monotonic time of the last line
+        self._batch_start = -1.0  # the first failure not logged yet (-1: none)
+        self._last_failure = -math.inf
 
     def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
         """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse).
@@ -135,9 +207,85 @@ class Limiter:
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
         store = self.store
-        if store.local:
-            return store.hit_now(keys, limits, costs)
-        return await store.hit(keys, limits, costs)
+        try:
+            if store.local:
+                return store.hit_now(keys, limits, costs)
+            return await store.hit(keys, limits, costs)
+        except StoreError as exc:
+            decision = self.decide_without_store(exc, keys, limits, costs)
+            if decision is None:
+                raise
+            return decision
+
+    def decide_without_store(
+        self, error: StoreError, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Decision | None:
+        """A check the store failed: counted by ``error.reason`` (``without_store``), logged (at
+        most once a second, with the count since the last line) and, under ``on_error="open"``,
+        decided by the insurance limiter (``fallback``). ``None`` when nothing decided it (no
+        fallback, or fail-closed): the caller applies ``on_error``. Every integration's check
+        calls it when the store raises ``StoreError``; it runs only then.
+
+        Args:
+            error: What the store raised.
+            keys: The check's storage keys.
+            limits: The limit checked on each key.
+            costs: What the request costs under each limit.
+        """
+        reason = error.reason if error.reason in _FAILURE_REASONS else "error"
+        self._without[reason] += 1
+        _totals[reason] += 1
+        now = time.monotonic()
+        if now - self._last_failure >= OUTAGE_GAP and self._owns_fallback:
+            self.fallback = MemoryStore()  # a new outage: nothing carried over from the last one
+        self._last_failure = now
+        if self._batch_start < 0:
+            self._batch_start = now
+        decision: Decision | None = None
+        fallback = self.fallback
+        if fallback is not None and self.on_error == "open":
+            try:
+                decision = fallback.hit_now(keys, limits, costs)
+            except Exception as exc:  # the insurance limiter cannot decide either: as without one
+                log.warning("insurance limiter failed: %s: %s", type(exc).__name__, exc)
+            else:
+                self._without["local_limiter"] += 1
+                _totals["local_limiter"] += 1
+        if now - self._logged_at >= LOG_INTERVAL:
+            self._log_without_store(now, error)
+        return decision
+
+    def _log_without_store(self, now: float, error: StoreError) -> None:
+        """One line for the checks decided without the store since the last line."""
+        counts = self._without
+        logged = self._logged
+        cached = cached_rejections(self.store)
+        since = {reason: counts[reason] - logged[reason] for reason in counts}
+        since["over_limit_cache"] = max(0, cached - self._logged_cached)
+        total = sum(since[reason] for reason in _FAILURE_REASONS) + since["over_limit_cache"]
+        detail = ", ".join(f"{_LABELS[reason]}: {since[reason]:,}" for reason in WITHOUT_STORE_REASONS if since[reason])
+        name = repr(self.store)
+        message = str(error)
+        message = message[len(name) + 2:] if message.startswith(name + ": ") else f"{type(error).__name__}: {message}"
+        log.warning(
+            "rate limit check failed: %s: %s %s decided without the store in the last %.1f s (%s): %s",
+            name, f"{total:,}", "check" if total == 1 else "checks", now - self._batch_start, detail, message,
+        )
+        self._logged = dict(counts)
+        self._logged_cached = cached
+        self._logged_at = now
+        self._batch_start = -1.0
+
+    def without_store(self) -> dict[str, int]:
+        """How many checks this limiter decided without its store, by reason: the store failed
+        (``timeout``: no reply in time; ``unreachable``: no connection; ``error``: an error or
+        broken reply), of those how many the insurance limiter answered (``local_limiter``; the
+        rest were let through under ``on_error="open"`` without a fallback, or refused under
+        ``"closed"``), and the rejections the store answered from its local cache
+        (``over_limit_cache``: ``Store.cached_rejections``)."""
+        counts = dict(self._without)
+        counts["over_limit_cache"] = cached_rejections(self.store)
+        return counts
 
     async def hit(
         self,
@@ -182,7 +330,7 @@ class Limiter:
     async def reset(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
     ) -> None:
-        """Forget ``key``'s state under these rates.
+        """Forget ``key``'s state under these rates (in the insurance limiter too).
 
         Args:
             key: Who is limited: a client IP, an API key, a user id.
@@ -193,10 +341,15 @@ class Limiter:
                 ``key`` across scopes.
         """
         limits = self.limits(rate, algorithm)
-        await self.store.reset(self.keys_for(key, limits, scope))
+        keys = self.keys_for(key, limits, scope)
+        if self.fallback is not None:
+            await self.fallback.reset(keys)
+        await self.store.reset(keys)
 
     async def clear(self) -> None:
-        """Forget every key (e.g. between tests)."""
+        """Forget every key (e.g. between tests), the insurance limiter's too."""
+        if self.fallback is not None:
+            await self.fallback.clear()
         await self.store.clear()
 
     async def close(self) -> None:
@@ -232,7 +385,15 @@ class Limiter:
         if self.store.local:
             _check_cost(cost)
             limits = self.limits(rate, algorithm)
-            return self.store.hit_now(self.keys_for(key, limits, scope), limits, [cost] * len(limits))
+            keys = self.keys_for(key, limits, scope)
+            costs = [cost] * len(limits)
+            try:
+                return self.store.hit_now(keys, limits, costs)
+            except StoreError as exc:
+                decision = self.decide_without_store(exc, keys, limits, costs)
+                if decision is None:
+                    raise
+                return decision
         return self._sync_loop.run(self.hit(key, rate, cost, algorithm, scope))
 
     def peek_sync(

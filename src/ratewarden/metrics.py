@@ -5,7 +5,8 @@ the policy.
 ``Metrics.observe`` records one checked request; ``Metrics.instrument(store)`` wraps a store to
 time it and count its errors. Rejections a store answers from its local cache (``RedisStore``
 counts them in ``store.cached_rejections``) are read from the watched stores at scrape time, so
-the hot path pays nothing for that metric.
+the hot path pays nothing for that metric. Checks decided without the store (its failures, the
+insurance limiter's answers, those rejections) are ``ratewarden_checks_without_store_total{reason}``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,40 @@ class _CheckFailures:
         yield family
 
 
+class _WithoutStore:
+    """A Prometheus collector of the checks decided without the store, by reason, read when
+    scraped: every limiter's failed checks (``limiter.without_store_totals``: ``timeout``,
+    ``unreachable``, ``error``, and of those ``local_limiter``, answered by the insurance limiter)
+    and the watched stores' rejection caches (``over_limit_cache``)."""
+
+    def __init__(self, name: str, cached: _CachedRejections) -> None:
+        self.name = name
+        self.cached = cached
+
+    def _family(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        return CounterMetricFamily(
+            self.name,
+            "Rate limit checks decided without the store, by reason (its failure, the local insurance limiter,"
+            " the store's cache of rejections)",
+            labels=["reason"],
+        )
+
+    def describe(self) -> Iterator[Any]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Any]:
+        from .limiter import WITHOUT_STORE_REASONS, without_store_totals
+
+        family = self._family()
+        counts = without_store_totals()
+        counts["over_limit_cache"] = sum(int(getattr(s, "cached_rejections", 0)) for s in list(self.cached.stores))
+        for reason in WITHOUT_STORE_REASONS:
+            family.add_metric([reason], float(counts.get(reason, 0)))
+        yield family
+
+
 class _Labels:
     """Caps the distinct values of a label: past ``limit``, new values are reported as "other"."""
 
@@ -143,6 +178,7 @@ class Metrics:
         self._cached = _CachedRejections(f"{namespace}_cached_rejections")
         self.registry.register(self._cached)
         self.registry.register(_CheckFailures(f"{namespace}_check_failures"))
+        self.registry.register(_WithoutStore(f"{namespace}_checks_without_store", self._cached))
         self.store_errors = counter("store_errors", "Store operations that failed", ("store", "operation"))
         self.store_latency = prom.Histogram(
             "store_latency_seconds",
@@ -160,7 +196,7 @@ class Metrics:
 
     def watch(self, store: Store) -> None:
         """Report ``store``'s local-cache rejections (``ratewarden_cached_rejections_total{store}``).
-        Wrappers (``instrument``, ``Breaker``) are looked through; stores without a cache are ignored.
+        Wrappers (``instrument``, ``Breaker``) are looked through; local stores (no cache) are ignored.
 
         Args:
             store: The limiter's store, wrapped or not.
@@ -172,7 +208,7 @@ class Metrics:
                 break
             store = inner
             seen += 1
-        if hasattr(store, "cached_rejections"):
+        if not store.local:  # a local store asks no server, so keeps no cache of its rejections
             self._cached.stores.add(store)
 
     def close(self) -> None:

@@ -20,12 +20,13 @@ from tests.policy.apps import build_app
 from tests.stores.helpers import FlakyStore
 
 
-def _delayed_app(on_error: str) -> tuple[PolicyMiddleware, Delay, FlakyStore]:
+def _delayed_app(on_error: str, fallback: str | None = "local") -> tuple[PolicyMiddleware, Delay, FlakyStore]:
     # One request per 0.25 s: the second one is delayed; the store fails on its re-check.
     delay = Delay(max_wait=2.0, burst=5)
     rule = PolicyRule("/export", "1/250ms", algorithm="gcra", key=header("X-Client"), name="export", delay=delay)
     store = FlakyStore(up_for=2)
-    app = PolicyMiddleware(build_app(), Limiter(store, on_error=on_error), [rule])  # type: ignore[arg-type]
+    limiter = Limiter(store, on_error=on_error, fallback=fallback)  # type: ignore[arg-type]
+    app = PolicyMiddleware(build_app(), limiter, [rule])
     return app, delay, store
 
 
@@ -40,8 +41,19 @@ async def test_delay_recheck_failing_under_fail_closed_answers_503_not_500() -> 
     assert delay.delayed == 0 and delay.waiting == 0
 
 
-async def test_delay_recheck_failing_under_fail_open_serves_and_is_not_counted_as_delayed() -> None:
+async def test_delay_recheck_failing_under_fail_open_is_decided_by_the_insurance_limiter() -> None:
     app, delay, store = _delayed_app("open")
+    first = await request(app, "/export", headers=[("X-Client", "a")])
+    second = await request(app, "/export", headers=[("X-Client", "a")])
+    assert (first.status, second.status) == (200, 200)
+    assert store.hits == 3
+    # The local limiter (no count of "a" yet) allowed the re-check: delayed, then served.
+    assert delay.delayed == 1 and delay.waiting == 0
+    assert app.limiter.without_store()["local_limiter"] == 1
+
+
+async def test_delay_recheck_failing_under_fail_open_serves_and_is_not_counted_as_delayed() -> None:
+    app, delay, store = _delayed_app("open", fallback=None)
     first = await request(app, "/export", headers=[("X-Client", "a")])
     second = await request(app, "/export", headers=[("X-Client", "a")])
     assert (first.status, second.status) == (200, 200)

@@ -108,10 +108,27 @@ async def test_fail_open_by_default(
     app = RateLimitMiddleware(inner, limiter=limiter, rules=[make_rule()])
     with caplog.at_level(logging.WARNING, logger="ratewarden"):
         replies = [await request(app, "/limited/x") for _ in range(8)]
+    if name in ("store error", "store timeout"):
+        # A remote store's StoreError: the limiter's local insurance limiter decides (5/min).
+        assert [r.status for r in replies] == [200] * 5 + [429] * 3
+    else:  # a key function, or a store that crashed (not a StoreError): let through
+        assert [r.status for r in replies] == [200] * 8
+    assert all(r.body == b"served" for r in replies if r.status == 200)
+    assert any("rate limit check failed" in rec.getMessage() for rec in caplog.records)
+    assert (await request(app, "/unrelated")).status == 200
+
+
+@pytest.mark.parametrize(("name", "make_store", "make_rule"), cases(), ids=[c[0] for c in cases()])
+async def test_fail_open_without_the_insurance_limiter_lets_everything_through(
+    name: str, make_store: Any, make_rule: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    limiter = Limiter(make_store(), fallback=None)
+    app = RateLimitMiddleware(inner, limiter=limiter, rules=[make_rule()])
+    with caplog.at_level(logging.WARNING, logger="ratewarden"):
+        replies = [await request(app, "/limited/x") for _ in range(8)]
     assert [r.status for r in replies] == [200] * 8
     assert all(r.body == b"served" for r in replies)
     assert any("rate limit check failed" in rec.getMessage() for rec in caplog.records)
-    assert (await request(app, "/unrelated")).status == 200
 
 
 @pytest.mark.parametrize(("name", "make_store", "make_rule"), cases(), ids=[c[0] for c in cases()])
@@ -191,7 +208,8 @@ async def test_store_recovers_after_an_outage() -> None:
 
     store = Flaky()
     app = RateLimitMiddleware(inner, limiter=Limiter(store), rules=[Rule("/**", "2/min")])
-    assert [(await request(app, "/x")).status for _ in range(5)] == [200] * 5
+    # Down: the local insurance limiter decides; back: the store decides, with its own counts.
+    assert [(await request(app, "/x")).status for _ in range(5)] == [200] * 2 + [429] * 3
     store.down = False
     assert [(await request(app, "/x")).status for _ in range(3)] == [200, 200, 429]
 

@@ -177,11 +177,18 @@ class DownStore(MemoryStore):
 
 
 def test_websocket_failure_policy() -> None:
-    open_app = make_app(Limiter(DownStore()), [Rule("/ws", "1/min", message_rate="1/min")])
+    open_app = make_app(Limiter(DownStore(), fallback=None), [Rule("/ws", "1/min", message_rate="1/min")])
     with TestClient(open_app) as client, client.websocket_connect("/ws") as ws:
         for _ in range(3):
             ws.send_text("x")
             assert ws.receive_text() == "echo:x"
+    # With the insurance limiter (the default), the local limiter limits the messages instead.
+    insured = make_app(Limiter(DownStore()), [Rule("/ws", "1/min", message_rate="1/min")])
+    with TestClient(insured) as client, client.websocket_connect("/ws") as ws:
+        ws.send_text("x")
+        assert ws.receive_text() == "echo:x"
+        ws.send_text("y")
+        assert json.loads(ws.receive_text())["type"] == "rate_limit"
     closed_app = make_app(Limiter(DownStore(), on_error="closed"), [Rule("/ws", "1/min", websocket=True)])
     with (
         TestClient(closed_app) as client,

@@ -12,7 +12,7 @@ from ..decision import Decision
 from ..errors import ConfigurationError, StoreError
 from ..limits import Limit
 
-__all__ = ["Capability", "Store", "StoreError", "client_error", "combine", "no_reply"]
+__all__ = ["Capability", "Store", "StoreError", "client_error", "combine", "failure_reason", "no_reply"]
 
 Capability = Literal["local", "adjust", "server_clock"]
 _ABILITIES = {
@@ -46,6 +46,10 @@ class Store(ABC):
     #: What the store's client raises when the store cannot answer; each store catches these where
     #: it calls its client (no wrapper around the check) and raises ``self.store_error(...)``.
     client_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    #: Checks this store answered from its local cache of rejections, without asking its server
+    #: (``RedisStore``, ``MemcachedStore``); 0 for stores without such a cache.
+    #: ``Limiter.without_store`` reports it as ``over_limit_cache``.
+    cached_rejections: int = 0
 
     def store_error(self, operation: str, exc: BaseException) -> StoreError:
         """``exc`` (one of ``client_errors``) as a ``StoreError`` naming this store and ``operation``,
@@ -186,7 +190,10 @@ def client_error(store: str, operation: str, exc: BaseException) -> StoreError:
         root = inner
     if root is not exc and str(root) not in message:
         message += f" ({type(root).__name__}: {root})"
-    error = StoreError(f"{store}: {operation}: {message}")
+    reason = failure_reason(exc)
+    if reason == "error" and root is not exc:
+        reason = failure_reason(root)
+    error = StoreError(f"{store}: {operation}: {message}", reason=reason)
     error.__cause__ = exc
     return error
 
@@ -199,7 +206,26 @@ def no_reply(store: str, operation: str, timeout: float) -> StoreError:
         operation: What timed out.
         timeout: The time allowed, in seconds.
     """
-    return StoreError(f"{store}: {operation}: no reply within {timeout * 1000:g} ms")
+    return StoreError(f"{store}: {operation}: no reply within {timeout * 1000:g} ms", reason="timeout")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``StoreError.reason`` for a store client's exception: ``"timeout"`` for a timeout (the
+    builtin, asyncio's or a client's own ``TimeoutError``), ``"unreachable"`` for a connection
+    that could not be made or was lost (``OSError``, a client's ``ConnectionError``), ``"error"``
+    for anything else (an error reply, a broken reply). A ``StoreError`` keeps its own.
+
+    Args:
+        exc: The client's exception.
+    """
+    if isinstance(exc, StoreError):
+        return exc.reason
+    names = {kind.__name__ for kind in type(exc).__mro__}
+    if "TimeoutError" in names or "timeout" in names:
+        return "timeout"
+    if isinstance(exc, OSError) or "ConnectionError" in names:
+        return "unreachable"
+    return "error"
 
 
 def combine(decisions: Sequence[Decision]) -> Decision:

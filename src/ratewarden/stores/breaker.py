@@ -73,6 +73,7 @@ class Breaker(Store):
         self._probing = False
         self.opened = 0  # times the breaker opened
         self.short_circuited = 0  # checks answered without touching the store
+        self._reason = "unreachable"  # the last failure's StoreError.reason: a short circuit's
 
     @property
     def state(self) -> str:
@@ -94,7 +95,9 @@ class Breaker(Store):
             awaitable = call(self.store)
             result = await (awaitable if self.timeout is None else wait_for_store(awaitable, self.timeout))
         except (StoreError, asyncio.TimeoutError) as exc:
-            error = exc if isinstance(exc, StoreError) else StoreError(f"{self.store!r}: no reply within {self.timeout}s")
+            error = exc if isinstance(exc, StoreError) else StoreError(
+                f"{self.store!r}: no reply within {self.timeout}s", reason="timeout"
+            )
             self._failure(probe, error)
             if self.fallback is not None:
                 return await call(self.fallback)
@@ -109,6 +112,7 @@ class Breaker(Store):
         return result
 
     def _failure(self, probe: bool, error: StoreError) -> None:
+        self._reason = error.reason
         if probe:
             self._probing = False
             self._open_until = self.clock() + self.cooldown
@@ -126,7 +130,7 @@ class Breaker(Store):
         self.short_circuited += 1
         if self.fallback is not None:
             return await call(self.fallback)
-        raise StoreError(f"{self.store!r} is failing: circuit open, not calling it")
+        raise StoreError(f"{self.store!r} is failing: circuit open, not calling it", reason=self._reason)
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         return await self._guard(lambda s: s.hit(keys, limits, costs))

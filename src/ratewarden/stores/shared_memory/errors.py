@@ -11,4 +11,9 @@ __all__ = ["SharedMemoryError"]
 @mypyc_attr(allow_interpreted_subclasses=True)
 class SharedMemoryError(StoreError):
     """The shared-memory file cannot be used (wrong owner, permissions, layout), or the store is
-    closed; a ``StoreError``, so a request that meets it follows the limiter's ``on_error``."""
+    closed; a ``StoreError``, so a request that meets it follows the limiter's ``on_error``.
+
+    Args:
+        *args: The message, as for any exception.
+        reason: ``StoreError.reason``; ``"error"`` unless given.
+    """
