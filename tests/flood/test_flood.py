@@ -25,9 +25,11 @@ SECONDS = 3.0
 STORES = [
     pytest.param("memory", id="memory"),
     pytest.param("redis_standalone", marks=pytest.mark.redis, id="redis"),
+    pytest.param("redis_sentinel", marks=pytest.mark.redis, id="sentinel"),
     pytest.param("redis_cluster", marks=pytest.mark.cluster, id="cluster"),
     pytest.param("memcached_server", marks=pytest.mark.memcached, id="memcached"),
 ]
+REMOTE = [p for p in STORES if p.id != "memory"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -64,6 +66,13 @@ def test_flood_admits_exactly_the_limit(request: pytest.FixtureRequest, store: s
     assert result.admitted == LIMIT, _describe(result)
     assert set(result.statuses) == {200, 429}, _describe(result)
     assert result.load.statuses.get(200, 0) <= LIMIT, _describe(result)
+
+
+@pytest.mark.parametrize("path", ["dependency", "decorator"])
+@pytest.mark.parametrize("store", [p for p in REMOTE if p.id in ("redis", "memcached")])
+def test_flood_admits_exactly_the_limit_on_every_integration(request: pytest.FixtureRequest, store: str, path: str) -> None:
+    """The plain FastAPI dependency (no ``install``) and the Starlette decorator, on the remote stores."""
+    test_flood_admits_exactly_the_limit(request, store, path)
 
 
 # The outage: the store is SIGSTOPped mid-flood (sockets open, nothing answered) for OUTAGE seconds.

@@ -43,7 +43,8 @@ def pool_busy(url: str, operation: str, timeout: float, connections: int, pool_s
     return StoreError(
         f"{store_name(url)}: {operation}: no reply within {timeout * 1000:g} ms, part of it spent waiting"
         f" for a free connection: all {connections} connections of the client's pool were busy"
-        f" (pool_size={pool_size})"
+        f" (pool_size={pool_size})",
+        reason="timeout",
     )
 
 

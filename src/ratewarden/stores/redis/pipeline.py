@@ -9,7 +9,8 @@ timer runs ``timeout`` from when it is queued and is judged when it fires (see `
   wait in the kernel): the reply is on its way: re-armed, as long as the store keeps answering;
 * sent on a connection of ours (standalone, Sentinel) and nothing arrived: the store is silent;
 * started and not written yet (connecting, measuring the server clock, loading the script):
-  re-armed until ``connect_timeout`` has passed since it started;
+  re-armed until ``connect_timeout`` has passed since it started, then while our own loop is
+  behind, up to ``_CONNECTING_MAX`` connect timeouts;
 * otherwise (a Cluster pipeline, whose connections are redis-py's): if our own
   loop is behind (the timer fired late, or one more loop pass took long), re-armed, at most
   ``_MAX_EXTENSIONS`` times;
@@ -39,6 +40,7 @@ from .protocol import Reply
 __all__ = ["Exchange", "Pipeline"]
 
 _MAX_EXTENSIONS = EXTENSIONS  # re-arms for a busy loop alone, with no sign from the store
+_CONNECTING_MAX = 10  # connecting on a busy loop: at most this many connect timeouts
 
 
 class Exchange:
@@ -200,12 +202,19 @@ class Pipeline:
         if not batch.started or (exchange is not None and exchange.heard()):
             self._rearm(batch, loop)
         elif exchange is None or not exchange.written:
-            # Connecting (and measuring the server clock, loading the script): a few round trips
-            # through our own loop, bounded as redis-py bounds a connect.
-            if loop.time() - batch.started_at < self.connect_timeout:
+            # Connecting (asking Sentinel for the primary, measuring the server clock, loading
+            # the script): a few round trips through our own loop, bounded as redis-py bounds a
+            # connect, and up to ten times that while the loop itself is behind (a flood that
+            # opens the pool's connections one by one).
+            connecting = loop.time() - batch.started_at
+            if connecting < self.connect_timeout:
+                self._rearm(batch, loop)
+            elif connecting >= _CONNECTING_MAX * self.connect_timeout:
+                self._fail(batch)
+            elif loop.time() - batch.due > LATE:
                 self._rearm(batch, loop)
             else:
-                self._fail(batch)
+                loop.call_soon(self._judge, batch, loop.time(), False)
         elif exchange.arrivals is not None or batch.extensions >= _MAX_EXTENSIONS:
             # Sent on a connection whose arrivals we see: nothing arrived, so the store is silent.
             self._fail(batch)
@@ -213,14 +222,15 @@ class Pipeline:
             batch.extensions += 1
             self._rearm(batch, loop)
         else:  # how busy is the loop? one more pass tells
-            loop.call_soon(self._judge, batch, loop.time())
+            loop.call_soon(self._judge, batch, loop.time(), True)
 
-    def _judge(self, batch: _Batch, asked: float) -> None:
+    def _judge(self, batch: _Batch, asked: float, counted: bool) -> None:
         if batch.finished:
             return
         loop = asyncio.get_running_loop()
         if loop.time() - asked > LATE:
-            batch.extensions += 1
+            if counted:
+                batch.extensions += 1
             self._rearm(batch, loop)
         else:
             self._fail(batch)
