@@ -7,6 +7,7 @@ identical for every library, so a ratio against the bare app is the limiter's ow
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,8 @@ from fastapi.params import Depends
 
 from ..types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["LIMITED_PATHS", "ASGIApp", "BenchApp", "WsCheck", "build_app", "client_identity", "heavy_work"]
+__all__ = ["LIMITED_PATHS", "ASGIApp", "BenchApp", "HandlerRuns", "WsCheck", "build_app", "client_identity",
+           "handler_runs", "heavy_work"]
 
 Endpoint = Callable[..., Awaitable[Any]]
 # Called once per WebSocket message; returns True when the message is allowed.
@@ -43,6 +45,22 @@ def heavy_work(n: int = 100_000) -> float:
     return total
 
 
+class HandlerRuns:
+    """How many times the limited routes' handlers ran: what the limiter admitted, counted where it
+    cannot be missed (a response the load generator never read still ran its handler)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def handler_runs(app: object) -> HandlerRuns | None:
+    """The counter :func:`build_app` attached to ``app`` (``app.state.bench_handler_runs``), if any."""
+    runs = getattr(getattr(app, "state", None), "bench_handler_runs", None)
+    return runs if isinstance(runs, HandlerRuns) else None
+
+
 def build_app(
     wrap: Callable[[Endpoint], Endpoint] | None = None,
     dependencies: list[Depends] | None = None,
@@ -56,33 +74,42 @@ def build_app(
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     w = wrap or (lambda f: f)
     deps = dependencies or []
+    runs = app.state.bench_handler_runs = HandlerRuns()  # every limited handler counts its runs
 
     async def test(request: Request) -> dict[str, str]:
+        runs.n += 1
         return OK
 
     async def heavy(request: Request) -> dict[str, Any]:
+        runs.n += 1
         return {"status": "ok", "sum": int(heavy_work())}
 
     async def json_body(request: Request) -> dict[str, Any]:
+        runs.n += 1
         data = await request.json()
         return {"status": "ok", "items": len(data.get("items", ()))}
 
     async def items(request: Request) -> dict[str, Any]:
+        runs.n += 1
         p = request.path_params
         return {"status": "ok", "item_id": int(p["item_id"]), "sub": p["sub"]}
 
     async def api_items(request: Request) -> dict[str, Any]:
+        runs.n += 1
         return {"status": "ok", "item_id": int(request.path_params["item_id"])}
 
     async def search(request: Request) -> dict[str, Any]:
+        runs.n += 1
         q = request.query_params
         return {"status": "ok", "n": len(q), "page": int(q.get("page", "1"))}
 
     async def form(request: Request) -> dict[str, Any]:
+        runs.n += 1
         data = await request.form()
         return {"status": "ok", "fields": len(data)}
 
     async def tiered(request: Request) -> dict[str, str]:
+        runs.n += 1
         return OK
 
     async def unthrottled(request: Request) -> dict[str, str]:
@@ -115,17 +142,28 @@ def build_app(
 
 
 class BenchApp:
-    """Wraps an adapter's app with ``/__bench__/health`` and ``/__bench__/reset`` and a lifespan.
+    """Wraps an adapter's app with ``/__bench__/health``, ``/__bench__/reset``, ``/__bench__/pid``,
+    ``/__bench__/stats`` and a lifespan.
 
     The live driver talks to these over HTTP: reset clears the limiter's store between iterations
     without restarting the server (which would lose the warm-up); ``/__bench__/pid`` names the worker
-    process that answered.
+    process that answered; ``/__bench__/stats`` (never limited) returns that process's counts so far:
+    ``{"pid", "admitted", "without_store"}``, the handler runs of the limited routes and, for a
+    limiter that counts them, the checks it decided without its store, by reason.
     """
 
     def __init__(self, app: ASGIApp, start: Callable[[], Awaitable[None]], reset: Callable[[], Awaitable[None]],
-                 stop: Callable[[], Awaitable[None]]) -> None:
+                 stop: Callable[[], Awaitable[None]],
+                 without_store: Callable[[], dict[str, int] | None] | None = None) -> None:
         self.app = app
         self._start, self._reset, self._stop = start, reset, stop
+        self._runs = handler_runs(app)
+        self._without_store = without_store
+
+    def stats(self) -> dict[str, Any]:
+        """What ``/__bench__/stats`` answers."""
+        found = self._without_store() if self._without_store else None
+        return {"pid": os.getpid(), "admitted": self._runs.n if self._runs else None, "without_store": found}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -138,6 +176,8 @@ class BenchApp:
                 await self._reset()
             elif scope["path"] == "/__bench__/pid":  # which worker answered (multi-worker readiness)
                 body = str(os.getpid()).encode()
+            elif scope["path"] == "/__bench__/stats":
+                body = json.dumps(self.stats()).encode()
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .scenarios import QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
+from .scenarios import QUICK_FLOOD, QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
 
 if TYPE_CHECKING:
     from .runner import Options
@@ -33,16 +33,19 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--quick", action="store_true",
-                   help="memory store, core in-process scenarios plus one short live run (< 3 min)")
+                   help="memory store, core in-process scenarios plus one short live run, and one short flood "
+                        "(flood.middleware on Redis, else Memcached, else memory) (< 3 min)")
     p.add_argument("--scenario", action="append", default=None, metavar="NAMES",
                    help="comma-separated scenario keys or groups (dependency, middleware, correctness, websocket, "
-                        "strategy, headers, rules, workload, tiered, live, workers, http, mw, ws, all); see --list")
+                        "strategy, headers, rules, workload, tiered, live, workers, flood, http, mw, ws, all); "
+                        "see --list")
     p.add_argument("--library", default="", metavar="NAMES",
                    help="comma-separated libraries: ratewarden, traffik, slowapi, limits, bare (default: all; "
                         f"--quick: {QUICK_LIBRARIES})")
     p.add_argument("--store", default=None, metavar="NAMES",
                    help="comma-separated: memory, shm, redis, redis-cluster, memcached (default: memory; for the "
-                        "multi-worker scenario: memory, shm, redis)")
+                        "multi-worker scenario: memory, shm, redis; for the flood scenarios: redis, memcached, "
+                        "memory)")
     p.add_argument("--workers", type=int, default=0, metavar="N",
                    help="uvicorn worker processes for the multi-worker scenario (live.workers); "
                         "0 = one per core, at least 2")
@@ -57,6 +60,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--concurrency", default="", metavar="N[,N...]",
                    help="concurrency levels for batch and live scenarios (default: each scenario's own)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per live (wrk) iteration")
+    p.add_argument("--flood-duration", type=float, default=3.0, metavar="SECONDS",
+                   help="seconds per timed iteration of the flood scenarios (1,000 connections)")
     p.add_argument("--iterations", type=int, default=3, help="timed iterations per configuration (median kept)")
     p.add_argument("--warmup", type=int, default=1, help="discarded warm-up iterations per configuration")
     p.add_argument("--out", default="bench-results", help="directory for the reports")
@@ -107,11 +112,13 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
     from .adapters import LIBRARIES, load
 
     if args.quick:
-        names = list(QUICK_SCENARIOS + QUICK_LIVE) if args.scenario is None else []
+        names = list(QUICK_SCENARIOS + QUICK_LIVE + QUICK_FLOOD) if args.scenario is None else []
         duration = args.duration if args.duration != 10.0 else 3.0
+        flood_duration = args.flood_duration if args.flood_duration != 3.0 else 2.0
     else:
         names = []
         duration = args.duration
+        flood_duration = args.flood_duration
     warmup_duration = max(1.0, min(2.0, duration / 2))
     for value in args.scenario or ([] if args.quick else ["all"]):
         names += _csv(value)
@@ -143,6 +150,9 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
         print("ratewarden bench: redis-server is not installed and no --redis-url given: the multi-worker "
               "scenario runs without its Redis row", file=sys.stderr)
         worker_stores.remove("redis")
+    flood_stores = stores if args.store else _flood_stores(args, scenarios)
+    if args.quick and not args.store:
+        flood_stores = flood_stores[:1]  # one store: the first shared one available
     for store in stores:
         if store not in STORES:
             return f"unknown store {store!r}; choose from {', '.join(STORES)}"
@@ -150,8 +160,9 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
         levels = [int(c) for c in _csv(args.concurrency)]
     except ValueError:
         return f"--concurrency takes comma-separated integers, got {args.concurrency!r}"
-    if any(c < 1 for c in levels) or args.iterations < 1 or args.warmup < 0 or duration <= 0:
-        return "--concurrency, --iterations and --duration must be positive (--warmup >= 0)"
+    if any(c < 1 for c in levels) or args.iterations < 1 or args.warmup < 0 or duration <= 0 \
+            or flood_duration <= 0:
+        return "--concurrency, --iterations, --duration and --flood-duration must be positive (--warmup >= 0)"
     if args.workers < 0 or args.workers == 1:
         return f"--workers takes 2 or more (0 = one per core, at least 2), got {args.workers}"
     from .drivers.live import LiveError, require_wrk
@@ -171,8 +182,22 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
                    warmup=args.warmup, concurrency=levels or None, duration=duration,
                    warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url,
                    redis_cluster_url=args.redis_cluster_url, workers=args.workers,
-                   worker_stores=worker_stores)
+                   worker_stores=worker_stores, flood_stores=flood_stores, flood_duration=flood_duration)
     return opts, out
+
+
+def _flood_stores(args: argparse.Namespace, scenarios: list[Any]) -> list[str]:
+    """The flood scenarios' default stores: Redis and Memcached where a server can be had (a URL, or
+    the binary to start one), then memory."""
+    from .runner import FLOOD_STORES
+
+    have = {"redis": bool(args.redis_url) or shutil.which("redis-server") is not None,
+            "memcached": bool(args.memcached_url) or shutil.which("memcached") is not None}
+    missing = [kind for kind, ok in have.items() if not ok]
+    if missing and any(s.group == "flood" for s in scenarios) and not args.quick:
+        print(f"ratewarden bench: {' and '.join(missing)} not installed and no URL given: the flood scenarios "
+              f"run without {'that store' if len(missing) == 1 else 'those stores'}", file=sys.stderr)
+    return [s for s in FLOOD_STORES if have.get(s, True)]
 
 
 def _meta(opts: Options) -> Any:
@@ -181,14 +206,24 @@ def _meta(opts: Options) -> Any:
 
     command = "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "ratewarden bench"
+    only_flood = all(s.group == "flood" for s in opts.scenarios if s.mode == "live")
+    wrk_s = opts.flood_duration if only_flood else opts.duration
     return collect_meta(command, {
         "Method": f"{opts.warmup} warm-up + {opts.iterations} timed iterations per configuration; the median "
                   "iteration by req/s is reported (latencies from that same iteration, nearest-rank "
                   "percentiles); store flushed and limiter reset before every iteration",
         "In-process driver": "direct ASGI calls, no HTTP client or socket",
-        "Live driver": f"uvicorn, 1 worker, uvloop + httptools, access log off; wrk {opts.duration:g} s per "
+        "Live driver": f"uvicorn, 1 worker, uvloop + httptools, access log off; wrk {wrk_s:g} s per "
                        "iteration; server and wrk pinned to different cores; server CPU/RSS sampled",
+        "Admitted / limit": "admitted = the handler runs the server counted itself (2xx responses where it "
+                            "could not say); limit = the most an exact limiter admits in one iteration; "
+                            "⚠ marks a row that admitted more than its limit (its req/s and ratio to no "
+                            "limiter are not comparable)",
     } | ({
+        "Flood driver": f"{opts.flood_duration:g} s per iteration, 1,000 wrk connections from one client IP, "
+                        "one uvicorn worker, 100/hour fixed window per client IP; stores: "
+                        + ", ".join(opts.flood_stores or opts.stores),
+    } if any(s.group == "flood" for s in opts.scenarios) else {}) | ({
         "Multi-worker driver": "uvicorn --workers N (each worker builds the app from an import string), "
                                "nothing pinned; a fresh hot key per iteration, runs kept clear of a window "
                                "boundary; CPU and RSS summed over the uvicorn processes",
@@ -234,21 +269,38 @@ def _run_with_progress(opts: Any) -> list[Any]:
 
 def _summary(results: list[Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="ratewarden bench: median runs", show_lines=False)
     for col in ("scenario", "library", "store", "c", "req/s", "x bare", "p50 ms", "p99 ms", "ok %", "429 %",
-                "exact"):
+                "exact", "admitted / limit"):
         table.add_column(col, justify="left" if col in ("scenario", "library", "store") else "right")
+    notes: list[str] = []
     for r in results:
         row = r.row
         if row is None:
             continue
-        table.add_row(row.scenario, row.library, row.store, str(row.concurrency), f"{row.rps:,.0f}",
-                      f"{row.vs_bare:.2f}" if row.vs_bare and row.library != "bare" else "",
+        ratio = f"{row.vs_bare:.2f}" if row.vs_bare and row.library != "bare" else ""
+        rps = f"{row.rps:,.0f}"
+        admitted = escape(row.admitted_cell)
+        if row.over_limit:  # a fast figure over its limit is not a win: every throughput cell says so
+            rps, ratio, admitted = f"[red]⚠ {rps}[/]", f"[red]⚠ {ratio}[/]" if ratio else "", f"[bold red]{admitted}[/]"
+        table.add_row(row.scenario, row.library, row.store, str(row.concurrency), rps, ratio,
                       f"{row.p50_ms:.2f}", f"{row.p99_ms:.2f}", f"{row.success_pct:.0f}", f"{row.throttled_pct:.0f}",
-                      "" if row.correct is None else ("yes" if row.correct else "[red]NO[/]"))
+                      "" if row.correct is None else ("yes" if row.correct else "[red]NO[/]"), admitted)
+        if row.without_store:
+            notes.append(f"{row.library} · {row.scenario} · {row.store}: {row.without_store_cell}")
     console = Console()
     if not console.is_terminal:
         console = Console(width=150)
     console.print(table)
+    over = [r.row for r in results if r.row is not None and r.row.over_limit]
+    if over:
+        console.print(f"[bold red]⚠ {len(over)} row(s) admitted more than the limit[/] (req/s and x bare of those "
+                      "rows are not comparable): " + escape("; ".join(
+                          f"{r.library} · {r.scenario} · {r.store} {r.admitted_cell.lstrip('⚠ ')}" for r in over)))
+    if notes:
+        console.print("checks decided without the store (Limiter.without_store()):")
+        for line in notes:
+            console.print("  " + escape(line))

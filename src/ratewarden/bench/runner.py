@@ -20,7 +20,8 @@ from .scenarios import Scenario
 from .services import StoreService
 from .stats import Row, Run, median_run
 
-__all__ = ["WORKER_CONFIGS", "WORKER_STORES", "Options", "Result", "Task", "plan_tasks", "run_all"]
+__all__ = ["FLOOD_STORES", "WORKER_CONFIGS", "WORKER_STORES", "Options", "Result", "Task", "admit_limit", "plan_tasks",
+           "run_all"]
 
 # (library, store) rows of a multi-worker scenario: ratewarden with a per-process, a shared-memory and a
 # Redis store; the peers with their one-host options (slowapi: per-process memory; traffik: its
@@ -30,6 +31,9 @@ WORKER_CONFIGS = (
     ("traffik", "shm"), ("slowapi", "memory"), ("bare", "none"),
 )
 WORKER_STORES = ("memory", "shm", "redis")
+# The flood scenarios' stores when --store is not given: the shared ones first (where issue 19's
+# over-admission was), memory for reference.
+FLOOD_STORES = ("redis", "memcached", "memory")
 
 _LOGGERS = ("ratewarden", "traffik", "slowapi", "limits", "asyncio")
 
@@ -51,6 +55,8 @@ class Options:
     redis_cluster_url: str = ""
     workers: int = 0  # uvicorn workers of multi-worker scenarios; 0 = one per core, at least 2
     worker_stores: list[str] = field(default_factory=lambda: list(WORKER_STORES))
+    flood_stores: list[str] | None = None  # stores of the flood scenarios (None: ``stores``)
+    flood_duration: float = 3.0  # seconds per timed flood iteration
 
 
 @dataclass(frozen=True)
@@ -97,16 +103,19 @@ def plan_tasks(opts: Options) -> list[Task]:
             for lib, store in WORKER_CONFIGS:
                 if lib in opts.libraries and (store in opts.worker_stores or store == "none"):
                     tasks.append(Task(sc, lib, store, conc, workers))
-    for store in opts.stores:
-        for sc in single:
-            for conc in _levels(sc, opts):
-                for lib in opts.libraries:
-                    if lib == "bare":
-                        if store != opts.stores[0]:
-                            continue
-                        tasks.append(Task(sc, lib, "none", conc))
-                    else:
-                        tasks.append(Task(sc, lib, store, conc))
+    flood = [sc for sc in single if sc.group == "flood"]
+    plain = [sc for sc in single if sc.group != "flood"]
+    for stores, scenarios in ((opts.stores, plain), (opts.flood_stores or opts.stores, flood)):
+        for store in stores:
+            for sc in scenarios:
+                for conc in _levels(sc, opts):
+                    for lib in opts.libraries:
+                        if lib == "bare":
+                            if store != stores[0]:
+                                continue
+                            tasks.append(Task(sc, lib, "none", conc))
+                        else:
+                            tasks.append(Task(sc, lib, store, conc))
     return tasks
 
 
@@ -121,6 +130,9 @@ def _row(task: Task, runs: list[Run], driver: str) -> Row:
     if task.workers > 1 and task.library != "bare":
         expected = sc.limit  # a fresh hot key per iteration, a run far shorter than the window
     calls = [r.store_calls for r in runs if r.store_calls is not None]
+    admitted = [_admitted(r) for r in runs]
+    limit = admit_limit(task, driver)
+    worst = max(admitted)
     return Row(
         library=task.library, scenario=sc.key, group=sc.group, title=sc.title, store=task.store, driver=driver,
         concurrency=task.concurrency, requests=m.requests, rps=m.rps, allowed=m.allowed, throttled=m.throttled,
@@ -131,7 +143,33 @@ def _row(task: Task, runs: list[Run], driver: str) -> Row:
         cpu_pct=m.cpu_pct, rss_mb=m.rss_mb,
         calls_per_request=(sum(calls) / sum(r.requests for r in runs)) if calls else None,
         groups=m.groups, workers=task.workers,
+        admitted=_admitted(m), admitted_max=worst, limit=limit, over_limit=limit is not None and worst > limit,
+        admitted_source="handler" if m.admitted is not None else "2xx",
+        without_store={k: v for k, v in m.without_store.items() if v},
     )
+
+
+def _admitted(run: Run) -> int:
+    """The server's own count of handler runs when it gave one, else the 2xx responses."""
+    return run.admitted if run.admitted is not None else run.allowed
+
+
+def admit_limit(task: Task, driver: str) -> int | None:
+    """The most an exact limiter may admit in one iteration of ``task`` (None: no limiter, or not known).
+
+    In-process, what the scenario expects. Live, every run starts from a clean store and stays
+    inside one window (the runner waits past a window edge), so a fixed window admits at most
+    ``limit`` per key: one hot key (a fresh one per iteration with several workers), or at most
+    10,000 keys times ``limit`` for the many-keys scenario (a ceiling, not what it should admit).
+    """
+    sc = task.scenario
+    if task.library == "bare":
+        return None
+    if driver == "inprocess":
+        return sc.expected_allowed
+    if sc.algorithm != "fixed_window":
+        return None
+    return sc.limit * (live.MANY_KEYS if sc.identity == "many" else 1)
 
 
 async def _inprocess(
@@ -216,7 +254,8 @@ def _live(task: Task, opts: Options, store: StoreService | None) -> list[Run]:
             if store:
                 store.flush()
             warm = i < opts.warmup
-            duration = opts.warmup_duration if warm else opts.duration
+            timed = opts.flood_duration if task.scenario.group == "flood" else opts.duration
+            duration = opts.warmup_duration if warm else timed
             if multi:
                 # A reset reaches one worker only: each iteration uses a key no worker has seen instead.
                 hot_key = f"hot-key-{time.time_ns()}"
@@ -228,7 +267,9 @@ def _live(task: Task, opts: Options, store: StoreService | None) -> list[Run]:
                     _clear_of_window_edge(task.scenario.window_s, duration)
                 server.reset()
             before = store.commands() if store else None
+            counted = server.stats()
             run = live.run_iteration(server, task.scenario, duration, task.concurrency, client_cores, hot_key)
+            live.count_admitted(run, counted, server.settled_stats())
             if before is not None and store:
                 after = store.commands()
                 run.store_calls = None if after is None else after - before
@@ -248,9 +289,10 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
     for name in quiet:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        if any(t.scenario.mode == "live" for t in plan_tasks(opts)):
+        live_tasks = [t for t in plan_tasks(opts) if t.scenario.mode == "live"]
+        if live_tasks:
             # Before any server starts: children (redis-server, uvicorn, wrk) inherit the limit.
-            live.raise_fd_limit(max(opts.concurrency or [0]) * 2 + 1024)
+            live.raise_fd_limit(max(t.concurrency for t in live_tasks) * 2 + 1024)
         urls = {"redis": opts.redis_url, "redis-cluster": opts.redis_cluster_url, "memcached": opts.memcached_url}
         for kind in dict.fromkeys(t.store for t in plan_tasks(opts)):
             if kind not in ("memory", "none"):

@@ -11,6 +11,8 @@ from typing import Literal
 
 __all__ = [
     "ALGORITHMS",
+    "FLOOD_CONNECTIONS",
+    "QUICK_FLOOD",
     "QUICK_LIVE",
     "QUICK_SCENARIOS",
     "SCENARIOS",
@@ -22,6 +24,9 @@ __all__ = [
 Mode = Literal["sequential", "batches", "all_at_once", "clients", "ws", "live"]
 Integration = Literal["dependency", "middleware", "websocket"]
 Identity = Literal["ip", "header", "many"]
+
+#: Connections of the flood scenarios (one client, one uvicorn worker).
+FLOOD_CONNECTIONS = 1000
 
 ALGORITHMS = (
     "fixed_window",
@@ -204,6 +209,14 @@ def _build() -> dict[str, Scenario]:
     # iteration, so an exact limiter allows exactly `limit` in each run of a few seconds.
     s.append(Scenario("live.workers", "workers", "uvicorn --workers N, one hot key (100/min, wrk)", 100, 60, 0,
                       "live", identity="header", duration_s=10, concurrency=50, workers=0))
+    # The flood of issue 19: 1,000 connections from one client IP against one uvicorn worker, 100/hour
+    # fixed window per client IP, on the shared stores (Redis, Memcached) and memory. What it checks is
+    # the admitted count: an exact limiter admits 100 and no more, however fast it answers the rest.
+    floods: tuple[tuple[Integration, str], ...] = (("middleware", "middleware"), ("dependency", "dependency / edge"))
+    for integration, how in floods:
+        s.append(Scenario(f"flood.{integration}", "flood",
+                          f"Flood: {FLOOD_CONNECTIONS:,} connections, one client IP vs 100/hour ({how})", 100, 3600,
+                          0, "live", integration, identity="ip", duration_s=3, concurrency=FLOOD_CONNECTIONS))
     return {x.key: x for x in s}
 
 
@@ -215,6 +228,8 @@ QUICK_SCENARIOS = (
     "race", "distributed", "keys.many",
 )
 QUICK_LIVE = ("live.light",)
+# One short flood (2 s iterations, on the first shared store available): about a minute more.
+QUICK_FLOOD = ("flood.middleware",)
 
 
 def resolve(names: list[str]) -> list[Scenario]:

@@ -26,7 +26,7 @@ def create_app() -> BenchApp:
         raise RuntimeError(f"{ENV} is not set: start workers through `python -m ratewarden.bench.server`")
     cfg = json.loads(raw)
     adapter = load(cfg["library"])(SCENARIOS[cfg["scenario"]], StoreSpec(cfg["store"], cfg["store_url"]))
-    return BenchApp(adapter.build(), adapter.start, adapter.reset, adapter.stop)
+    return BenchApp(adapter.build(), adapter.start, adapter.reset, adapter.stop, adapter.without_store)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,12 @@ class Run:
     rss_mb: float | None = None
     store_calls: int | None = None
     groups: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Handler runs counted by the server itself (live runs): the exact admitted count, responses
+    #: wrk never read included. None where the server could not say (then the 2xx count stands in).
+    admitted: int | None = None
+    #: Checks the limiter decided without its store during the iteration, by reason (ratewarden's
+    #: ``Limiter.without_store()``; empty for the peers and when every check reached the store).
+    without_store: dict[str, int] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
@@ -107,6 +113,35 @@ class Row:
     note: str = ""
     workers: int = 1
     groups: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Requests the limited handlers ran (server-side count in live runs, the 2xx count otherwise).
+    admitted: int | None = None
+    #: The largest ``admitted`` of the timed iterations (the median one may be under the limit
+    #: while another was over it).
+    admitted_max: int | None = None
+    #: The most an exact limiter may admit in the iteration (None: no limiter, or not known).
+    limit: int | None = None
+    #: ``admitted > limit``: the limiter let through more than its limit. Such a row's req/s and
+    #: ratio against no limiter are not a win: every report marks them.
+    over_limit: bool = False
+    #: Where ``admitted`` comes from: ``"handler"`` (the server counted its handler runs) or ``"2xx"``.
+    admitted_source: str = ""
+    #: Checks decided without the store, by reason, only the non-zero ones (ratewarden rows).
+    without_store: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def admitted_cell(self) -> str:
+        """``"admitted / limit"`` as the reports print it, ``⚠`` first when over the limit."""
+        if self.admitted is None:
+            return "—"
+        limit = "no limit" if self.limit is None else f"{self.limit:,}"
+        worst = self.admitted_max
+        more = f" (max {worst:,})" if self.over_limit and worst is not None and worst != self.admitted else ""
+        return f"{'⚠ ' if self.over_limit else ''}{self.admitted:,} / {limit}{more}"
+
+    @property
+    def without_store_cell(self) -> str:
+        """The non-zero counts of checks decided without the store, ``"reason n, ..."`` ("" if none)."""
+        return ", ".join(f"{k} {v:,}" for k, v in self.without_store.items() if v)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -60,3 +60,8 @@ class Adapter(ABC):
 
     async def stop(self) -> None:
         """Release connections."""
+
+    def without_store(self) -> dict[str, int] | None:
+        """Checks decided without the store so far, by reason, for a limiter that counts them
+        (None for one that does not)."""
+        return None

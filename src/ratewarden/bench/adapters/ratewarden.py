@@ -108,3 +108,11 @@ class RatewardenAdapter(Adapter):
 
     async def stop(self) -> None:
         await self.limiter.close()
+
+    def without_store(self) -> dict[str, int] | None:
+        """``Limiter.without_store()`` (timeouts, unreachable store, insurance limiter answers,
+        local over-limit cache), where this version of ratewarden has it."""
+        method = getattr(self.limiter, "without_store", None)
+        if method is None:
+            return None
+        return {str(k): int(v) for k, v in dict(method()).items()}

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,7 +30,12 @@ from ..adapters.base import StoreSpec
 from ..scenarios import Scenario
 from ..stats import Run
 
-__all__ = ["LiveError", "LiveServer", "ServerStartError", "cpu_plan", "default_workers", "raise_fd_limit", "require_wrk", "run_iteration", "wrk_script"]
+__all__ = ["MANY_KEYS", "LiveError", "LiveServer", "ServerStartError", "ServerStats", "count_admitted", "cpu_plan",
+           "default_workers", "raise_fd_limit", "require_wrk", "run_iteration", "wrk_script"]
+
+
+#: Distinct identities of a many-keys live scenario (wrk picks one at random per request).
+MANY_KEYS = 10_000
 
 
 class LiveError(RuntimeError):
@@ -38,6 +44,16 @@ class LiveError(RuntimeError):
 
 class ServerStartError(LiveError):
     """The library's server did not start (its output says why): that configuration cannot run."""
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """The server's own counts so far, summed over its worker processes (``/__bench__/stats``):
+    handler runs of the limited routes, and checks decided without the store by reason (None when
+    the limiter does not count them)."""
+
+    admitted: int | None
+    without_store: dict[str, int] | None
 
 
 def default_workers() -> int:
@@ -95,6 +111,7 @@ class LiveServer:
         self.library, self.scenario, self.store, self.cores = library, scenario, store, cores
         self.workers = workers
         self.port = 0
+        self.pids: set[bytes] = set()
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
 
@@ -132,6 +149,7 @@ class LiveServer:
                 # Ready once every worker has answered (new connection each time: any worker may accept it).
                 seen.add(self.get("/__bench__/pid"))
                 if len(seen) >= self.workers:
+                    self.pids = seen
                     return
                 time.sleep(0.02)
             except OSError:
@@ -147,6 +165,44 @@ class LiveServer:
         with urllib.request.urlopen(self.url + path, timeout=10) as resp:
             body: bytes = resp.read()
             return body
+
+    def stats(self, timeout: float = 10.0) -> ServerStats | None:
+        """Every worker's ``/__bench__/stats``, summed (None when some worker did not answer in
+        ``timeout`` s). Each request is a new connection, so with several workers it is sent until
+        every worker has answered once, as at start."""
+        found: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout
+        while len(found) < max(1, len(self.pids)) and time.monotonic() < deadline:
+            try:
+                data = json.loads(self.get("/__bench__/stats"))
+            except (OSError, ValueError):
+                time.sleep(0.2)
+                continue
+            found.setdefault(int(data["pid"]), data)
+        if len(found) < max(1, len(self.pids)):
+            return None
+        counts = [d["admitted"] for d in found.values()]
+        admitted = None if any(c is None for c in counts) else sum(int(c) for c in counts)
+        without: dict[str, int] | None = None
+        for d in found.values():
+            if d.get("without_store") is not None:
+                without = without or {}
+                for reason, n in d["without_store"].items():
+                    without[reason] = without.get(reason, 0) + int(n)
+        return ServerStats(admitted, without)
+
+    def settled_stats(self, settle: float = 0.3, timeout: float = 10.0) -> ServerStats | None:
+        """:meth:`stats` once the handler count has stopped moving for ``settle`` s (a flooded
+        server still answers the requests it accepted after the load generator has stopped)."""
+        deadline = time.monotonic() + timeout
+        last = self.stats(timeout)
+        while last is not None and time.monotonic() < deadline:
+            time.sleep(settle)
+            now = self.stats(timeout)
+            if now is None or now.admitted == last.admitted:
+                return now
+            last = now
+        return last
 
     def reset(self, attempts: int = 3) -> None:
         """Clear the limiter between iterations; retried because a server still draining the backlog
@@ -228,7 +284,7 @@ end
 
 def wrk_script(sc: Scenario, hot_key: str = "hot-key-user") -> str:
     """The wrk Lua script for ``sc``: identity header (one hot key or 10k random keys) and status counting."""
-    many = 10_000 if sc.identity == "many" else 0
+    many = MANY_KEYS if sc.identity == "many" else 0
     client = hot_key if sc.identity == "header" else ""
     return _LUA.format(many=many, client=client)
 
@@ -273,6 +329,18 @@ def _cpu_seconds(procs: list[Any]) -> dict[int, float]:
             continue
         out[p.pid] = t.user + t.system
     return out
+
+
+def count_admitted(run: Run, before: ServerStats | None, after: ServerStats | None) -> None:
+    """Set ``run.admitted`` and ``run.without_store`` from the server's counts around the run
+    (left as they are when the server could not say)."""
+    if before is None or after is None:
+        return
+    if before.admitted is not None and after.admitted is not None:
+        run.admitted = after.admitted - before.admitted
+    if after.without_store is not None:
+        b = before.without_store or {}
+        run.without_store = {k: v - b.get(k, 0) for k, v in after.without_store.items() if v - b.get(k, 0)}
 
 
 def run_iteration(server: LiveServer, sc: Scenario, duration: float, concurrency: int,

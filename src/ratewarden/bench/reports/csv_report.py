@@ -20,6 +20,7 @@ def write_csv(path: Path, rows: list[Row]) -> Path:
             d = row.to_dict()
             d["rps_runs"] = ";".join(f"{v:.1f}" for v in row.rps_runs)
             d["groups"] = json.dumps(row.groups) if row.groups else ""
+            d["without_store"] = json.dumps(row.without_store) if row.without_store else ""
             for key in ("rps", "success_pct", "throttled_pct", "lat_mean_ms", "p50_ms", "p95_ms", "p99_ms",
                         "p999_ms", "cpu_pct", "rss_mb", "calls_per_request", "vs_bare"):
                 if isinstance(d[key], float):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..runner import Result
 from ..stats import Row
-from .markdown import GROUP_TITLES, build_tables, library_order
+from .markdown import GROUP_TITLES, build_tables, library_order, over_limit_lines
 from .meta import Meta
 
 __all__ = ["bar_chart", "write_html"]
@@ -22,6 +22,8 @@ table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}
 h2{border-bottom:2px solid #ddd;margin-top:2em}.chart{margin:1em 0}.meta li{margin:.1em 0}
+td.over{background:#fdd;color:#a00;font-weight:bold}p.note{font-size:13px;color:#444;margin-top:-1em}
+p.over{color:#a00;font-weight:bold}
 """
 
 
@@ -29,8 +31,12 @@ def _color(lib: str, i: int) -> str:
     return PALETTE.get(lib, _EXTRA[i % len(_EXTRA)])
 
 
-def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequence[float | None]], unit: str) -> str:
-    """Horizontal grouped bars as an SVG string: one group per category, one bar per series."""
+def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequence[float | None]], unit: str,
+              flags: Mapping[str, Sequence[bool]] | None = None) -> str:
+    """Horizontal grouped bars as an SVG string: one group per category, one bar per series.
+
+    A bar whose ``flags`` entry is true (a row over its limit) gets a red outline and a ``⚠ over
+    limit`` label: a fast bar of a limiter that let too much through is not a win."""
     label_w, bar_h, gap, width = 300, 13, 10, 1000
     plot_w = width - label_w - 110
     n = max(len(series), 1)
@@ -58,9 +64,14 @@ def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequen
                 out.append(f'<text x="{label_w + 4}" y="{by + 10}" font-size="10" fill="#999">n/a</text>')
                 continue
             w = max(1.0, plot_w * v / top)
-            out.append(f'<rect x="{label_w}" y="{by}" width="{w:.1f}" height="{bar_h - 2}" fill="{_color(name, si)}">'
-                       f"<title>{escape(name)}: {v:,.2f} {escape(unit)}</title></rect>"
-                       f'<text x="{label_w + w + 4:.1f}" y="{by + 10}" font-size="10">{v:,.1f} {escape(unit)}</text>')
+            flagged = bool(flags and ci < len(flags.get(name, ())) and flags[name][ci])
+            outline = ' stroke="#d00" stroke-width="2"' if flagged else ""
+            mark = " ⚠ over limit" if flagged else ""
+            colour = ' fill="#d00" font-weight="bold"' if flagged else ""
+            out.append(f'<rect x="{label_w}" y="{by}" width="{w:.1f}" height="{bar_h - 2}" fill="{_color(name, si)}"'
+                       f"{outline}><title>{escape(name)}: {v:,.2f} {escape(unit)}{mark}</title></rect>"
+                       f'<text x="{label_w + w + 4:.1f}" y="{by + 10}" font-size="10"{colour}>{v:,.1f} {escape(unit)}'
+                       f"{mark}</text>")
         y += group_h
     out.append("</svg>")
     return "".join(out)
@@ -86,16 +97,32 @@ def _charts(rows: list[Row]) -> list[str]:
                         for lib in libraries}
 
             prefix = f"{GROUP_TITLES[group]} · {store if group != 'live' or store != 'none' else 'memory'}"
-            charts.append(bar_chart(f"{prefix}: throughput", cats, series(lambda r: r.rps, libs), "req/s"))
+            over = {lib: [by[(s, c, lib)].over_limit if (s, c, lib) in by else False for s, c in keys] for lib in libs}
+            if group == "flood":
+                limited = [lib for lib in libs if lib != "bare"]
+                charts.append(bar_chart(f"{prefix}: admitted (limit {_limits(grows)})", cats,
+                                        series(lambda r: None if r.admitted is None else float(r.admitted), limited),
+                                        "admitted", over))
+            charts.append(bar_chart(f"{prefix}: throughput", cats, series(lambda r: r.rps, libs), "req/s", over))
             charts.append(bar_chart(f"{prefix}: p99 latency", cats, series(lambda r: r.p99_ms, libs), "ms"))
             limited = [lib for lib in libs if lib != "bare"]
             if limited:
                 charts.append(bar_chart(f"{prefix}: throttled (429) count", cats,
                                         series(lambda r: float(r.throttled), limited), ""))
-            if group == "live":
+            if group in ("live", "flood"):
                 charts.append(bar_chart(f"{prefix}: server CPU", cats, series(lambda r: r.cpu_pct, libs), "%"))
                 charts.append(bar_chart(f"{prefix}: server RSS", cats, series(lambda r: r.rss_mb, libs), "MB"))
     return charts
+
+
+def _limits(rows: list[Row]) -> str:
+    found = sorted({r.limit for r in rows if r.limit is not None})
+    return ", ".join(f"{n:,}" for n in found) or "—"
+
+
+def _cell(text: str) -> str:
+    """A table cell; one flagged ``⚠`` (a row over its limit) is red."""
+    return f"<td class='over'>{escape(text)}</td>" if "⚠" in text else f"<td>{escape(text)}</td>"
 
 
 def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[Result] = ()) -> Path:
@@ -105,7 +132,14 @@ def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[Result
              f"<li>Machine: {escape(meta.machine)}</li><li>Python {escape(meta.python)}; "
              + escape(", ".join(f"{k} {v}" for k, v in meta.versions.items())) + "</li>"]
     parts += [f"<li>{escape(k)}: {escape(str(v))}</li>" for k, v in meta.method.items()]
-    parts.append("</ul><h2>Charts</h2>")
+    parts.append("</ul>")
+    over = over_limit_lines(rows)
+    if over:
+        parts.append("<p class='over'>⚠ Admitted more than the limit (req/s and ratios of these rows are not "
+                     "comparable with rows that held the limit):</p><ul>")
+        parts += [f"<li class='over'>{escape(line)}</li>" for line in over]
+        parts.append("</ul>")
+    parts.append("<h2>Charts</h2>")
     parts += [f"<div class='chart'>{svg}</div>" for svg in _charts(rows)]
     section = None
     for t in build_tables(rows, results):
@@ -114,8 +148,10 @@ def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[Result
             parts.append(f"<h2>Tables: {escape(section)}</h2>")
         parts.append(f"<h3>{escape(t.title)}</h3><table><tr>"
                      + "".join(f"<th>{escape(h)}</th>" for h in t.header) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in t.body]
+        parts += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in t.body]
         parts.append("</table>")
+        if t.note:
+            parts.append(f"<p class='note{' over' if '⚠' in t.note else ''}'>{escape(t.note)}</p>")
     skipped = [(r.task.label, r.skipped) for r in results if r.skipped]
     if skipped:
         parts.append("<h2>Skipped</h2><ul>")

@@ -9,8 +9,8 @@ from ..runner import Result
 from ..stats import Row
 from .meta import Meta
 
-__all__ = ["GROUP_TITLES", "Table", "build_tables", "cluster_tables", "library_order", "render_markdown",
-           "workers_tables"]
+__all__ = ["GROUP_TITLES", "Table", "build_tables", "cluster_tables", "library_order", "over_limit_lines",
+           "render_markdown", "workers_tables"]
 
 GROUP_TITLES = {
     "dependency": "HTTP dependency mode",
@@ -24,6 +24,7 @@ GROUP_TITLES = {
     "tiered": "Tiered API keys",
     "live": "Live server (uvicorn + wrk): overhead against no limiter",
     "workers": "Several uvicorn workers on one host: allowed against the exact limit",
+    "flood": "Flood (1,000 connections, one client IP, one uvicorn worker): admitted against the limit",
 }
 _STORE_NAMES = {
     ("ratewarden", "memory"): "MemoryStore (per process)",
@@ -45,6 +46,7 @@ class Table:
     title: str
     header: list[str]
     body: list[list[str]]
+    note: str = ""
 
 
 def library_order(names: Sequence[str]) -> list[str]:
@@ -68,8 +70,21 @@ def _throughput_cell(r: Row) -> str:
     parts = [] if r.library == "bare" else [f"{r.vs_bare:.2f}x bare" if r.vs_bare else "", f"{_pct(r.success_pct)} ok"]
     if r.calls_per_request is not None:
         parts.append(f"{r.calls_per_request:.2f} cmd/req")
+    if r.over_limit:
+        parts.append(f"over limit: {r.admitted_cell.lstrip('⚠ ')} admitted")
     extra = ", ".join(p for p in parts if p)
-    return f"{_n(r.rps)} ({extra})" if extra else _n(r.rps)
+    cell = f"{_n(r.rps)} ({extra})" if extra else _n(r.rps)
+    return _flag(r, cell)
+
+
+def _flag(r: Row, cell: str) -> str:
+    """``cell`` marked ``⚠`` when ``r`` admitted more than its limit (the HTML report colours such cells)."""
+    return f"⚠ {cell}" if r.over_limit and cell not in ("", "—") else cell
+
+
+def _ratio(r: Row) -> str:
+    """The ratio to no limiter, flagged on a row over its limit (a fast figure over the limit is no win)."""
+    return _flag(r, f"{r.vs_bare:.2f}x") if r.vs_bare and r.library != "bare" else "—"
 
 
 def _section(r: Row) -> str:
@@ -92,10 +107,20 @@ def build_tables(rows: list[Row], results: Sequence[object] = ()) -> list[Table]
             if not grows or all(r.library == "bare" for r in grows):
                 continue
             section = _section(next(r for r in grows if r.library != "bare"))
-            tables.extend(_group_tables(section, group, grows))
+            tables.extend(_group_tables(section, group, grows, _absent(results, group, store)))
     tables.extend(cluster_tables(rows))
     tables.extend(workers_tables(rows, results))
     return tables
+
+
+def _absent(results: Sequence[object], group: str, store: str) -> list[str]:
+    """``"library: reason"`` for each library that could not run a scenario of ``group`` on ``store``."""
+    out: dict[str, None] = {}
+    for x in results:
+        if isinstance(x, Result) and x.row is None and x.skipped and x.task.scenario.group == group \
+                and x.task.store == store and x.task.workers == 1:
+            out[f"{x.task.library}: {' '.join(x.skipped.split())[:200]}"] = None
+    return list(out)
 
 
 def workers_tables(rows: list[Row], results: Sequence[object] = ()) -> list[Table]:
@@ -105,7 +130,7 @@ def workers_tables(rows: list[Row], results: Sequence[object] = ()) -> list[Tabl
     failed = [x for x in results if isinstance(x, Result) and x.row is None and x.skipped and x.task.workers > 1]
     tables: list[Table] = []
     keys = dict.fromkeys([r.scenario for r in wrows] + [x.task.scenario.key for x in failed])
-    header = ["Library", "Store", "Workers", "Conns", "Allowed", "Exact", "Allowed ÷ exact", "429", "errors",
+    header = ["Library", "Store", "Workers", "Conns", "Admitted", "Exact", "Admitted ÷ exact", "429", "errors",
               "req/s", "p99 ms", "server CPU (all processes)", "server RSS", "note"]
     for sc in keys:
         body = []
@@ -113,10 +138,12 @@ def workers_tables(rows: list[Row], results: Sequence[object] = ()) -> list[Tabl
         for r in [r for r in wrows if r.scenario == sc]:
             title = r.title
             exact = r.expected_allowed
+            admitted = r.admitted if r.admitted is not None else r.allowed
             body.append([r.library if r.library != "bare" else "bare (no limiter)",
                          _STORE_NAMES.get((r.library, r.store), r.store), str(r.workers), str(r.concurrency),
-                         _n(r.allowed), str(exact) if exact is not None else "—",
-                         f"{r.allowed / exact:.2f}" if exact else "—", _n(r.throttled), str(r.errors), _n(r.rps),
+                         _flag(r, _n(admitted)), str(exact) if exact is not None else "—",
+                         _flag(r, f"{admitted / exact:.2f}") if exact else "—", _n(r.throttled), str(r.errors),
+                         _flag(r, _n(r.rps)),
                          _ms(r.p99_ms), f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—",
                          f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—", r.note])
         for x in failed:
@@ -165,7 +192,8 @@ def cluster_tables(rows: list[Row]) -> list[Table]:
                         continue
                     res = (f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—") + " / " + (
                         f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—")
-                    cells += [_n(r.rps) + (f" ({r.vs_bare:.2f}x bare)" if r.vs_bare and lib != "bare" else ""),
+                    cells += [_flag(r, _n(r.rps) + (f" ({r.vs_bare:.2f}x bare)" if r.vs_bare and lib != "bare" else "")
+                                    + (f", admitted {r.admitted_cell.lstrip('⚠ ')}" if r.over_limit else "")),
                               f"{_ms(r.p50_ms)} / {_ms(r.p99_ms)}", _mix(r), res]
                 a, b = pair
                 cells.append(f"{b.rps / a.rps:.2f}" if a and b and a.rps else "—")
@@ -183,7 +211,50 @@ def _scenarios(rows: list[Row]) -> list[tuple[str, int]]:
     return list(seen)
 
 
-def _group_tables(section: str, group: str, rows: list[Row]) -> list[Table]:
+def _live_table(section: str, group: str, rows: list[Row], absent: list[str]) -> Table:
+    """One line per live configuration: admitted against the limit first, then throughput and costs."""
+    libs = library_order([r.library for r in rows])
+    by = {(r.scenario, r.concurrency, r.library): r for r in rows}
+    titles = {r.scenario: r.title for r in rows}
+    header = ["Scenario", "Library", "Conns", "admitted / limit", "req/s", "vs bare", "avg ms", "p50 ms", "p99 ms",
+              "p99.9 ms", "2xx", "429", "errors", "server CPU", "server RSS", "cmd/req", "checks without store"]
+    body = []
+    for sc, conc in _scenarios(rows):
+        for lib in libs:
+            r = by.get((sc, conc, lib))
+            if r is None:
+                continue
+            body.append([titles[sc], lib, str(conc), r.admitted_cell, _flag(r, _n(r.rps)), _ratio(r),
+                         _ms(r.lat_mean_ms), _ms(r.p50_ms), _ms(r.p99_ms), _ms(r.p999_ms), _n(r.allowed),
+                         _n(r.throttled), str(r.errors), f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—",
+                         f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—",
+                         f"{r.calls_per_request:.2f}" if r.calls_per_request is not None else "—",
+                         r.without_store_cell or "—"])
+    notes = []
+    over = [r for r in rows if r.over_limit]
+    if over:
+        notes.append(f"⚠ {len(over)} row(s) admitted more than the limit: their req/s and ratio to no limiter "
+                     "are not comparable with the rows that held it.")
+    if absent:
+        notes.append("Not in this table (no such backend or mode): " + "; ".join(absent) + ".")
+    return Table(section, group, GROUP_TITLES[group], header, body, " ".join(notes))
+
+
+def _admitted_table(section: str, group: str, rows: list[Row]) -> Table | None:
+    """Admitted / limit per scenario and library (in-process rows with a known limit)."""
+    known = [r for r in rows if r.limit is not None and r.library != "bare"]
+    if not known:
+        return None
+    libs = library_order([r.library for r in known])
+    by = {(r.scenario, r.concurrency, r.library): r for r in known}
+    titles = {r.scenario: r.title for r in rows}
+    body = [[titles[sc] + (f" (c={conc})" if conc > 1 else "")]
+            + [by[(sc, conc, lib)].admitted_cell if (sc, conc, lib) in by else "—" for lib in libs]
+            for sc, conc in _scenarios(known)]
+    return Table(section, group, GROUP_TITLES[group] + ": admitted / limit", ["Scenario", *libs], body)
+
+
+def _group_tables(section: str, group: str, rows: list[Row], absent: Sequence[str] = ()) -> list[Table]:
     """The tables of one scenario group: throughput, latency percentiles, allowed vs exact.
     Over 60 lines because the three tables share their row and column bookkeeping."""
     libs = library_order([r.library for r in rows])
@@ -191,21 +262,8 @@ def _group_tables(section: str, group: str, rows: list[Row]) -> list[Table]:
     titles = {r.scenario: r.title for r in rows}
     keys = _scenarios(rows)
     out: list[Table] = []
-    if group == "live":
-        header = ["Scenario", "Library", "Conns", "req/s", "vs bare", "avg ms", "p50 ms", "p99 ms", "p99.9 ms",
-                  "2xx", "429", "errors", "server CPU", "server RSS", "cmd/req"]
-        body = []
-        for sc, conc in keys:
-            for lib in libs:
-                r = by.get((sc, conc, lib))
-                if r is None:
-                    continue
-                body.append([titles[sc], lib, str(conc), _n(r.rps), f"{r.vs_bare:.2f}x" if r.vs_bare else "—",
-                             _ms(r.lat_mean_ms), _ms(r.p50_ms), _ms(r.p99_ms), _ms(r.p999_ms), _n(r.allowed),
-                             _n(r.throttled), str(r.errors), f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—",
-                             f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—",
-                             f"{r.calls_per_request:.2f}" if r.calls_per_request is not None else "—"])
-        return [Table(section, group, GROUP_TITLES[group], header, body)]
+    if group in ("live", "flood"):
+        return [_live_table(section, group, rows, list(absent))]
     if group == "tiered":
         header = ["Library", "Group", "Requests", "Avg latency", "Limited", "Success rate"]
         body = []
@@ -226,8 +284,8 @@ def _group_tables(section: str, group: str, rows: list[Row]) -> list[Table]:
                 r = by.get((sc, conc, lib))
                 if r is None or lib == "bare":
                     continue
-                body.append([titles[sc], lib, str(r.expected_allowed), _n(r.allowed), _n(r.throttled),
-                             "yes" if r.correct else "NO", _n(r.rps)])
+                body.append([titles[sc], lib, str(r.expected_allowed), _flag(r, _n(r.allowed)), _n(r.throttled),
+                             "yes" if r.correct else "NO", _flag(r, _n(r.rps))])
         return [Table(section, group, GROUP_TITLES[group], header, body)]
     label = "Algorithm" if group == "strategy" else "Scenario"
     header = [label] + [f"{lib} req/s" for lib in libs]
@@ -253,7 +311,17 @@ def _group_tables(section: str, group: str, rows: list[Row]) -> list[Table]:
         note = [[f"{ok}/{len(checked)} exact", "; ".join(wrong) or "all exact"]]
         out.append(Table(section, group, GROUP_TITLES[group] + ": allowed count vs an exact limiter",
                          ["Exact", "Deviations"], note))
+    admitted = _admitted_table(section, group, rows)
+    if admitted:
+        out.append(admitted)
     return out
+
+
+def over_limit_lines(rows: list[Row]) -> list[str]:
+    """One line per row that admitted more than its limit (the reports list them first)."""
+    return [f"{r.library} · {r.scenario} · {r.store} · c={r.concurrency}: admitted {r.admitted_cell.lstrip('⚠ ')} "
+            f"at {_n(r.rps)} req/s" + (f" ({r.vs_bare:.2f}x bare)" if r.vs_bare else "")
+            for r in rows if r.over_limit]
 
 
 def _md_table(t: Table) -> str:
@@ -270,12 +338,18 @@ def render_markdown(rows: list[Row], meta: Meta, skipped: Sequence[object] = ())
              + ", ".join(f"{k} {v}" for k, v in meta.versions.items())]
     for k, v in meta.method.items():
         lines.append(f"- {k}: {v}")
+    over = over_limit_lines(rows)
+    if over:
+        lines += ["", "**⚠ Admitted more than the limit** (req/s and ratios of these rows are not comparable with "
+                  "rows that held the limit):", ""] + [f"- ⚠ {line}" for line in over]
     section = None
     for t in build_tables(rows, skipped):
         if t.section != section:
             section = t.section
             lines += ["", f"## {section}"]
         lines += ["", f"### {t.title}", "", _md_table(t)]
+        if t.note:
+            lines += ["", t.note]
     notes = [s for s in (getattr(x, "skipped", "") for x in skipped) if s]
     if notes:
         lines += ["", "## Skipped", ""]
