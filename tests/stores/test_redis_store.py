@@ -219,12 +219,14 @@ async def test_demoted_primary_drops_the_connection() -> None:
         server.close()
 
 
-@pytest.mark.parametrize("extensions", [3, 0], ids=["default", "no-extension"])
+@pytest.mark.parametrize("extensions", [4, 0], ids=["default", "no-busy-extension"])
 async def test_a_busy_event_loop_does_not_time_out_a_healthy_check(
     redis_standalone: RedisStandalone, extensions: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The timeout bounds the store, not the loop: a 100 ms CPU-bound stretch on the loop while a
-    check is in flight must not turn the check into a timeout (and, failing open, an allowance)."""
+    check is in flight must not turn the check into a timeout (and, failing open, an allowance).
+    Not even with no re-arm for a busy loop: the reply has arrived on the connection, so the
+    store answered (before, with no re-arm the late timer won over the waiting reply)."""
     import ratewarden.stores.redis.pipeline as pipeline_module
 
     monkeypatch.setattr(pipeline_module, "_MAX_EXTENSIONS", extensions)
@@ -235,10 +237,6 @@ async def test_a_busy_event_loop_does_not_time_out_a_healthy_check(
         await store.hit([key], [limit], [1.0])  # connect and load the script first
         check = asyncio.ensure_future(store.hit([key], [limit], [1.0]))
         asyncio.get_running_loop().call_soon(time.sleep, 0.1)  # the loop is busy for 100 ms
-        if extensions:
-            assert (await check).allowed
-        else:  # the behaviour the extension removes: the late timer wins over the waiting reply
-            with pytest.raises(StoreError, match="no reply within"):
-                await check
+        assert (await check).allowed
     finally:
         await store.close()

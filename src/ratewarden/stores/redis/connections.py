@@ -58,7 +58,7 @@ class PackedConnections:
             for attempt in (0, 1):
                 replies: list[Reply] = []
                 try:
-                    await self._connect(conn)
+                    await self._connect(conn, exchange)
                     commands = exchange.fresh(commands)
                     exchange.sent(arrivals(conn))  # before the write: a reply may arrive during its drain
                     await self._exchange(conn, commands, replies)
@@ -105,9 +105,13 @@ class PackedConnections:
         self.made.append(conn)
         return conn
 
-    async def _connect(self, conn: Any) -> None:
+    async def _connect(self, conn: Any, exchange: Exchange | None = None) -> None:
         if not conn.is_connected:
+            if exchange is not None:
+                exchange.connecting(conn)
             await conn.connect()  # not left to send_packed_command: Sentinel's connect() finds the primary
+            if exchange is not None:  # from here on, round trips the server answers (or not)
+                exchange.sent(arrivals(conn))
             await self.clock.measure(lambda: _server_time(conn))  # a new connection may be a new server
             # A new server (started, restarted, failed over) lacks the script: loading it here
             # keeps a burst of first checks from each coming back NOSCRIPT and being sent again

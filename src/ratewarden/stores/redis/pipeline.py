@@ -8,9 +8,11 @@ timer runs ``timeout`` from when it is queued and is judged when it fires (see `
 * sent, and the store was heard from since the last look (bytes arrived on its connection, or
   wait in the kernel): the reply is on its way: re-armed, as long as the store keeps answering;
 * sent on a connection of ours (standalone, Sentinel) and nothing arrived: the store is silent;
-* started and not written yet (connecting, measuring the server clock, loading the script):
-  re-armed until ``connect_timeout`` has passed since it started, then while our own loop is
-  behind, up to ``_CONNECTING_MAX`` connect timeouts;
+* connecting: once the connection has a socket, judged by what arrives, as a sent pipeline is
+  (a paused server accepts the connection and never answers its handshake); before that (finding
+  the server, asking Sentinel, the TCP connect), re-armed until ``connect_timeout`` has passed
+  since the batch started, then while our own loop is behind, up to ``_CONNECTING_MAX`` connect
+  timeouts;
 * otherwise (a Cluster pipeline, whose connections are redis-py's): if our own
   loop is behind (the timer fired late, or one more loop pass took long), re-armed, at most
   ``_MAX_EXTENSIONS`` times;
@@ -32,7 +34,7 @@ from typing import Any
 
 from ...limits import Limit
 from ..deadline import EXTENSIONS, LATE
-from .client import Arrivals
+from .client import Arrivals, arrivals
 from .clock import ScriptClock
 from .errors import store_error, timed_out
 from .protocol import Reply
@@ -48,7 +50,7 @@ class Exchange:
     before its requests are written (it re-dates them when they were dated more than ``LATE``
     ago), ``sent`` once they are written, with the connection's ``Arrivals`` when known."""
 
-    __slots__ = ("arrivals", "batch", "pipeline", "seen", "written")
+    __slots__ = ("arrivals", "batch", "conn", "pipeline", "seen", "written")
 
     def __init__(self, pipeline: Pipeline, batch: _Batch) -> None:
         self.pipeline = pipeline
@@ -56,6 +58,26 @@ class Exchange:
         self.arrivals: Arrivals | None = None
         self.seen = 0
         self.written = False
+        self.conn: Any = None  # the connection being opened for it, if any
+
+    def connecting(self, conn: Any) -> None:
+        """``conn`` is being opened for this batch (its handshake is judged once it has a socket)."""
+        self.conn = conn
+
+    def handshake_heard(self) -> bool | None:
+        """While connecting: ``None`` before the connection has a socket (finding the server,
+        Sentinel's answer, the TCP connect), else whether the server sent anything since the last
+        look (the first look counts as heard: it starts the count)."""
+        if self.conn is None:
+            return None
+        counted = arrivals(self.conn)
+        if counted is None:
+            return None
+        if counted is not self.arrivals:
+            self.arrivals = counted
+            self.seen = counted.chunks
+            return True
+        return self.heard()
 
     def fresh(self, requests: list[Any]) -> list[Any]:
         """``requests`` with a deadline counted from now, unless theirs is recent enough."""
@@ -206,8 +228,14 @@ class Pipeline:
             # the script): a few round trips through our own loop, bounded as redis-py bounds a
             # connect, and up to ten times that while the loop itself is behind (a flood that
             # opens the pool's connections one by one).
+            handshake = exchange.handshake_heard() if exchange is not None else None
             connecting = loop.time() - batch.started_at
-            if connecting < self.connect_timeout:
+            if handshake is not None:  # connected: the server answers the handshake, or is silent
+                if handshake:
+                    self._rearm(batch, loop)
+                else:
+                    self._fail(batch)
+            elif connecting < self.connect_timeout:
                 self._rearm(batch, loop)
             elif connecting >= _CONNECTING_MAX * self.connect_timeout:
                 self._fail(batch)

@@ -101,7 +101,7 @@ class RedisStore(Store):
             execute=self._execute, prepare=self._prepare,
             # redis-py's cluster pipeline writes to each node from a task of its own, a loop pass
             # or more after we date its scripts: under a flood, more than a timeout.
-            span=self.timeout * (3 if self._cluster else 1), late_writes=self._cluster, connect_timeout=connect,
+            late_writes=self._cluster, connect_timeout=connect,
         )
         # One script call (keys on one slot): queued into the next pipeline when coalescing.
         self._request: Callable[[str, Sequence[str], Sequence[Limit], Sequence[float]], Awaitable[Reply]] = (
