@@ -9,7 +9,9 @@
 * ``FLOOD_PREFIX``: the limiter's key prefix (default ``flood``), so runs sharing a store do not meet.
 
 ``GET /a`` and ``GET /b`` are limited separately (each its own count of the same rate). Each handler
-counts its runs: that is the admitted count, exact and server-side. ``GET /__count`` (never limited)
+counts its runs: that is the admitted count, exact and server-side. With the middleware, the
+WebSocket ``/ws`` limits its messages to the same rate (``message_rate``; connections are not
+limited) and counts the messages that reach it (``admitted["/ws"]``). ``GET /__count`` (never limited)
 returns those counts, every status answered so far, and, when the limiter has
 ``without_store()``, the checks it decided without the store.
 """
@@ -21,6 +23,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.websockets import WebSocket
 
 import ratewarden
 from ratewarden import Limiter, RateLimitMiddleware, Rule
@@ -87,9 +90,17 @@ def create_app() -> ASGIApp:
     if path == "middleware":
         for route in ROUTES:
             app.add_route(route, handler, methods=["GET"])
-        app.add_middleware(
-            RateLimitMiddleware, limiter=limiter, rules=[Rule(route, rate) for route in ROUTES]
-        )
+
+        async def chat(websocket: WebSocket) -> None:
+            await websocket.accept()
+            async for text in websocket.iter_text():
+                admitted["/ws"] += 1
+                await websocket.send_text(text)
+
+        app.add_api_websocket_route("/ws", chat)
+        rules = [Rule(route, rate) for route in ROUTES]
+        rules.append(Rule("/ws", "1000000/hour", message_rate=rate))
+        app.add_middleware(RateLimitMiddleware, limiter=limiter, rules=rules)
     elif path in ("edge", "dependency"):
         from ratewarden.fastapi import RateLimit, install
 
@@ -107,7 +118,7 @@ def create_app() -> ASGIApp:
 
     async def count(request: Request) -> Response:
         body: dict[str, Any] = {
-            "admitted": {route: admitted[route] for route in ROUTES},
+            "admitted": {route: admitted[route] for route in (*ROUTES, "/ws")},
             "statuses": {str(k): v for k, v in sorted(counted.statuses.items())},
             "store": type(limiter.store).__name__,
             "path": path,
