@@ -324,6 +324,7 @@ class Pipeline:
                     future.set_exception(error)
         finally:
             batch.finished = True
+            batch.exchange = None  # no batch <-> exchange cycle left for the garbage collector
             if batch.timer is not None:
                 batch.timer.cancel()
             self.inflight -= 1
