@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
+from .errors import ConfigurationError
 from .headers import policy_value
 from .keys import ClientIP, KeyFunc, client_ip
 from .limiter import storage_key
@@ -57,6 +58,40 @@ def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
+#: Method names a rule accepts: RFC 9110's, PATCH (RFC 5789), QUERY, and WebDAV's (RFC 4918, 3253).
+HTTP_METHODS = frozenset({
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY",
+    "PROPFIND", "PROPPATCH", "MKCOL", "COPY", "MOVE", "LOCK", "UNLOCK", "REPORT", "SEARCH",
+})
+
+
+def http_methods(methods: str | Iterable[str] | None, where: str = "Rule") -> frozenset[str] | None:
+    """``methods`` as a set of upper-case method names (``None``: every method). A string is one
+    method (``"POST"``, not the letters P, O, S, T); an unknown name is a ``ConfigurationError``,
+    so a typo such as ``"GETT"`` cannot switch a limit off.
+
+    Args:
+        methods: One method name, several, or ``None``.
+        where: What the methods belong to, for the error message.
+    """
+    if methods is None:
+        return None
+    names = [methods] if isinstance(methods, str) else list(methods)
+    found: set[str] = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise ConfigurationError(f"{where} methods must be HTTP method names such as 'POST', got {name!r}")
+        upper = name.strip().upper()
+        if upper not in HTTP_METHODS:
+            raise ConfigurationError(
+                f"{where} methods: unknown HTTP method {name!r}; use one or more of {', '.join(sorted(HTTP_METHODS))}"
+            )
+        found.add(upper)
+    if not found:
+        raise ConfigurationError(f"{where} methods is empty: leave it out (None) to apply to every method")
+    return frozenset(found)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Rule:
     """A limit on the requests whose path matches ``path`` (and ``methods``, if given).
@@ -68,7 +103,8 @@ class Rule:
             every one must allow. ``None`` only with ``bypass`` or ``message_rate``.
         key: Who is charged: a key function of the scope (default: the client IP).
         algorithm: The algorithm's name (default ``"fixed_window"``).
-        methods: The HTTP methods it applies to; the default ``None`` means all.
+        methods: The HTTP methods it applies to: one name (``"POST"``) or several; the default
+            ``None`` means all. An unknown name is a ``ConfigurationError``.
         bypass: Matching requests skip every rule.
         name: Labels the limit in headers, storage keys and metrics; the default ``None`` means the path.
         cost: What one request costs: a number, or a function of the scope.
@@ -85,7 +121,7 @@ class Rule:
         *,
         key: KeyFunc = client_ip,
         algorithm: AlgorithmName = DEFAULT_ALGORITHM,
-        methods: Iterable[str] | None = None,
+        methods: str | Iterable[str] | None = None,
         bypass: bool = False,
         name: str | None = None,
         cost: float | CostFunc = 1,
@@ -109,7 +145,7 @@ class Rule:
         self.rate = rate
         self.key = key
         self.algorithm = algorithm
-        self.methods = frozenset(m.upper() for m in methods) if methods else None
+        self.methods = http_methods(methods, f"Rule({path!r})")
         self.bypass = bypass
         self.name = name or (path if isinstance(path, str) else path.pattern)
         if not callable(cost) and not 0 <= cost < math.inf:
@@ -125,7 +161,8 @@ class Rule:
         )
 
     def __repr__(self) -> str:
-        return f"Rule({self.name!r}, {self.rate!r}, algorithm={self.algorithm!r})"
+        methods = f", methods={sorted(self.methods)!r}" if self.methods is not None else ""
+        return f"Rule({self.name!r}, {self.rate!r}, algorithm={self.algorithm!r}{methods})"
 
     def applies(self, method: str, path: str) -> bool:
         """Whether this rule's path and methods match the request.

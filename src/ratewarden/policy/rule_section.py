@@ -9,9 +9,10 @@ from typing import Any
 from ..algorithms import ALGORITHMS
 from ..charges import Charge
 from ..delay import Delay
+from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip
 from ..rates import parse_rates
-from ..rules import Rule, compile_path
+from ..rules import Rule, compile_path, http_methods
 from .problems import Validator, describe_value
 from .sections import parse_duration, spec_key
 from .tiers import Identity, PolicyRule, Tiers
@@ -98,6 +99,11 @@ def _methods(v: Validator, t: dict[str, Any], path: list[str | int]) -> list[str
         methods = [methods]
     if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
         v.error([*path, "methods"], "expected a list of HTTP methods such as [\"GET\", \"POST\"]")
+        return None
+    try:
+        http_methods(methods, "rule")
+    except ConfigurationError as exc:  # an unknown name ("GETT") would switch the limit off
+        v.error([*path, "methods"], str(exc))
         return None
     return methods
 
