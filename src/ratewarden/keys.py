@@ -13,6 +13,7 @@ from typing import Any
 
 from ._mypyc import mypyc_attr
 from .credentials import bearer_token_of, digest, header_value, query_value
+from .errors import ConfigurationError
 from .scopes import value_of
 from .types import Scope
 
@@ -41,24 +42,39 @@ hops); entries further left are never read, so a long forged header costs no mor
 class ClientIP:
     """The client address as a key.
 
-    ``X-Forwarded-For`` / ``Forwarded`` are read only when the direct peer is a trusted proxy; the
-    chain is walked from the right, skipping trusted hops, and the first untrusted address is the
-    client. At most ``MAX_FORWARDED_HOPS`` entries are examined; when all of them are trusted, the
-    client is the direct peer (leftmost entries could have been written by the client itself, so a
-    header value never decides then). IPv4-mapped IPv6 becomes plain IPv4.
+    The forwarding header (``forwarded_header``: ``X-Forwarded-For`` by default, or RFC 7239
+    ``Forwarded``) is read only when the direct peer is a trusted proxy, and only the one header
+    your proxies set: a client can send the other one, and a proxy passes it on untouched. All
+    lines of that header are one list (RFC 9110: a proxy may append a line of its own rather than
+    extend the client's). The list is walked from the right, skipping trusted hops, and the first
+    untrusted address is the client. At most ``MAX_FORWARDED_HOPS`` entries are examined; when all
+    of them are trusted, the client is the direct peer (leftmost entries could have been written by
+    the client itself, so a header value never decides then). IPv4-mapped IPv6 becomes plain IPv4.
 
     Args:
-        trusted_proxies: CIDRs of the proxies whose forwarding headers are believed; the default none
+        trusted_proxies: CIDRs of the proxies whose forwarding header is believed; the default none
             means only the direct peer counts.
         ipv6_prefix: IPv6 clients are grouped by this prefix length (default /64, since one subscriber
             usually owns a whole /64).
+        forwarded_header: The header your trusted proxies set: ``"X-Forwarded-For"`` (the default:
+            nginx, HAProxy's ``option forwardfor``, AWS ALB, Traefik, Envoy) or ``"Forwarded"``
+            (RFC 7239). The other one is never read.
     """
 
-    __slots__ = ("_last", "_norm_cache", "_trust_cache", "ipv6_prefix", "trusted")
+    __slots__ = ("_forwarded", "_last", "_norm_cache", "_trust_cache", "ipv6_prefix", "trusted")
 
-    def __init__(self, trusted_proxies: Iterable[str] = (), ipv6_prefix: int = 64) -> None:
+    def __init__(
+        self, trusted_proxies: Iterable[str] = (), ipv6_prefix: int = 64, forwarded_header: str = "X-Forwarded-For"
+    ) -> None:
         if not 0 < ipv6_prefix <= 128:
             raise ValueError(f"ipv6_prefix must be between 1 and 128, got {ipv6_prefix}")
+        header = forwarded_header.strip().lower() if isinstance(forwarded_header, str) else ""
+        if header not in ("x-forwarded-for", "forwarded"):
+            raise ConfigurationError(
+                f"forwarded_header must be 'X-Forwarded-For' or 'Forwarded' (the header your trusted "
+                f"proxies set), got {forwarded_header!r}"
+            )
+        self._forwarded = header == "forwarded"
         try:
             self.trusted = tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies)
         except ValueError as exc:
@@ -130,16 +146,26 @@ class ClientIP:
         return result
 
     def _from_headers(self, scope: Scope, peer: str) -> str:
-        hops = _forwarded_for(header_value(scope, b"forwarded"))
-        if not hops:
-            xff = header_value(scope, b"x-forwarded-for")
-            if xff:
-                hops = [h.strip() for h in xff.rsplit(",", MAX_FORWARDED_HOPS)[-MAX_FORWARDED_HOPS:]]
+        if self._forwarded:
+            hops = _forwarded_for(_header_list(scope, b"forwarded"))
+        else:
+            xff = _header_list(scope, b"x-forwarded-for")
+            hops = [h.strip() for h in xff.rsplit(",", MAX_FORWARDED_HOPS)[-MAX_FORWARDED_HOPS:]] if xff else []
         for address in reversed(hops):
             if address and not self._is_trusted(address):
                 return self.normalize(address)
         # Every examined hop is a trusted proxy: only the peer is known not to come from the client.
         return self.normalize(peer)
+
+
+def _header_list(scope: Scope, name: bytes) -> str | None:
+    """Every line of the header ``name`` joined with commas, in order (RFC 9110 section 5.3: one
+    list), or ``None`` without one. Only the rightmost ``MAX_FORWARDED_HOPS`` lines are kept, so
+    many lines cost no more than the examined hops."""
+    lines = [value for key, value in scope.get("headers") or () if key == name]
+    if not lines:
+        return None
+    return ",".join(bytes(v).decode("latin-1") for v in lines[-MAX_FORWARDED_HOPS:])
 
 
 def _forwarded_for(value: str | None) -> list[str]:

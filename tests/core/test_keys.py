@@ -12,6 +12,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
+from ratewarden.errors import ConfigurationError
 from ratewarden.keys import (
     ClientIP,
     bearer_token,
@@ -26,6 +27,7 @@ from tests.core.asgi import http_scope, request
 from tests.vectors.runner import FakeClock
 
 PROXY = ClientIP(trusted_proxies=["10.0.0.0/8", "fd00::/8"])
+FORWARDED_PROXY = ClientIP(trusted_proxies=["10.0.0.0/8", "fd00::/8"], forwarded_header="Forwarded")
 
 
 def scope(peer: str | None = "198.51.100.1", headers: list[tuple[str, str]] | None = None, **kw: Any) -> dict[str, Any]:
@@ -76,12 +78,40 @@ def test_forwarding_headers_from_a_trusted_proxy_are_used() -> None:
     ],
 )
 def test_rfc7239_forwarded_header(value: str, expected: str) -> None:
-    assert PROXY(scope("10.1.2.3", [("forwarded", value)])) == expected
+    assert FORWARDED_PROXY(scope("10.1.2.3", [("forwarded", value)])) == expected
+    # Read only when the proxies are said to set it: by default X-Forwarded-For alone counts.
+    assert PROXY(scope("10.1.2.3", [("forwarded", value)])) == "10.1.2.3"
 
 
-def test_forwarded_takes_precedence_over_x_forwarded_for() -> None:
-    headers = [("forwarded", "for=5.6.7.8"), ("x-forwarded-for", "9.9.9.9")]
-    assert PROXY(scope("10.1.2.3", headers)) == "5.6.7.8"
+def test_a_client_sent_forwarded_header_is_ignored_behind_an_x_forwarded_for_proxy() -> None:
+    """Issue 20, defect 2: the client sends ``Forwarded: for=<anything>``, the trusted proxy (nginx,
+    an ALB) passes it on and appends X-Forwarded-For. ``Forwarded`` won whenever present, so every
+    request had a new identity of the client's choosing."""
+    keys = {PROXY(scope("10.1.2.3", [("forwarded", f"for=7.7.7.{n}"), ("x-forwarded-for", "5.6.7.8")]))
+            for n in range(10)}
+    assert keys == {"5.6.7.8"}
+    # And the other way round, behind proxies that set Forwarded.
+    keys = {FORWARDED_PROXY(scope("10.1.2.3", [("x-forwarded-for", f"7.7.7.{n}"), ("forwarded", "for=5.6.7.8")]))
+            for n in range(10)}
+    assert keys == {"5.6.7.8"}
+
+
+def test_every_line_of_the_forwarding_header_is_one_list() -> None:
+    """Issue 20, defect 2: the client sends its own X-Forwarded-For line and the proxy adds a second
+    one (HAProxy's ``option forwardfor``); only the first line, the client's, was read."""
+    keys = {PROXY(scope("10.1.2.3", [("x-forwarded-for", f"7.7.7.{n}"), ("x-forwarded-for", "5.6.7.8")]))
+            for n in range(10)}
+    assert keys == {"5.6.7.8"}
+    lines = [("forwarded", f"for=7.7.7.{n}") for n in range(3)] + [("forwarded", "for=5.6.7.8")]
+    assert FORWARDED_PROXY(scope("10.1.2.3", lines)) == "5.6.7.8"
+    # Trusted hops over several lines are skipped as within one line.
+    assert PROXY(scope("10.1.2.3", [("x-forwarded-for", "5.6.7.8, 10.9.9.9"), ("x-forwarded-for", "10.0.0.7")])) == "5.6.7.8"
+
+
+def test_the_forwarding_header_must_be_one_a_proxy_sets() -> None:
+    assert ClientIP(forwarded_header="x-forwarded-for") is not None
+    with pytest.raises(ConfigurationError, match="forwarded_header"):
+        ClientIP(trusted_proxies=["10.0.0.0/8"], forwarded_header="X-Real-IP")
 
 
 def test_garbage_forwarded_addresses_do_not_crash_and_are_marked() -> None:
