@@ -224,10 +224,10 @@ class Pipeline:
         if not batch.started or (exchange is not None and exchange.heard()):
             self._rearm(batch, loop)
         elif exchange is None or not exchange.written:
-            # Connecting (asking Sentinel for the primary, measuring the server clock, loading
-            # the script): a few round trips through our own loop, bounded as redis-py bounds a
-            # connect, and up to ten times that while the loop itself is behind (a flood that
-            # opens the pool's connections one by one).
+            # Connecting. With a socket: judged by what arrives (a paused server accepts the
+            # connection, then never answers). Before one (Sentinel's answer, the TCP connect):
+            # bounded as redis-py bounds a connect, and up to ten times that while the loop
+            # itself is behind (a flood opens the pool's connections one by one).
             handshake = exchange.handshake_heard() if exchange is not None else None
             connecting = loop.time() - batch.started_at
             if handshake is not None:  # connected: the server answers the handshake, or is silent
