@@ -76,7 +76,8 @@ def http_methods(methods: str | Iterable[str] | None, where: str = "Rule") -> fr
     """
     if methods is None:
         return None
-    names = [methods] if isinstance(methods, str) else list(methods)
+    # Typed as objects: the compiled build would reject a non-string with its own TypeError first.
+    names: list[object] = [methods] if isinstance(methods, str) else list(methods)
     found: set[str] = set()
     for name in names:
         if not isinstance(name, str):
