@@ -97,12 +97,17 @@ async def test_concurrent_refunds_from_two_connections_lose_nothing(memcached_se
     limit = Limit(Rate(100, 3600), algorithm)
     key = f"rw:{{adj|{uuid.uuid4().hex}}}:{limit.suffix}"
     try:
-        await a.adjust([key], [limit], [100])  # penalty: exhausted
-        assert (await a.peek([key], [limit]))[0].remaining == 0
-        await asyncio.gather(*(store.adjust([key], [limit], [-1]) for store in (a, b) for _ in range(20)))
-        # gcra and token bucket refill a little while this runs; never less than the refunds.
-        remaining = (await a.peek([key], [limit]))[0].remaining
-        assert 40 <= remaining <= 41, remaining
+        # Whether the two clients race is up to the scheduler (their waits are jittered): each
+        # round must lose nothing, and rounds go on until one of them did race (at most 5).
+        for _ in range(5):
+            await a.adjust([key], [limit], [100])  # penalty: exhausted
+            assert (await a.peek([key], [limit]))[0].remaining == 0
+            await asyncio.gather(*(store.adjust([key], [limit], [-1]) for store in (a, b) for _ in range(20)))
+            # gcra and token bucket refill a little while this runs; never less than the refunds.
+            remaining = (await a.peek([key], [limit]))[0].remaining
+            assert 40 <= remaining <= 41, remaining
+            if a.cas_conflicts + b.cas_conflicts > 0:
+                break
         assert a.cas_conflicts + b.cas_conflicts > 0  # the two clients did race
     finally:
         await a.reset([key])
