@@ -8,6 +8,8 @@ backend (``redis``, ``sentinel``, ``cluster``, ``memcached``), so ``pytest -m "n
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import warnings
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -124,6 +126,17 @@ def matrix_sentinel() -> Iterator[RedisSentinel]:
     setup = RedisSentinel(down_after_ms=60_000).start()
     yield setup
     setup.close()
+
+
+@pytest.fixture
+def private_memcached() -> Iterator[Memcached]:
+    """A memcached of the test's own, which it may pause (SIGSTOP): resumed before it is closed."""
+    _need("memcached")
+    server = Memcached().start()
+    yield server
+    assert server.server.proc is not None
+    os.kill(server.server.proc.pid, signal.SIGCONT)
+    server.close()
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,16 +14,6 @@ from ratewarden.limits import make_limits
 from ratewarden.stores.base import StoreError
 from ratewarden.stores.memcached import MemcachedStore, memcached_key
 from tests.servers import HOST, Memcached
-
-
-@pytest.fixture
-def private_memcached() -> Iterator[Memcached]:
-    """A server of this test's own: it gets paused."""
-    server = Memcached().start()
-    yield server
-    assert server.server.proc is not None
-    os.kill(server.server.proc.pid, signal.SIGCONT)
-    server.close()
 
 
 def ttl_of(port: int, key: bytes) -> int:

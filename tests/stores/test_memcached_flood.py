@@ -5,11 +5,8 @@ that decides exactly as sequential checks, and the rejection cache."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,16 +19,6 @@ from ratewarden.stores.memcached import MemcachedStore
 from ratewarden.stores.memory import MemoryStore
 from tests.servers import Memcached
 from tests.vectors.runner import FakeClock
-
-
-@pytest.fixture
-def private_memcached() -> Iterator[Memcached]:
-    """A server of this test's own: it gets paused."""
-    server = Memcached().start()
-    yield server
-    assert server.server.proc is not None
-    os.kill(server.server.proc.pid, signal.SIGCONT)
-    server.close()
 
 
 def _key(tag: str, limit: Limit) -> str:
