@@ -140,8 +140,10 @@ class RedisCluster:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rw-cluster-"))
         self.servers: list[Server] = []
-        for _ in range(6):
+        while len(self.servers) < 6:
             port = free_cluster_port()
+            if port in (s.port for s in self.servers):  # a port just closed can be handed out again
+                continue
             node_dir = self.dir / str(port)
             node_dir.mkdir()
             self.servers.append(

@@ -62,9 +62,11 @@ def test_websocket_messages_are_exact_under_a_flood(request: pytest.FixtureReque
         before = app.counts()["admitted"]["/ws"]
         result = flood(app, 1000, 4.0, during=chatting.run)
         after = app.counts()["admitted"]["/ws"]
+        log = app.log()
     assert not errors, errors
     admitted = after - before
-    described = f"ws admitted {admitted}, client saw {seen}; http {result.statuses}, without store {result.without_store}"
+    described = (f"ws admitted {admitted}, client saw {seen}; http {result.statuses}, without store {result.without_store}"
+                 f"\napp log:\n{log}")
     assert admitted == LIMIT, described
     assert seen == {"echo": LIMIT, "rate_limit": SOCKETS * MESSAGES - LIMIT, "other": 0}, described
     assert 500 not in result.statuses, described

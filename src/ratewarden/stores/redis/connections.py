@@ -179,7 +179,10 @@ class ClusterConnections:
         requests = exchange.fresh(requests)
         exchange.sent(None)
         if len(requests) == 1:
-            return [await eval_script(self.client, *requests[0])]
+            try:
+                return [await eval_script(self.client, *requests[0])]
+            except ResponseError as exc:  # a reply, as the pipeline gives it (e.g. refused as late)
+                return [exc]
         pipe = self.client.pipeline(transaction=False)
         for keys, args in requests:
             pipe.execute_command("EVALSHA", SCRIPT_SHA, len(keys), *keys, *args)

@@ -10,16 +10,28 @@ from ..base import client_error, no_reply
 from .protocol import Reply
 
 try:
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
-__all__ = ["CLIENT_ERRORS", "CONNECTION_ERRORS", "bad_reply", "pool_busy", "store_error", "store_name", "timed_out"]
+__all__ = [
+    "CLIENT_ERRORS", "CONNECTION_ERRORS", "RESENDS", "bad_reply", "pool_busy", "refused_as_late", "store_error",
+    "store_name", "timed_out",
+]
 
 #: What the client raises when the server cannot be reached or answers with an error.
 CONNECTION_ERRORS = (RedisError, OSError)
 #: What a check's client call may raise (RuntimeError: a loop closed under a connection).
 CLIENT_ERRORS = (RedisError, OSError, RuntimeError)
+
+#: How many times a script refused as late is sent again with a fresh deadline while its caller waits.
+RESENDS = 3
+
+
+def refused_as_late(reply: object) -> bool:
+    """Whether ``reply`` is the script's refusal to run past its deadline: nothing was charged,
+    so a caller still waiting may send the call again with a fresh deadline."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("ratewarden: expired")
 
 
 def store_name(url: str) -> str:

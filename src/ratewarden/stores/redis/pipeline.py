@@ -21,7 +21,9 @@ timer runs ``timeout`` from when it is queued and is judged when it fires (see `
 Every script carries a deadline on the server clock (``clock``): it is set for ``timeout`` after
 the moment the pipeline is written (set again when it was queued or connecting for longer than
 ``LATE``), so a script that reaches the server after its caller could have given up charges
-nothing. A pipeline queued before the server clock's offset was known (a new store) waits for it
+nothing. A script that refuses as late while its caller still waits (Cluster: redis-py writes
+to each node from a task of its own, later still on a busy loop) is sent again with a fresh
+deadline, up to ``RESENDS`` times. A pipeline queued before the server clock's offset was known (a new store) waits for it
 to be measured and is sent with its deadline, never without.
 """
 
@@ -36,7 +38,7 @@ from ...limits import Limit
 from ..deadline import EXTENSIONS, LATE
 from .client import Arrivals, arrivals
 from .clock import ScriptClock
-from .errors import store_error, timed_out
+from .errors import RESENDS, refused_as_late, store_error, timed_out
 from .protocol import Reply
 
 __all__ = ["Exchange", "Pipeline"]
@@ -194,17 +196,21 @@ class Pipeline:
         (``force``: queued before the server clock was measured); else as they are."""
         if self.clock.test_clock is not None:
             return requests
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = asyncio.get_running_loop().time()
         if not force and now - batch.dated_at <= LATE:
             return requests
-        span = self._span()
-        old, new = batch.clock, self.encoding.encode_clock(self.clock.deadline(time.time() + span))
-        batch.clock = new
-        batch.dated_at = now
-        batch.runs_until = now + span + self.clock.error
+        old = batch.clock
+        new = self._redate(batch, now)
         with_clock = self.encoding.with_clock
         return [with_clock(request, old, new) for request in requests]
+
+    def _redate(self, batch: _Batch, now: float) -> Any:
+        """Give ``batch`` a deadline ``span`` from now (``now``: loop time); the encoded clock."""
+        span = self._span()
+        batch.clock = self.encoding.encode_clock(self.clock.deadline(time.time() + span))
+        batch.dated_at = now
+        batch.runs_until = now + span + self.clock.error
+        return batch.clock
 
     def _send(self) -> None:
         batch = self.batch
@@ -306,8 +312,21 @@ class Pipeline:
             requests = [request for request, _ in items]
             if undated:
                 requests = self.redated(batch, requests, force=True)
+            dated = batch.clock
             exchange = batch.exchange = Exchange(self, batch)
             replies = await self._execute(requests, exchange)
+            for _ in range(RESENDS):
+                # Scripts that refused to run past their deadline charged nothing: their callers
+                # still wait (a busy loop wrote them late), so they go again with a fresh one.
+                late = [i for i, reply in enumerate(replies) if refused_as_late(reply) and not items[i][1].done()]
+                if not late:
+                    break
+                new = self._redate(batch, asyncio.get_running_loop().time())
+                resend = [self.encoding.with_clock(requests[i], dated, new) for i in late]
+                exchange = batch.exchange = Exchange(self, batch)
+                again = await self._execute(resend, exchange)
+                for i, reply in zip(late, again, strict=False):
+                    replies[i] = reply
             for (_, future), reply in zip(items, replies, strict=False):
                 if future.done():
                     continue

@@ -20,7 +20,15 @@ from ..deadline import wait_for_store
 from ..urls import parse_store_url
 from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
-from .errors import CLIENT_ERRORS, CONNECTION_ERRORS, bad_reply, pool_busy, store_name
+from .errors import (
+    CLIENT_ERRORS,
+    CONNECTION_ERRORS,
+    RESENDS,
+    bad_reply,
+    pool_busy,
+    refused_as_late,
+    store_name,
+)
 from .gate import ConnectionGate, Turn
 from .pipeline import Exchange, Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
@@ -231,15 +239,11 @@ class RedisStore(Store):
         if self._script_clock.unknown:
             async with self._gate.slot(turn):
                 await self._measured()
-        clock = self._script_clock.deadline(wall_due)
         return await asyncio.gather(
             *(
                 self._gate.run(
-                    turn,
-                    eval_script,
-                    self._client,
-                    [keys[i] for i in idx],
-                    self._args.script_args(mode, [limits[i] for i in idx], [costs[i] for i in idx], clock),
+                    turn, self._eval_dated, mode, [keys[i] for i in idx], [limits[i] for i in idx],
+                    [costs[i] for i in idx], wall_due,
                 )
                 for idx in groups
             )
@@ -260,8 +264,23 @@ class RedisStore(Store):
         wall_due = time.time() + self.timeout
         async with self._gate.slot(turn):
             await self._measured()
+            return await self._eval_dated(mode, keys, limits, costs, wall_due)
+
+    async def _eval_dated(
+        self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], wall_due: float
+    ) -> Reply:
+        """One script call with its deadline (``wall_due``, this host's clock). A script that
+        refuses as late charged nothing: while its caller waits, it goes again with a fresh one."""
+        resent = 0
+        while True:
             clock = self._script_clock.deadline(wall_due)
-            return await eval_script(self._client, keys, self._args.script_args(mode, limits, costs, clock))
+            try:
+                return await eval_script(self._client, keys, self._args.script_args(mode, limits, costs, clock))
+            except self.client_errors as exc:
+                if resent == RESENDS or not refused_as_late(exc):
+                    raise
+            resent += 1
+            wall_due = time.time() + self.timeout
 
     async def _measured(self) -> None:
         """Measure the server clock if scripts would otherwise go without a deadline (the quicker
