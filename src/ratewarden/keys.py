@@ -36,6 +36,15 @@ _CACHE_LIMIT = 10_000
 MAX_FORWARDED_HOPS = 32
 """Forwarding-header entries examined from the right (a proxy chain is rarely longer than a few
 hops); entries further left are never read, so a long forged header costs no more than this."""
+_MAX_ADDRESS = 64
+"""Longest text read as an address: the longest IPv6 form (45 characters, with an IPv4 tail) fits
+with brackets and an interface's zone id. Longer text is not an address and is never cached, so
+each cache holds at most ``_CACHE_LIMIT`` short entries whatever clients send."""
+_MAX_FORWARDED_CHARS = MAX_FORWARDED_HOPS * 512
+"""Characters of a forwarding header read, from the right: room for ``MAX_FORWARDED_HOPS`` long
+``Forwarded`` elements, so a 64 KB header (which only a client writes) is never decoded or split whole."""
+_MAX_CACHED_PATH = 1024
+"""Longest path whose route match is cached (longer ones are matched per request)."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -108,10 +117,12 @@ class ClientIP:
         cached = self._norm_cache.get(address)
         if cached is not None:
             return cached
+        if len(address) > _MAX_ADDRESS:  # not an address; uncached, so junk cannot fill memory
+            return "invalid:" + address[:_MAX_ADDRESS]
         try:
             ip = ipaddress.ip_address(address.strip().strip("[]"))
         except ValueError:
-            result = "invalid:" + address[:64]
+            result = "invalid:" + address
         else:
             if isinstance(ip, ipaddress.IPv6Address):
                 mapped = ip.ipv4_mapped
@@ -132,6 +143,8 @@ class ClientIP:
         cached = self._trust_cache.get(address)
         if cached is not None:
             return cached
+        if len(address) > _MAX_ADDRESS:  # not an address; uncached, as in normalize
+            return False
         try:
             ip = ipaddress.ip_address(address.strip().strip("[]"))
         except ValueError:
@@ -160,17 +173,40 @@ class ClientIP:
 
 def _header_list(scope: Scope, name: bytes) -> str | None:
     """Every line of the header ``name`` joined with commas, in order (RFC 9110 section 5.3: one
-    list), or ``None`` without one. Only the rightmost ``MAX_FORWARDED_HOPS`` lines are kept, so
-    many lines cost no more than the examined hops."""
+    list), or ``None`` without one.
+
+    Only the rightmost ``MAX_FORWARDED_HOPS`` lines and ``_MAX_FORWARDED_CHARS`` characters are
+    kept, so a huge header costs no more than the examined hops; where the text is cut, the entry
+    it cuts through is dropped whole (a fragment is never read as an address)."""
     lines = [value for key, value in scope.get("headers") or () if key == name]
     if not lines:
         return None
-    return ",".join(bytes(v).decode("latin-1") for v in lines[-MAX_FORWARDED_HOPS:])
+    if len(lines) == 1:
+        line = bytes(lines[0])
+        if len(line) <= _MAX_FORWARDED_CHARS:  # the usual case: one short line
+            return line.decode("latin-1")
+    kept: list[bytes] = []
+    room = _MAX_FORWARDED_CHARS
+    for value in reversed(lines[-MAX_FORWARDED_HOPS:]):
+        line = bytes(value)
+        if len(line) > room:
+            line = line[len(line) - room :]
+            comma = line.find(b",")
+            if comma >= 0:
+                kept.append(line[comma + 1 :])
+            break
+        kept.append(line)
+        room -= len(line) + 1
+        if room <= 0:
+            break
+    kept.reverse()
+    return b",".join(kept).decode("latin-1")
 
 
 def _forwarded_for(value: str | None) -> list[str]:
     """The ``for=`` addresses of an RFC 7239 ``Forwarded`` header, ports stripped (the rightmost
-    ``MAX_FORWARDED_HOPS`` elements only)."""
+    ``MAX_FORWARDED_HOPS`` elements only, and one address per element: RFC 7239 allows one
+    ``for`` per element, and more would let one element stand for thousands of hops)."""
     if not value:
         return []
     out = []
@@ -185,6 +221,7 @@ def _forwarded_for(value: str | None) -> list[str]:
             elif raw.count(":") == 1:
                 raw = raw.split(":", 1)[0]
             out.append(raw)
+            break
     return out
 
 
@@ -329,13 +366,15 @@ _ROUTE_CACHE: dict[tuple[int, str, str], tuple[object, str | None, dict[str, Any
 
 
 def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
-    """Match the app's routes (middleware runs before routing); cached per path, bounded."""
+    """Match the app's routes (middleware runs before routing); cached per path (paths up to
+    ``_MAX_CACHED_PATH`` characters, at most ``_CACHE_LIMIT`` of them)."""
     app = scope.get("app")
     router = getattr(app, "router", None)
     routes = getattr(router, "routes", None)
     if not routes:
         return None, {}
-    cache_key = (id(router), scope.get("method", ""), scope.get("path", ""))
+    path = scope.get("path", "")
+    cache_key = (id(router), scope.get("method", ""), path)
     found = _ROUTE_CACHE.get(cache_key)
     # The entry holds the router itself: an id reused by a new router never hits a stale entry.
     if found is not None and found[0] is router:
@@ -347,6 +386,8 @@ def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
             template = getattr(route, "path_format", None) or getattr(route, "path", None)
             result = (template, dict(child.get("path_params", {})))
             break
+    if len(path) > _MAX_CACHED_PATH:  # a client's path: only short ones are kept, so bytes stay bounded
+        return result
     if len(_ROUTE_CACHE) >= _CACHE_LIMIT:
         _ROUTE_CACHE.clear()
     _ROUTE_CACHE[cache_key] = (router, *result)
