@@ -12,16 +12,19 @@ from .algorithms import AlgorithmName
 from .errors import ConfigurationError
 from .headers import policy_value
 from .keys import ClientIP, KeyFunc, client_ip
-from .limiter import storage_key
+from .limiter import MAX_KEY_LENGTH, safe_key, storage_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .rates import Rate, freeze_rates
 from .types import Scope
 
-__all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path", "policy_of"]
+__all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path", "normalize_path", "policy_of"]
 
 CostFunc = Callable[[Scope], float]
 _MATCH_CACHE_LIMIT = 4096
 _KEYS_CACHE_LIMIT = 4096
+#: Longer paths are matched but never cached: a client choosing long paths cannot grow the match
+#: cache (4,096 entries of at most this many characters).
+MAX_CACHED_PATH = 1024
 
 
 def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
@@ -40,22 +43,76 @@ def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
             raise ValueError(f"invalid regex in rule path {pattern!r}: {exc}") from None
     if not pattern.startswith("/") and not pattern.startswith("*"):
         raise ValueError(f"rule path {pattern!r} must start with '/' (e.g. '/api/**') or 're:'")
-    out = []
+    return re.compile(_glob_regex(_glob_tokens(pattern)))
+
+
+def _glob_tokens(pattern: str) -> list[str]:
+    """A glob pattern cut into its wildcards (``"/**"``, ``"**"``, ``"*"``) and the runs of literal
+    text between them."""
+    tokens: list[str] = []
+    literal = 0  # where the current run of literal text began
     i = 0
     while i < len(pattern):
         if pattern.startswith("/**", i):
-            out.append("(?:/.*)?")
-            i += 3
+            wildcard = "/**"
         elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
+            wildcard = "**"
         elif pattern[i] == "*":
-            out.append("[^/]+")
-            i += 1
+            wildcard = "*"
         else:
-            out.append(re.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out))
+            continue
+        if literal < i:
+            tokens.append(pattern[literal:i])
+        tokens.append(wildcard)
+        i += len(wildcard)
+        literal = i
+    if literal < len(pattern):
+        tokens.append(pattern[literal:])
+    return tokens
+
+
+def _glob_regex(tokens: list[str]) -> str:
+    """The regex of a glob pattern's tokens (``re.escape`` of a run is that of its characters)."""
+    out: list[str] = []
+    for token in tokens:
+        if token == "/**":
+            out.append("(?:/.*)?")
+        elif token == "**":
+            out.append(".*")
+        elif token == "*":
+            out.append("[^/]+")
+        else:
+            out.append(re.escape(token))
+    return "".join(out)
+
+
+def normalize_path(path: str) -> str:
+    """The path an application routes a request to, as rules match it: repeated slashes merged,
+    then ``.`` and ``..`` segments resolved (RFC 3986 remove_dot_segments; ``..`` at the root stays
+    at the root). A trailing slash is kept; percent-escapes are left alone (the server already
+    decoded ``scope["path"]``: decoding again would match a path the application does not route
+    to). A path not starting with ``/`` is returned as it is.
+
+    Args:
+        path: The request path (``scope["path"]``).
+    """
+    if not path.startswith("/") or ("//" not in path and "/." not in path):
+        return path
+    out: list[str] = []
+    trailing = False  # whether the last segment read leaves a directory ("/a/b/", "/a/b/.")
+    for segment in path[1:].split("/"):
+        if segment == "" or segment == ".":
+            trailing = True
+        elif segment == "..":
+            if out:
+                out.pop()
+            trailing = True
+        else:
+            out.append(segment)
+            trailing = False
+    joined = "/" + "/".join(out)
+    return joined + "/" if trailing and out else joined
 
 
 #: Method names a rule accepts: RFC 9110's, PATCH (RFC 5789), QUERY, and WebDAV's (RFC 4918, 3253).
@@ -244,6 +301,13 @@ class CompiledRule:
         cache = self.keys_cache
         found = cache.get(key)
         if found is None:
+            if len(key) > MAX_KEY_LENGTH:
+                # Storage keys hold a long key's hash (safe_key) anyway: cached under the hash, so
+                # the cache never holds a client's long key (the storage keys are the same).
+                key = safe_key(key)
+                found = cache.get(key)
+                if found is not None:
+                    return found
             name = self.rule.name
             found = tuple([storage_key(prefix, name, key, suffix) for suffix in self.suffixes])
             if len(cache) >= _KEYS_CACHE_LIMIT:
@@ -257,6 +321,11 @@ class RuleSet:
     """Rules compiled once, with matches cached per (method, path), so many rules cost about the
     same as one. ``replace`` swaps the whole table atomically (used by policy reloads).
 
+    Rules match the normalised path (``normalize_path``: repeated slashes merged, dot segments
+    resolved), the one the application routes to; the cache is keyed by the path as sent, so a
+    cached path costs no normalisation. A path not in the cache is looked up in a segment trie of
+    the glob rules, so its cost does not grow with the number of rules.
+
     Args:
         rules: The rules, in order (bypass rules are checked first).
         prefix: The limiter's storage-key prefix.
@@ -268,6 +337,7 @@ class RuleSet:
             tuple[tuple[Rule, CompiledRule], ...],
             dict[tuple[str, str], tuple[CompiledRule, ...]],
             dict[str, tuple[CompiledRule, ...]] | None,
+            RuleIndex,
         ]
         self.replace(rules)
 
@@ -292,39 +362,156 @@ class RuleSet:
         by_path: dict[str, tuple[CompiledRule, ...]] | None = (
             {} if all(r.methods is None and type(r).applies is Rule.applies for r in rules) else None
         )
-        self._table = (ordered, {}, by_path)
+        self._table = (ordered, {}, by_path, RuleIndex([r for r, _ in ordered]))
 
     def match(self, method: str, path: str, websocket: bool = False) -> tuple[CompiledRule, ...]:
         """The compiled rules a request matches (none when a bypass rule matches).
 
         Args:
             method: The HTTP method.
-            path: The request path.
+            path: The request path (``scope["path"]``), matched once normalised (``normalize_path``).
             websocket: Match WebSocket rules instead of HTTP ones.
         """
-        rules, cache, by_path = self._table
+        rules, cache, by_path, index = self._table
         if by_path is not None and not websocket:
             found = by_path.get(path)
             if found is None:
-                found = _scan(rules, method, path, websocket)
-                if len(by_path) >= _MATCH_CACHE_LIMIT:
-                    by_path.clear()
-                by_path[path] = found
+                found = _lookup(rules, index, method, normalize_path(path), websocket)
+                if len(path) <= MAX_CACHED_PATH:
+                    if len(by_path) >= _MATCH_CACHE_LIMIT:
+                        by_path.clear()
+                    by_path[path] = found
             return found
         cache_key = ("WS" if websocket else method, path)
         found = cache.get(cache_key)
         if found is None:
-            found = _scan(rules, method, path, websocket)
-            if len(cache) >= _MATCH_CACHE_LIMIT:
-                cache.clear()
-            cache[cache_key] = found
+            found = _lookup(rules, index, method, normalize_path(path), websocket)
+            if len(path) <= MAX_CACHED_PATH:
+                if len(cache) >= _MATCH_CACHE_LIMIT:
+                    cache.clear()
+                cache[cache_key] = found
         return found
+
+
+class _Node:
+    """A segment trie node: its children by path segment, and rules placed at it."""
+
+    __slots__ = ("below", "children", "here")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        # Rule positions: candidates for every path that reaches this node (``below``), or only for
+        # a path that ends here (``here``: whole-literal patterns).
+        self.below: list[int] = []
+        self.here: list[int] = []
+
+
+class RuleIndex:
+    """The rules a path may match, without trying every rule (a path not in the match cache is
+    chosen by the client, so its cost must not grow with the number of rules).
+
+    A glob rule is placed in a trie of path segments at its leading literal segments (a whole
+    literal path, or the segments before its first wildcard); a path's candidates are the rules
+    placed along its segments, then checked with ``Rule.applies`` as before, so answers are the same
+    as trying every rule in order. Regex rules, and rules of a subclass overriding ``applies``, are
+    candidates for every path.
+
+    Args:
+        rules: The rules, in matching order (a candidate is its position here).
+    """
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.root = _Node()
+        self.everywhere: list[int] = []  # regex rules, overridden applies: always candidates
+        for position, rule in enumerate(rules):
+            placed = _placement(rule)
+            if placed is None:
+                self.everywhere.append(position)
+                continue
+            segments, whole = placed
+            node = self.root
+            for segment in segments:
+                child = node.children.get(segment)
+                if child is None:
+                    child = _Node()
+                    node.children[segment] = child
+                node = child
+            if whole:
+                node.here.append(position)
+            else:
+                node.below.append(position)
+
+    def candidates(self, path: str) -> list[int]:
+        """The positions of the rules ``path`` may match, in order (a superset of those it matches).
+
+        Args:
+            path: The (normalised) request path.
+        """
+        found = list(self.everywhere)
+        node = self.root
+        found.extend(node.below)
+        ended = True
+        for segment in path.split("/"):
+            child = node.children.get(segment)
+            if child is None:
+                ended = False
+                break
+            node = child
+            found.extend(node.below)
+        if ended:
+            found.extend(node.here)
+        if len(found) > 1:
+            found.sort()
+        return found
+
+
+def _placement(rule: Rule) -> tuple[list[str], bool] | None:
+    """Where ``rule`` goes in the trie: the path segments every path it matches starts with, and
+    whether its pattern is a literal path (matching that path only); ``None`` when it must be tried
+    on every path (a regex, a subclass's own ``applies``, a pattern that is not its path's glob)."""
+    if type(rule).applies is not Rule.applies:
+        return None
+    path = rule.path
+    if not isinstance(path, str) or path.startswith("re:"):
+        return None
+    tokens = _glob_tokens(path)
+    if rule.pattern.pattern != _glob_regex(tokens):
+        return None
+    first = tokens[0]
+    if len(tokens) == 1 and first not in ("/**", "**", "*"):
+        return first.split("/"), True
+    literal = first not in ("/**", "**", "*")
+    segments = first.split("/") if literal else [""]
+    # The literal text before the first wildcard ends inside a segment unless a "/**" follows it
+    # and then the end or a "/": "/api/**" matches "/api" and "/api/..." only, "/api/**x" "/apix".
+    after = 1 if literal else 0
+    complete = tokens[after] == "/**" and (after + 1 == len(tokens) or tokens[after + 1].startswith("/"))
+    if not complete:
+        segments.pop()
+    return segments, False
+
+
+def _lookup(
+    rules: tuple[tuple[Rule, CompiledRule], ...], index: RuleIndex, method: str, path: str, websocket: bool
+) -> tuple[CompiledRule, ...]:
+    """Match the rules ``index`` gives as candidates for ``path`` (a cache miss): the same answer as
+    ``_scan``, which tries them all."""
+    matched: list[CompiledRule] = []
+    for position in index.candidates(path):
+        rule, compiled = rules[position]
+        if rule.websocket != websocket and not rule.bypass:
+            continue
+        if rule.applies(method, path):
+            if rule.bypass:
+                return ()
+            matched.append(compiled)
+    return tuple(matched)
 
 
 def _scan(
     rules: tuple[tuple[Rule, CompiledRule], ...], method: str, path: str, websocket: bool
 ) -> tuple[CompiledRule, ...]:
-    """Match the rules one by one (a cache miss)."""
+    """Match the rules one by one: the reference ``_lookup`` must agree with."""
     matched: list[CompiledRule] = []
     for rule, compiled in rules:
         if rule.websocket != websocket and not rule.bypass:
