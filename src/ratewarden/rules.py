@@ -46,6 +46,9 @@ def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
     return re.compile(_glob_regex(_glob_tokens(pattern)))
 
 
+_WILDCARDS = ("/**", "**", "*")
+
+
 def _glob_tokens(pattern: str) -> list[str]:
     """A glob pattern cut into its wildcards (``"/**"``, ``"**"``, ``"*"``) and the runs of literal
     text between them."""
@@ -478,16 +481,19 @@ def _placement(rule: Rule) -> tuple[list[str], bool] | None:
     if rule.pattern.pattern != _glob_regex(tokens):
         return None
     first = tokens[0]
-    if len(tokens) == 1 and first not in ("/**", "**", "*"):
+    literal = first not in _WILDCARDS
+    if literal and len(tokens) == 1:
         return first.split("/"), True
-    literal = first not in ("/**", "**", "*")
     segments = first.split("/") if literal else [""]
     # The literal text before the first wildcard ends inside a segment unless a "/**" follows it
-    # and then the end or a "/": "/api/**" matches "/api" and "/api/..." only, "/api/**x" "/apix".
+    # and then the end or literal text starting with "/": "/api/**" and "/api/**/x" match "/api..."
+    # only where a segment ends after "api"; "/api/**x" and "/api/**/**x" also match "/apix".
     after = 1 if literal else 0
-    complete = tokens[after] == "/**" and (after + 1 == len(tokens) or tokens[after + 1].startswith("/"))
-    if not complete:
-        segments.pop()
+    if tokens[after] == "/**" and (
+        after + 1 == len(tokens) or (tokens[after + 1] not in _WILDCARDS and tokens[after + 1].startswith("/"))
+    ):
+        return segments, False
+    segments.pop()
     return segments, False
 
 
