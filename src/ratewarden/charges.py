@@ -57,8 +57,9 @@ def adjusted_state(limit: Limit, state: State | None, now: float, amount: float)
     elif limit.algorithm == "token_bucket_debt":
         # Plain arithmetic: the admission rule (a whole token) must not refuse a refund in debt.
         capacity = float(rate.capacity)
-        tokens = min(capacity, state[0] + max(0.0, now - state[1]) * (rate.limit / rate.period))
-        new_state = (min(capacity, tokens - amount), now)
+        at = max(now, state[1])  # never move the last update back
+        tokens = min(capacity, state[0] + (at - state[1]) * (rate.limit / rate.period))
+        new_state = (min(capacity, tokens - amount), at)
         _, decision = fn(new_state, now, 0.0, rate)
     else:
         new_state, decision = fn(state, now, amount, rate)

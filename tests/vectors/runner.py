@@ -1,7 +1,9 @@
 """The shared algorithm vectors (``algorithms.json``), runnable against any store.
 
 Each vector is a time-stepped sequence of hits on one key with the decision expected at every
-step; ``retry_after: null`` in the JSON means "never" (``math.inf``). Every store must pass them:
+step; ``retry_after: null`` in the JSON means "never" (``math.inf``). Time may go back: a
+"reordered check" reads the clock before another check that reaches the store first, a "stale
+clock" steps back for a while; either way state only moves forward. Every store must pass them:
 the memory store in ``tests/core``, the Redis and Memcached stores in ``tests/stores``.
 
 Usage (async test)::

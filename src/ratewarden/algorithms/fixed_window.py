@@ -3,6 +3,9 @@
 Windows are aligned to the Unix epoch (a "1/min" window runs from :00 to :59 of each minute, a
 "1/day" window from 00:00 UTC), so every process and store agrees on the boundaries and
 ``Retry-After`` is exactly the time to the next boundary. State: ``(window_start, count)``.
+
+A check whose clock reading is older than the state's window (read before a boundary, run after
+another check began the next window) counts in that newer window: state only moves forward.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ def fixed_window_of(
     """``fixed_window`` with the rate's limit and period given (``Limit`` keeps them, so the memory
     store's fast path reads no ``Rate`` attribute)."""
     start = math.floor(now / period) * period
-    count = state[1] if state is not None and state[0] == start else 0.0
+    count = 0.0
+    if state is not None:
+        if state[0] == start:
+            count = state[1]
+        elif state[0] > start:  # a late clock reading: the newer window stands (time never goes back)
+            start = now = state[0]
+            count = state[1]
     reset_after = start + period - now
     total = count + cost
     if total <= limit:

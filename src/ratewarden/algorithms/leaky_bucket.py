@@ -16,7 +16,11 @@ from .base import State
 def leaky_bucket(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
     capacity = rate.capacity
     per_second = rate.limit / rate.period
-    level = 0.0 if state is None else max(0.0, state[0] - max(0.0, now - state[1]) * per_second)
+    level = 0.0
+    if state is not None:
+        if state[1] > now:  # a late clock reading: never move the last update back (a second drain)
+            now = state[1]
+        level = max(0.0, state[0] - (now - state[1]) * per_second)
     if level + cost <= capacity:
         level += cost
         remaining = int(capacity - level + 1e-9)

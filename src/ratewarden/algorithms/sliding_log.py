@@ -20,6 +20,9 @@ def sliding_log(state: State | None, now: float, cost: float, rate: Rate) -> tup
     horizon = now - period
     log: State = ()
     if state:
+        if state[-1] > now:  # a late clock reading: stamps stay in order (time never goes back)
+            now = state[-1]
+            horizon = now - period
         i = 0
         n = len(state)
         while i < n and state[i] <= horizon:

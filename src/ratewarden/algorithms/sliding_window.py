@@ -1,7 +1,8 @@
 """Sliding window counter: the previous window's count, weighted by how much of it still overlaps
 the sliding window, plus the current window's count. Denied requests are not counted.
 
-State: ``(window_start, current_count, previous_count)``; windows are epoch-aligned.
+State: ``(window_start, current_count, previous_count)``; windows are epoch-aligned. A clock
+reading older than the state's window counts at that window's start: state only moves forward.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def sliding_window(
             current, previous = state[1], state[2]
         elif state[0] == start - period:
             previous = state[1]
+        elif state[0] > start:  # a late clock reading: the newer window stands (time never goes back)
+            start = now = state[0]
+            current, previous = state[1], state[2]
     elapsed = now - start
     weight = 1.0 - elapsed / period
     used = previous * weight + current

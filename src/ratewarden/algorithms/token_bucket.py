@@ -17,7 +17,9 @@ def token_bucket(state: State | None, now: float, cost: float, rate: Rate) -> tu
     if state is None:
         tokens = float(capacity)
     else:
-        tokens = min(float(capacity), state[0] + max(0.0, now - state[1]) * per_second)
+        if state[1] > now:  # a late clock reading: never move the last update back (a second refill)
+            now = state[1]
+        tokens = min(float(capacity), state[0] + (now - state[1]) * per_second)
     if tokens >= cost:
         tokens -= cost
         reset_after = (capacity - tokens) / per_second

@@ -25,7 +25,9 @@ def token_bucket_debt(
     if state is None:
         tokens = float(capacity)
     else:
-        tokens = min(float(capacity), state[0] + max(0.0, now - state[1]) * per_second)
+        if state[1] > now:  # a late clock reading: never move the last update back (a second refill)
+            now = state[1]
+        tokens = min(float(capacity), state[0] + (now - state[1]) * per_second)
     needed = max(min(cost, 1.0), cost - debt)
     if tokens >= needed:
         tokens -= cost

@@ -146,7 +146,9 @@ class MemoryStore(Store):
             decision.policy = limit.name
             if new_state is not None:
                 if entry is not None:
-                    entry.expires = now + decision.reset_after
+                    expires = now + decision.reset_after
+                    if expires > entry.expires:  # a late clock reading never shortens a newer state's life
+                        entry.expires = expires
                     entry.state = new_state
                 else:
                     if table is data:
@@ -180,7 +182,9 @@ class MemoryStore(Store):
                 if new_state is None:
                     continue
                 if entry is not None:
-                    entry.expires = now + decision.reset_after
+                    expires = now + decision.reset_after
+                    if expires > entry.expires:  # a late clock reading never shortens a newer state's life
+                        entry.expires = expires
                     entry.state = new_state
                 else:
                     table[key] = _Entry(now + decision.reset_after, new_state)

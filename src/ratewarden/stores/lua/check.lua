@@ -55,12 +55,22 @@ end
 
 -- Each returns allowed, limit, remaining, reset_after, retry_after, new state (string or nil).
 
+-- A clock reading older than a key's state (read before another check wrote it) is taken as the
+-- state's own time: state only moves forward (the Python algorithms do the same).
+
 local function fixed_window(st, cost, limit, period)
+  local now = now
   local start = floor(now / period) * period
   local count = 0
   if st then
     local s = nums(st)
-    if s[1] == start then count = s[2] end
+    if s[1] == start then
+      count = s[2]
+    elseif s[1] > start then
+      start = s[1]
+      now = start
+      count = s[2]
+    end
   end
   local reset_after = start + period - now
   local total = count + cost
@@ -73,6 +83,7 @@ local function fixed_window(st, cost, limit, period)
 end
 
 local function sliding_window(st, cost, limit, period)
+  local now = now
   local start = floor(now / period) * period
   local current, previous = 0, 0
   if st then
@@ -81,6 +92,10 @@ local function sliding_window(st, cost, limit, period)
       current, previous = s[2], s[3]
     elseif s[1] == start - period then
       previous = s[2]
+    elseif s[1] > start then
+      start = s[1]
+      now = start
+      current, previous = s[2], s[3]
     end
   end
   local elapsed = now - start
@@ -124,15 +139,23 @@ end
 
 -- Sliding log on a list: entries before `first` (0-based) have left the window.
 -- The "state" returned is the index of the first live entry, used by the write phase.
+local log_at = {}  -- by key: the time sliding_log ran at, its new stamps' time
+
 local function sliding_log(key, cost, limit, period)
-  local horizon = now - period
+  local now = now
   local n = redis.call('LLEN', key)
+  local last = nil
+  if n > 0 then
+    last = tonumber(redis.call('LINDEX', key, -1))
+    if last > now then now = last end
+  end
+  log_at[key] = now
+  local horizon = now - period
   local first = 0
   while first < n and tonumber(redis.call('LINDEX', key, first)) <= horizon do first = first + 1 end
   local used = n - first
   local units = ceil(cost)
-  local last = nil
-  if used > 0 then last = tonumber(redis.call('LINDEX', key, -1)) end
+  if used == 0 then last = nil end
   if used + units <= limit then
     if units > 0 then last = now end
     local reset_after = 0
@@ -151,10 +174,12 @@ local function sliding_log(key, cost, limit, period)
 end
 
 local function token_bucket(st, cost, capacity, per_second)
+  local now = now
   local tokens
   if st then
     local s = nums(st)
-    tokens = min(capacity, s[1] + max(0, now - s[2]) * per_second)
+    if s[2] > now then now = s[2] end
+    tokens = min(capacity, s[1] + (now - s[2]) * per_second)
   else
     tokens = capacity
   end
@@ -168,10 +193,12 @@ local function token_bucket(st, cost, capacity, per_second)
 end
 
 local function token_bucket_debt(st, cost, capacity, per_second, debt)
+  local now = now
   local tokens
   if st then
     local s = nums(st)
-    tokens = min(capacity, s[1] + max(0, now - s[2]) * per_second)
+    if s[2] > now then now = s[2] end
+    tokens = min(capacity, s[1] + (now - s[2]) * per_second)
   else
     tokens = capacity
   end
@@ -187,10 +214,12 @@ local function token_bucket_debt(st, cost, capacity, per_second, debt)
 end
 
 local function leaky_bucket(st, cost, capacity, per_second)
+  local now = now
   local level = 0
   if st then
     local s = nums(st)
-    level = max(0, s[1] - max(0, now - s[2]) * per_second)
+    if s[2] > now then now = s[2] end
+    level = max(0, s[1] - (now - s[2]) * per_second)
   end
   if level + cost <= capacity then
     level = level + cost
@@ -244,7 +273,7 @@ local function ttl_of(reset_after) return max(1, ceil(reset_after * 1000)) end
 local function store_log(key, first, units, ttl)
   if first > 0 then redis.call('LTRIM', key, first, -1) end
   if units > 0 then
-    local stamp = f(now)
+    local stamp = f(log_at[key] or now)
     for _ = 1, units do redis.call('RPUSH', key, stamp) end
   end
   redis.call('PEXPIRE', key, ttl)
@@ -294,8 +323,9 @@ if mode == 'a' then
         local capacity = tonumber(ARGV[b + 4])
         local per_second = tonumber(ARGV[b + 2]) / tonumber(ARGV[b + 3])
         local v = nums(st)
-        local tokens = min(capacity, v[1] + max(0, now - v[2]) * per_second)
-        n = fmt('%.17g %.17g', min(capacity, tokens - amount), now)
+        local at = max(now, v[2])  -- never move the last update back
+        local tokens = min(capacity, v[1] + (at - v[2]) * per_second)
+        n = fmt('%.17g %.17g', min(capacity, tokens - amount), at)
         a, l, r, s, t = run(algo, b, key, n, 0)
       else
         a, l, r, s, t, n = run(algo, b, key, st, amount)
