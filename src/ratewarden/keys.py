@@ -25,8 +25,10 @@ __all__ = [
     "client_ip",
     "compose",
     "header",
+    "header_key",
     "key_text",
     "path_param",
+    "query_key",
     "query_param",
     "route_template",
 ]
@@ -229,25 +231,42 @@ client_ip = ClientIP()
 """The peer address, trusting no forwarding header (use ``ClientIP(trusted_proxies=...)`` behind a proxy)."""
 
 
-def header(name: str, *, fallback: KeyFunc | None = client_ip, hashed: bool = False) -> KeyFunc:
-    """The value of header ``name`` as the key.
+def header(name: str, *, fallback: KeyFunc | None = client_ip, hashed: bool = True) -> KeyFunc:
+    """The value of header ``name`` as the key, hashed by default: a header that identifies a
+    caller is often a secret (``X-API-Key``), and the key is written to the store as it is.
+
+    The key is ``<name>:<digest>`` (``header_key`` computes it for a given value, e.g. for
+    ``block``).
 
     Args:
         name: The header, e.g. ``X-API-Key``.
         fallback: The key function used when the request has no such value; the default is the client IP
             (so a missing value never means "unlimited"); ``None`` leaves the key missing.
-        hashed: Store a digest of the value instead of the value itself (for secrets such as API keys).
+        hashed: Store a digest of the value (the default). ``False`` stores the value itself, readable
+            in the store: only for values that are not secrets, such as a tenant id.
     """
     raw = name.lower().encode("latin-1")
-    label = name.lower()
+    prefix = name.lower() + ":"
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
         value = header_value(scope, raw)
         if value:
-            return f"{label}:{digest(value) if hashed else value}"
+            return prefix + (digest(value) if hashed else value)
         return fallback(scope) if fallback is not None else None
 
     return key
+
+
+def header_key(name: str, value: str, *, hashed: bool = True) -> str:
+    """The key ``header(name, hashed=hashed)`` gives a request whose header ``name`` is ``value``:
+    what to pass to ``block``, ``penalty`` or ``Limiter.reset`` for that caller.
+
+    Args:
+        name: The header, as given to ``header``.
+        value: The header's value.
+        hashed: As given to ``header``.
+    """
+    return name.lower() + ":" + (digest(value) if hashed else value)
 
 
 def bearer_token(*, fallback: KeyFunc | None = client_ip) -> KeyFunc:
@@ -267,22 +286,40 @@ def bearer_token(*, fallback: KeyFunc | None = client_ip) -> KeyFunc:
     return key
 
 
-def query_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:
-    """The value of query parameter ``name``.
+def query_param(name: str, *, fallback: KeyFunc | None = client_ip, hashed: bool = True) -> KeyFunc:
+    """The value of query parameter ``name`` as the key, hashed by default (``?api_key=`` is a
+    secret, and the key is written to the store as it is).
+
+    The key is ``q.<name>:<digest>`` (``query_key`` computes it for a given value).
 
     Args:
         name: The query parameter.
         fallback: The key function used when the request has no such value; the default is the client IP
             (so a missing value never means "unlimited"); ``None`` leaves the key missing.
+        hashed: Store a digest of the value (the default). ``False`` stores the value itself, readable
+            in the store: only for values that are not secrets.
     """
+    prefix = f"q.{name}:"
 
     def key(scope: Scope) -> str | Awaitable[str | None] | None:
         value = query_value(scope, name)
         if value is not None:
-            return f"q.{name}:{value}"
+            return prefix + (digest(value) if hashed else value)
         return fallback(scope) if fallback is not None else None
 
     return key
+
+
+def query_key(name: str, value: str, *, hashed: bool = True) -> str:
+    """The key ``query_param(name, hashed=hashed)`` gives a request whose parameter ``name`` is
+    ``value`` (for ``block``, ``penalty`` or ``Limiter.reset``).
+
+    Args:
+        name: The query parameter, as given to ``query_param``.
+        value: The parameter's value.
+        hashed: As given to ``query_param``.
+    """
+    return f"q.{name}:" + (digest(value) if hashed else value)
 
 
 def path_param(name: str, *, fallback: KeyFunc | None = client_ip) -> KeyFunc:

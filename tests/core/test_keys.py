@@ -19,7 +19,9 @@ from ratewarden.keys import (
     client_ip,
     compose,
     header,
+    header_key,
     path_param,
+    query_key,
     query_param,
     route_template,
 )
@@ -163,13 +165,18 @@ def test_missing_or_odd_client() -> None:
 
 def test_header_key_and_fallback() -> None:
     api_key = header("X-API-Key")
-    assert api_key(scope(headers=[("x-api-key", "abc")])) == "x-api-key:abc"
-    assert api_key(scope(headers=[("x-api-key", "abd")])) != api_key(scope(headers=[("x-api-key", "abc")]))
+    key = api_key(scope(headers=[("x-api-key", "abc")]))
+    assert key == header_key("X-API-Key", "abc") == header_key("x-api-key", "abc")
+    assert isinstance(key, str) and key.startswith("x-api-key:") and len(key) == len("x-api-key:") + 24
+    assert api_key(scope(headers=[("x-api-key", "abd")])) != key
     # Absent: falls back to the client IP, so a missing header never means "unlimited".
     assert api_key(scope("198.51.100.9")) == "198.51.100.9"
     assert header("X-API-Key", fallback=None)(scope()) is None
     hashed = header("X-API-Key", hashed=True)(scope(headers=[("x-api-key", "secret")]))
     assert isinstance(hashed, str) and "secret" not in hashed
+    # The opt-out stores the value itself.
+    raw = header("X-Tenant", hashed=False)(scope(headers=[("x-tenant", "acme")]))
+    assert raw == "x-tenant:acme" == header_key("X-Tenant", "acme", hashed=False)
 
 
 def test_bearer_token_is_hashed() -> None:
@@ -185,8 +192,11 @@ def test_bearer_token_is_hashed() -> None:
 
 def test_query_param_key() -> None:
     key = query_param("api_key")
-    assert key(scope(query=b"x=1&api_key=k1")) == "q.api_key:k1"
-    assert key(scope(query=b"api_key=k%20two")) == "q.api_key:k two"
+    assert key(scope(query=b"x=1&api_key=k1")) == query_key("api_key", "k1")
+    assert key(scope(query=b"api_key=k%20two")) == query_key("api_key", "k two")
+    assert "k1" not in query_key("api_key", "k1") and query_key("api_key", "k1").startswith("q.api_key:")
+    raw = query_param("api_key", hashed=False)
+    assert raw(scope(query=b"api_key=k%20two")) == "q.api_key:k two" == query_key("api_key", "k two", hashed=False)
     assert key(scope("198.51.100.2", query=b"other=1")) == "198.51.100.2"
     assert query_param("t", fallback=None)(scope(query=b"t=")) is None
 
@@ -197,7 +207,7 @@ async def test_compose_and_async_keys() -> None:
 
     key = compose(client_ip, tenant, header("X-User", fallback=None))
     value = await key(scope("198.51.100.3", [("x-user", "bob")]))  # type: ignore[misc]
-    assert value == "198.51.100.3|tenant-a|x-user:bob"
+    assert value == f"198.51.100.3|tenant-a|{header_key('X-User', 'bob')}"
     assert await key(scope("198.51.100.3")) == "198.51.100.3|tenant-a|"  # type: ignore[misc]
     with pytest.raises(ValueError):
         compose()

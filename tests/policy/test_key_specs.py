@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ratewarden.keys import bearer_token, client_ip, header, query_param
+from ratewarden.keys import bearer_token, client_ip, header, header_key, query_key, query_param
 from ratewarden.policy import Identity, PolicyError, parse_policy
 from ratewarden.policy.keyspec import key_function, parse_key_spec, parse_source
 
@@ -46,8 +46,8 @@ def test_a_spec_means_the_same_key_function_in_rules_and_bans() -> None:
         '[bans]\nkey = "query:client"\n'
     )
     scope = _scope([(b"x-client", b"c1")], b"client=c2")
-    assert policy.rules[0].key(scope) == header("X-Client")(scope) == "x-client:c1"
-    assert policy.bans is not None and policy.bans.key(scope) == query_param("client")(scope) == "q.client:c2"
+    assert policy.rules[0].key(scope) == header("X-Client")(scope) == header_key("X-Client", "c1")
+    assert policy.bans is not None and policy.bans.key(scope) == query_param("client")(scope) == query_key("client", "c2")
     with pytest.raises(PolicyError, match="invalid key 'cookie:x'"):
         parse_policy('[bans]\nkey = "cookie:x"\n')
 
