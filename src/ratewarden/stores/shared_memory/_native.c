@@ -13,7 +13,8 @@
  *                                          field out of range); > 0 = pthread_mutex_lock's error
  *                                          (the lock is held only for EOWNERDEAD)
  *   commit(r, expires, state)             write that entry's state (dirty while written, unless
- *                                          state is None) and unlock region r
+ *                                          state is None), never moving its expiry earlier, and
+ *                                          unlock region r
  *
  * The offsets below are layout.py's (LAYOUT_VERSION); the store uses this module only when its
  * LAYOUT_VERSION matches. Every offset read from the file is bounds-checked against the mapping.
@@ -287,6 +288,12 @@ Table_commit(Table *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_DECREF(seq);
+    /* A check never moves an expiry earlier: a caller whose clock reads slightly late must not
+     * shorten a newer window's life (and the region's next_expiry stays a bound). */
+    double current;
+    memcpy(&current, entry + E_BODY, 8);
+    if (current > expires)
+        expires = current;
     uint32_t length = (uint32_t)n;
     static const char pad[4] = {0, 0, 0, 0};
     *(volatile char *)entry = WRITING;
@@ -421,7 +428,7 @@ static PyMethodDef Table_methods[] = {
     {"begin", (PyCFunction)(void (*)(void))Table_begin, METH_FASTCALL,
      "Lock region r and read the entry of digest: its state, None (expired) or an int (see the module)."},
     {"commit", (PyCFunction)(void (*)(void))Table_commit, METH_FASTCALL,
-     "Write the entry begin() found (unless state is None) and unlock region r."},
+     "Write the entry begin() found (unless state is None; its expiry never earlier) and unlock region r."},
     {"close", (PyCFunction)Table_close, METH_NOARGS, "Release the mapping (refused while a lock is held)."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,6 +1,7 @@
 """The table file: its path, creation with owner-only permissions, the header written once and
 checked by every later opener (an incompatible layout is an error naming the fix), the mapping,
-and the one open mapping per process and file that every store object in the process shares."""
+and the one open mapping per process and file that every store object in the process shares (a
+file unlinked or replaced since is not shared with new stores: they open the file now at the path)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Segment", "attach", "detach", "segment_path"]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+# Matched whole (fullmatch: "$" would accept a trailing newline); ASCII only.
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
 def segment_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
@@ -56,9 +58,10 @@ def segment_path(name: str, directory: str | os.PathLike[str] | None = None) -> 
         directory: The directory; the default ``None`` is ``/dev/shm`` when it exists, else the temporary
             directory.
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ConfigurationError(
-            f"shared-memory store name must be 1-100 letters, digits, '_', '-' or '.', got {name!r}"
+            "shared-memory store name must be 1-100 letters, digits, '_', '-' or '.' (ASCII; no spaces, "
+            f"slashes, newlines or other control characters), got {name!r}"
         )
     if directory is None:
         directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -130,6 +133,8 @@ class Segment:
         return _native.Table(self.mm, self.esize, self.floats, spans)
 
     def _open(self) -> int:
+        """Create the file (owner-only) or open the one there; anything else at the path, or a path
+        that cannot be created, is a ``SharedMemoryError`` naming the path and what is wrong."""
         flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         path = str(self.path)
         try:
@@ -140,9 +145,15 @@ class Segment:
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise SharedMemoryError(f"{path} is a symbolic link; refusing to open it") from None
-                raise
+                if exc.errno == errno.EISDIR:
+                    raise SharedMemoryError(
+                        f"{path} is a directory, not a shared-memory table; remove it or choose another name"
+                    ) from None
+                raise SharedMemoryError(f"cannot open {path}: {exc.strerror or exc}") from None
         except FileNotFoundError:
             raise SharedMemoryError(f"cannot create {path}: its directory does not exist") from None
+        except OSError as exc:
+            raise SharedMemoryError(f"cannot create {path}: {exc.strerror or exc}") from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -160,7 +171,16 @@ class Segment:
         except BaseException:
             os.close(fd)
             raise
+        self.inode = (info.st_dev, info.st_ino)
         return fd
+
+    def current(self) -> bool:
+        """Whether the file at the path is still the one mapped (not unlinked, nor replaced)."""
+        try:
+            info = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        return (info.st_dev, info.st_ino) == self.inode
 
     def _map(self, total: int) -> None:
         self.mm = mmap.mmap(self.fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -221,6 +241,8 @@ class Segment:
             fcntl.lockf(fd, fcntl.LOCK_UN, 1, INIT_LOCK)
 
     def close(self) -> None:
+        if self.mm.closed:
+            return
         if self.native is not None:
             self.native.close()  # refused while this process holds or awaits a lock through it
             self.native = None
@@ -243,6 +265,11 @@ def attach(path: Path, max_keys: int, log_size: int, lock: str) -> Segment:
             with contextlib.suppress(Exception):
                 stale.close()
         seg = _segments.get((pid, str(path)))
+        if seg is not None and not seg.current():
+            # Unlinked (or replaced) since: its store objects keep it until closed (detach), new
+            # ones map the file now at the path, the one other processes open.
+            del _segments[(pid, str(path))]
+            seg = None
         if seg is None:
             seg = Segment(path, max_keys, log_size, lock)
             _segments[(pid, str(path))] = seg
@@ -259,6 +286,7 @@ def detach(seg: Segment) -> None:
     """One store object is done with ``seg``; the last one unmaps it."""
     with _segments_lock:
         seg.users -= 1
-        if seg.users <= 0 and _segments.get((seg.pid, str(seg.path))) is seg:
-            del _segments[(seg.pid, str(seg.path))]
-            seg.close()
+        if seg.users <= 0:
+            if _segments.get((seg.pid, str(seg.path))) is seg:
+                del _segments[(seg.pid, str(seg.path))]
+            seg.close()  # also one no longer in the registry (its file was unlinked)

@@ -18,7 +18,7 @@ from .layout import Region, hold_of
 from .locks import lock as lock_region
 from .locks import unlock as unlock_region
 from .segment import Segment
-from .table import count, entry, find, has_room, insert, read, settle, sweep, write
+from .table import count, entry, find, has_room, insert, later, read, settle, sweep, write
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -73,11 +73,13 @@ def charge_overflow(
 
 
 def store_state(seg: Segment, slot: Slot, limit: Limit, state: State, expires: float) -> None:
-    """Write ``state`` for ``slot``: its entry, or a new one while the region has room."""
+    """Write ``state`` for ``slot``: its entry (never moving its expiry earlier: a check's write), or a
+    new one while the region has room."""
     region = slot.region
     pos = find(seg, region, slot.digest, slot.home)
     if pos >= 0:
-        write(seg, region, entry(seg, region, pos), expires, state)
+        off = entry(seg, region, pos)
+        write(seg, region, off, later(seg, off, expires), state)
     elif count(seg, region) < region.cap:
         insert(seg, region, slot.digest, slot.home, hold_of(limit), expires, state)
 

@@ -54,7 +54,7 @@ from .locks import unlock as unlock_region
 from .mutex import robust_mutexes
 from .segment import Segment, attach, detach, segment_path
 from .slots import Slot, charge_all, charge_overflow, load
-from .table import has_room, insert, recover, sweep, write
+from .table import corrupt, has_room, insert, later, recover, sweep, write
 
 log = logging.getLogger("ratewarden.stores.shared_memory")
 
@@ -297,18 +297,24 @@ class SharedMemoryStore(Store):
                 off = region.entries + (v - 1) * seg.esize
                 if mm[off + E_DIGEST : off + E_DIGEST + 16] == digest:
                     break
+                # A miss (only misses pay for this): a slot beyond the region, or more occupied slots
+                # than the region holds (a consistent index is at most half full), is corruption.
                 i = (i + 1) & mask
+                if v > region.cap or i == (home + region.cap + 1) & mask:
+                    raise corrupt(seg, region, "an index slot beyond the region, or no empty slot")
             if off >= 0 and not mm[off]:
                 expires, n = _body_head_from(mm, off + E_BODY)
                 state = seg.states[n].unpack_from(mm, off + E_FLOATS) if expires > now else None
                 new_state, decision = limit.fn(state, now, costs[0], limit.rate)
                 decision.policy = limit.name
                 if new_state is not None:
-                    # A check never moves an expiry earlier, so the region's next_expiry stays a bound.
+                    # A check never moves an expiry earlier (a late clock must not shorten a newer
+                    # window's life), so the region's next_expiry stays a bound.
+                    until = now + decision.reset_after
+                    if expires > until:
+                        until = expires
                     mm[off] = WRITING
-                    seg.bodies[len(new_state)].pack_into(
-                        mm, off + E_BODY, now + decision.reset_after, len(new_state), *new_state
-                    )
+                    seg.bodies[len(new_state)].pack_into(mm, off + E_BODY, until, len(new_state), *new_state)
                     mm[off] = CLEAN
                 return decision
             slot = Slot(digest, home, region)
@@ -322,7 +328,7 @@ class SharedMemoryStore(Store):
             if new_state is not None:
                 expires = now + decision.reset_after
                 if off >= 0:
-                    write(seg, region, off, expires, new_state)
+                    write(seg, region, off, later(seg, off, expires), new_state)
                 else:
                     sweep(seg, region, 2, now)
                     insert(seg, region, slot.digest, slot.home, hold_of(limit), expires, new_state)

@@ -2,7 +2,10 @@
 deleting (backward-shift, no tombstones), finishing what a dead process left half-done, and
 reclaiming expired entries (a cursor sweep per insert, a full sweep when the region is full).
 
-Every function here runs with the region's lock held (``locks.py``).
+Every function here runs with the region's lock held (``locks.py``). Every probe stops after the
+region's capacity of slots, and a field that cannot be true (an index slot or a count beyond the
+region, garbage written into the file) raises ``SharedMemoryError`` (``corrupt``) instead of being
+followed: the check then fails by the limiter's ``on_error``, never spins.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import logging
 import math
 
 from ...algorithms import State
+from .errors import SharedMemoryError
 from .layout import (
     BODY_HEAD,
     CLEAN,
@@ -45,36 +49,78 @@ log = logging.getLogger("ratewarden.stores.shared_memory")
 FIELDS = Fields()
 
 
+def corrupt(seg: Segment, region: Region, what: str) -> SharedMemoryError:
+    """The error for a region whose fields cannot be true: ``what`` is wrong, and the way out."""
+    return SharedMemoryError(
+        f"{seg.path} is corrupt (region {region.number}: {what}); stop every process using it and "
+        f"remove it (rm {seg.path}), or use another name"
+    )
+
+
 def entry(seg: Segment, region: Region, pos: int) -> int:
     """The offset of entry ``pos`` of ``region``."""
     return region.entries + pos * seg.esize
 
 
 def count(seg: Segment, region: Region) -> int:
-    return int(U32.unpack_from(seg.mm, region.base)[0])
+    """The region's entries (at most its capacity: a larger count is corrupt)."""
+    n = int(U32.unpack_from(seg.mm, region.base)[0])
+    if n > region.cap:
+        raise corrupt(seg, region, f"count {n} above its capacity {region.cap}")
+    return n
+
+
+def slot_value(seg: Segment, region: Region, i: int) -> int:
+    """Index slot ``i``: 0 (empty) or an entry position + 1 within the region's capacity."""
+    v = int(U32.unpack_from(seg.mm, region.index + 4 * i)[0])
+    if v > region.cap:
+        raise corrupt(seg, region, f"index slot {i} points at entry {v - 1}, beyond its capacity {region.cap}")
+    return v
 
 
 def find(seg: Segment, region: Region, digest: bytes, home: int) -> int:
     """The entry position holding ``digest`` in ``region``, or -1."""
     mm = seg.mm
     mask = region.mask
-    index = region.index
     i = home & mask
-    while True:
-        v = U32.unpack_from(mm, index + 4 * i)[0]
+    # A consistent index is at most half full: an empty slot comes within the capacity's probes.
+    for _ in range(region.cap + 1):
+        v = slot_value(seg, region, i)
         if v == 0:
             return -1
         off = region.entries + (v - 1) * seg.esize + E_DIGEST
         if mm[off : off + 16] == digest:
-            return int(v) - 1
+            return v - 1
         i = (i + 1) & mask
+    raise corrupt(seg, region, "no empty index slot")
+
+
+def empty_slot(seg: Segment, region: Region, home: int) -> int:
+    """The first empty index slot from ``home`` (an insert's place)."""
+    mask = region.mask
+    i = home & mask
+    for _ in range(region.cap + 1):
+        if not slot_value(seg, region, i):
+            return i
+        i = (i + 1) & mask
+    raise corrupt(seg, region, "no empty index slot")
 
 
 def read(seg: Segment, off: int) -> tuple[float, State]:
     """The expiry and state of the entry at ``off``."""
     mm = seg.mm
     expires, n = BODY_HEAD.unpack_from(mm, off + E_BODY)
+    if n > seg.floats:
+        raise SharedMemoryError(f"{seg.path} is corrupt (an entry of {n} numbers, at most {seg.floats}); "
+                                f"stop every process using it and remove it (rm {seg.path}), or use another name")
     return expires, seg.states[n].unpack_from(mm, off + E_FLOATS)
+
+
+def later(seg: Segment, off: int, expires: float) -> float:
+    """``expires``, or the entry's own expiry if later: a check never moves an expiry earlier (a caller
+    whose clock reads slightly late must not shorten a newer window's lifetime)."""
+    current: float = F64.unpack_from(seg.mm, off + E_BODY)[0]
+    return current if current > expires else expires
 
 
 def write(seg: Segment, region: Region, off: int, expires: float, state: State) -> None:
@@ -93,6 +139,9 @@ def insert(seg: Segment, region: Region, digest: bytes, home: int, hold: float, 
     mm = seg.mm
     base = region.base
     pos = count(seg, region)
+    if pos >= region.cap:
+        raise corrupt(seg, region, "an insert into a full region")
+    i = empty_slot(seg, region, home)  # before the op is recorded: a corrupt index changes nothing
     off = entry(seg, region, pos)
     fields = FIELDS
     fields.u32(mm, base + R_OP, OP_INSERT)
@@ -100,10 +149,6 @@ def insert(seg: Segment, region: Region, digest: bytes, home: int, hold: float, 
     F64.pack_into(mm, off + E_HOLD, hold)
     mm[off + E_DIGEST : off + E_DIGEST + 16] = digest
     seg.bodies[len(state)].pack_into(mm, off + E_BODY, expires, len(state), *state)
-    mask = region.mask
-    i = home & mask
-    while U32.unpack_from(mm, region.index + 4 * i)[0]:
-        i = (i + 1) & mask
     fields.u32(mm, region.index + 4 * i, pos + 1)
     fields.u32(mm, base, pos + 1)
     mm[off] = CLEAN
@@ -120,9 +165,11 @@ def _slot_of(seg: Segment, region: Region, pos: int) -> int:
     mm = seg.mm
     mask = region.mask
     i = _home_of(seg, region, pos) & mask
-    while U32.unpack_from(mm, region.index + 4 * i)[0] != pos + 1:
+    for _ in range(region.cap + 1):
+        if U32.unpack_from(mm, region.index + 4 * i)[0] == pos + 1:
+            return i
         i = (i + 1) & mask
-    return i
+    raise corrupt(seg, region, f"entry {pos} is not in the index")
 
 
 def delete(seg: Segment, region: Region, pos: int) -> None:
@@ -142,15 +189,17 @@ def delete(seg: Segment, region: Region, pos: int) -> None:
     index = region.index
     i = _slot_of(seg, region, pos)
     j = i
-    while True:
+    for _ in range(region.cap + 1):
         j = (j + 1) & mask
-        v = U32.unpack_from(mm, index + 4 * j)[0]
+        v = slot_value(seg, region, j)
         if v == 0:
             break
         h = _home_of(seg, region, v - 1) & mask
         if (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j):
             fields.u32(mm, index + 4 * i, v)
             i = j
+    else:  # the op stays recorded: the next lock holder rebuilds the index (recover)
+        raise corrupt(seg, region, "no empty index slot")
     fields.u32(mm, index + 4 * i, 0)
     if pos != last:
         slot = _slot_of(seg, region, last)
@@ -169,23 +218,19 @@ def recover(seg: Segment, region: Region) -> None:
     esize = seg.esize
     n, _, op, a, b, _ = RHEAD.unpack_from(mm, base)
     fields = FIELDS
-    if op == OP_DELETE and n == b + 1:
-        if a != b:  # the source entry is untouched until the count drops: redo the move
+    if op == OP_DELETE and n == b + 1 and b < region.cap:
+        if a != b and a < region.cap:  # the source entry is untouched until the count drops: redo the move
             src = entry(seg, region, b)
             dst = entry(seg, region, a)
             mm[dst : dst + esize] = mm[src : src + esize]
         n = b
     # An insert that was counted keeps its entry (its dirty byte makes that key conservative);
     # one that was not is dropped when the index is rebuilt from the counted entries.
-    n = min(n, region.cap + 1)
+    n = min(n, region.cap)  # never more than an insert admits (a larger count is garbage)
     fields.u32(mm, base, n)  # a crash from here on redoes only the rebuild: the op stays set until the end
     mm[region.index : region.entries] = bytes(region.entries - region.index)
-    mask = region.mask
     for pos in range(n):
-        i = _home_of(seg, region, pos) & mask
-        while U32.unpack_from(mm, region.index + 4 * i)[0]:
-            i = (i + 1) & mask
-        fields.u32(mm, region.index + 4 * i, pos + 1)
+        fields.u32(mm, region.index + 4 * empty_slot(seg, region, _home_of(seg, region, pos)), pos + 1)
     fields.u32(mm, base + R_CURSOR, 0)
     fields.f64(mm, base + R_NEXT_EXPIRY, -math.inf)
     fields.u32(mm, base + R_OP, OP_NONE)
