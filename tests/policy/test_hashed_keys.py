@@ -84,3 +84,20 @@ def test_explain_shows_the_stored_key_not_the_secret() -> None:
     lines = explain(parse_policy(POLICY), "GET", "/api/x", [("X-API-Key", GOLD)])
     assert any("group gold" in line for line in lines)
     assert not [line for line in lines if GOLD in line]
+
+
+def test_the_identity_cache_is_bounded_in_bytes() -> None:
+    """The identity remembers each presented API key's group; 64 KB keys (a client writes them)
+    must not make that cache hold 10,000 of them (640 MB)."""
+    from ratewarden.policy import Identity
+
+    identity = Identity(["header:X-API-Key"], keys={GOLD: "gold"}, unknown_group="free", anonymous_group="anon")
+    for i in range(2048):
+        api_key = f"{i}-" + "k" * (64 * 1024)
+        scope = {"type": "http", "headers": [(b"x-api-key", api_key.encode())], "client": ("10.1.2.3", 1)}
+        assert identity.group(scope) == "free"
+        held = sum(len(k) for k in identity._cache)
+        assert held <= 8 * 1024 * 1024, f"after {i + 1} keys"
+    scope = {"type": "http", "headers": [(b"x-api-key", GOLD.encode())], "client": ("10.1.2.3", 1)}
+    assert identity.resolve(scope) == identity.resolve(scope) == ("gold", identity.client_key(GOLD))
+    assert GOLD in identity._cache  # short keys are still remembered

@@ -32,6 +32,9 @@ from .keyspec import parse_source
 __all__ = ["Identity", "PolicyRule", "Tiers", "parse_source"]
 
 _CACHE_LIMIT = 10_000
+_CACHE_CHARS = 4 * 1024 * 1024
+"""Characters of API keys the identity cache may hold in all: the keys are what clients send, so
+the cache is bounded in bytes as well as in entries (10,000 keys of 64 KB would be 640 MB)."""
 
 
 class Identity:
@@ -71,6 +74,7 @@ class Identity:
         self.anonymous_group = anonymous_group
         self.anonymous_key = anonymous_key
         self._cache: dict[str, tuple[str, str]] = {}
+        self._cache_chars = 0  # characters of the keys in _cache
 
     @property
     def groups(self) -> set[str]:
@@ -144,9 +148,13 @@ class Identity:
             cached = self._cache.get(api_key)
             if cached is None:
                 cached = (self.group_of(api_key), self.client_key(api_key))
-                if len(self._cache) >= _CACHE_LIMIT:
+                size = len(api_key)
+                if len(self._cache) >= _CACHE_LIMIT or self._cache_chars + size > _CACHE_CHARS:
                     self._cache.clear()
-                self._cache[api_key] = cached
+                    self._cache_chars = 0
+                if size <= _CACHE_CHARS // 64:  # a key that would fill the cache alone is not kept
+                    self._cache[api_key] = cached
+                    self._cache_chars += size
             result = cached
         if context is not None:
             context.identity = (self, result)
