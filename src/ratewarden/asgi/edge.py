@@ -1,7 +1,8 @@
 """The per-request half of edge enforcement, compiled with the rest of the hot path.
 
 ``EdgeLayer`` finds the request's ``EdgeTarget`` (the declared limits of the route it will reach)
-in a cache keyed by (method, root path, path), charges them once, and answers a denial itself.
+in a cache keyed by (method, root path, path) (paths up to ``MAX_CACHED_PATH`` characters: a
+longer one is resolved on every request), charges them once, and answers a denial itself.
 Resolving a route and building its target need FastAPI, so they live in ``ratewarden.edge`` and run
 on a cache miss only, through the ``resolver`` given to the layer.
 """
@@ -19,7 +20,7 @@ from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..responses import rejection, send_unavailable
-from ..rules import CompiledRule
+from ..rules import MAX_CACHED_PATH, CompiledRule
 from ..scopes import value_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
@@ -157,7 +158,7 @@ class EdgeLayer:
         cache_key: object = path if method == "GET" and not root else (method, root, path)
         found = self.cache.get(cache_key) if self.cacheable else None
         if found is None:
-            found = self._resolve(scope, cache_key)
+            found = self._resolve(scope, cache_key, len(path) + len(root) <= MAX_CACHED_PATH)
         target = found[0]
         params = found[1]
         if params and "path_params" not in scope:
@@ -165,10 +166,14 @@ class EdgeLayer:
             scope["path_params"] = dict(params)
         return target
 
-    def _resolve(self, scope: Scope, cache_key: object) -> tuple[EdgeTarget | None, dict[str, Any]]:
-        """A cache miss: the resolver finds the route's target (kept unless the app is not cacheable)."""
+    def _resolve(
+        self, scope: Scope, cache_key: object, keep: bool = True
+    ) -> tuple[EdgeTarget | None, dict[str, Any]]:
+        """A cache miss: the resolver finds the route's target, kept unless the app is not cacheable
+        or the path is too long to keep (``keep``: the client chooses paths, and 4,096 long ones
+        would hold hundreds of megabytes)."""
         found: tuple[EdgeTarget | None, dict[str, Any]] = self.resolver.lookup(scope)
-        if self.cacheable:
+        if self.cacheable and keep:
             if len(self.cache) >= _CACHE_LIMIT:
                 self.cache.clear()
             self.cache[cache_key] = found
