@@ -159,7 +159,9 @@ class Rule:
 
     Args:
         path: Which paths: ``*`` is one segment, ``**`` any number (``/api/**`` also matches ``/api``); a
-            ``re:`` prefix or a compiled pattern is a regex matched against the whole path.
+            ``re:`` prefix or a compiled pattern is a regex matched against the whole path. Requests
+            are matched on their normalised path (``normalize_path``: ``//`` merged, ``.`` and ``..``
+            resolved), the one the application routes to.
         rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
             every one must allow. ``None`` only with ``bypass`` or ``message_rate``.
         key: Who is charged: a key function of the scope (default: the client IP).
@@ -291,7 +293,8 @@ class CompiledRule:
     def storage_keys(self, key: str, message: bool = False) -> tuple[str, ...]:
         """Storage keys of this rule's limits for client ``key``, cached for recent keys (as
         tuples of strings, which the garbage collector stops tracking: no GC pauses that grow with
-        the number of clients).
+        the number of clients); a key over ``MAX_KEY_LENGTH`` is cached under its hash, so the
+        cache stays small whatever clients send.
 
         Args:
             key: The client's key.
