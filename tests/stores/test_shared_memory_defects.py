@@ -224,7 +224,8 @@ def _expiry(store: SharedMemoryStore, key: str) -> float:
 def test_a_late_clock_never_moves_an_expiry_earlier(tmp_path: Path, lock: str, keys: int) -> None:
     """A check at 1001.001 (window 1001 of 100/s, expiry 1002) then one whose clock reads
     1000.9995: the entry's expiry stays 1002, so the newer window's count outlives the late
-    caller's idea of it (one key: the inlined and C hot paths; two: the general path)."""
+    caller's idea of it, 1000.9995 + 1 (one key: the inlined and C hot paths; two: the general
+    path)."""
     now = [1001.001]
     store = SharedMemoryStore(unique_name(), max_keys=100, directory=tmp_path, lock=lock, clock=lambda: now[0])
     limit = Limit(Rate(100, 1.0))
@@ -237,6 +238,8 @@ def test_a_late_clock_never_moves_an_expiry_earlier(tmp_path: Path, lock: str, k
     now[0] = 1001.5  # the clock back in window 1001: its count goes on, the expiry unchanged
     store.hit_now(names, [limit] * keys, [1.0] * keys)
     assert [_expiry(store, k) for k in names] == [1002.0] * keys
+    now[0] = 1001.9998  # after the late caller's now + reset_after: window 1001's count is still there
+    assert store.hit_now(names, [limit] * keys, [1.0] * keys).remaining == 96
 
 
 def test_a_refund_keeps_its_own_expiry(tmp_path: Path) -> None:
