@@ -98,3 +98,22 @@ def test_threads_racing_across_window_boundaries_never_exceed_the_limit(kind: st
     # The load saturated the windows (a sliding window's weighted past leaves it a unit or two
     # short): an excess would have shown.
     assert len(whole) >= SECONDS / PERIOD - 2 and sum(whole.values()) >= 0.9 * LIMIT * len(whole), sorted(whole.items())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_late_reader_does_not_reset_the_newer_window(kind: str) -> None:
+    """The report's reproduction: 100 checks at 1000.999, 60 at 1001.001, one that read 1000.9995
+    but reached the store last, then 100 more at 1001.002: window 1001 admits the 39 left of its 100, not 100 more."""
+    clock = type("Clock", (), {"t": 0.0})()
+    store = local_store(kind, clock=lambda: clock.t)
+    limit = Limit(Rate(100, 1.0), "fixed_window")
+    key = f"rw:{{late}}:{limit.suffix}"
+
+    def admitted(at: float, checks: int) -> int:
+        clock.t = at
+        return sum(store.hit_now([key], [limit], [1.0]).allowed for _ in range(checks))
+
+    assert admitted(1000.999, 100) == 100
+    assert admitted(1001.001, 60) == 60
+    assert admitted(1000.9995, 1) == 1  # counted in window 1001
+    assert admitted(1001.002, 100) == 39
