@@ -189,7 +189,9 @@ def _header_list(scope: Scope, name: bytes) -> str | None:
             return line.decode("latin-1")
     kept: list[bytes] = []
     room = _MAX_FORWARDED_CHARS
-    for value in reversed(lines[-MAX_FORWARDED_HOPS:]):
+    newest_first = lines[-MAX_FORWARDED_HOPS:]
+    newest_first.reverse()  # (not reversed(): mypyc cannot compile it over a list of Any)
+    for value in newest_first:
         line = bytes(value)
         if len(line) > room:
             line = line[len(line) - room :]
