@@ -43,6 +43,9 @@ log = logging.getLogger("ratewarden.bans")
 _UNTIL = Limit(Rate(1, 1.0), "gcra", "ban")
 _UNTIL_LIST = [_UNTIL]
 _LEVELS = 1000  # offences a key can accumulate (far past max_duration anyway)
+# Longer keys are not cached (their bans are read from the store each time): the cache's memory
+# stays bounded by entries x this, whatever keys clients make the key function return.
+_MAX_CACHED_KEY = 1024
 
 
 class Bans:
@@ -120,6 +123,8 @@ class Bans:
         return storage_key(limiter.prefix, "ban", key, what)
 
     def _remember(self, key: str, left: float, now: float) -> None:
+        if len(key) > _MAX_CACHED_KEY:
+            return
         if key not in self._cache and len(self._cache) >= self.max_entries:
             self._expire(now)
         self._cache[key] = (now + left, now + min(self.cache_for, left))

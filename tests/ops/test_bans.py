@@ -77,3 +77,17 @@ async def test_penalty_and_reward_move_the_counter() -> None:
     assert got == {200: 2, 429: 2}
     with pytest.raises(KeyError):
         await app.penalty("nope", "k", 1)
+
+
+async def test_a_ban_on_a_64kb_key_holds_without_being_cached() -> None:
+    """The per-process ban cache keeps no key longer than 1 KB (client-chosen keys cannot grow it
+    by 64 KB each); such a key's ban is read from the store instead, and still holds."""
+    bans = Bans(after=5, status=429, key=header("X-Client", hashed=False))
+    limiter = Limiter(MemoryStore())
+    long_key = "x-client:" + "a" * 65536
+    assert await bans.block(limiter, long_key, 30) == 30
+    assert not bans._cache
+    assert 29 < await bans.check(limiter, long_key) <= 30
+    assert not bans._cache
+    assert await bans.block(limiter, "x-client:short", 30) == 30
+    assert "x-client:short" in bans._cache
