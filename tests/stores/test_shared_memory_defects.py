@@ -251,3 +251,22 @@ def test_a_refund_keeps_its_own_expiry(tmp_path: Path) -> None:
     store.adjust_now(["k"], [limit], [-1.0])
     assert store.state_of("k") is None
 
+
+
+@pytest.mark.parametrize("lock", ["lockf", "mutex"])
+def test_a_corrupt_state_length_is_a_clear_error(tmp_path: Path, lock: str) -> None:
+    """An entry whose state length cannot be true is reported as corruption on the inlined one-key
+    path too (it raised a bare IndexError: a 500 rather than the failure policy)."""
+    from ratewarden.stores.shared_memory.layout import BODY_HEAD, E_BODY
+
+    name = unique_name()
+    store = SharedMemoryStore(name, max_keys=100, directory=tmp_path, lock=lock)
+    limit = Limit(Rate(5, 60.0))
+    store.hit_now(["a"], [limit], [1.0])
+    region = store._segment().regions[store._locate(store._segment(), "a")[2].number]
+    off = region.entries  # the region's first entry: "a", its only key
+    with open(segment_path(name, tmp_path), "r+b") as f:
+        f.seek(off + E_BODY + BODY_HEAD.size - 4)
+        f.write((10**6).to_bytes(4, "little"))
+    got = _bounded(lambda: store.hit_now(["a"], [limit], [1.0]))
+    assert isinstance(got, SharedMemoryError) and "corrupt" in str(got), got

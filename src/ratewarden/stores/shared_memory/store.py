@@ -304,7 +304,11 @@ class SharedMemoryStore(Store):
                     raise corrupt(seg, region, "an index slot beyond the region, or no empty slot")
             if off >= 0 and not mm[off]:
                 expires, n = _body_head_from(mm, off + E_BODY)
-                state = seg.states[n].unpack_from(mm, off + E_FLOATS) if expires > now else None
+                try:
+                    states = seg.states[n]
+                except IndexError:
+                    raise corrupt(seg, region, f"an entry's state of {n} numbers") from None
+                state = states.unpack_from(mm, off + E_FLOATS) if expires > now else None
                 new_state, decision = limit.fn(state, now, costs[0], limit.rate)
                 decision.policy = limit.name
                 if new_state is not None:
