@@ -378,20 +378,22 @@ class RuleSet:
             path: The request path (``scope["path"]``), matched once normalised (``normalize_path``).
             websocket: Match WebSocket rules instead of HTTP ones.
         """
-        rules, cache, by_path, index = self._table
+        table = self._table
+        by_path = table[2]
         if by_path is not None and not websocket:
             found = by_path.get(path)
             if found is None:
-                found = _lookup(rules, index, method, normalize_path(path), websocket)
+                found = _lookup(table[0], table[3], method, normalize_path(path), websocket)
                 if len(path) <= MAX_CACHED_PATH:
                     if len(by_path) >= _MATCH_CACHE_LIMIT:
                         by_path.clear()
                     by_path[path] = found
             return found
+        cache = table[1]
         cache_key = ("WS" if websocket else method, path)
         found = cache.get(cache_key)
         if found is None:
-            found = _lookup(rules, index, method, normalize_path(path), websocket)
+            found = _lookup(table[0], table[3], method, normalize_path(path), websocket)
             if len(path) <= MAX_CACHED_PATH:
                 if len(cache) >= _MATCH_CACHE_LIMIT:
                     cache.clear()
