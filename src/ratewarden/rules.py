@@ -93,7 +93,8 @@ def _glob_regex(tokens: list[str]) -> str:
 def normalize_path(path: str) -> str:
     """The path an application routes a request to, as rules match it: repeated slashes merged,
     then ``.`` and ``..`` segments resolved (RFC 3986 remove_dot_segments; ``..`` at the root stays
-    at the root). A trailing slash is kept; percent-escapes are left alone (the server already
+    at the root). A trailing slash is kept (a limit on ``/a`` also applies to ``/a/``: see
+    ``RuleSet.match``); percent-escapes are left alone (the server already
     decoded ``scope["path"]``: decoding again would match a path the application does not route
     to). A path not starting with ``/`` is returned as it is.
 
@@ -507,30 +508,44 @@ def _lookup(
 ) -> tuple[CompiledRule, ...]:
     """Match the rules ``index`` gives as candidates for ``path`` (a cache miss): the same answer as
     ``_scan``, which tries them all."""
+    bare = _without_slash(path)
+    positions = index.candidates(path)
+    if bare is not None:
+        positions = sorted(set(positions).union(index.candidates(bare)))
     matched: list[CompiledRule] = []
-    for position in index.candidates(path):
+    for position in positions:
         rule, compiled = rules[position]
         if rule.websocket != websocket and not rule.bypass:
             continue
-        if rule.applies(method, path):
-            if rule.bypass:
+        if rule.bypass:
+            if rule.applies(method, path):
                 return ()
+        elif rule.applies(method, path) or (bare is not None and rule.applies(method, bare)):
             matched.append(compiled)
     return tuple(matched)
+
+
+def _without_slash(path: str) -> str | None:
+    """``path`` without its trailing slash (``None``: it has none, or is ``/``). A limit on a path
+    applies to both spellings, since some applications serve both (``StaticFiles`` serves
+    ``/files/a.txt/`` as ``/files/a.txt``); a bypass applies to the spelling it matches only."""
+    return path[:-1] if len(path) > 1 and path[-1] == "/" else None
 
 
 def _scan(
     rules: tuple[tuple[Rule, CompiledRule], ...], method: str, path: str, websocket: bool
 ) -> tuple[CompiledRule, ...]:
     """Match the rules one by one: the reference ``_lookup`` must agree with."""
+    bare = _without_slash(path)
     matched: list[CompiledRule] = []
     for rule, compiled in rules:
         if rule.websocket != websocket and not rule.bypass:
             continue
-        if rule.applies(method, path):
-            if rule.bypass:
+        if rule.bypass:
+            if rule.applies(method, path):
                 matched = []
                 break
+        elif rule.applies(method, path) or (bare is not None and rule.applies(method, bare)):
             matched.append(compiled)
     return tuple(matched)
 

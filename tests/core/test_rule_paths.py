@@ -26,7 +26,9 @@ from tests.core.asgi import call, http_scope
 from tests.vectors.runner import FakeClock
 
 #: Spellings of /files/report.txt (as sent on the wire) that StaticFiles serves as that file.
-SPELLINGS = ["/files/report.txt", "/files//report.txt", "/files/./report.txt", "/files/x/%2e%2e/report.txt"]
+SPELLINGS = [
+    "/files/report.txt", "/files//report.txt", "/files/./report.txt", "/files/x/%2e%2e/report.txt", "/files/report.txt/",
+]
 
 
 @pytest.mark.parametrize(
@@ -69,7 +71,7 @@ def test_every_integration_matches_the_normalised_path() -> None:
     # A bypass rule no longer lets "/admin/../files/report.txt" (StaticFiles: /files/report.txt) through.
     assert rules.match("GET", "/admin/../files/report.txt") == (report,)
     assert rules.match("GET", "/files/report.txt/../../admin/x") == ()
-    assert rules.match("GET", "/ws/.", websocket=True) == ()  # "/ws/" is not "/ws"
+    assert len(rules.match("GET", "/ws/.", websocket=True)) == 1  # "/ws/": the limit on "/ws" covers it
     assert len(rules.match("GET", "/x/../ws", websocket=True)) == 1
 
 
@@ -106,8 +108,8 @@ async def test_static_files_spellings_share_one_limit(static_dir: Path, root_pat
             if reply.status == 200:
                 assert reply.body == b"the report\n"
     statuses = [status for row in served.values() for status in row]
-    assert statuses.count(200) == 3, served  # was 3 + 6 * 3: every other spelling unlimited
-    assert statuses.count(429) == 21, served
+    assert statuses.count(200) == 3, served  # was 3 + 6 * 4: every other spelling unlimited
+    assert statuses.count(429) == 6 * len(SPELLINGS) - 3, served
 
 
 async def test_static_files_through_httpx(static_dir: Path) -> None:
@@ -117,7 +119,7 @@ async def test_static_files_through_httpx(static_dir: Path) -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         statuses = [(await client.get(spelling)).status_code for _ in range(3) for spelling in SPELLINGS]
     assert statuses.count(200) == 3, statuses
-    assert statuses.count(429) == 9, statuses
+    assert statuses.count(429) == 3 * len(SPELLINGS) - 3, statuses
 
 
 @pytest.fixture
@@ -157,4 +159,16 @@ async def test_static_files_spellings_on_a_real_server(static_server: int) -> No
         lambda: [raw_get(static_server, spelling) for _ in range(6) for spelling in SPELLINGS]
     )
     assert statuses.count(200) == 3, statuses
-    assert statuses.count(429) == 21, statuses
+    assert statuses.count(429) == 6 * len(SPELLINGS) - 3, statuses
+
+
+def test_a_limit_on_a_path_covers_its_trailing_slash_spelling() -> None:
+    """``StaticFiles`` serves ``/files/report.txt/`` (and ``/.``, ``//`` after it) as the file: a
+    rule on the file limits those spellings too; a bypass covers only the spelling it matches."""
+    rules = RuleSet([Rule("/files/report.txt", "3/min", name="file"), Rule("/open/", "1/min", bypass=True),
+                     Rule("/open", "2/min", name="open")])
+    for spelling in ("/files/report.txt/", "/files/report.txt/.", "/files/report.txt//", "/files//x/../report.txt/"):
+        assert [c.rule.name for c in rules.match("GET", spelling)] == ["file"], spelling
+    assert [c.rule.name for c in rules.match("GET", "/open")] == ["open"]
+    assert rules.match("GET", "/open/") == ()  # its own bypass
+    assert rules.match("GET", "/") == ()
