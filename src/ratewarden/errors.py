@@ -10,12 +10,21 @@
 - ``LimitUnavailable``: a limit could not be checked and the failure policy is fail-closed, so
   the request is refused (503) rather than let through unchecked.
 
-``ratewarden.fastapi.RateLimitExceeded`` (a request over its limit, raised by the FastAPI
-dependency) is also a ``RatewardenError``, and a Starlette ``HTTPException``.
+``RateLimitExceeded`` (a request over its limit, raised by the FastAPI dependency) is also a
+``RatewardenError``, and a Starlette ``HTTPException``. It is defined in ``ratewarden.fastapi``
+(it needs FastAPI); ``from ratewarden.errors import RateLimitExceeded`` works too, importing
+``ratewarden.fastapi`` on first use, so the core never imports FastAPI.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .fastapi import RateLimitExceeded as RateLimitExceeded  # for type checkers; lazy below
+
+# ``RateLimitExceeded`` is left out of ``__all__``: ``from ratewarden.errors import *`` must not
+# need FastAPI.
 __all__ = ["ConfigurationError", "LimitUnavailable", "RatewardenError", "StoreError"]
 
 
@@ -56,3 +65,18 @@ def _store_error(kind: type[StoreError], args: tuple[object, ...], reason: str) 
     error = kind(*args)
     error.reason = reason
     return error
+
+
+def __getattr__(name: str) -> object:
+    # ``RateLimitExceeded`` is an ``HTTPException``: defined with the FastAPI integration, and
+    # imported from there only when asked for (FastAPI is an optional extra).
+    if name == "RateLimitExceeded":
+        try:
+            from .fastapi import RateLimitExceeded
+        except ModuleNotFoundError as exc:
+            raise ImportError(
+                f"ratewarden.errors.RateLimitExceeded is the FastAPI dependency's error and needs FastAPI "
+                f"(pip install 'ratewarden[fastapi]'): {exc}"
+            ) from exc
+        return RateLimitExceeded
+    raise AttributeError(f"module 'ratewarden.errors' has no attribute {name!r}")

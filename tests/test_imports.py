@@ -1,0 +1,102 @@
+"""The import paths the README names work as written, and the core never imports FastAPI.
+
+- ``from ratewarden.stores import open_store`` (the README names ``open_store``);
+- ``from ratewarden.errors import RateLimitExceeded`` (the FastAPI dependency's error, defined in
+  ``ratewarden.fastapi``): lazily, so ``import ratewarden.errors`` needs no FastAPI, and without
+  FastAPI the import fails saying which extra to install;
+- the ``test`` extra brings the HTTP client that the README's ``TestClient`` examples need.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import ratewarden.errors
+import ratewarden.fastapi
+import ratewarden.stores
+import ratewarden.stores.urls
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_open_store_is_importable_from_stores() -> None:
+    from ratewarden.stores import open_store
+
+    assert open_store is ratewarden.stores.urls.open_store
+    assert "open_store" in ratewarden.stores.__all__
+    store = open_store("memory://?max_keys=10")
+    assert isinstance(store, ratewarden.stores.MemoryStore)
+
+
+def test_rate_limit_exceeded_is_importable_from_errors() -> None:
+    from ratewarden.errors import RateLimitExceeded
+
+    assert RateLimitExceeded is ratewarden.fastapi.RateLimitExceeded
+    assert issubclass(RateLimitExceeded, ratewarden.errors.RatewardenError)
+    assert ratewarden.errors.RateLimitExceeded is RateLimitExceeded
+
+
+def test_errors_module_does_not_import_fastapi() -> None:
+    out = _run(
+        "import sys\n"
+        "import ratewarden, ratewarden.errors, ratewarden.stores\n"
+        "from ratewarden.errors import *\n"
+        "from ratewarden.stores import open_store\n"
+        "loaded = sorted(m for m in ('fastapi', 'starlette', 'ratewarden.fastapi') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+        "from ratewarden.errors import RateLimitExceeded\n"
+        "assert 'ratewarden.fastapi' in sys.modules\n"
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_rate_limit_exceeded_without_fastapi_names_the_extra() -> None:
+    out = _run(
+        "import sys\n"
+        "sys.modules['fastapi'] = None  # as if FastAPI were not installed\n"
+        "import ratewarden.errors\n"
+        "from ratewarden.errors import *\n"
+        "try:\n"
+        "    from ratewarden.errors import RateLimitExceeded\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    raise SystemExit('imported without FastAPI')\n"
+        "assert not hasattr(ratewarden.errors, 'NoSuchError')\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'ratewarden[fastapi]'" in out.stdout
+
+
+def test_readme_says_where_rate_limit_exceeded_lives() -> None:
+    assert "from ratewarden.errors import RateLimitExceeded" in README
+    assert "ratewarden.fastapi.RateLimitExceeded" in README or "from ratewarden.fastapi import RateLimitExceeded" in README
+
+
+def _extras() -> dict[str, list[str]]:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    extras: dict[str, list[str]] = {}
+    for name, body in re.findall(r"^(\w+) = \[(.*?)\]$", section, flags=re.M | re.S):
+        extras[name] = re.findall(r'"([^"]+)"', body)
+    return extras
+
+
+def test_test_extra_brings_the_testclient_http_client() -> None:
+    """FastAPI's and Starlette's ``TestClient`` need httpx, which the ``fastapi`` extra does not
+    bring: the README's TestClient examples failed on a ``pip install 'ratewarden[fastapi]'``."""
+    extras = _extras()
+    assert "fastapi" in extras and "test" in extras, sorted(extras)
+    assert any(re.match(r"httpx\b", requirement) for requirement in extras["test"]), extras["test"]
+    assert "pip install 'ratewarden[fastapi,test]'" in README
+    # Said where the examples are: before the first README example that uses TestClient.
+    first_testclient = README.index("from fastapi.testclient import TestClient")
+    assert README.rfind("ratewarden[fastapi,test]", 0, first_testclient) != -1
