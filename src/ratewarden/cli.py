@@ -18,7 +18,7 @@ __all__ = ["COMMANDS", "main", "register_demo", "version_text"]
 
 # name -> ("module:register function", one-line help shown by ``ratewarden --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("ratewarden.cli:register_demo", "run the interactive demo app"),
+    "demo": ("ratewarden.cli:register_demo", "serve a demo app, send it bursts of requests and print what was limited"),
     "bench": ("ratewarden.bench.cli:register", "benchmark ratewarden against traffik, slowapi and no limiter"),
     "check": ("ratewarden.policy.cli:register_check", "validate a policy file and print its effective rules"),
     "explain": ("ratewarden.policy.cli:register_explain", "show which rules and limits a request would get"),
@@ -85,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_parser(name, help=help_text, add_help=False)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 0 if not argv else 2
+    if func is None:  # no command: usage on stderr and status 2, as argparse does for a missing argument
+        parser.print_help(sys.stderr)
+        print("ratewarden: error: a command is required (ratewarden COMMAND --help for its options)", file=sys.stderr)
+        return 2
     try:
         status = func(args)
     except KeyboardInterrupt:

@@ -1,4 +1,6 @@
-"""``ratewarden demo``: serve a rate-limited FastAPI app on loopback and drive it over real HTTP.
+"""``ratewarden demo``: serve a rate-limited FastAPI app (like the README's example) on loopback,
+send each endpoint a burst of concurrent requests over real HTTP, print how many were allowed and
+limited (and the rate limit headers of one more request), then exit. It is not interactive.
 
 Needs the ``fastapi`` and ``bench`` extras (FastAPI and uvicorn).
 """
@@ -58,7 +60,12 @@ def _get(url: str) -> tuple[int, dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ratewarden demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="ratewarden demo",
+        description="Serve a rate-limited FastAPI app (like the README's example) on loopback, send each endpoint a burst of "
+        "concurrent requests, print how many were allowed and limited, and exit. "
+        "Needs FastAPI and uvicorn: pip install 'ratewarden[fastapi,bench]'.",
+    )
     parser.add_argument("--requests", type=int, default=30, help="requests per endpoint (default 30)")
     parser.add_argument("--concurrency", type=int, default=10, help="concurrent clients (default 10)")
     args = parser.parse_args(argv)
@@ -102,5 +109,5 @@ def main(argv: list[str] | None = None) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``demo`` to the ``ratewarden`` command line."""
-    sub = subparsers.add_parser("demo", help="serve a rate-limited app on loopback and drive it", add_help=False)
+    sub = subparsers.add_parser("demo", help="serve a demo app, send it bursts of requests and print what was limited", add_help=False)
     sub.set_defaults(handler=lambda ns, rest: main(rest))

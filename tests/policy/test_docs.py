@@ -15,7 +15,6 @@ BLOCKS = [
     for doc in DOCS
     for i, code in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S))
 ]
-TOML_BLOCK = re.findall(r"```toml\n(.*?)```", (ROOT / "docs" / "policies.md").read_text(), re.S)
 
 
 def test_docs_have_examples() -> None:
@@ -30,9 +29,26 @@ def test_doc_example_runs(doc: str, index: int, code: str, tmp_path: Path, monke
     runpy.run_path(str(script), run_name="__main__")
 
 
-def test_docs_toml_excerpt_is_valid() -> None:
-    from ratewarden.policy import parse_policy
+def _complete_example() -> str:
+    """The TOML block under "## A complete example" in docs/policies.md, as written."""
+    text = (ROOT / "docs" / "policies.md").read_text()
+    section = text[text.index("## A complete example"):]
+    found = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert found, "docs/policies.md: no TOML block under '## A complete example'"
+    return found.group(1)
 
-    text = TOML_BLOCK[0].replace("# ... standard, anonymous", '[groups.standard]\nlimits = "1/s"\n[groups.anonymous]\nlimits = "1/s"')
-    policy = parse_policy(text)
-    assert [r.name for r in policy.rules] == ["/health", "api", "login"]
+
+def test_complete_example_passes_ratewarden_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21: the example was cut short ("# ... standard, anonymous") and failed with "unknown group"."""
+    from ratewarden.cli import main
+
+    path = tmp_path / "policy.toml"
+    path.write_text(_complete_example())
+    status = main(["check", str(path)])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert out.rstrip().endswith("OK") and "5 rule(s)" in out
+
+
+def test_complete_example_is_the_example_file() -> None:
+    assert _complete_example() == (ROOT / "examples" / "policy.toml").read_text()

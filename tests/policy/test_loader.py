@@ -79,7 +79,7 @@ def test_yaml_errors_name_line_and_field() -> None:
         ('[[rules]]\npath = "/a"\ntiered = true\n', "need an [identity] section"),
         ('[[rules]]\npath = "/a"\nrate = "1/s"\ncharge = { statuses = ["6xx"] }\n', "invalid status '6xx'"),
         ('[[rules]]\npath = "/a"\nrate = "1/s"\nkey = "cookie:x"\n', "invalid key 'cookie:x'"),
-        ('[bans]\nafter = 0\n', "'after' must be at least 1"),
+        ('[bans]\nafter = 0\n', "bans.after: must be at least 1"),
         ('[bans]\nstatus = 500\n', "must be 403 or 429"),
         ('[settings]\nshadow = "yes"\n', "expected a boolean"),
         ('version = 2\n', "unsupported version 2"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..limiter import Limiter
 from ..rates import parse_rates
@@ -13,7 +14,7 @@ from .loader import load_policy
 from .schema import Policy, PolicyError, describe_rule
 from .tiers import PolicyRule
 
-__all__ = ["register", "register_check", "register_explain"]
+__all__ = ["explain", "register", "register_check", "register_explain", "split_target"]
 
 
 def register(subparsers: Any) -> None:
@@ -25,13 +26,16 @@ def register(subparsers: Any) -> None:
 def register_check(subparsers: Any) -> None:
     parser = subparsers.add_parser("check", help="validate a policy file and print its effective rules")
     parser.add_argument("policy", help="policy file (.toml, .yaml or .yml)")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help="accept a policy without rules (by default it fails: it limits nothing)")
     parser.set_defaults(func=_check)
 
 
 def register_explain(subparsers: Any) -> None:
     parser = subparsers.add_parser("explain", help="show which rules and limits a request would get")
     parser.add_argument("policy", help="policy file (.toml, .yaml or .yml)")
-    parser.add_argument("--path", required=True, help="request path, e.g. /api/items")
+    parser.add_argument("--path", required=True,
+                        help="request path, e.g. /api/items (a query string after '?' is split off, as a server does)")
     parser.add_argument("--method", default="GET", help="HTTP method (default GET)")
     parser.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'", help="request header (repeatable)")
     parser.add_argument("--query", default="", help="query string, e.g. api_key=k")
@@ -62,8 +66,25 @@ def _check(args: argparse.Namespace) -> int:
     if isinstance(policy, int):
         return policy
     print("\n".join(policy.describe()))
+    if not policy.rules:
+        if not args.allow_empty:
+            print(f"ratewarden check: {args.policy}: the policy has no rules, so it limits nothing "
+                  "(pass --allow-empty if that is intended)", file=sys.stderr)
+            return 1
+        print(f"ratewarden check: {args.policy}: warning: the policy has no rules, so it limits nothing", file=sys.stderr)
     print("OK")
     return 0
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """``(path, query)`` of a request target such as ``/login?next=/`` or a full URL (a
+    ``#fragment`` is dropped: clients never send it); rules match the path alone."""
+    if "://" in target.partition("?")[0]:
+        parts = urlsplit(target)
+        return parts.path or "/", parts.query
+    path = target.partition("#")[0]
+    path, _, query = path.partition("?")
+    return path, query
 
 
 def explain(policy: Policy, method: str, path: str, headers: list[tuple[str, str]], query: str = "", client: str = "127.0.0.1") -> list[str]:
@@ -115,7 +136,21 @@ def _explain(args: argparse.Namespace) -> int:
             print(f"--header {item!r}: expected 'Name: value'", file=sys.stderr)
             return 2
         headers.append((name, value))
-    lines = explain(policy, args.method, args.path, headers, args.query, args.client)
+    path, query = split_target(args.path)
+    if not path.startswith("/"):
+        print(f"--path {args.path!r}: expected a path starting with '/', e.g. /api/items", file=sys.stderr)
+        return 2
+    lines: list[str] = []
+    if path != args.path:
+        parts = [f"the query string {query!r} is read as --query" if query else "the empty query string is dropped"]
+        if "#" in args.path:
+            parts.append("the #fragment is dropped (clients never send it)")
+        lines.append(f"note: --path {args.path!r}: rules match the path {path!r} alone; {'; '.join(parts)}")
+    if query and args.query:
+        query = f"{query}&{args.query}"
+    elif args.query:
+        query = args.query
+    lines += explain(policy, args.method, path, headers, query, args.client)
     print("\n".join(lines))
     return 0
 

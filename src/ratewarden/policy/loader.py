@@ -56,16 +56,23 @@ def toml_locator(text: str) -> Locate:
                     if tuple(resolved) in counts:
                         resolved.append(counts[tuple(resolved)] - 1)
                 table = tuple(resolved)
-            lines.setdefault(table, number)
+            _record(lines, table, number)
             continue
         key = _KEY_RE.match(line)
         if key:
-            lines.setdefault((*table, *_dotted(key.group(1))), number)
+            _record(lines, (*table, *_dotted(key.group(1))), number)
 
     def locate(path: Sequence[str | int]) -> int | None:
         return lines.get(tuple(path))
 
     return locate
+
+
+def _record(lines: dict[tuple[str | int, ...], int], path: tuple[str | int, ...], number: int) -> None:
+    """Note where ``path`` and each table above it first appear: ``[[rule]]`` (a typo) is then
+    found as ``rule``, not only as ``rule[0]``."""
+    for end in range(1, len(path) + 1):
+        lines.setdefault(path[:end], number)
 
 
 def yaml_locator(text: str) -> Locate:

@@ -54,7 +54,6 @@ class PolicyError(ConfigurationError):
 class Validator:
     """Collects problems (with the line of the field when ``locate`` finds it) and checks shapes."""
 
-
     def __init__(self, locate: Locate, source: str) -> None:
         self.locate = locate
         self.source = source
@@ -66,7 +65,15 @@ class Validator:
         while line is None and probe:
             line = self.locate(probe)
             probe.pop()
+        for part in path:  # "bans: bans: ..." when a constructor names its section too
+            if isinstance(part, str) and message.startswith(f"{part}: "):
+                message = message[len(part) + 2:]
+                break
         self.problems.append(Problem(_field_name(path), message, line, self.source))
+
+    def sorted_problems(self) -> list[Problem]:
+        """The problems in file order (those without a line first)."""
+        return sorted(self.problems, key=lambda p: p.line or 0)
 
     def table(self, value: Any, path: list[str | int], allowed: Sequence[str]) -> dict[str, Any]:
         if value is None:

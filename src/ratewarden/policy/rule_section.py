@@ -154,6 +154,9 @@ def _delay(v: Validator, raw: Any, path: list[str | int]) -> Delay | None:
     for option in ("burst", "max_waiting"):
         if option in d:
             kwargs[option] = v.typed(d, option, path, int)
+            if kwargs[option] is not None and kwargs[option] < 1:
+                v.error([*path, option], f"must be at least 1, got {kwargs[option]!r}")
+                kwargs[option] = None
     if any(x is None for x in kwargs.values()):
         return None
     return v.attempt(path, lambda: Delay(**kwargs))  # type: ignore[no-any-return]

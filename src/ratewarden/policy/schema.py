@@ -153,5 +153,5 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
     rules = rules_section(v, top.get("rules", []), defaults)
     bans = bans_section(v, top["bans"], identity, identity_failed) if "bans" in top else None
     if v.problems:
-        raise PolicyError(v.problems)
+        raise PolicyError(v.sorted_problems())
     return Policy(rules, tiers, bans, shadow, show_group, algorithm, source, dict(data), store)

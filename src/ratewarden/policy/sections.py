@@ -160,6 +160,7 @@ def spec_key(v: Validator, path: list[str | int], spec: str, identity: Identity 
 
 
 def bans_section(v: Validator, raw: Any, identity: Identity | None, identity_failed: bool) -> Bans | None:
+    """The ``[bans]`` section, built when it has no problem."""
     b = v.table(raw, ["bans"], _BANS)
     kwargs: dict[str, Any] = {}
     for name in ("within", "duration", "max_duration", "cache_for"):
@@ -168,6 +169,16 @@ def bans_section(v: Validator, raw: Any, identity: Identity | None, identity_fai
     for name, kind in (("after", int), ("status", int), ("growth", (int, float))):
         if name in b:
             kwargs[name] = v.typed(b, name, ["bans"], kind)
+    # Checked here, each at its own line, rather than by Bans() (which stops at the first).
+    if kwargs.get("after") is not None and kwargs["after"] < 1:
+        v.error(["bans", "after"], f"must be at least 1 rejection, got {kwargs['after']!r}")
+        kwargs["after"] = None
+    if kwargs.get("growth") is not None and kwargs["growth"] < 1:
+        v.error(["bans", "growth"], f"must be 1 (constant) or more, got {kwargs['growth']!r}")
+        kwargs["growth"] = None
+    if kwargs.get("status") is not None and kwargs["status"] not in (403, 429):
+        v.error(["bans", "status"], f"must be 403 or 429, got {kwargs['status']!r}")
+        kwargs["status"] = None
     if "key" in b:
         key_spec = v.typed(b, "key", ["bans"], str)
         if key_spec is not None:
