@@ -48,7 +48,9 @@ def test_explain_shows_group_and_limits(capsys: pytest.CaptureFixture[str]) -> N
     [
         ("/login?next=/", "", "the query string 'next=/' is read as --query"),
         ("/login?next=/#top", "", "the #fragment is dropped"),
-        ("http://example.com/login?next=/", "", "rules match the path '/login' alone"),
+        ("http://example.com/login?next=/", "", "the scheme and host are dropped; the query string 'next=/'"),
+        ("https://example.com/login", "", "alone; the scheme and host are dropped"),
+        ("/login#top", "", "alone; the #fragment is dropped"),
         ("/login?", "", "the empty query string is dropped"),
         ("/login?next=/", "a=b", "the query string 'next=/' is read as --query"),
     ],

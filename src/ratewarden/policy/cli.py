@@ -142,7 +142,13 @@ def _explain(args: argparse.Namespace) -> int:
         return 2
     lines: list[str] = []
     if path != args.path:
-        parts = [f"the query string {query!r} is read as --query" if query else "the empty query string is dropped"]
+        parts = []
+        if "://" in args.path.partition("?")[0]:
+            parts.append("the scheme and host are dropped")
+        if query:
+            parts.append(f"the query string {query!r} is read as --query")
+        elif "?" in args.path.partition("#")[0]:
+            parts.append("the empty query string is dropped")
         if "#" in args.path:
             parts.append("the #fragment is dropped (clients never send it)")
         lines.append(f"note: --path {args.path!r}: rules match the path {path!r} alone; {'; '.join(parts)}")
