@@ -9,7 +9,7 @@ on a cache miss only, through the ``resolver`` given to the layer.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from time import monotonic
 from typing import Any
 
@@ -19,20 +19,25 @@ from ..decision import Decision
 from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
-from ..responses import rejection, send_unavailable
+from ..responses import adding_missing_headers, limited_headers, rejection, send_unavailable
 from ..rules import MAX_CACHED_PATH, CompiledRule
 from ..scopes import value_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["SINK_KEY", "EdgeCheck", "EdgeLayer", "EdgeTarget", "Lifted"]
+__all__ = ["SINK_KEY", "EdgeAnswer", "EdgeCheck", "EdgeLayer", "EdgeTarget", "Lifted"]
 
 SINK_KEY = "ratewarden.headers"
-"""Scope key of the list a dependency that checks for itself appends its headers to."""
+"""Scope key of the list a dependency that checks for itself appends its headers to (a denying one
+replaces them with its 429's)."""
 
 _CACHE_LIMIT = 4096
 _RECHECK_SECONDS = 1.0
 
 Groups = tuple[tuple[Limiter, tuple[CompiledRule, ...]], ...]
+
+EdgeAnswer = Callable[[Scope, Receive, Decision, list[tuple[bytes, bytes]]], Awaitable["ASGIApp | None"]]
+"""A custom answer to a denial at the edge: given the scope, ``receive``, the decision and the 429's
+headers (``Retry-After``, rate-limit headers), the ASGI app to send (``None``: the default 429)."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -122,12 +127,14 @@ class EdgeLayer:
     ``resolver`` (see ``ratewarden.edge``) has ``routes()`` (the app's top-level route list),
     ``changed()`` (whether the route table changed since the last call), ``cacheable`` and
     ``lookup(scope)`` returning ``(target or None, path parameters)``. Requests without a target
-    pass through with the headers sink a self-checking dependency uses.
+    pass through with the headers sink a self-checking dependency uses. ``on_limit`` replaces the
+    problem+json 429 (``install`` sets it from ``on_limit=`` or the app's own handler).
     """
 
-    def __init__(self, app: ASGIApp, resolver: Any) -> None:
+    def __init__(self, app: ASGIApp, resolver: Any, on_limit: EdgeAnswer | None = None) -> None:
         self.app = app
         self.resolver = resolver
+        self.on_limit = on_limit
         self.cache: dict[object, tuple[EdgeTarget | None, dict[str, Any]]] = {}  # by path, or (method, root, path)
         self.cacheable = True
         self.count = -1
@@ -257,7 +264,10 @@ class EdgeLayer:
         if decision is None:
             return self.app(scope, receive, send)
         if not decision.allowed:
-            return refuse(send, decision, target)
+            on_limit = self.on_limit
+            if on_limit is None:
+                return refuse(send, decision, target)
+            return refuse_with(on_limit, scope, receive, send, decision, target)
         if target.headers != "always":
             return self.app(scope, receive, send)
         return self.app(scope, receive, SendWithRateHeaders(send, decision, target.style, target.policy))
@@ -268,6 +278,19 @@ async def refuse(send: Send, decision: Decision, target: EdgeTarget) -> None:
     body, headers = rejection(decision, target.style, target.headers != "off", target.policy)
     await send({"type": "http.response.start", "status": 429, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def refuse_with(
+    on_limit: EdgeAnswer, scope: Scope, receive: Receive, send: Send, decision: Decision, target: EdgeTarget
+) -> None:
+    """Answer the 429 with the app's own answer, adding ``Retry-After`` and the rate-limit headers
+    it did not set itself (as the middleware's ``on_limit``)."""
+    headers = limited_headers(decision, target.style, target.headers != "off", target.policy)
+    response = await on_limit(scope, receive, decision, headers)
+    if response is None:
+        await refuse(send, decision, target)
+        return
+    await response(scope, receive, adding_missing_headers(send, headers))
 
 
 async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:
@@ -302,13 +325,17 @@ async def run_overridden(app: ASGIApp, lifted: Lifted | None, scope: Scope, rece
 
 
 async def with_collected_headers(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-    """Run ``app`` with a headers sink in the scope, appending what was collected to the response."""
+    """Run ``app`` with a headers sink in the scope, adding what was collected to the response
+    (each header the response does not set itself: a 429 answered by an exception handler keeps the
+    denying limit's headers, once)."""
     collected: list[tuple[bytes, bytes]] = []
     scope[SINK_KEY] = collected
 
     async def send_with_headers(message: Message) -> None:
         if message["type"] == "http.response.start" and collected:
-            message["headers"] = [*message.get("headers", ()), *collected]
+            own = message.get("headers") or []
+            present = {bytes(name).lower() for name, _ in own}
+            message["headers"] = [*own, *(h for h in collected if h[0] not in present)]
         await send(message)
 
     await app(scope, receive, send_with_headers)
