@@ -16,11 +16,12 @@ from .decision import Decision
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .loop_thread import LoopThread
 from .rates import Rate, freeze_rates
-from .stores.base import Store, StoreError
+from .stores.base import Store, StoreError, failure_reason
 from .stores.memory import MemoryStore
 
 __all__ = [
-    "WITHOUT_STORE_REASONS", "FailurePolicy", "Fallback", "Limiter", "safe_key", "storage_key", "without_store_totals",
+    "WITHOUT_STORE_REASONS", "FailurePolicy", "Fallback", "Limiter", "safe_key", "storage_key", "store_problem",
+    "without_store_totals",
 ]
 
 log = logging.getLogger("ratewarden")
@@ -42,6 +43,9 @@ _LABELS = {"timeout": "timeout", "unreachable": "unreachable", "error": "error",
 OUTAGE_GAP = 60.0
 #: Seconds between two log lines about checks decided without the store (per limiter).
 LOG_INTERVAL = 1.0
+#: What ``Limiter.check_store`` reads (a peek of this key: nothing is written), and how long it waits.
+STORE_CHECK_KEY = "ratewarden-store-check"
+STORE_CHECK_TIMEOUT = 5.0
 # Every limiter of this process (``ratewarden_checks_without_store_total`` in ``Metrics``).
 _totals: dict[str, int] = dict.fromkeys((*_FAILURE_REASONS, "local_limiter"), 0)
 
@@ -164,6 +168,9 @@ class Limiter:
         self._logged_at = -math.inf  # monotonic time of the last line
         self._batch_start = -1.0  # the first failure not logged yet (-1: none)
         self._last_failure = -math.inf
+        # The store's health was reported (``check_store``, or the first failure without one): the
+        # ERROR line is logged once per limiter; later failures are the warnings of ``_log_without_store``.
+        self._store_reported = False
 
     def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
         """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse).
@@ -232,6 +239,8 @@ class Limiter:
             limits: The limit checked on each key.
             costs: What the request costs under each limit.
         """
+        if not self._store_reported:  # nothing checked the store at start-up: this is the first word of it
+            self._report_store(error, "failed a check, its first failure (nothing checked it at start-up)")
         reason = error.reason if error.reason in _FAILURE_REASONS else "error"
         self._without[reason] += 1
         _totals[reason] += 1
@@ -275,6 +284,69 @@ class Limiter:
         self._logged_cached = cached
         self._logged_at = now
         self._batch_start = -1.0
+
+    async def check_store(self, timeout: float = STORE_CHECK_TIMEOUT) -> StoreError | None:
+        """Ask the store once, at start-up, whether it answers: a ``peek`` of one key, which charges
+        and writes nothing. ``RateLimitMiddleware`` calls it when the server starts the app (ASGI
+        lifespan ``startup``); call it yourself from your app's start-up otherwise.
+
+        A store that cannot answer (a wrong password, an unreachable host, a TLS or permission
+        problem) is logged once, at ERROR on the ``ratewarden`` logger, naming the store (password
+        hidden) and what is wrong; nothing is raised: the limiter starts and follows its ``on_error``
+        policy until the store answers. When nothing checked the store at start-up, the same line is
+        logged at its first failed check instead. Either way it is logged once per limiter; further
+        failures are the warnings of ``decide_without_store`` (one line a second at most). A local
+        store (memory, shared memory) is not checked: it has nothing to reach.
+
+        Returns the ``StoreError`` when the check failed, else ``None``.
+
+        Args:
+            timeout: Seconds to wait for the answer, on top of the store's own timeouts (default 5).
+        """
+        store = _innermost(self.store)  # a Breaker's fallback or a metrics wrapper must not hide it
+        if store.local:
+            return None
+        limits = self.limits("1/s")
+        error: StoreError
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(store.peek(self.keys_for(STORE_CHECK_KEY, limits), limits), timeout)
+        except StoreError as exc:
+            error = exc
+        except asyncio.TimeoutError:
+            error = StoreError(f"{store!r}: start-up check: no reply within {timeout:g} s", reason="timeout")
+        except Exception as exc:  # a store that cannot even be asked: reported all the same
+            error = StoreError(f"{store!r}: start-up check: {type(exc).__name__}: {exc}", reason=failure_reason(exc))
+            error.__cause__ = exc
+        else:
+            self._store_reported = True
+            log.debug("rate limit store %r answered its start-up check in %.1f ms", store, (time.monotonic() - started) * 1000)
+            return None
+        self._report_store(error, "failed its start-up check", store)
+        return error
+
+    def _report_store(self, error: StoreError, what: str, store: Store | None = None) -> None:
+        """The one ERROR line about a store that does not answer (once per limiter)."""
+        if self._store_reported:
+            return
+        self._store_reported = True
+        name = repr(store if store is not None else self.store)
+        message = str(error)
+        if message.startswith(name + ": "):
+            message = message[len(name) + 2:]
+        if self.on_error == "closed":
+            policy = "the requests its limits apply to get 503 (Limiter.hit raises StoreError)"
+        elif isinstance(getattr(self.store, "fallback", None), Store):
+            policy = "checks are decided by the fallback store of the Breaker around it (each process counts alone)"
+        elif self.fallback is not None:
+            policy = "checks are decided by the insurance limiter (each process counts alone)"
+        else:
+            policy = "the requests its limits apply to are let through unchecked (Limiter.hit raises StoreError)"
+        log.error(
+            "rate limit store %s %s: %s; the store said: %s. The limiter runs anyway (on_error=%r): until the store "
+            "answers, %s; further failures are logged as warnings, one line a second at most",
+            name, what, store_problem(error), message.rstrip("."), self.on_error, policy,
+        )
 
     def without_store(self) -> dict[str, int]:
         """How many checks this limiter decided without its store, by reason: the store failed
@@ -433,6 +505,50 @@ class Limiter:
         """Close the store and stop the sync facade's loop thread."""
         self._sync_loop.run(self.store.close())
         self._sync_loop.stop()
+
+
+def store_problem(error: BaseException) -> str:
+    """What is wrong with a store, in words, from a ``StoreError`` and the client errors it wraps:
+    authentication, permission, TLS, host name, unreachable, timeout, or an error reply.
+
+    Args:
+        error: What the store raised.
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and len(chain) < 8 and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    names = {kind.__name__ for exc in chain for kind in type(exc).__mro__}
+    text = " ".join(str(exc) for exc in chain)
+    if any(n.startswith("Authentication") for n in names) or any(
+        word in text for word in ("WRONGPASS", "NOAUTH", "invalid username-password", "Authentication required")
+    ):
+        return "authentication failed (wrong or missing password or user name)"
+    if "NOPERM" in text or "NoPermissionError" in names:
+        return "permission denied (the user may not run the commands a check needs: ACL rules)"
+    if "SSLError" in names or "SSLCertVerificationError" in names:
+        return "TLS failed (certificate, CA or TLS settings)"
+    if "gaierror" in names:
+        return "host name not found (DNS)"
+    reason = error.reason if isinstance(error, StoreError) else failure_reason(error)
+    if reason == "unreachable":
+        return "unreachable (connection refused, reset or closed: is the server running, are host and port right?)"
+    if reason == "timeout":
+        return "no reply in time (the server is down, paused, overloaded, or unreachable through a firewall)"
+    return "the store answered with an error"
+
+
+def _innermost(store: Store) -> Store:
+    """The store behind wrappers (``Breaker``, ``Metrics.instrument``), as ``cached_rejections`` finds it."""
+    for _ in range(8):
+        inner = getattr(store, "inner", None)
+        if inner is None:
+            inner = getattr(store, "store", None)
+        if not isinstance(inner, Store):
+            return store
+        store = inner
+    return store
 
 
 def _type_name(value: object) -> str:

@@ -107,7 +107,17 @@ class RateLimitMiddleware:
             matched = self.rules.match("GET", scope["path"], websocket=True)
             if matched and self.limiter.enabled:
                 return self.websockets.handle(self.app, matched, scope, receive, send)
+        elif kind == "lifespan":
+            return self._lifespan(scope, receive, send)
         return self.app(scope, receive, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The server starts the app: ask the store first (``Limiter.check_store``: a store that
+        does not answer is logged once, at ERROR, and nothing is raised, so the app starts and the
+        failure policy applies), then hand the lifespan to the app."""
+        if self.limiter.enabled:
+            await self.limiter.check_store()
+        await self.app(scope, receive, send)
 
     async def _check_and_answer(
         self, matched: tuple[CompiledRule, ...], scope: Scope, receive: Receive, send: Send, pending: KeyPending | None
