@@ -315,6 +315,9 @@ class Limiter:
             error = exc
         except asyncio.TimeoutError:
             error = StoreError(f"{store!r}: start-up check: no reply within {timeout:g} s", reason="timeout")
+        except NotImplementedError:  # a store of your own without peek: its first failure reports it
+            log.debug("rate limit store %r cannot be checked at start-up (no peek)", store)
+            return None
         except Exception as exc:  # a store that cannot even be asked: reported all the same
             error = StoreError(f"{store!r}: start-up check: {type(exc).__name__}: {exc}", reason=failure_reason(exc))
             error.__cause__ = exc

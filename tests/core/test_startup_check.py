@@ -16,7 +16,7 @@ import logging
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule, StoreError
+from ratewarden import Decision, Limit, Limiter, MemoryStore, RateLimitMiddleware, Rule, Store, StoreError
 from ratewarden.bench.services import free_port
 from ratewarden.limiter import STORE_CHECK_KEY, store_problem
 from ratewarden.stores import Breaker, RedisStore
@@ -253,3 +253,27 @@ def test_store_problem_words() -> None:
     wrapped = StoreError("x: hit: ConnectionRefusedError", reason="unreachable")
     wrapped.__cause__ = cause
     assert store_problem(wrapped).startswith("unreachable")
+
+
+
+class NoPeekStore(Store):
+    """A remote store of one's own that cannot peek, and whose checks fail."""
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        raise StoreError("NoPeekStore: hit: refused", reason="unreachable")
+
+    async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        raise NotImplementedError
+
+    async def reset(self, keys: Sequence[str]) -> None:
+        pass
+
+
+async def test_a_store_without_peek_is_left_to_its_first_failure(caplog: pytest.LogCaptureFixture) -> None:
+    limiter = Limiter(NoPeekStore())
+    with caplog.at_level(logging.WARNING, logger="ratewarden"):
+        assert await limiter.check_store() is None
+        assert not caplog.records
+        assert (await limiter.hit("client", "1/min")).allowed  # the insurance limiter
+    (line,) = _records(caplog, logging.ERROR)
+    assert "failed a check, its first failure (nothing checked it at start-up): unreachable" in line
