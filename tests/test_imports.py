@@ -34,6 +34,7 @@ def test_open_store_is_importable_from_stores() -> None:
     assert "open_store" in ratewarden.stores.__all__
     store = open_store("memory://?max_keys=10")
     assert isinstance(store, ratewarden.stores.MemoryStore)
+    assert "from ratewarden.stores import open_store" in README  # where the README names it
 
 
 def test_rate_limit_exceeded_is_importable_from_errors() -> None:
