@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import sys
@@ -10,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .scenarios import QUICK_FLOOD, QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
+from .scenarios import MEASURES, QUICK_FLOOD, QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
 
 if TYPE_CHECKING:
     from .runner import Options
@@ -33,8 +34,9 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--quick", action="store_true",
-                   help="memory store, core in-process scenarios plus one short live run, and one short flood "
-                        "(flood.middleware on Redis, else Memcached, else memory) (< 3 min)")
+                   help="memory store, core in-process scenarios, two short live scenarios (live.allowed: all "
+                        "allowed; live.light: a hot key, mostly 429s) and one short flood (flood.middleware on "
+                        "Redis, else Memcached, else memory); 5 rounds of 2 s live iterations (about 4 min)")
     p.add_argument("--scenario", action="append", default=None, metavar="NAMES",
                    help="comma-separated scenario keys or groups (dependency, middleware, correctness, websocket, "
                         "strategy, headers, rules, workload, tiered, live, workers, flood, http, mw, ws, all); "
@@ -62,7 +64,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per live (wrk) iteration")
     p.add_argument("--flood-duration", type=float, default=3.0, metavar="SECONDS",
                    help="seconds per timed iteration of the flood scenarios (1,000 connections)")
-    p.add_argument("--iterations", type=int, default=3, help="timed iterations per configuration (median kept)")
+    p.add_argument("--iterations", type=int, default=3,
+                   help="timed iterations (rounds, libraries interleaved) per configuration: median kept, spread "
+                        "reported (--quick: 5)")
     p.add_argument("--warmup", type=int, default=1, help="discarded warm-up iterations per configuration")
     p.add_argument("--out", default="bench-results", help="directory for the reports")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -89,19 +93,31 @@ def run(args: argparse.Namespace) -> int:
 
     meta = _meta(opts)
     t0 = time.monotonic()
+    before = os.getloadavg()
     try:
         results = _run_with_progress(opts)
     except (BenchError, LiveError) as exc:
         return _fail(str(exc))
+    load = _load_line(before, os.getloadavg())
+    meta.method["Machine load"] = load
     try:
         paths = write_all(out, results, meta)
     except OSError as exc:
-        _summary(results)
+        _summary(results, load)
         return _fail(f"--out {out}: cannot write the reports: {exc.strerror or exc}")
-    _summary(results)
+    _summary(results, load)
     print(f"reports: {out / 'report.html'}, {out / 'report.md'}, {out / 'summary.csv'}, {out / 'results.json'} "
           f"({len(paths)} files) in {time.monotonic() - t0:.0f} s")
     return 0
+
+
+def _load_line(before: tuple[float, float, float], after: tuple[float, float, float]) -> str:
+    """The load average (1/5/15 min) at the start and at the end of the run, against the core count."""
+    def fmt(t: tuple[float, float, float]) -> str:
+        return "/".join(f"{v:.2f}" for v in t)
+
+    return (f"load average (1/5/15 min) {fmt(before)} at the start, {fmt(after)} at the end, on "
+            f"{len(os.sched_getaffinity(0))} cores (above the core count, other work competed for the CPU)")
 
 
 def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
@@ -113,12 +129,15 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
 
     if args.quick:
         names = list(QUICK_SCENARIOS + QUICK_LIVE + QUICK_FLOOD) if args.scenario is None else []
-        duration = args.duration if args.duration != 10.0 else 3.0
+        # Short live iterations, more rounds: a spread over 5 interleaved rounds says how noisy the machine was.
+        duration = args.duration if args.duration != 10.0 else 2.0
         flood_duration = args.flood_duration if args.flood_duration != 3.0 else 2.0
+        iterations = args.iterations if args.iterations != 3 else 5
     else:
         names = []
         duration = args.duration
         flood_duration = args.flood_duration
+        iterations = args.iterations
     warmup_duration = max(1.0, min(2.0, duration / 2))
     for value in args.scenario or ([] if args.quick else ["all"]):
         names += _csv(value)
@@ -160,7 +179,7 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
         levels = [int(c) for c in _csv(args.concurrency)]
     except ValueError:
         return f"--concurrency takes comma-separated integers, got {args.concurrency!r}"
-    if any(c < 1 for c in levels) or args.iterations < 1 or args.warmup < 0 or duration <= 0 \
+    if any(c < 1 for c in levels) or iterations < 1 or args.warmup < 0 or duration <= 0 \
             or flood_duration <= 0:
         return "--concurrency, --iterations, --duration and --flood-duration must be positive (--warmup >= 0)"
     if args.workers < 0 or args.workers == 1:
@@ -178,7 +197,7 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
         return f"--out {out}: {problem}; give a directory that can be created and written"
     from .runner import Options
 
-    opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=args.iterations,
+    opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=iterations,
                    warmup=args.warmup, concurrency=levels or None, duration=duration,
                    warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url,
                    redis_cluster_url=args.redis_cluster_url, workers=args.workers,
@@ -214,9 +233,18 @@ def _meta(opts: Options) -> Any:
                   "percentiles); store flushed and limiter reset before every iteration",
         "In-process driver": "direct ASGI calls, no HTTP client or socket",
         "Live driver": f"uvicorn, 1 worker, uvloop + httptools, access log off; wrk {wrk_s:g} s per "
-                       "iteration; server and wrk pinned to different cores; server CPU/RSS sampled",
+                       "iteration; every library's server up at once and the iterations interleaved in rounds "
+                       "(each round runs every library once, starting one further on); server and wrk pinned "
+                       "to different cores; server CPU/RSS sampled",
+        "Spread": "req/s over the timed rounds of each row: min-max and coefficient of variation (cv), and the "
+                  "ratio to no limiter round by round (min-max); the report says how noisy the machine was",
+        "Headings": "rows are headed by what they measure: all allowed (overhead on served requests), allowed "
+                    "up to the limit then rejected, mostly rejected (429s: cost of a rejection, which skips "
+                    "the handler, so above 1.00x bare is possible), admitted against the limit",
         "Admitted / limit": "admitted = the handler runs the server counted itself (2xx responses where it "
                             "could not say); limit = the most an exact limiter admits in one iteration; "
+                            "exact = admitted what an exact limiter admits (live: the limit for one key, or every "
+                            "request when fewer came; 'within' where only a ceiling is known); "
                             "⚠ marks a row that admitted more than its limit (its req/s and ratio to no "
                             "limiter are not comparable)",
     } | ({
@@ -267,35 +295,45 @@ def _run_with_progress(opts: Any) -> list[Any]:
         return run_all(opts, on_start, on_done)
 
 
-def _summary(results: list[Any]) -> None:
+def _summary(results: list[Any], load: str = "") -> None:
+    """The terminal summary: one table per kind of row (what it measures), then the flags and how
+    noisy the machine was."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="ratewarden bench: median runs", show_lines=False)
-    for col in ("scenario", "library", "store", "c", "req/s", "x bare", "p50 ms", "p99 ms", "ok %", "429 %",
-                "exact", "admitted / limit"):
-        table.add_column(col, justify="left" if col in ("scenario", "library", "store") else "right")
-    notes: list[str] = []
-    for r in results:
-        row = r.row
-        if row is None:
-            continue
-        ratio = f"{row.vs_bare:.2f}" if row.vs_bare and row.library != "bare" else ""
-        rps = f"{row.rps:,.0f}"
-        admitted = escape(row.admitted_cell)
-        if row.over_limit:  # a fast figure over its limit is not a win: every throughput cell says so
-            rps, ratio, admitted = f"[red]⚠ {rps}[/]", f"[red]⚠ {ratio}[/]" if ratio else "", f"[bold red]{admitted}[/]"
-        table.add_row(row.scenario, row.library, row.store, str(row.concurrency), rps, ratio,
-                      f"{row.p50_ms:.2f}", f"{row.p99_ms:.2f}", f"{row.success_pct:.0f}", f"{row.throttled_pct:.0f}",
-                      "" if row.correct is None else ("yes" if row.correct else "[red]NO[/]"), admitted)
-        if row.without_store:
-            notes.append(f"{row.library} · {row.scenario} · {row.store}: {row.without_store_cell}")
+    from .reports.markdown import heading, noise_lines
+
+    rows = [r.row for r in results if r.row is not None]
     console = Console()
     if not console.is_terminal:
-        console = Console(width=150)
-    console.print(table)
-    over = [r.row for r in results if r.row is not None and r.row.over_limit]
+        console = Console(width=160)
+    rank = {heading(r): (r.driver != "inprocess", r.group in ("workers", "flood"), list(MEASURES).index(r.measure))
+            for r in rows}
+    titles = sorted(rank, key=rank.__getitem__)
+    notes: list[str] = []
+    for title in titles:
+        table = Table(title=f"{title} (median of the rounds)", show_lines=False, title_justify="left")
+        for col in ("scenario", "library", "store", "c", "req/s", "rounds: min-max (cv)", "x bare", "x bare rounds",
+                    "p99 ms", "ok %", "429 %", "exact", "admitted / limit"):
+            table.add_column(col, justify="left" if col in ("scenario", "library", "store") else "right")
+        for row in (r for r in rows if heading(r) == title):
+            ratio = f"{row.vs_bare:.2f}" if row.vs_bare and row.library != "bare" else ""
+            rps, ratios = f"{row.rps:,.0f}", row.ratio_spread_cell
+            admitted, exact = escape(row.admitted_cell), row.exact_cell
+            if row.over_limit:  # a fast figure over its limit is not a win: every throughput cell says so
+                rps, admitted = f"[red]⚠ {rps}[/]", f"[bold red]{admitted}[/]"
+                ratio, ratios = (f"[red]⚠ {x}[/]" if x else "" for x in (ratio, ratios))
+                exact = f"[bold red]{exact}[/]"
+            elif exact == "NO":
+                exact = "[red]NO[/]"
+            table.add_row(row.scenario, row.library, row.store, str(row.concurrency), rps, row.spread_cell, ratio,
+                          ratios, f"{row.p99_ms:.2f}", f"{row.success_pct:.0f}", f"{row.throttled_pct:.0f}", exact,
+                          admitted)
+            if row.without_store:
+                notes.append(f"{row.library} · {row.scenario} · {row.store}: {row.without_store_cell}")
+        console.print(table)
+    over = [r for r in rows if r.over_limit]
     if over:
         console.print(f"[bold red]⚠ {len(over)} row(s) admitted more than the limit[/] (req/s and x bare of those "
                       "rows are not comparable): " + escape("; ".join(
@@ -303,4 +341,9 @@ def _summary(results: list[Any]) -> None:
     if notes:
         console.print("checks decided without the store (Limiter.without_store()):")
         for line in notes:
+            console.print("  " + escape(line))
+    noise = noise_lines(rows) + ([load] if load else [])
+    if noise:
+        console.print("how noisy the machine was:")
+        for line in noise:
             console.print("  " + escape(line))

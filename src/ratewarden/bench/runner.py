@@ -7,6 +7,7 @@ each library's way of running several processes on one host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
@@ -18,10 +19,10 @@ from .adapters import Adapter, StoreSpec, Unsupported, load
 from .drivers import inprocess, live
 from .scenarios import Scenario
 from .services import StoreService
-from .stats import Row, Run, median_run
+from .stats import Row, Run, median_run, spread
 
-__all__ = ["FLOOD_STORES", "WORKER_CONFIGS", "WORKER_STORES", "Options", "Result", "Task", "admit_limit", "plan_tasks",
-           "run_all"]
+__all__ = ["FLOOD_STORES", "WORKER_CONFIGS", "WORKER_STORES", "Options", "Result", "Task", "admit_limit",
+           "live_expected", "plan_tasks", "run_all"]
 
 # (library, store) rows of a multi-worker scenario: ratewarden with a per-process, a shared-memory and a
 # Redis store; the peers with their one-host options (slowapi: per-process memory; traffik: its
@@ -129,16 +130,20 @@ def _row(task: Task, runs: list[Run], driver: str) -> Row:
         expected = sc.total_requests
     if task.workers > 1 and task.library != "bare":
         expected = sc.limit  # a fresh hot key per iteration, a run far shorter than the window
+    elif driver == "live":
+        expected = live_expected(task, m)
     calls = [r.store_calls for r in runs if r.store_calls is not None]
     admitted = [_admitted(r) for r in runs]
     limit = admit_limit(task, driver)
     worst = max(admitted)
+    got = _admitted(m) if driver == "live" and task.workers == 1 else m.allowed
+    rounds = spread([r.rps for r in runs])
     return Row(
         library=task.library, scenario=sc.key, group=sc.group, title=sc.title, store=task.store, driver=driver,
         concurrency=task.concurrency, requests=m.requests, rps=m.rps, allowed=m.allowed, throttled=m.throttled,
         errors=m.errors, success_pct=100.0 * m.allowed / n, throttled_pct=100.0 * m.throttled / n,
         lat_mean_ms=lat["mean"], p50_ms=lat["p50"], p95_ms=lat["p95"], p99_ms=lat["p99"], p999_ms=lat["p999"],
-        expected_allowed=expected, correct=None if expected is None else m.allowed == expected,
+        expected_allowed=expected, correct=None if expected is None else got == expected,
         iterations=len(runs), rps_runs=[r.rps for r in runs], algorithm=sc.algorithm,
         cpu_pct=m.cpu_pct, rss_mb=m.rss_mb,
         calls_per_request=(sum(calls) / sum(r.requests for r in runs)) if calls else None,
@@ -146,7 +151,20 @@ def _row(task: Task, runs: list[Run], driver: str) -> Row:
         admitted=_admitted(m), admitted_max=worst, limit=limit, over_limit=limit is not None and worst > limit,
         admitted_source="handler" if m.admitted is not None else "2xx",
         without_store={k: v for k, v in m.without_store.items() if v},
+        measure=sc.measures, rps_min=rounds.min if rounds else None, rps_max=rounds.max if rounds else None,
+        rps_cv_pct=rounds.cv_pct if rounds else None,
     )
+
+
+def live_expected(task: Task, run: Run) -> int | None:
+    """What an exact limiter admits in a one-worker live ``run``: its limit, or every request when
+    fewer came, for one key (a hot key, or the one client IP of a flood); None where the count
+    depends on how wrk spread the keys (many keys) or on the algorithm's parameters, and without a
+    limiter. A 429 in an all-allowed run, or a count under the limit, is as inexact as one over it."""
+    sc = task.scenario
+    if task.library == "bare" or sc.identity == "many" or sc.algorithm != "fixed_window":
+        return None
+    return min(sc.limit, _admitted(run) + run.throttled)
 
 
 def _admitted(run: Run) -> int:
@@ -243,39 +261,78 @@ def _clear_of_window_edge(window_s: float, duration: float) -> None:
         time.sleep(left + 0.05)
 
 
-def _live(task: Task, opts: Options, store: StoreService | None) -> list[Run]:
+def _live_group(tasks: list[Task], opts: Options, services: dict[str, StoreService]) -> list[list[Run] | Exception]:
+    """Run the live tasks of one scenario and concurrency level in interleaved rounds: every
+    library's server is started first, then each round runs every library once (each round starting
+    one further on, :func:`live.rounds`), so a burst of load from elsewhere on a shared machine
+    spreads over the libraries instead of landing on one row. Each task's runs, or what stopped it."""
     live.require_wrk()
-    multi = task.workers > 1
-    server_cores, client_cores = (None, None) if multi else live.cpu_plan()
-    spec = store.spec if store else StoreSpec()
-    runs: list[Run] = []
-    with live.LiveServer(task.library, task.scenario, spec, server_cores, task.workers) as server:
-        for i in range(opts.warmup + opts.iterations):
-            if store:
-                store.flush()
-            warm = i < opts.warmup
-            timed = opts.flood_duration if task.scenario.group == "flood" else opts.duration
-            duration = opts.warmup_duration if warm else timed
-            if multi:
-                # A reset reaches one worker only: each iteration uses a key no worker has seen instead.
-                hot_key = f"hot-key-{time.time_ns()}"
-                if not warm:
-                    _clear_of_window_edge(task.scenario.window_s, duration)
-            else:
-                hot_key = "hot-key-user"
-                if not warm:
-                    _clear_of_window_edge(task.scenario.window_s, duration)
-                server.reset()
-            before = store.commands() if store else None
-            counted = server.stats()
-            run = live.run_iteration(server, task.scenario, duration, task.concurrency, client_cores, hot_key)
-            live.count_admitted(run, counted, server.settled_stats())
-            if before is not None and store:
-                after = store.commands()
-                run.store_calls = None if after is None else after - before
-            if not warm:
+    outcome: list[list[Run] | Exception] = []
+    servers: list[live.LiveServer | None] = []
+    with contextlib.ExitStack() as stack:
+        for task in tasks:
+            store = services.get(task.store)
+            multi = task.workers > 1
+            server_cores = None if multi else live.cpu_plan()[0]
+            try:
+                server = live.LiveServer(task.library, task.scenario, store.spec if store else StoreSpec(),
+                                         server_cores, task.workers)
+                servers.append(stack.enter_context(server))
+                outcome.append([])
+            except Exception as exc:
+                _fatal(task, exc)
+                servers.append(None)
+                outcome.append(exc)
+        for i, n in live.rounds(len(tasks), opts.warmup + opts.iterations):
+            active, runs = servers[n], outcome[n]
+            if active is None or isinstance(runs, Exception):
+                continue
+            try:
+                run = _live_iteration(active, tasks[n], opts, services.get(tasks[n].store), i < opts.warmup)
+            except Exception as exc:
+                _fatal(tasks[n], exc)
+                outcome[n] = exc
+                continue
+            if i >= opts.warmup:
                 runs.append(run)
-    return runs
+    return outcome
+
+
+def _fatal(task: Task, exc: Exception) -> None:
+    """Re-raise what stops the whole run (no wrk, a one-worker server that cannot start); anything
+    else (Unsupported among them) only skips the row, saying why."""
+    if isinstance(exc, live.ServerStartError):
+        if task.workers == 1:
+            raise exc
+        return
+    if isinstance(exc, live.LiveError):
+        raise exc
+
+
+def _live_iteration(server: live.LiveServer, task: Task, opts: Options, store: StoreService | None,
+                    warm: bool) -> Run:
+    """One wrk run of ``task`` on its started ``server``, its admitted count taken from the server."""
+    if store:
+        store.flush()
+    timed = opts.flood_duration if task.scenario.group == "flood" else opts.duration
+    duration = opts.warmup_duration if warm else timed
+    if task.workers > 1:
+        # A reset reaches one worker only: each iteration uses a key no worker has seen instead.
+        hot_key = f"hot-key-{time.time_ns()}"
+    else:
+        hot_key = "hot-key-user"
+        server.reset()
+    if not warm and task.library != "bare" and task.scenario.measures != "allowed":
+        _clear_of_window_edge(task.scenario.window_s, duration)
+    before = store.commands() if store else None
+    counted = server.stats()
+    client_cores = None if task.workers > 1 else live.cpu_plan()[1]
+    run = live.run_iteration(server, task.scenario, duration, task.concurrency, client_cores, hot_key)
+    live.count_admitted(run, counted, server.settled_stats())
+    if before is not None and store:
+        after = store.commands()
+        run.store_calls = None if after is None else after - before
+    return run
 
 
 def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
@@ -303,7 +360,7 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
                 if on_start:
                     on_start(task)
             if group[0].scenario.mode == "live":
-                outcomes = [_live_outcome(group[0], opts, services.get(group[0].store))]
+                outcomes = _live_group(group, opts, services)
             else:
                 outcomes = list(asyncio.run(_inprocess(group, opts, services)))
             for task, outcome in zip(group, outcomes, strict=True):
@@ -321,35 +378,31 @@ def run_all(opts: Options, on_start: Callable[[Task], None] | None = None,
 
 
 def _groups(tasks: list[Task]) -> list[list[Task]]:
-    """Consecutive in-process tasks of one scenario and concurrency level (its libraries), run
-    interleaved; a live task stays alone (one server at a time)."""
+    """Consecutive tasks of one scenario and concurrency level (its libraries), run interleaved:
+    in-process ones in one event loop, live ones (one worker) on one store as rounds over their
+    servers, the bare baseline joining the group before it. A multi-worker task stays alone."""
     groups: list[list[Task]] = []
     for task in tasks:
         last = groups[-1] if groups else None
-        if (
-            last is not None
-            and task.scenario.mode != "live"
-            and last[0].scenario.mode != "live"
-            and last[0].scenario.key == task.scenario.key
-            and last[0].concurrency == task.concurrency
-        ):
+        if last is not None and _joins(last, task):
             last.append(task)
         else:
             groups.append([task])
     return groups
 
 
-def _live_outcome(task: Task, opts: Options, store: StoreService | None) -> list[Run] | Exception:
-    try:
-        return _live(task, opts, store)
-    except live.ServerStartError as exc:
-        if task.workers == 1:
-            raise
-        return exc
-    except live.LiveError:
-        raise
-    except Exception as exc:  # Unsupported among them: the row is skipped, saying why
-        return exc
+def _joins(group: list[Task], task: Task) -> bool:
+    first = group[0]
+    if first.scenario.key != task.scenario.key or first.concurrency != task.concurrency:
+        return False
+    if (first.scenario.mode == "live") != (task.scenario.mode == "live"):
+        return False
+    if first.scenario.mode != "live":
+        return True
+    if first.workers > 1 or task.workers > 1:
+        return False
+    stores = {t.store for t in group if t.library != "bare"}
+    return task.library == "bare" or not stores or task.store in stores
 
 
 def _result(task: Task, outcome: list[Run] | Exception, driver: str) -> Result:
@@ -363,8 +416,13 @@ def _result(task: Task, outcome: list[Run] | Exception, driver: str) -> Result:
 
 
 def _add_ratios(rows: list[Row]) -> None:
-    bare = {(r.scenario, r.driver, r.concurrency): r.rps for r in rows if r.library == "bare"}
+    """Each row's ratio to the bare app of its scenario: of the medians, and the lowest and highest
+    of the round-by-round ratios (round i of both rows ran close together: they are interleaved)."""
+    bare = {(r.scenario, r.driver, r.concurrency): r for r in rows if r.library == "bare"}
     for r in rows:
         base = bare.get((r.scenario, r.driver, r.concurrency))
-        if base:
-            r.vs_bare = r.rps / base
+        if base and base.rps:
+            r.vs_bare = r.rps / base.rps
+            paired = [a / b for a, b in zip(r.rps_runs, base.rps_runs, strict=False) if b]
+            if r.library != "bare" and len(paired) == len(r.rps_runs) == len(base.rps_runs) and paired:
+                r.vs_bare_min, r.vs_bare_max = min(paired), max(paired)

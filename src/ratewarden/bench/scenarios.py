@@ -12,6 +12,7 @@ from typing import Literal
 __all__ = [
     "ALGORITHMS",
     "FLOOD_CONNECTIONS",
+    "MEASURES",
     "QUICK_FLOOD",
     "QUICK_LIVE",
     "QUICK_SCENARIOS",
@@ -24,6 +25,16 @@ __all__ = [
 Mode = Literal["sequential", "batches", "all_at_once", "clients", "ws", "live"]
 Integration = Literal["dependency", "middleware", "websocket"]
 Identity = Literal["ip", "header", "many"]
+Measure = Literal["", "allowed", "mixed", "rejected", "admitted"]
+
+#: What a row of each kind measures: the reports' headings.
+MEASURES: dict[str, str] = {
+    "allowed": "all allowed: overhead on served requests",
+    "mixed": "allowed up to the limit, then rejected (429): served and rejected requests together",
+    "rejected": "mostly rejected (429) requests: cost of a rejection",
+    "admitted": "admitted against the limit (count first, speed second)",
+    "": "requests",
+}
 
 #: Connections of the flood scenarios (one client, one uvicorn worker).
 FLOOD_CONNECTIONS = 1000
@@ -57,6 +68,8 @@ class Scenario:
     ``expected_allowed`` is what an exact limiter allows in one iteration from a clean store (None when
     it depends on the algorithm's parameters or on timing, as in live runs).
     ``workers`` is the number of uvicorn worker processes of a live run; 0 means one per core, at least 2.
+    ``measure`` says what the scenario measures (see :data:`MEASURES`); empty: derived from
+    ``expected_allowed`` (:attr:`measures`).
     """
 
     key: str
@@ -83,7 +96,20 @@ class Scenario:
     expected_allowed: int | None = None
     duration_s: float = 0.0
     workers: int = 1
+    measure: Measure = ""
     tags: tuple[str, ...] = field(default=())
+
+    @property
+    def measures(self) -> Measure:
+        """What the scenario's rows measure: all allowed, mostly rejected, mixed, or admitted counts."""
+        if self.measure:
+            return self.measure
+        total = self.total_requests
+        if self.expected_allowed is None or not total:
+            return ""
+        if self.expected_allowed >= total:
+            return "allowed"
+        return "rejected" if self.expected_allowed <= total // 4 else "mixed"
 
     @property
     def total_requests(self) -> int:
@@ -142,7 +168,7 @@ def _build() -> dict[str, Scenario]:
     ]
     for algo in ALGORITHMS:
         s.append(Scenario(f"strategy.{algo}", "strategy", algo, 100, 60, 200, "sequential", algorithm=algo,
-                          expected_allowed=None if algo == "gcra" else 100))
+                          expected_allowed=None if algo == "gcra" else 100, measure="mixed"))
     for variant, title in (
         ("none", "No headers (baseline)"),
         ("always", "Rate-limit headers on every response"),
@@ -195,20 +221,20 @@ def _build() -> dict[str, Scenario]:
     # Live (uvicorn + wrk). limit/window as in ratelimit_bench: 100 per 60 s, one hot key.
     s += [
         Scenario("live.light", "live", "Light, one hot key (100/min, wrk)", 100, 60, 0, "live",
-                 identity="header", duration_s=10, concurrency=50),
+                 identity="header", duration_s=10, concurrency=50, measure="rejected"),
         Scenario("live.heavy", "live", "Heavy handler, one hot key (100/min, wrk)", 100, 60, 0, "live",
-                 identity="header", path="/heavy", duration_s=10, concurrency=50),
+                 identity="header", path="/heavy", duration_s=10, concurrency=50, measure="rejected"),
         Scenario("live.many-keys", "live", "Light, 10k distinct keys (100/min, wrk)", 100, 60, 0, "live",
-                 identity="many", duration_s=10, concurrency=50),
+                 identity="many", duration_s=10, concurrency=50, measure="allowed"),
         Scenario("live.allowed", "live", "Light, all allowed (10^9/min, wrk)", 1_000_000_000, 60, 0, "live",
-                 identity="header", duration_s=10, concurrency=50),
+                 identity="header", duration_s=10, concurrency=50, measure="allowed"),
         Scenario("live.middleware", "live", "Middleware, one hot key (100/min, wrk)", 100, 60, 0, "live",
-                 "middleware", identity="header", duration_s=10, concurrency=50),
+                 "middleware", identity="header", duration_s=10, concurrency=50, measure="rejected"),
     ]
     # Several uvicorn workers on one host: does the limit hold across processes? A fresh hot key per
     # iteration, so an exact limiter allows exactly `limit` in each run of a few seconds.
     s.append(Scenario("live.workers", "workers", "uvicorn --workers N, one hot key (100/min, wrk)", 100, 60, 0,
-                      "live", identity="header", duration_s=10, concurrency=50, workers=0))
+                      "live", identity="header", duration_s=10, concurrency=50, workers=0, measure="admitted"))
     # The flood of issue 19: 1,000 connections from one client IP against one uvicorn worker, 100/hour
     # fixed window per client IP, on the shared stores (Redis, Memcached) and memory. What it checks is
     # the admitted count: an exact limiter admits 100 and no more, however fast it answers the rest.
@@ -216,7 +242,8 @@ def _build() -> dict[str, Scenario]:
     for integration, how in floods:
         s.append(Scenario(f"flood.{integration}", "flood",
                           f"Flood: {FLOOD_CONNECTIONS:,} connections, one client IP vs 100/hour ({how})", 100, 3600,
-                          0, "live", integration, identity="ip", duration_s=3, concurrency=FLOOD_CONNECTIONS))
+                          0, "live", integration, identity="ip", duration_s=3, concurrency=FLOOD_CONNECTIONS,
+                          measure="admitted"))
     return {x.key: x for x in s}
 
 
@@ -227,7 +254,9 @@ QUICK_SCENARIOS = (
     "mw.low", "mw.high", "mw.sustained", "mw.burst", "mw.selective",
     "race", "distributed", "keys.many",
 )
-QUICK_LIVE = ("live.light",)
+# The usual production case (every request served) and the flooded hot key (nearly every request a 429):
+# their ratios to no limiter answer different questions, and the reports head them apart.
+QUICK_LIVE = ("live.allowed", "live.light")
 # One short flood (2 s iterations, on the first shared store available): about a minute more.
 QUICK_FLOOD = ("flood.middleware",)
 

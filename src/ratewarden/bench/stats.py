@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Row", "Run", "median_run", "percentile", "summarize_latencies"]
+__all__ = ["Row", "Run", "Spread", "median_run", "percentile", "spread", "summarize_latencies"]
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -32,6 +32,30 @@ def summarize_latencies(latencies_ms: Sequence[float]) -> dict[str, float]:
         "p999": percentile(values, 99.9),
         "max": values[-1] if values else 0.0,
     }
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Min, median, max and coefficient of variation (sample stdev / mean, %; None under 2 values)."""
+
+    min: float
+    median: float
+    max: float
+    cv_pct: float | None
+
+
+def spread(values: Sequence[float]) -> Spread | None:
+    """The :class:`Spread` of ``values`` (None when there are none); the median is the upper middle one."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = ordered[len(ordered) // 2]
+    mean = sum(ordered) / len(ordered)
+    cv: float | None = None
+    if len(ordered) > 1 and mean:
+        var = sum((v - mean) ** 2 for v in ordered) / (len(ordered) - 1)
+        cv = 100.0 * math.sqrt(var) / mean
+    return Spread(ordered[0], mid, ordered[-1], cv)
 
 
 @dataclass
@@ -127,6 +151,15 @@ class Row:
     admitted_source: str = ""
     #: Checks decided without the store, by reason, only the non-zero ones (ratewarden rows).
     without_store: dict[str, int] = field(default_factory=dict)
+    #: What the row measures (a key of ``scenarios.MEASURES``: allowed, mixed, rejected, admitted).
+    measure: str = ""
+    #: req/s over the timed rounds: lowest, highest, and coefficient of variation in % (how noisy).
+    rps_min: float | None = None
+    rps_max: float | None = None
+    rps_cv_pct: float | None = None
+    #: The ratio to no limiter round by round (same round of both rows), lowest and highest.
+    vs_bare_min: float | None = None
+    vs_bare_max: float | None = None
 
     @property
     def admitted_cell(self) -> str:
@@ -137,6 +170,31 @@ class Row:
         worst = self.admitted_max
         more = f" (max {worst:,})" if self.over_limit and worst is not None and worst != self.admitted else ""
         return f"{'⚠ ' if self.over_limit else ''}{self.admitted:,} / {limit}{more}"
+
+    @property
+    def exact_cell(self) -> str:
+        """``yes`` / ``NO`` (admitted the exact count or not), ``⚠ over`` above the limit, ``within``
+        where only a ceiling is known, ``—`` without a limiter."""
+        if self.over_limit:
+            return "⚠ over"
+        if self.correct is not None and self.library != "bare":
+            return "yes" if self.correct else "NO"
+        return "within" if self.limit is not None and self.admitted is not None else "—"
+
+    @property
+    def spread_cell(self) -> str:
+        """req/s over the rounds as ``"min-max (cv n%)"`` ("—" with a single round)."""
+        if self.rps_min is None or self.rps_max is None or self.iterations < 2:
+            return "—"
+        cv = f" (cv {self.rps_cv_pct:.0f}%)" if self.rps_cv_pct is not None else ""
+        return f"{self.rps_min:,.0f}-{self.rps_max:,.0f}{cv}"
+
+    @property
+    def ratio_spread_cell(self) -> str:
+        """The round-by-round ratio to no limiter as ``"min-max"`` ("" when not known)."""
+        if self.vs_bare_min is None or self.vs_bare_max is None or self.iterations < 2:
+            return ""
+        return f"{self.vs_bare_min:.2f}-{self.vs_bare_max:.2f}"
 
     @property
     def without_store_cell(self) -> str:

@@ -4,6 +4,9 @@ Server and load generator are pinned to different cores when the machine has two
 generator does not steal the server's CPU; the server's CPU time and RSS are sampled (not wrk's).
 With several uvicorn workers nothing is pinned (the workers need the cores), and CPU and RSS are
 summed over the supervisor and its worker processes.
+
+The libraries of one scenario run in interleaved rounds (:func:`rounds`): all their servers are up,
+and each round loads every one of them once, as the in-process driver interleaves its iterations.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ..scenarios import Scenario
 from ..stats import Run
 
 __all__ = ["MANY_KEYS", "LiveError", "LiveServer", "ServerStartError", "ServerStats", "count_admitted", "cpu_plan",
-           "default_workers", "raise_fd_limit", "require_wrk", "run_iteration", "wrk_script"]
+           "default_workers", "raise_fd_limit", "require_wrk", "rounds", "run_iteration", "wrk_script"]
 
 
 #: Distinct identities of a many-keys live scenario (wrk picks one at random per request).
@@ -54,6 +57,13 @@ class ServerStats:
 
     admitted: int | None
     without_store: dict[str, int] | None
+
+
+def rounds(count: int, total: int) -> list[tuple[int, int]]:
+    """``(round, index)`` for ``total`` rounds over ``count`` configurations: every one once per round,
+    each round starting one further on (as the in-process driver does), so no library always runs
+    first, or right after the same one, and a burst of load from elsewhere spreads over the rows."""
+    return [(i, (i + k) % count) for i in range(total) for k in range(count)] if count else []
 
 
 def default_workers() -> int:

@@ -22,7 +22,8 @@ def write_csv(path: Path, rows: list[Row]) -> Path:
             d["groups"] = json.dumps(row.groups) if row.groups else ""
             d["without_store"] = json.dumps(row.without_store) if row.without_store else ""
             for key in ("rps", "success_pct", "throttled_pct", "lat_mean_ms", "p50_ms", "p95_ms", "p99_ms",
-                        "p999_ms", "cpu_pct", "rss_mb", "calls_per_request", "vs_bare"):
+                        "p999_ms", "cpu_pct", "rss_mb", "calls_per_request", "vs_bare", "rps_min", "rps_max",
+                        "rps_cv_pct", "vs_bare_min", "vs_bare_max"):
                 if isinstance(d[key], float):
                     d[key] = round(d[key], 4)
             writer.writerow(d)

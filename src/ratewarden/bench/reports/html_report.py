@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..runner import Result
 from ..stats import Row
-from .markdown import GROUP_TITLES, build_tables, library_order, over_limit_lines
+from .markdown import GROUP_TITLES, SHORT_MEASURES, build_tables, library_order, noise_lines, over_limit_lines
 from .meta import Meta
 
 __all__ = ["bar_chart", "write_html"]
@@ -37,7 +37,7 @@ def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequen
 
     A bar whose ``flags`` entry is true (a row over its limit) gets a red outline and a ``⚠ over
     limit`` label: a fast bar of a limiter that let too much through is not a win."""
-    label_w, bar_h, gap, width = 300, 13, 10, 1000
+    label_w, bar_h, gap, width = 340, 13, 10, 1000
     plot_w = width - label_w - 110
     n = max(len(series), 1)
     values = [v for vals in series.values() for v in vals if v is not None]
@@ -56,7 +56,7 @@ def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequen
     y = 30 + legend_h
     for ci, cat in enumerate(categories):
         out.append(f'<text x="{label_w - 8}" y="{y + n * bar_h / 2 + 4}" font-size="12" text-anchor="end">'
-                   f"{escape(cat[:48])}</text>")
+                   f"{escape(cat[:56])}</text>")
         for si, (name, vals) in enumerate(series.items()):
             v = vals[ci] if ci < len(vals) else None
             by = y + si * bar_h
@@ -89,7 +89,9 @@ def _charts(rows: list[Row]) -> list[str]:
             keys = list(dict.fromkeys((r.scenario, r.concurrency) for r in grows))
             by = {(r.scenario, r.concurrency, r.library): r for r in grows}
             titles = {r.scenario: r.title for r in grows}
-            cats = [titles[s] + (f" c={c}" if group == "live" else "") for s, c in keys]
+            kinds = {r.scenario: SHORT_MEASURES.get(r.measure, "") for r in grows}
+            cats = [(f"[{kinds[s]}] " if group == "live" and kinds[s] else "") + titles[s]
+                    + (f" c={c}" if group == "live" else "") for s, c in keys]
 
             def series(field: Callable[[Row], float | None], libraries: list[str], by: dict[tuple[str, int, str], Row] = by,
                        keys: list[tuple[str, int]] = keys) -> dict[str, Sequence[float | None]]:
@@ -133,6 +135,12 @@ def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[Result
              + escape(", ".join(f"{k} {v}" for k, v in meta.versions.items())) + "</li>"]
     parts += [f"<li>{escape(k)}: {escape(str(v))}</li>" for k, v in meta.method.items()]
     parts.append("</ul>")
+    noise = noise_lines(rows)
+    if noise:
+        parts.append("<p>How noisy the machine was (the libraries of a scenario run interleaved in rounds; the "
+                     "tables give each row's req/s range over them):</p><ul class='meta'>")
+        parts += [f"<li>{escape(line)}</li>" for line in noise]
+        parts.append("</ul>")
     over = over_limit_lines(rows)
     if over:
         parts.append("<p class='over'>⚠ Admitted more than the limit (req/s and ratios of these rows are not "

@@ -6,11 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..runner import Result
-from ..stats import Row
+from ..scenarios import MEASURES
+from ..stats import Row, spread
 from .meta import Meta
 
-__all__ = ["GROUP_TITLES", "Table", "build_tables", "cluster_tables", "library_order", "over_limit_lines",
-           "render_markdown", "workers_tables"]
+__all__ = ["GROUP_TITLES", "SHORT_MEASURES", "Table", "build_tables", "cluster_tables", "heading", "library_order",
+           "noise_lines", "over_limit_lines", "render_markdown", "workers_tables"]
 
 GROUP_TITLES = {
     "dependency": "HTTP dependency mode",
@@ -22,7 +23,7 @@ GROUP_TITLES = {
     "rules": "Rules-registry overhead (middleware, 500 requests, 50 concurrent)",
     "workload": "Workloads and key distribution",
     "tiered": "Tiered API keys",
-    "live": "Live server (uvicorn + wrk): overhead against no limiter",
+    "live": "Live server (uvicorn + wrk)",
     "workers": "Several uvicorn workers on one host: allowed against the exact limit",
     "flood": "Flood (1,000 connections, one client IP, one uvicorn worker): admitted against the limit",
 }
@@ -35,6 +36,9 @@ _STORE_NAMES = {
     ("slowapi", "memory"): "memory:// (per process)",
 }
 _LIB_ORDER = ("ratewarden", "traffik", "slowapi", "limits")
+#: Short forms of :data:`MEASURES` for chart labels.
+SHORT_MEASURES = {"allowed": "allowed", "mixed": "mixed", "rejected": "429s",
+                  "admitted": "admitted", "": ""}
 
 
 @dataclass
@@ -68,6 +72,8 @@ def _pct(v: float) -> str:
 
 def _throughput_cell(r: Row) -> str:
     parts = [] if r.library == "bare" else [f"{r.vs_bare:.2f}x bare" if r.vs_bare else "", f"{_pct(r.success_pct)} ok"]
+    if r.rps_cv_pct is not None and r.iterations > 1:
+        parts.append(f"cv {r.rps_cv_pct:.0f}%")
     if r.calls_per_request is not None:
         parts.append(f"{r.calls_per_request:.2f} cmd/req")
     if r.over_limit:
@@ -91,6 +97,37 @@ def _section(r: Row) -> str:
     if r.driver == "live":
         return f"live · store {r.store}" if r.store not in ("none", "memory") else "live"
     return f"in-process · store {r.store}" if r.store not in ("none", "memory") else "in-process"
+
+
+def heading(r: Row) -> str:
+    """What a row measures, as the terminal summary heads it: driver, then the kind of traffic."""
+    if r.group == "flood":
+        return f"{GROUP_TITLES['flood']}"
+    if r.group == "workers":
+        return GROUP_TITLES["workers"]
+    driver = "Live server (uvicorn + wrk)" if r.driver == "live" else "In-process (direct ASGI calls)"
+    return f"{driver} · {MEASURES[r.measure]}"
+
+
+def noise_lines(rows: Sequence[Row]) -> list[str]:
+    """How noisy the machine was: the coefficient of variation of req/s over the timed rounds of
+    each row, per driver (median and largest, and which row), with how many rounds."""
+    out: list[str] = []
+    for driver, name in (("inprocess", "in-process"), ("live", "live")):
+        mine = [r for r in rows if r.driver == driver and r.rps_cv_pct is not None and r.iterations > 1]
+        if not mine:
+            continue
+        cvs = spread([r.rps_cv_pct or 0.0 for r in mine])
+        worst = max(mine, key=lambda r: r.rps_cv_pct or 0.0)
+        rounds = "/".join(str(n) for n in sorted({r.iterations for r in mine}))
+        if cvs:
+            out.append(f"{name} req/s over {rounds} rounds per row: coefficient of variation median "
+                       f"{cvs.median:.1f}%, lowest {cvs.min:.1f}%, largest {cvs.max:.1f}% "
+                       f"({worst.library} · {worst.scenario} · {worst.store})")
+    if out:
+        out.append("a difference between two libraries smaller than their rows' min-max range over the rounds "
+                   "is noise, not a result")
+    return out
 
 
 def build_tables(rows: list[Row], results: Sequence[object] = ()) -> list[Table]:
@@ -211,12 +248,14 @@ def _scenarios(rows: list[Row]) -> list[tuple[str, int]]:
     return list(seen)
 
 
-def _live_table(section: str, group: str, rows: list[Row], absent: list[str]) -> Table:
-    """One line per live configuration: admitted against the limit first, then throughput and costs."""
+def _live_table(section: str, group: str, rows: list[Row], absent: list[str], measure: str = "") -> Table:
+    """One line per live configuration: admitted against the limit first, then throughput, its
+    spread over the interleaved rounds, and costs."""
     libs = library_order([r.library for r in rows])
     by = {(r.scenario, r.concurrency, r.library): r for r in rows}
     titles = {r.scenario: r.title for r in rows}
-    header = ["Scenario", "Library", "Conns", "admitted / limit", "req/s", "vs bare", "avg ms", "p50 ms", "p99 ms",
+    header = ["Scenario", "Library", "Conns", "admitted / limit", "req/s", "vs bare", "exact",
+              "req/s over rounds (min-max, cv)", "vs bare over rounds", "avg ms", "p50 ms", "p99 ms",
               "p99.9 ms", "2xx", "429", "errors", "server CPU", "server RSS", "cmd/req", "checks without store"]
     body = []
     for sc, conc in _scenarios(rows):
@@ -224,7 +263,8 @@ def _live_table(section: str, group: str, rows: list[Row], absent: list[str]) ->
             r = by.get((sc, conc, lib))
             if r is None:
                 continue
-            body.append([titles[sc], lib, str(conc), r.admitted_cell, _flag(r, _n(r.rps)), _ratio(r),
+            body.append([titles[sc], lib, str(conc), r.admitted_cell, _flag(r, _n(r.rps)), _ratio(r), r.exact_cell,
+                         r.spread_cell, _flag(r, r.ratio_spread_cell) or "—",
                          _ms(r.lat_mean_ms), _ms(r.p50_ms), _ms(r.p99_ms), _ms(r.p999_ms), _n(r.allowed),
                          _n(r.throttled), str(r.errors), f"{r.cpu_pct:.0f}%" if r.cpu_pct is not None else "—",
                          f"{r.rss_mb:.0f} MB" if r.rss_mb is not None else "—",
@@ -235,9 +275,16 @@ def _live_table(section: str, group: str, rows: list[Row], absent: list[str]) ->
     if over:
         notes.append(f"⚠ {len(over)} row(s) admitted more than the limit: their req/s and ratio to no limiter "
                      "are not comparable with the rows that held it.")
+    if measure == "rejected":
+        notes.append("Nearly every request here is a 429, which skips the handler: a ratio above 1.00x bare is "
+                     "the cost of a rejection against a served request, not overhead on served traffic.")
+    elif measure == "allowed":
+        notes.append("Every request is served: the ratio to no limiter is the overhead a limiter adds in "
+                     "production.")
     if absent:
         notes.append("Not in this table (no such backend or mode): " + "; ".join(absent) + ".")
-    return Table(section, group, GROUP_TITLES[group], header, body, " ".join(notes))
+    title = GROUP_TITLES[group] + (f" · {MEASURES[measure]}" if group == "live" and measure else "")
+    return Table(section, group, title, header, body, " ".join(notes))
 
 
 def _admitted_table(section: str, group: str, rows: list[Row]) -> Table | None:
@@ -262,8 +309,11 @@ def _group_tables(section: str, group: str, rows: list[Row], absent: Sequence[st
     titles = {r.scenario: r.title for r in rows}
     keys = _scenarios(rows)
     out: list[Table] = []
-    if group in ("live", "flood"):
+    if group == "flood":
         return [_live_table(section, group, rows, list(absent))]
+    if group == "live":
+        kinds = sorted({r.measure for r in rows}, key=list(MEASURES).index)
+        return [_live_table(section, group, [r for r in rows if r.measure == m], list(absent), m) for m in kinds]
     if group == "tiered":
         header = ["Library", "Group", "Requests", "Avg latency", "Limited", "Success rate"]
         body = []
@@ -289,11 +339,16 @@ def _group_tables(section: str, group: str, rows: list[Row], absent: Sequence[st
         return [Table(section, group, GROUP_TITLES[group], header, body)]
     label = "Algorithm" if group == "strategy" else "Scenario"
     header = [label] + [f"{lib} req/s" for lib in libs]
-    body = []
-    for sc, conc in keys:
-        name = titles[sc] + (f" (c={conc})" if len({c for s, c in keys if s == sc}) > 1 else "")
-        body.append([name] + [_throughput_cell(by[(sc, conc, lib)]) if (sc, conc, lib) in by else "—" for lib in libs])
-    out.append(Table(section, group, GROUP_TITLES[group], header, body))
+    measures = {r.scenario: r.measure for r in rows}
+    for kind in sorted(set(measures.values()), key=list(MEASURES).index):
+        body = []
+        for sc, conc in keys:
+            if measures[sc] != kind:
+                continue
+            name = titles[sc] + (f" (c={conc})" if len({c for s, c in keys if s == sc}) > 1 else "")
+            body.append([name] + [_throughput_cell(by[(sc, conc, lib)]) if (sc, conc, lib) in by else "—"
+                                  for lib in libs])
+        out.append(Table(section, group, f"{GROUP_TITLES[group]} · {MEASURES[kind]}", header, body))
     lat_header = [label] + [f"{lib} p50 / p95 / p99 ms" for lib in libs]
     lat_body = []
     for sc, conc in keys:
@@ -305,12 +360,16 @@ def _group_tables(section: str, group: str, rows: list[Row], absent: Sequence[st
     out.append(Table(section, group, GROUP_TITLES[group] + ": latency percentiles", lat_header, lat_body))
     checked = [r for r in rows if r.correct is not None and r.library != "bare"]
     if checked:
-        ok = sum(1 for r in checked if r.correct)
-        wrong = [f"{r.library} {r.scenario} ({r.allowed} allowed, expected {r.expected_allowed})"
-                 for r in checked if not r.correct]
-        note = [[f"{ok}/{len(checked)} exact", "; ".join(wrong) or "all exact"]]
-        out.append(Table(section, group, GROUP_TITLES[group] + ": allowed count vs an exact limiter",
-                         ["Exact", "Deviations"], note))
+        note = []
+        for lib in library_order([r.library for r in checked]):
+            mine = [r for r in checked if r.library == lib]
+            wrong = [f"{r.scenario} ({r.allowed} allowed, expected {r.expected_allowed})"
+                     for r in mine if not r.correct]
+            over = any(r.over_limit for r in mine)
+            note.append([lib, f"{'⚠ ' if over else ''}{sum(1 for r in mine if r.correct)}/{len(mine)} exact",
+                         "; ".join(wrong) or "all exact"])
+        out.append(Table(section, group, GROUP_TITLES[group] + ": allowed count vs an exact limiter, per library",
+                         ["Library", "Exact", "Deviations"], note))
     admitted = _admitted_table(section, group, rows)
     if admitted:
         out.append(admitted)
@@ -338,6 +397,10 @@ def render_markdown(rows: list[Row], meta: Meta, skipped: Sequence[object] = ())
              + ", ".join(f"{k} {v}" for k, v in meta.versions.items())]
     for k, v in meta.method.items():
         lines.append(f"- {k}: {v}")
+    noise = noise_lines(rows)
+    if noise:
+        lines += ["", "**How noisy the machine was** (the libraries of a scenario run interleaved in rounds; "
+                  "the tables give each row's req/s range over them):", ""] + [f"- {line}" for line in noise]
     over = over_limit_lines(rows)
     if over:
         lines += ["", "**⚠ Admitted more than the limit** (req/s and ratios of these rows are not comparable with "
