@@ -18,8 +18,10 @@ package keeps no runtime dependency), and on Linux the shared-memory store's C h
 
 from __future__ import annotations
 
+import ast
 import inspect
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -143,10 +145,174 @@ def _ext_modules() -> list[Any]:
         options: dict[str, Any] = {"opt_level": os.environ.get("RATEWARDEN_OPT_LEVEL", "3"), "debug_level": "0"}
         if "group_name" in inspect.signature(mypycify).parameters:  # newer mypyc (older: a hashed name)
             options["group_name"] = "ratewarden"  # the shared library: ratewarden__mypyc.*.so
-        return [*mypycify([*BUILD_TYPE_CHECK, *HOT_MODULES], **options), *NATIVE_EXTENSIONS]
+        compiled = mypycify([*BUILD_TYPE_CHECK, *HOT_MODULES], **options)
     except (Exception, SystemExit) as exc:  # mypyc exits on type errors
         _fail_or_warn(f"mypyc could not compile the hot-path modules ({type(exc).__name__}: {exc})")
         return []
+    try:
+        _document_generated_c(compiled)
+    except Exception as exc:  # the build still works, without run-time documentation
+        print(f"ratewarden: could not write the docstrings into mypyc's C ({type(exc).__name__}: {exc}); "
+              "the compiled package has no __doc__", file=sys.stderr, flush=True)
+    return [*compiled, *NATIVE_EXTENSIONS]
+
+
+# Documentation in the compiled package. mypyc drops docstrings: a compiled function is a builtin whose
+# __doc__ and __text_signature__ come from its PyMethodDef's ml_doc, a compiled class takes both from its
+# type's tp_doc, and mypyc writes there at most a text signature ("name(a, b=1)\n--\n\n", and none when a
+# default is not a literal). _document_generated_c rewrites those strings in the C that mypycify wrote
+# (before build_ext compiles it) to what the pure-Python package has: the text signature from the source
+# (parameters and literal defaults: a text signature has no annotations) followed by the docstring, as
+# the building interpreter's compiler stores it (Python 3.13 strips the indentation). A class's exact
+# signature (annotations, defaults such as ``key=CLIENT_IP``) comes at run time from
+# ratewarden._mypyc.attach_signatures.
+
+_C_STRING = r'"(?:[^"\\\n]|\\.)*"(?:\s*"(?:[^"\\\n]|\\.)*")*'
+_C_DOC = rf"PyDoc_STR\((?:NULL|{_C_STRING})\)|NULL"
+# A PyMethodDef (module function, method) or a CPyFunction_New call (async def): the C function, its
+# flags, then the doc.
+_C_FUNCTION = re.compile(rf"(\(PyCFunction\)CPyPy_(\w+),\s*[A-Z_][A-Z_ |]*,\s*)({_C_DOC})")
+_C_TYPE = re.compile(r"(static PyTypeObject CPyType_(\w+)_template_ = \{)(.*?)(\n[ \t]*\};)", re.S)
+_C_TP_DOC = re.compile(rf"\.tp_doc = (?:{_C_DOC}),")
+_C_PROPERTY = re.compile(r'(\{"(\w+)",\s*\(getter\)(\w+)_get_\2,\s*(?:\(setter\)\w+|NULL),\s*)(NULL)')
+
+
+def _c_string(text: str) -> str:
+    """A C string literal of ``text`` (UTF-8, as CPython decodes ml_doc and tp_doc), in short pieces."""
+    chars = [chr(b) if 0x20 <= b < 0x7F and b not in b'"\\?' else f"\\{b:03o}" for b in text.encode()]
+    return "\n".join('"' + "".join(chars[i:i + 60]) + '"' for i in range(0, len(chars), 60)) or '""'
+
+
+def _docstring(node: ast.AST) -> str | None:
+    """``node``'s ``__doc__`` in the pure-Python package on this interpreter."""
+    raw = ast.get_docstring(node, clean=False)  # type: ignore[arg-type]
+    if raw is None:
+        return None
+    namespace: dict[str, Any] = {}
+    exec(compile(f"def f():\n    {raw!r}\n", "<docstring>", "exec"), namespace)  # the compiler's cleaning
+    doc: str = namespace["f"].__doc__
+    return doc
+
+
+class _Expression:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _text_signature(node: ast.FunctionDef | ast.AsyncFunctionDef, first: str) -> str | None:
+    """``(a, b=1)`` for ``node``'s parameters (``first``: ``"$"`` marks the bound first parameter,
+    ``"drop"`` leaves it out, ``""`` keeps it), or None when a default is neither a literal nor a
+    name (inspect looks a name up in the module: a constant such as ``max_keys=DEFAULT_MAX_KEYS``)."""
+    args = node.args
+    kinds = inspect.Parameter
+    positional = [*args.posonlyargs, *args.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + [*args.defaults]
+    spec = [(a, kinds.POSITIONAL_ONLY if i < len(args.posonlyargs) else kinds.POSITIONAL_OR_KEYWORD, d)
+            for i, (a, d) in enumerate(zip(positional, defaults, strict=True))]
+    if args.vararg:
+        spec.append((args.vararg, kinds.VAR_POSITIONAL, None))
+    spec += [(a, kinds.KEYWORD_ONLY, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+    if args.kwarg:
+        spec.append((args.kwarg, kinds.VAR_KEYWORD, None))
+    bound = ""
+    if first and spec:
+        bound = spec.pop(0)[0].arg
+    params = []
+    for arg, kind, default in spec:
+        value: Any = inspect.Parameter.empty
+        if isinstance(default, (ast.Name, ast.Attribute)):  # inspect reads a constant's value in the module
+            value = _Expression(ast.unparse(default))
+        elif default is not None:
+            try:
+                value = ast.literal_eval(default)
+                if ast.literal_eval(repr(value)) != value:
+                    return None
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return None
+        params.append(inspect.Parameter(arg.arg, kind, default=value))
+    text = str(inspect.Signature(params))
+    if first == "$" and bound:
+        text = f"(${bound}" + (", " + text[1:] if text != "()" else ")")
+    return text
+
+
+def _c_doc(name: str, signature: str | None, doc: str | None) -> str:
+    text = (f"{name}{signature}\n--\n\n" if signature is not None else "") + (doc or "")
+    return f"PyDoc_STR({_c_string(text)})" if text else "NULL"
+
+
+def _document_generated_c(extensions: list[Any]) -> None:
+    from mypyc.namegen import NameGenerator
+
+    modules = {path.removeprefix("src/").removesuffix(".py").replace("/", ".").removesuffix(".__init__"): path
+               for path in HOT_MODULES}
+    names = NameGenerator([list(modules)])
+    functions: dict[str, str] = {}  # C name -> the C doc initializer
+    types: dict[str, str] = {}
+    properties: dict[tuple[str, str], str] = {}
+    here = Path(__file__).resolve().parent
+    for module, path in modules.items():
+        tree = ast.parse((here / path).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.setdefault(names.private_name(module, node.name),
+                                     _c_doc(node.name, _text_signature(node, ""), _docstring(node)))
+            elif isinstance(node, ast.ClassDef):
+                cls = names.private_name(module, node.name)
+                init = None
+                for member in node.body:
+                    if not isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        continue
+                    decorators = {ast.unparse(d) for d in member.decorator_list}
+                    if "property" in decorators:
+                        doc = _docstring(member)
+                        if doc:
+                            properties.setdefault((cls, member.name), f"PyDoc_STR({_c_string(doc)})")
+                        continue
+                    if any(d.endswith((".setter", ".deleter")) for d in decorators):
+                        continue
+                    if member.name == "__init__":
+                        init = member
+                    first = "" if "staticmethod" in decorators else "$"
+                    functions.setdefault(names.private_name(module, f"{node.name}.{member.name}"),
+                                         _c_doc(member.name, _text_signature(member, first), _docstring(member)))
+                signature = _text_signature(init, "drop") if init is not None else None
+                types[cls] = _c_doc(node.name, signature, _docstring(node))
+
+    done: set[str] = set()
+
+    def function(match: re.Match[str]) -> str:
+        doc = functions.get(match[2])
+        if doc is None:
+            return match[0]
+        done.add(match[2])
+        return match[1] + doc
+
+    def type_(match: re.Match[str]) -> str:
+        doc = types.get(match[2])
+        if doc is None:
+            return match[0]
+        done.add(match[2])
+        body, found = _C_TP_DOC.subn(lambda _: f".tp_doc = {doc},", match[3])
+        if not found:
+            body = f"\n.tp_doc = {doc},{body}"
+        return match[1] + body + match[4]
+
+    def property_(match: re.Match[str]) -> str:
+        doc = properties.get((match[3], match[2]))
+        return match[0] if doc is None else match[1] + doc
+
+    sources = {source for ext in extensions for source in ext.sources if source.endswith(".c")}
+    for source in sorted(sources):
+        text = Path(source).read_text(encoding="utf-8")
+        patched = _C_PROPERTY.sub(property_, _C_TYPE.sub(type_, _C_FUNCTION.sub(function, text)))
+        if patched != text:
+            Path(source).write_text(patched, encoding="utf-8")
+    print(f"ratewarden: docstrings written into {len(done)} compiled classes and functions "
+          f"(of {len(functions) + len(types)} in the source)", file=sys.stderr, flush=True)
 
 
 class OptionalBuildExt(build_ext):
