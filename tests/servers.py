@@ -255,3 +255,31 @@ class Memcached:
 
     def close(self) -> None:
         self.server.stop()
+
+
+@contextlib.contextmanager
+def uvicorn_in_thread(app: object, **config: object) -> Iterator[int]:
+    """``app`` served by uvicorn on a free loopback port in a daemon thread (lifespan off unless
+    ``config`` says otherwise); yields the port, stops the server at the end."""
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, 0))
+    config.setdefault("log_level", "warning")
+    config.setdefault("lifespan", "off")
+    server = uvicorn.Server(uvicorn.Config(app, **config))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()

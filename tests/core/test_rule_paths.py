@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +13,6 @@ from urllib.parse import unquote
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
@@ -23,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule, RuleSet
 from ratewarden.rules import normalize_path
 from tests.core.asgi import call, http_scope
+from tests.servers import uvicorn_in_thread
 from tests.vectors.runner import FakeClock
 
 #: Spellings of /files/report.txt (as sent on the wire) that StaticFiles serves as that file.
@@ -126,22 +124,8 @@ async def test_static_files_through_httpx(static_dir: Path) -> None:
 def static_server(static_dir: Path) -> Iterator[int]:
     """A real uvicorn serving the limited StaticFiles app; yields its port."""
     app = static_app(static_dir, Limiter(MemoryStore(clock=FakeClock(6000.0))))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
+    with uvicorn_in_thread(app) as port:
+        yield port
 
 
 def raw_get(port: int, wire_path: str) -> int:

@@ -4,21 +4,18 @@ streaming and WebSocket denial over real HTTP."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 import websockets
 from starlette.responses import StreamingResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ratewarden import RateLimitMiddleware, Rule
 from tests.readme import first_example, run_block
+from tests.servers import uvicorn_in_thread
 from tests.vectors.runner import FakeClock
 
 CHUNKS = 200
@@ -59,24 +56,8 @@ def build_app() -> tuple[Any, Any]:
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, Any]]:
     app, limiter = build_app()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="websockets")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
+    with uvicorn_in_thread(app, ws="websockets") as port:
         yield f"127.0.0.1:{port}", limiter
-    finally:
-        srv.should_exit = True
-        thread.join(15)
-        sock.close()
 
 
 @pytest.fixture
