@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true",
                    help="memory store, core in-process scenarios, two short live scenarios (live.allowed: all "
                         "allowed; live.light: a hot key, mostly 429s) and one short flood (flood.middleware on "
-                        "Redis, else Memcached, else memory); 5 rounds of 2 s live iterations (about 4 min)")
+                        "Redis, else Memcached, else memory); 5 rounds of 2 s live iterations (about 3 min)")
     p.add_argument("--scenario", action="append", default=None, metavar="NAMES",
                    help="comma-separated scenario keys or groups (dependency, middleware, correctness, websocket, "
                         "strategy, headers, rules, workload, tiered, live, workers, flood, http, mw, ws, all); "
@@ -116,8 +116,9 @@ def _load_line(before: tuple[float, float, float], after: tuple[float, float, fl
     def fmt(t: tuple[float, float, float]) -> str:
         return "/".join(f"{v:.2f}" for v in t)
 
-    return (f"load average (1/5/15 min) {fmt(before)} at the start, {fmt(after)} at the end, on "
-            f"{len(os.sched_getaffinity(0))} cores (above the core count, other work competed for the CPU)")
+    cores = len(os.sched_getaffinity(0))
+    busy = " (above the core count: other work competed for the CPU)" if max(before[0], after[0]) > cores else ""
+    return f"load average (1/5/15 min) {fmt(before)} at the start, {fmt(after)} at the end, on {cores} cores{busy}"
 
 
 def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
