@@ -174,6 +174,10 @@ _C_DOC = rf"PyDoc_STR\((?:NULL|{_C_STRING})\)|NULL"
 _C_FUNCTION = re.compile(rf"(\(PyCFunction\)CPyPy_(\w+),\s*[A-Z_][A-Z_ |]*,\s*)({_C_DOC})")
 _C_TYPE = re.compile(r"(static PyTypeObject CPyType_(\w+)_template_ = \{)(.*?)(\n[ \t]*\};)", re.S)
 _C_TP_DOC = re.compile(rf"\.tp_doc = (?:{_C_DOC}),")
+# An async def: mypyc makes a "Function compiled with mypyc" object, which shows no ml_doc; from Python
+# 3.12 it has a __dict__ to hold its __doc__ (set right after the object is made).
+_C_COROUTINE = re.compile(r"(PyObject\* (wrapper_CPyPy_(\w+)) = CPyFunction_New\(.*?\);\s*"
+                          r"if \(unlikely\(!\2\)\)\s*goto fail;)(?!\n#if PY_VERSION_HEX)", re.S)
 _C_PROPERTY = re.compile(r'(\{"(\w+)",\s*\(getter\)(\w+)_get_\2,\s*(?:\(setter\)\w+|NULL),\s*)(NULL)')
 
 
@@ -251,6 +255,7 @@ def _document_generated_c(extensions: list[Any]) -> None:
                for path in HOT_MODULES}
     names = NameGenerator([list(modules)])
     functions: dict[str, str] = {}  # C name -> the C doc initializer
+    docs: dict[str, str] = {}  # C name -> the docstring
     types: dict[str, str] = {}
     properties: dict[tuple[str, str], str] = {}
     here = Path(__file__).resolve().parent
@@ -260,6 +265,7 @@ def _document_generated_c(extensions: list[Any]) -> None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 functions.setdefault(names.private_name(module, node.name),
                                      _c_doc(node.name, _text_signature(node, ""), _docstring(node)))
+                docs.setdefault(names.private_name(module, node.name), _docstring(node) or "")
             elif isinstance(node, ast.ClassDef):
                 cls = names.private_name(module, node.name)
                 init = None
@@ -279,6 +285,7 @@ def _document_generated_c(extensions: list[Any]) -> None:
                     first = "" if "staticmethod" in decorators else "$"
                     functions.setdefault(names.private_name(module, f"{node.name}.{member.name}"),
                                          _c_doc(member.name, _text_signature(member, first), _docstring(member)))
+                    docs.setdefault(names.private_name(module, f"{node.name}.{member.name}"), _docstring(member) or "")
                 signature = _text_signature(init, "drop") if init is not None else None
                 types[cls] = _c_doc(node.name, signature, _docstring(node))
 
@@ -301,6 +308,15 @@ def _document_generated_c(extensions: list[Any]) -> None:
             body = f"\n.tp_doc = {doc},{body}"
         return match[1] + body + match[4]
 
+    def coroutine(match: re.Match[str]) -> str:
+        doc = docs.get(match[3])
+        if not doc:
+            return match[0]
+        return (f"{match[1]}\n#if PY_VERSION_HEX >= 0x030C0000\n"
+                f"{{ PyObject *doc = PyUnicode_FromString({_c_string(doc)});\n"
+                f"if (doc == NULL || PyObject_SetAttrString({match[2]}, \"__doc__\", doc) < 0) PyErr_Clear();\n"
+                "Py_XDECREF(doc); }\n#endif\n")
+
     def property_(match: re.Match[str]) -> str:
         doc = properties.get((match[3], match[2]))
         return match[0] if doc is None else match[1] + doc
@@ -308,7 +324,8 @@ def _document_generated_c(extensions: list[Any]) -> None:
     sources = {source for ext in extensions for source in ext.sources if source.endswith(".c")}
     for source in sorted(sources):
         text = Path(source).read_text(encoding="utf-8")
-        patched = _C_PROPERTY.sub(property_, _C_TYPE.sub(type_, _C_FUNCTION.sub(function, text)))
+        patched = _C_COROUTINE.sub(coroutine, text)  # before the docs below make its argument longer
+        patched = _C_PROPERTY.sub(property_, _C_TYPE.sub(type_, _C_FUNCTION.sub(function, patched)))
         if patched != text:
             Path(source).write_text(patched, encoding="utf-8")
     print(f"ratewarden: docstrings written into {len(done)} compiled classes and functions "

@@ -18,9 +18,10 @@ import contextlib
 import copy
 import inspect
 import sys
+import textwrap
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, FunctionType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["attach_signatures", "is_compiled", "mypyc_attr", "repair_compiled_abcs"]
@@ -69,10 +70,39 @@ def attach_signatures(package: str = "ratewarden") -> None:
         if not name.startswith(prefix) or not is_compiled(module):
             continue
         for obj in list(vars(module).values()):
-            if (isinstance(obj, type) and obj.__module__ == name and "__signature__" not in obj.__dict__
-                    and not getattr(obj, "_is_protocol", False)):
+            if isinstance(obj, type) and obj.__module__ == name and "__signature__" not in obj.__dict__:
                 with contextlib.suppress(TypeError, AttributeError):  # an immutable type: its text signature
                     obj.__signature__ = _COMPILED_SIGNATURE  # type: ignore[attr-defined]
+                for member in list(vars(obj).values()):
+                    _sign_coroutine(member, module)
+            else:
+                _sign_coroutine(obj, module)
+
+
+def _sign_coroutine(func: object, module: ModuleType) -> None:
+    """A compiled ``async def`` is a "Function compiled with mypyc", not a builtin: ``inspect`` reads
+    its empty ``__code__``. From Python 3.12 it has a ``__dict__``, which takes the signature (and the
+    build sets its ``__doc__``); before, it has neither."""
+    code = getattr(func, "__code__", None)
+    if (type(func).__name__ != "Function compiled with mypyc" or not isinstance(code, CodeType)
+            or getattr(func, "__module__", None) != module.__name__ or "__signature__" in getattr(func, "__dict__", ())):
+        return
+    lines = _source_lines(module)
+    start = code.co_firstlineno - 1
+    for end in range(start + 1, min(start + 60, len(lines)) + 1):
+        header = textwrap.dedent("".join(lines[start:end]))
+        if not header.rstrip().endswith(":"):
+            continue
+        try:
+            node = ast.parse(header + "\n    pass\n").body[0]
+        except SyntaxError:
+            continue
+        if isinstance(node, ast.AsyncFunctionDef) and node.name == getattr(func, "__name__", None):
+            signature = _stub_signature(node, module, method=False)
+            if signature is not None:
+                with contextlib.suppress(AttributeError, TypeError):
+                    func.__signature__ = signature  # type: ignore[attr-defined]
+        return
 
 
 class _CompiledSignature:
@@ -85,31 +115,51 @@ class _CompiledSignature:
         if instance is None and owner is not None:
             for cls in owner.__mro__:
                 module = sys.modules.get(cls.__module__)
+                init = cls.__dict__.get("__init__")
                 if module is not None and is_compiled(module):
                     if cls not in self._cache:
                         self._cache[cls] = _init_signature(cls, module)
                     found = self._cache[cls]
                     if found is not None:
                         return found
-                elif "__init__" in cls.__dict__ or "__new__" in cls.__dict__:
+                    if isinstance(init, FunctionType):  # set at run time (a Protocol's)
+                        return _bound(inspect.signature(init))
+                elif cls is object:
+                    return inspect.signature(object)  # no constructor anywhere: "()", as inspect says
+                elif init is not None or "__new__" in cls.__dict__:
                     break  # an interpreted class's own constructor: inspect's usual way
         raise AttributeError("__signature__")
 
 
 _COMPILED_SIGNATURE = _CompiledSignature()
 _SOURCES: dict[str, ast.Module | None] = {}
+_LINES: dict[str, list[str]] = {}
+
+
+def _source_lines(module: ModuleType) -> list[str]:
+    """The lines of the ``.py`` file shipped next to ``module``'s extension module."""
+    if module.__name__ not in _LINES:
+        origin = Path(getattr(module, "__file__", None) or "")
+        try:
+            text = origin.with_name(origin.name.split(".", 1)[0] + ".py").read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            text = ""
+        _LINES[module.__name__] = text.splitlines(keepends=True)
+    return _LINES[module.__name__]
 
 
 def _source(module: ModuleType) -> ast.Module | None:
-    """The parsed ``.py`` file shipped next to ``module``'s extension module (None without one)."""
+    """The parsed ``.py`` source of ``module`` (None without one)."""
     if module.__name__ not in _SOURCES:
-        origin = Path(getattr(module, "__file__", None) or "")
-        path = origin.with_name(origin.name.split(".", 1)[0] + ".py")
         try:
-            _SOURCES[module.__name__] = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        except (OSError, SyntaxError, ValueError):
+            _SOURCES[module.__name__] = ast.parse("".join(_source_lines(module))) if _source_lines(module) else None
+        except (SyntaxError, ValueError):
             _SOURCES[module.__name__] = None
     return _SOURCES[module.__name__]
+
+
+def _bound(signature: inspect.Signature) -> inspect.Signature:
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def _init_signature(cls: type, module: ModuleType) -> inspect.Signature | None:
@@ -125,15 +175,23 @@ def _init_signature(cls: type, module: ModuleType) -> inspect.Signature | None:
                 None)
     if tree is None or init is None:
         return None
-    stub = copy.copy(init)
-    stub.body = [ast.Pass(lineno=init.lineno, col_offset=init.col_offset)]
+    return _stub_signature(init, module, method=True)
+
+
+def _stub_signature(node: ast.FunctionDef | ast.AsyncFunctionDef, module: ModuleType, *, method: bool,
+                    ) -> inspect.Signature | None:
+    """The signature of ``node``'s ``def`` compiled with an empty body in the module's namespace, as
+    the pure module would (annotations stay strings: every compiled module has ``from __future__
+    import annotations``; defaults are the module's objects). ``method``: without the first parameter."""
+    stub = copy.copy(node)
+    stub.body = [ast.Pass(lineno=node.lineno, col_offset=node.col_offset)]
     stub.decorator_list = []
-    future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
-    code = compile(ast.Module(body=[*future, stub], type_ignores=[]), getattr(module, "__file__", "?"), "exec")
+    future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
+    tree = ast.fix_missing_locations(ast.Module(body=[future, stub], type_ignores=[]))
     namespace = dict(vars(module))
     try:
-        exec(code, namespace)
-        signature = inspect.signature(namespace["__init__"])
+        exec(compile(tree, getattr(module, "__file__", None) or "?", "exec"), namespace)
+        signature = inspect.signature(namespace[node.name])
     except Exception:  # a default that needs the class body's names: no signature rather than a wrong one
         return None
-    return signature.replace(parameters=list(signature.parameters.values())[1:])
+    return _bound(signature) if method else signature
