@@ -29,6 +29,7 @@ Where each part lives:
 ``topology``       the client for standalone / Sentinel / Cluster; Cluster hash slots
 ``client``         the one place relying on redis-py internals (each one listed and tested)
 ``errors``         client failures as ``StoreError``
+``_redis``         what is taken from redis-py, imported once (the one "pip install" error)
 =================  ==========================================================================
 """
 

@@ -29,10 +29,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-try:
-    import redis.asyncio as aioredis
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
+from ._redis import aioredis
 
 __all__ = [
     "RELIED_ON", "Arrivals", "ResolvingConnection", "ResolvingSSLConnection", "new_connection", "reply_reader", "sentinel_clients",

@@ -22,10 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-try:
-    from redis.exceptions import ResponseError
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
+from ._redis import ResponseError
 
 __all__ = ["ScriptClock"]
 

@@ -15,15 +15,10 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._redis import NoScriptError, ReadOnlyError, RedisConnectionError, RedisError, ResponseError
 from .client import arrivals, new_connection, reply_reader
 from .clock import ScriptClock
 from .protocol import SCRIPT, SCRIPT_SHA, Reply, as_eval
-
-try:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
 if TYPE_CHECKING:
     from .pipeline import Exchange

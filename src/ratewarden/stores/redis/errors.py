@@ -7,12 +7,8 @@ from __future__ import annotations
 
 from ...errors import StoreError
 from ..base import client_error, no_reply
+from ._redis import RedisError, ResponseError
 from .protocol import Reply
-
-try:
-    from redis.exceptions import RedisError, ResponseError
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
 __all__ = [
     "CLIENT_ERRORS", "CONNECTION_ERRORS", "RESENDS", "bad_reply", "pool_busy", "refused_as_late", "store_error",

@@ -12,19 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..urls import StoreURL
+from ._redis import ClusterNode, NoBackoff, RedisCluster, RedisError, Retry, Sentinel, aioredis, key_slot
 from .client import ResolvingConnection, ResolvingSSLConnection, sentinel_clients
 from .protocol import key_bytes
-
-try:
-    import redis.asyncio as aioredis
-    from redis.asyncio.cluster import ClusterNode, RedisCluster
-    from redis.asyncio.retry import Retry
-    from redis.asyncio.sentinel import Sentinel
-    from redis.backoff import NoBackoff
-    from redis.crc import key_slot
-    from redis.exceptions import RedisError
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RedisStore needs the redis client: pip install 'ratewarden[redis]'") from exc
 
 __all__ = ["close_client", "make_client", "pool_limit", "slot_groups", "spans_slots"]
 
