@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from .algorithms import AlgorithmName
+from .errors import ConfigurationError
 from .keys import KeyFunc, client_ip
 from .limiter import storage_key
 from .limits import Limit
@@ -81,15 +82,15 @@ class Bans:
         clock: Callable[[], float] = time.time,
     ) -> None:
         if after < 1:
-            raise ValueError(f"bans: 'after' must be at least 1 rejection, got {after!r}")
+            raise ConfigurationError(f"bans: 'after' must be at least 1 rejection, got {after!r}")
         if not within > 0 or not duration > 0:
-            raise ValueError(f"bans: 'within' and 'duration' must be positive, got {within!r} and {duration!r}")
+            raise ConfigurationError(f"bans: 'within' and 'duration' must be positive, got {within!r} and {duration!r}")
         if growth < 1:
-            raise ValueError(f"bans: 'growth' must be 1 (constant) or more, got {growth!r}")
+            raise ConfigurationError(f"bans: 'growth' must be 1 (constant) or more, got {growth!r}")
         if status not in (403, 429):
-            raise ValueError(f"bans: 'status' must be 403 or 429, got {status!r}")
+            raise ConfigurationError(f"bans: 'status' must be 403 or 429, got {status!r}")
         if not cache_for >= 0:
-            raise ValueError(f"bans: 'cache_for' must be zero or more seconds, got {cache_for!r}")
+            raise ConfigurationError(f"bans: 'cache_for' must be zero or more seconds, got {cache_for!r}")
         self.after = after
         self.within = within
         self.duration = duration
@@ -193,7 +194,7 @@ class Bans:
             seconds: How long the ban lasts.
         """
         if not seconds > 0 or math.isinf(seconds):
-            raise ValueError(f"block: seconds must be positive and finite, got {seconds!r}")
+            raise ConfigurationError(f"block: seconds must be positive and finite, got {seconds!r}")
         store = limiter.store
         until_key = self._storage(limiter, key, "until")
         left = (await store.peek([until_key], [_UNTIL]))[0].reset_after

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from .algorithms import State
 from .decision import Decision
+from .errors import ConfigurationError
 from .limits import Limit
 from .stores.base import Store
 
@@ -102,7 +103,7 @@ class Charge:
         for item in self.spec:
             ranges.append(_status_range(item))
         if not ranges:
-            raise ValueError("charge: statuses must name at least one status (e.g. [401, '5xx'])")
+            raise ConfigurationError("charge: statuses must name at least one status (e.g. [401, '5xx'])")
         self.ranges = tuple(ranges)
 
     @classmethod
@@ -123,11 +124,11 @@ class Charge:
 
 def _status_range(item: int | str) -> tuple[int, int]:
     if isinstance(item, bool):
-        raise ValueError(f"invalid status {item!r}")
+        raise ConfigurationError(f"invalid status {item!r}")
     if isinstance(item, int):
         if 100 <= item <= 599:
             return item, item
-        raise ValueError(f"invalid status {item!r}: expected 100-599")
+        raise ConfigurationError(f"invalid status {item!r}: expected 100-599")
     if isinstance(item, str):
         text = item.strip().lower()
         if len(text) == 3 and text[0] in "12345" and text[1:] == "xx":
@@ -142,4 +143,4 @@ def _status_range(item: int | str) -> tuple[int, int]:
         else:
             if 100 <= lo <= hi <= 599:
                 return lo, hi
-    raise ValueError(f"invalid status {item!r}: use a code (401), a class ('5xx') or a range ('400-499')")
+    raise ConfigurationError(f"invalid status {item!r}: use a code (401), a class ('5xx') or a range ('400-499')")

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .decision import Decision
+from .errors import ConfigurationError
 
 __all__ = ["Delay"]
 
@@ -32,9 +33,9 @@ class Delay:
 
     def __init__(self, *, max_wait: float = 1.0, burst: int = 10, max_waiting: int = 1000) -> None:
         if not max_wait > 0:
-            raise ValueError(f"delay: max_wait must be positive seconds, got {max_wait!r}")
+            raise ConfigurationError(f"delay: max_wait must be positive seconds, got {max_wait!r}")
         if burst < 1 or max_waiting < 1:
-            raise ValueError(f"delay: burst and max_waiting must be at least 1, got {burst!r} and {max_waiting!r}")
+            raise ConfigurationError(f"delay: burst and max_waiting must be at least 1, got {burst!r} and {max_waiting!r}")
         self.max_wait = max_wait
         self.burst = burst
         self.max_waiting = max_waiting

@@ -2,8 +2,12 @@
 
 - ``ConfigurationError`` (also a ``ValueError``): something given at start-up cannot be used: a
   rate string, an algorithm name, a store URL, a policy file
-  (``ratewarden.policy.PolicyError``, which lists every problem found). Raised when the
-  value is given, never at the first request.
+  (``ratewarden.policy.PolicyError``, which lists every problem found), an option of a
+  ``Limiter``, ``Rule``, store, middleware or policy section, an argument an operation cannot
+  use (``Bans.block`` for ``-1`` seconds). Raised when the value is given, never at the first
+  request. A plain ``ValueError`` is left only for values that come with each call rather
+  than from configuration (a negative ``cost`` given to ``Limiter.hit``; ``Store.adjust``
+  given keys, limits and amounts of different lengths).
 - ``StoreError``: a store could not answer (unreachable, timed out, an error reply); the
   original exception is kept as ``__cause__``, and ``reason`` says which (``"timeout"``,
   ``"unreachable"`` or ``"error"``).

@@ -78,7 +78,7 @@ class ClientIP:
         self, trusted_proxies: Iterable[str] = (), ipv6_prefix: int = 64, forwarded_header: str = "X-Forwarded-For"
     ) -> None:
         if not 0 < ipv6_prefix <= 128:
-            raise ValueError(f"ipv6_prefix must be between 1 and 128, got {ipv6_prefix}")
+            raise ConfigurationError(f"ipv6_prefix must be between 1 and 128, got {ipv6_prefix}")
         header = forwarded_header.strip().lower() if isinstance(forwarded_header, str) else ""
         if header not in ("x-forwarded-for", "forwarded"):
             raise ConfigurationError(
@@ -89,7 +89,7 @@ class ClientIP:
         try:
             self.trusted = tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies)
         except ValueError as exc:
-            raise ValueError(f"invalid trusted proxy network: {exc}") from None
+            raise ConfigurationError(f"invalid trusted proxy network: {exc}") from None
         self.ipv6_prefix = ipv6_prefix
         self._norm_cache: dict[str, str] = {}
         self._trust_cache: dict[str, bool] = {}
@@ -369,7 +369,7 @@ def compose(*funcs: KeyFunc, separator: str = "|") -> KeyFunc:
         separator: Put between the parts.
     """
     if not funcs:
-        raise ValueError("compose() needs at least one key function")
+        raise ConfigurationError("compose() needs at least one key function")
 
     async def key(scope: Scope) -> str | None:
         parts = []

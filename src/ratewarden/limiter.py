@@ -13,6 +13,7 @@ from typing import Literal
 from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
 from .decision import Decision
+from .errors import ConfigurationError
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .loop_thread import LoopThread
 from .rates import Rate, freeze_rates
@@ -133,7 +134,7 @@ class Limiter:
         fallback: Fallback = "local",
     ) -> None:
         if on_error not in ("open", "closed"):
-            raise ValueError(f"on_error must be 'open' or 'closed', got {on_error!r}")
+            raise ConfigurationError(f"on_error must be 'open' or 'closed', got {on_error!r}")
         if store is not None and not isinstance(store, Store):
             # The compiled build's own argument check raises first ("...Store or None object
             # expected; got str"): both reject it here, at construction, naming its type.
@@ -151,7 +152,7 @@ class Limiter:
         self.fallback: Store | None = None
         if isinstance(fallback, str):
             if fallback != "local":
-                raise ValueError(f"fallback must be a local store, 'local' or None, got {fallback!r}")
+                raise ConfigurationError(f"fallback must be a local store, 'local' or None, got {fallback!r}")
             self._owns_fallback = not self.store.local
             self.fallback = MemoryStore() if self._owns_fallback else None
         elif isinstance(fallback, Store):

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .decision import Decision
+from .errors import ConfigurationError
 from .limits import Limit
 from .stores.base import Capability, Store
 
@@ -160,7 +161,7 @@ class Metrics:
         except ImportError:  # pragma: no cover - depends on the environment
             raise ImportError("ratewarden metrics need prometheus-client: pip install 'ratewarden[metrics]'") from None
         if not 0 < near_ratio <= 1:
-            raise ValueError(f"near_ratio must be in (0, 1], got {near_ratio!r}")
+            raise ConfigurationError(f"near_ratio must be in (0, 1], got {near_ratio!r}")
         self.near_ratio = near_ratio
         self.registry = registry if registry is not None else prom.CollectorRegistry()
         labels = ("rule", "group")

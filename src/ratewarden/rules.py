@@ -40,9 +40,9 @@ def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
         try:
             return re.compile(pattern[3:])
         except re.error as exc:
-            raise ValueError(f"invalid regex in rule path {pattern!r}: {exc}") from None
+            raise ConfigurationError(f"invalid regex in rule path {pattern!r}: {exc}") from None
     if not pattern.startswith("/") and not pattern.startswith("*"):
-        raise ValueError(f"rule path {pattern!r} must start with '/' (e.g. '/api/**') or 're:'")
+        raise ConfigurationError(f"rule path {pattern!r} must start with '/' (e.g. '/api/**') or 're:'")
     return re.compile(_glob_regex(_glob_tokens(pattern)))
 
 
@@ -194,7 +194,7 @@ class Rule:
         shadow: bool = False,
     ) -> None:
         if rate is None and message_rate is None and not bypass:
-            raise ValueError(f"Rule({path!r}) needs a rate (e.g. '100/min') unless bypass=True")
+            raise ConfigurationError(f"Rule({path!r}) needs a rate (e.g. '100/min') unless bypass=True")
         # Read iterables (a generator) once: the rate is reused by every compiled copy of the rule.
         if rate is not None:
             rate = freeze_rates(rate, f"Rule({path!r}) rate")
@@ -213,7 +213,7 @@ class Rule:
         self.bypass = bypass
         self.name = name or (path if isinstance(path, str) else path.pattern)
         if not callable(cost) and not 0 <= cost < math.inf:
-            raise ValueError(f"Rule({path!r}) cost must be a finite number >= 0, got {cost!r}")
+            raise ConfigurationError(f"Rule({path!r}) cost must be a finite number >= 0, got {cost!r}")
         self.cost = cost
         self.message_rate = message_rate
         self.websocket = websocket or message_rate is not None

@@ -13,6 +13,7 @@ from .._mypyc import mypyc_attr
 from ..context import context_for
 from ..decision import Decision
 from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
+from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..responses import LimitHandler, adding_missing_headers, limited_headers, rejection, send_unavailable
@@ -57,9 +58,9 @@ class RateLimitMiddleware:
         websocket_on_message_limit: MessageLimitAction = "notify",
     ) -> None:
         if headers not in ("always", "on_limit", "off"):
-            raise ValueError(f"headers must be 'always', 'on_limit' or 'off', got {headers!r}")
+            raise ConfigurationError(f"headers must be 'always', 'on_limit' or 'off', got {headers!r}")
         if header_style not in ("ietf", "legacy", "both"):
-            raise ValueError(f"header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
+            raise ConfigurationError(f"header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
         self.app = app
         self.limiter = limiter
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, limiter.prefix)

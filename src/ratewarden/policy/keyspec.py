@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, get_args
 
 from ..credentials import bearer_token_of, header_value, query_value
+from ..errors import ConfigurationError
 from ..keys import KeyFunc, bearer_token, client_ip, header, query_param
 from ..types import Scope
 
@@ -27,7 +28,7 @@ _FORMS = {"ip": "'ip'", "identity": "'identity'", "header": "'header:<Name>'", "
 
 
 def parse_key_spec(spec: str, kinds: Sequence[KeyKind] = KEY_KINDS, what: str = "key") -> tuple[KeyKind, str]:
-    """``(kind, argument)`` of ``spec`` (kind lower-cased, both stripped), or a ``ValueError``
+    """``(kind, argument)`` of ``spec`` (kind lower-cased, both stripped), or a ``ConfigurationError``
     naming the forms ``kinds`` allows; ``what`` names the spec in that message."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
@@ -37,7 +38,7 @@ def parse_key_spec(spec: str, kinds: Sequence[KeyKind] = KEY_KINDS, what: str = 
             return allowed, arg
     forms = [_FORMS[k] for k in kinds]
     listed = f"{', '.join(forms[:-1])} or {forms[-1]}" if len(forms) > 1 else forms[0]
-    raise ValueError(f"invalid {what} {spec!r}: use {listed}")
+    raise ConfigurationError(f"invalid {what} {spec!r}: use {listed}")
 
 
 def key_function(spec: str, identity: Identity | None) -> KeyFunc:
@@ -45,7 +46,7 @@ def key_function(spec: str, identity: Identity | None) -> KeyFunc:
     kind, arg = parse_key_spec(spec)
     if kind == "identity":
         if identity is None:
-            raise ValueError("key 'identity' needs an [identity] section")
+            raise ConfigurationError("key 'identity' needs an [identity] section")
         return identity.key
     if kind == "header":
         return header(arg)

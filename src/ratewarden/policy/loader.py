@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigurationError
 from .problems import Locate, PolicyError, Problem
 from .schema import Policy, validate
 
@@ -146,7 +147,7 @@ def _parse_policy(text: str, format: str, source: str) -> Policy:
             line, message = _yaml_problem(exc)
             raise PolicyError([Problem("", message, line, source)]) from None
         return validate(data if data is not None else {}, yaml_locator(text), source)
-    raise ValueError(f"unknown policy format {format!r}: use 'toml' or 'yaml'")
+    raise ConfigurationError(f"unknown policy format {format!r}: use 'toml' or 'yaml'")
 
 
 _MAX_DEPTH = 64  # a policy needs a handful of levels

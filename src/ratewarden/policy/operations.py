@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ..bans import Bans
 from ..charges import adjust
 from ..decision import Decision
+from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..rules import CompiledRule
 from ..stats import rule_stats
@@ -56,10 +57,10 @@ class Operations:
                 continue
             if isinstance(rule, PolicyRule) and rule.tiers is not None:
                 if group is None or group not in rule.tiers.groups:
-                    raise ValueError(f"rule {name!r} is tiered: pass group= one of {', '.join(rule.tiers.groups)}")
+                    raise ConfigurationError(f"rule {name!r} is tiered: pass group= one of {', '.join(rule.tiers.groups)}")
                 compiled = rule.group_rules(self.limiter.prefix)[group]
                 if compiled is None:
-                    raise ValueError(f"group {group!r} of rule {name!r} is unlimited")
+                    raise ConfigurationError(f"group {group!r} of rule {name!r} is unlimited")
                 return compiled
             return CompiledRule(rule, self.limiter.prefix)
         raise KeyError(f"no rule named {name!r}")
@@ -104,10 +105,10 @@ class Operations:
         if api_key is not None:
             policy = self._runtime.policy
             if policy is None or policy.tiers is None:
-                raise ValueError("api_key= needs a policy with an [identity] section")
+                raise ConfigurationError("api_key= needs a policy with an [identity] section")
             identity = policy.tiers.identity
             group = identity.group_of(api_key)
             key = identity.client_key(api_key)
         if key is None:
-            raise ValueError("stats() needs key= or api_key=")
+            raise ConfigurationError("stats() needs key= or api_key=")
         return await rule_stats(self.limiter, rules, key, group=group)

@@ -37,7 +37,7 @@ class PolicyReloader:
 
     def __init__(self, path: str | Path, apply: Callable[[Policy], None], *, interval: float = 1.0) -> None:
         if not interval > 0:
-            raise ValueError(f"reload interval must be positive seconds, got {interval!r}")
+            raise ConfigurationError(f"reload interval must be positive seconds, got {interval!r}")
         self.path = Path(path)
         self.apply = apply
         self.interval = interval

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..bans import Bans
+from ..errors import ConfigurationError
 from ..keys import KeyFunc
 from ..rates import parse_rates
 from .keyspec import key_function, parse_key_spec, parse_source
@@ -28,15 +29,15 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, 
 def parse_duration(value: Any) -> float:
     """Seconds from a number or a string like ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration (seconds or '30s', '5m', '1h'), got {value!r}")
+        raise ConfigurationError(f"expected a duration (seconds or '30s', '5m', '1h'), got {value!r}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
         seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
     else:
-        raise ValueError(f"expected a duration (seconds or '30s', '5m', '1h'), got {value!r}")
+        raise ConfigurationError(f"expected a duration (seconds or '30s', '5m', '1h'), got {value!r}")
     if not seconds > 0:
-        raise ValueError(f"duration must be positive, got {value!r}")
+        raise ConfigurationError(f"duration must be positive, got {value!r}")
     return seconds
 
 

@@ -22,6 +22,7 @@ from ..charges import Charge
 from ..context import context_of
 from ..credentials import digest
 from ..delay import Delay
+from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip, key_text
 from ..rates import Rate
 from ..rules import CompiledRule, Rule
@@ -65,7 +66,7 @@ class Identity:
         self.sources = tuple(sources)
         self.extractors = tuple(parse_source(s) for s in self.sources)
         if not self.extractors:
-            raise ValueError("identity needs at least one key source (e.g. 'header:X-API-Key')")
+            raise ConfigurationError("identity needs at least one key source (e.g. 'header:X-API-Key')")
         self.keys = dict(keys or {})
         self.hashed_keys = {h.lower(): g for h, g in (hashed_keys or {}).items()}
         pairs = patterns.items() if isinstance(patterns, Mapping) else patterns
@@ -187,10 +188,10 @@ class Tiers:
 
     def __init__(self, groups: Mapping[str, str | Rate | Iterable[str | Rate] | None], identity: Identity) -> None:
         if not groups:
-            raise ValueError("tiers need at least one group")
+            raise ConfigurationError("tiers need at least one group")
         missing = sorted(identity.groups - set(groups))
         if missing:
-            raise ValueError(f"identity refers to undefined group(s): {', '.join(missing)}")
+            raise ConfigurationError(f"identity refers to undefined group(s): {', '.join(missing)}")
         self.groups = dict(groups)
         self.identity = identity
 
@@ -221,7 +222,7 @@ class PolicyRule(Rule):
     ) -> None:
         if tiers is not None:
             if rate is not None:
-                raise ValueError(f"PolicyRule({path!r}): give either rate or tiers, not both")
+                raise ConfigurationError(f"PolicyRule({path!r}): give either rate or tiers, not both")
             kwargs.setdefault("key", tiers.identity.key)
             super().__init__(path, "1/s", **kwargs)  # placeholder; the group decides the limits
             self.rate = None

@@ -29,6 +29,7 @@ from .._mypyc import mypyc_attr
 from ..algorithms import Algorithm, State
 from ..algorithms.fixed_window import fixed_window, fixed_window_of
 from ..decision import Decision
+from ..errors import ConfigurationError
 from ..limits import Limit
 from .base import Store, combine
 
@@ -69,7 +70,7 @@ class MemoryStore(Store):
 
     def __init__(self, max_keys: int = 1_000_000, clock: Callable[[], float] = time.time) -> None:
         if max_keys < 1:
-            raise ValueError(f"max_keys must be at least 1, got {max_keys}")
+            raise ConfigurationError(f"max_keys must be at least 1, got {max_keys}")
         self.max_keys = max_keys
         self.clock = clock
         self._data: OrderedDict[str, _Entry] = OrderedDict()

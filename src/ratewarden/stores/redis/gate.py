@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from ...errors import ConfigurationError
+
 __all__ = ["ConnectionGate", "Turn"]
 
 _T = TypeVar("_T")
@@ -37,7 +39,7 @@ class ConnectionGate:
 
     def __init__(self, size: int) -> None:
         if size < 1:
-            raise ValueError(f"a connection gate needs at least 1 connection, got {size}")
+            raise ConfigurationError(f"a connection gate needs at least 1 connection, got {size}")
         self.size = size
         self._free = asyncio.Semaphore(size)
 
