@@ -111,9 +111,9 @@ def test_live_run_counts_statuses_and_samples_the_server(tmp_path: Path) -> None
 
 
 def test_top_level_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([]) == 0
-    out = capsys.readouterr().out
-    assert "bench" in out and "demo" in out
+    assert main([]) == 2  # no command: usage on stderr, as argparse tools do
+    err = capsys.readouterr().err
+    assert "bench" in err and "demo" in err
 
 
 def test_in_process_libraries_run_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
