@@ -215,7 +215,7 @@ class Bans:
         """
         self._cache.pop(key, None)
         await limiter.store.reset([self._storage(limiter, key, "until"), self._storage(limiter, key, "level")])
-        await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, scope="ban")
+        await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
 
     async def strike(self, limiter: Limiter, key: str) -> float:
         """Record one rejection of ``key``; returns the ban length when this one triggers a ban, else 0.
@@ -224,7 +224,7 @@ class Bans:
             limiter: Whose store holds the bans (its ``prefix`` too).
             key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
         """
-        decision = await limiter.hit(key, self.strike_rate, algorithm=self.strike_algorithm, scope="ban")
+        decision = await limiter.hit(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
         if decision.allowed and decision.remaining > 0:
             return 0.0
         level = 0
@@ -234,7 +234,7 @@ class Bans:
             level = max(0, math.ceil(offence.reset_after / self.max_duration - 1e-6) - offence.allowed)
         seconds = min(self.max_duration, self.duration * self.growth**level)
         await self.block(limiter, key, seconds)
-        await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, scope="ban")
+        await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
         log.warning("banned key=%s for %.0fs after %d rejections (offence %d)", key, seconds, self.after, level + 1)
         return seconds
 

@@ -86,22 +86,22 @@ def safe_key(key: str) -> str:
     return key
 
 
-def storage_key(prefix: str, scope: str, key: str, suffix: str = "") -> str:
-    """``prefix:{scope|key}:suffix``, the one place storage keys are built (the limiter, compiled
+def storage_key(prefix: str, namespace: str, key: str, suffix: str = "") -> str:
+    """``prefix:{namespace|key}:suffix``, the one place storage keys are built (the limiter, compiled
     rules and bans all call it, so ``Limiter.reset`` reaches what a rule charged). The braces are
-    a Redis Cluster hash tag, so every limit of one (scope, key) shares a slot; braces in
-    ``scope`` (route templates such as ``/items/{item_id}``) become parentheses so they cannot cut
+    a Redis Cluster hash tag, so every limit of one (namespace, key) shares a slot; braces in
+    ``namespace`` (route templates such as ``/items/{item_id}``) become parentheses so they cannot cut
     the tag short.
 
     Args:
         prefix: The limiter's prefix.
-        scope: What the key is counted within (a route template, a rule name), or ``""``.
+        namespace: What the key is counted within (a route template, a rule name), or ``""``.
         key: Who is limited (passed through ``safe_key``).
         suffix: Which limit: ``Limit.suffix``; ``""`` for none (bans).
     """
-    if "{" in scope or "}" in scope:
-        scope = scope.replace("{", "(").replace("}", ")")
-    base = f"{prefix}:{{{scope}|{safe_key(key)}}}"
+    if "{" in namespace or "}" in namespace:
+        namespace = namespace.replace("{", "(").replace("}", ")")
+    base = f"{prefix}:{{{namespace}|{safe_key(key)}}}"
     return f"{base}:{suffix}" if suffix else base
 
 
@@ -190,19 +190,19 @@ class Limiter:
                 self._limits_cache[cache_key] = found
         return found
 
-    def keys_for(self, key: str, limits: Sequence[Limit], scope: str = "") -> list[str]:
+    def keys_for(self, key: str, limits: Sequence[Limit], namespace: str = "") -> list[str]:
         """The storage key of ``key`` under each of ``limits``.
 
         Args:
             key: Who is limited: a client IP, an API key, a user id.
             limits: What ``Limiter.limits`` returned.
-            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
-                ``key`` across scopes.
+            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
+                count for ``key`` across namespaces.
         """
         if not isinstance(key, str):
             raise TypeError(f"key must be a string (e.g. the client IP), got {type(key).__name__} {key!r}")
         prefix = self.prefix
-        return [storage_key(prefix, scope, key, limit.suffix) for limit in limits]
+        return [storage_key(prefix, namespace, key, limit.suffix) for limit in limits]
 
     async def check(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
@@ -369,7 +369,7 @@ class Limiter:
         rate: str | Rate | Iterable[str | Rate],
         cost: float = 1,
         algorithm: AlgorithmName = DEFAULT_ALGORITHM,
-        scope: str = "",
+        namespace: str = "",
     ) -> Decision:
         """Charge ``cost`` to ``key`` under every rate in ``rate``, all or nothing.
 
@@ -379,15 +379,15 @@ class Limiter:
                 every one must allow.
             cost: Units this request uses (default 1; 0 only reads).
             algorithm: The algorithm's name (default ``"fixed_window"``).
-            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
-                ``key`` across scopes.
+            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
+                count for ``key`` across namespaces.
         """
         _check_cost(cost)
         limits = self.limits(rate, algorithm)
-        return await self.check(self.keys_for(key, limits, scope), limits, [cost] * len(limits))
+        return await self.check(self.keys_for(key, limits, namespace), limits, [cost] * len(limits))
 
     async def peek(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> Decision:
         """What a request would see now, without charging anything.
 
@@ -396,15 +396,15 @@ class Limiter:
             rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
                 every one must allow.
             algorithm: The algorithm's name (default ``"fixed_window"``).
-            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
-                ``key`` across scopes.
+            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
+                count for ``key`` across namespaces.
         """
         limits = self.limits(rate, algorithm)
-        decisions = await self.store.peek(self.keys_for(key, limits, scope), limits)
+        decisions = await self.store.peek(self.keys_for(key, limits, namespace), limits)
         return min(decisions, key=lambda d: d.remaining)
 
     async def reset(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> None:
         """Forget ``key``'s state under these rates (in the insurance limiter too).
 
@@ -413,11 +413,11 @@ class Limiter:
             rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
                 every one must allow.
             algorithm: The algorithm's name (default ``"fixed_window"``).
-            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
-                ``key`` across scopes.
+            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
+                count for ``key`` across namespaces.
         """
         limits = self.limits(rate, algorithm)
-        keys = self.keys_for(key, limits, scope)
+        keys = self.keys_for(key, limits, namespace)
         if self.fallback is not None:
             await self.fallback.reset(keys)
         await self.store.reset(keys)
@@ -445,7 +445,7 @@ class Limiter:
         rate: str | Rate | Iterable[str | Rate],
         cost: float = 1,
         algorithm: AlgorithmName = DEFAULT_ALGORITHM,
-        scope: str = "",
+        namespace: str = "",
     ) -> Decision:
         """``hit`` for synchronous code.
 
@@ -455,13 +455,13 @@ class Limiter:
                 every one must allow.
             cost: Units this request uses (default 1).
             algorithm: The algorithm's name (default ``"fixed_window"``).
-            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
-                ``key`` across scopes.
+            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
+                count for ``key`` across namespaces.
         """
         if self.store.local:
             _check_cost(cost)
             limits = self.limits(rate, algorithm)
-            keys = self.keys_for(key, limits, scope)
+            keys = self.keys_for(key, limits, namespace)
             costs = [cost] * len(limits)
             try:
                 return self.store.hit_now(keys, limits, costs)
@@ -470,10 +470,10 @@ class Limiter:
                 if decision is None:
                     raise
                 return decision
-        return self._sync_loop.run(self.hit(key, rate, cost, algorithm, scope))
+        return self._sync_loop.run(self.hit(key, rate, cost, algorithm, namespace))
 
     def peek_sync(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> Decision:
         """``peek`` for synchronous code.
 
@@ -482,13 +482,13 @@ class Limiter:
             rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
                 every one must allow.
             algorithm: The algorithm's name (default ``"fixed_window"``).
-            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
-                ``key`` across scopes.
+            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
+                count for ``key`` across namespaces.
         """
-        return self._sync_loop.run(self.peek(key, rate, algorithm, scope))
+        return self._sync_loop.run(self.peek(key, rate, algorithm, namespace))
 
     def reset_sync(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, scope: str = ""
+        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> None:
         """``reset`` for synchronous code.
 
@@ -497,10 +497,10 @@ class Limiter:
             rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
                 every one must allow.
             algorithm: The algorithm's name (default ``"fixed_window"``).
-            scope: What the key is counted within, e.g. a route; the default ``""`` shares one count for
-                ``key`` across scopes.
+            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
+                count for ``key`` across namespaces.
         """
-        self._sync_loop.run(self.reset(key, rate, algorithm, scope))
+        self._sync_loop.run(self.reset(key, rate, algorithm, namespace))
 
     def clear_sync(self) -> None:
         self._sync_loop.run(self.clear())

@@ -43,9 +43,9 @@ async def test_reset_after_a_dependency_charge_on_a_templated_route_really_reset
     limiter = Limiter(MemoryStore(clock=FakeClock(6000.0)))
     app = _items_app(limiter, "2/min")
     assert [(await request(app, f"/items/{i}")).status for i in range(3)] == [200, 200, 429]
-    await limiter.reset(CLIENT, "2/min", scope="GET /items/{item_id}")
+    await limiter.reset(CLIENT, "2/min", namespace="GET /items/{item_id}")
     assert (await request(app, "/items/9")).status == 200
-    assert (await limiter.peek(CLIENT, "2/min", scope="GET /items/{item_id}")).remaining == 1
+    assert (await limiter.peek(CLIENT, "2/min", namespace="GET /items/{item_id}")).remaining == 1
 
 
 def test_every_storage_key_comes_from_storage_key() -> None:

@@ -101,9 +101,9 @@ async def test_bad_arguments_fail_loudly(limiter: Limiter) -> None:
 
 
 async def test_scopes_separate_counters(limiter: Limiter) -> None:
-    assert (await limiter.hit("k", "1/min", scope="a")).allowed
-    assert (await limiter.hit("k", "1/min", scope="b")).allowed
-    assert not (await limiter.hit("k", "1/min", scope="a")).allowed
+    assert (await limiter.hit("k", "1/min", namespace="a")).allowed
+    assert (await limiter.hit("k", "1/min", namespace="b")).allowed
+    assert not (await limiter.hit("k", "1/min", namespace="a")).allowed
 
 
 async def test_oversized_keys_are_bounded_and_distinct(limiter: Limiter) -> None:
