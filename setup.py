@@ -177,7 +177,7 @@ _C_TP_DOC = re.compile(rf"\.tp_doc = (?:{_C_DOC}),")
 # An async def: mypyc makes a "Function compiled with mypyc" object, which shows no ml_doc; from Python
 # 3.12 it has a __dict__ to hold its __doc__ (set right after the object is made).
 _C_COROUTINE = re.compile(r"(PyObject\* (wrapper_CPyPy_(\w+)) = CPyFunction_New\(.*?\);\s*"
-                          r"if \(unlikely\(!\2\)\)\s*goto fail;)(?!\n#if PY_VERSION_HEX)", re.S)
+                          r"if \(unlikely\(!\2\)\)\s*(?:goto fail|return \w+);)(?!\n#if PY_VERSION_HEX)", re.S)
 _C_PROPERTY = re.compile(r'(\{"(\w+)",\s*\(getter\)(\w+)_get_\2,\s*(?:\(setter\)\w+|NULL),\s*)(NULL)')
 
 

@@ -84,9 +84,16 @@ def _sign_coroutine(func: object, module: ModuleType) -> None:
     its empty ``__code__``. From Python 3.12 it has a ``__dict__``, which takes the signature (and the
     build sets its ``__doc__``); before, it has neither."""
     code = getattr(func, "__code__", None)
-    if (type(func).__name__ != "Function compiled with mypyc" or not isinstance(code, CodeType)
-            or getattr(func, "__module__", None) != module.__name__ or "__signature__" in getattr(func, "__dict__", ())):
+    if type(func).__name__ != "Function compiled with mypyc" or not isinstance(code, CodeType):
         return
+    path = module.__name__.replace(".", "/")
+    if code.co_filename and not code.co_filename.endswith((f"{path}.py", f"{path}/__init__.py")):
+        return  # imported from another module (methods have no file name: their class's module)
+    if "__signature__" in getattr(func, "__dict__", ()):
+        return
+    if getattr(func, "__module__", None) is None:
+        with contextlib.suppress(AttributeError, TypeError):
+            func.__module__ = module.__name__
     lines = _source_lines(module)
     start = code.co_firstlineno - 1
     for end in range(start + 1, min(start + 60, len(lines)) + 1):
