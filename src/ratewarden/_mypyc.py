@@ -104,7 +104,7 @@ def _sign_coroutine(func: object, module: ModuleType) -> None:
             node = ast.parse(header + "\n    pass\n").body[0]
         except SyntaxError:
             continue
-        if isinstance(node, ast.AsyncFunctionDef) and node.name == getattr(func, "__name__", None):
+        if isinstance(node, ast.AsyncFunctionDef) and node.name == str(getattr(func, "__name__", "")).rsplit(".", 1)[-1]:
             signature = _stub_signature(node, module, method=False)
             if signature is not None:
                 with contextlib.suppress(AttributeError, TypeError):
