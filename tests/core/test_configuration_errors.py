@@ -43,12 +43,13 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
      "fallback must be a local store, 'local' or None, got 'remote'"),
     ("Rule without a rate", lambda: Rule("/api/**"),
      "Rule('/api/**') needs a rate (e.g. '100/min') unless bypass=True"),
-    ("Rule cost", lambda: Rule("/api/**", "10/s", cost=-1),
-     "Rule('/api/**') cost must be a finite number >= 0, got -1"),
+    # -1.5, not -1: the compiled Rule holds its cost as a float (it would say -1.0).
+    ("Rule cost", lambda: Rule("/api/**", "10/s", cost=-1.5),
+     "Rule('/api/**') cost must be a finite number >= 0, got -1.5"),
     ("rule path", lambda: compile_path("api/**"),
      "rule path 'api/**' must start with '/' (e.g. '/api/**') or 're:'"),
-    ("rule regex", lambda: compile_path("re:(")
-     , "invalid regex in rule path 're:(': missing ), unterminated subpattern at position 0"),
+    ("rule regex", lambda: compile_path("re:("),
+     "invalid regex in rule path 're:(': missing ), unterminated subpattern at position 0"),
     ("middleware headers", lambda: RateLimitMiddleware(_app, Limiter(), headers="sometimes"),  # type: ignore[arg-type]
      "headers must be 'always', 'on_limit' or 'off', got 'sometimes'"),
     ("middleware header_style", lambda: RateLimitMiddleware(_app, Limiter(), header_style="rfc"),  # type: ignore[arg-type]
@@ -98,6 +99,6 @@ def test_metrics_near_ratio_raises_configuration_error() -> None:
 def test_per_call_values_stay_plain_value_errors() -> None:
     """A request's cost comes with each call, not from configuration: a plain ``ValueError``."""
     limiter = Limiter()
-    with pytest.raises(ValueError, match=re.escape("cost must be zero or positive, got -1")) as info:
-        limiter.hit_sync("k", "10/s", cost=-1)
+    with pytest.raises(ValueError, match=re.escape("cost must be zero or positive, got -1.5")) as info:
+        limiter.hit_sync("k", "10/s", cost=-1.5)
     assert not isinstance(info.value, ConfigurationError)
