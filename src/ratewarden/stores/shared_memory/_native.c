@@ -13,8 +13,8 @@
  *                                          field out of range); > 0 = pthread_mutex_lock's error
  *                                          (the lock is held only for EOWNERDEAD)
  *   commit(r, expires, state)             write that entry's state (dirty while written, unless
- *                                          state is None), never moving its expiry earlier, and
- *                                          unlock region r
+ *                                          state is None), never moving its expiry earlier, keep
+ *                                          the region's next_expiry a bound, and unlock region r
  *
  * The offsets below are layout.py's (LAYOUT_VERSION); the store uses this module only when its
  * LAYOUT_VERSION matches. Every offset read from the file is bounds-checked against the mapping.
@@ -34,6 +34,7 @@
 
 #define LAYOUT_VERSION 2
 #define R_OP 8
+#define R_NEXT_EXPIRY 24
 #define MUTEX 64
 #define E_DIGEST 16
 #define E_BODY 32
@@ -307,6 +308,12 @@ Table_commit(Table *self, PyObject *const *args, Py_ssize_t nargs)
     die(self, 2);
     *(volatile char *)entry = CLEAN;
     FENCE();
+    /* table.py's write(): the region's next_expiry stays a lower bound of its entries' expiries
+     * (never lowered here while it holds: expires >= the entry's own >= it). */
+    double next;
+    memcpy(&next, region->head + R_NEXT_EXPIRY, 8);
+    if (expires < next)
+        memcpy(region->head + R_NEXT_EXPIRY, &expires, 8);
     if (values != small)
         PyMem_Free(values);
     release(self, region);

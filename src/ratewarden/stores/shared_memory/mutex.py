@@ -47,15 +47,15 @@ class Pthread:
                 raise SharedMemoryError(f"cannot initialise a process-shared mutex: {os.strerror(rc)}")
 
 
-_pthread: Pthread | None = None
+# The one Pthread of this process, made on first use (a list, not a rebound global).
+_loaded: list[Pthread] = []
 
 
 def robust_mutexes() -> Pthread | None:
     """The robust-mutex functions, or None where there are none (then ``fcntl`` locks are used)."""
-    global _pthread
-    if _pthread is None and sys.platform.startswith("linux"):
+    if not _loaded and sys.platform.startswith("linux"):
         try:
-            _pthread = Pthread()
+            _loaded.append(Pthread())
         except (OSError, AttributeError):
             return None
-    return _pthread
+    return _loaded[0] if _loaded else None

@@ -1,8 +1,8 @@
 """Every table operation of ``SharedMemoryStore`` besides the check: peek, adjust, reset, clear,
 counting the live keys and reading one key's state.
 
-The check stays in ``store.py``, where ``hit_now`` inlines its lock, probe and state rewrite (the hot
-path); these run far less often and use the general helpers (``locks``, ``slots``, ``table``). Each
+The check stays in ``store.py`` (``hit_now``, with ``slots.charge_one``: the hot path); these run
+far less often and use the general helpers (``locks``, ``slots``, ``table``). Each
 takes the thread lock and its regions' locks itself, in ascending order (``locks.locked``).
 """
 

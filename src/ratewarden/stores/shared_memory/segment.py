@@ -16,6 +16,7 @@ import stat
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,7 @@ from .mutex import robust_mutexes
 if TYPE_CHECKING:
     from ._native import Table
 
-__all__ = ["Segment", "attach", "detach", "segment_path"]
+__all__ = ["CtypesMutexes", "FileLocks", "NativeMutexes", "RegionLocks", "Segment", "attach", "detach", "segment_path"]
 
 # Matched whole (fullmatch: "$" would accept a trailing newline); ASCII only.
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}")
@@ -66,6 +67,89 @@ def segment_path(name: str, directory: str | os.PathLike[str] | None = None) -> 
     if directory is None:
         directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     return Path(directory) / f"ratewarden-{name}.shm"
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class RegionLocks:
+    """A table's region locks, of the kind its file records, chosen once when it is mapped
+    (``Segment.locks``): ``lock`` returns 0, or ``pthread_mutex_lock``'s error (the lock is held
+    only on ``EOWNERDEAD``, then ``consistent`` takes it over). ``locks.py`` holds what surrounds
+    them (a dead holder's half-done write, the thread lock ``fcntl`` locks need)."""
+
+    mutex = False  # a robust mutex (belongs to a thread), not an fcntl lock (belongs to the process)
+
+    def lock(self, region: Region) -> int:
+        raise NotImplementedError
+
+    def unlock(self, region: Region) -> None:
+        raise NotImplementedError
+
+    def consistent(self, region: Region) -> int:
+        raise NotImplementedError
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class FileLocks(RegionLocks):
+    """An ``fcntl`` byte-range lock on the region's byte (dropped by the kernel when its holder
+    dies). ``lockf`` is an attribute so a benchmark can swap it (e.g. for ``flock``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lockf: Callable[[int, int, int, int], object] = fcntl.lockf
+
+    def lock(self, region: Region) -> int:
+        self.lockf(self.fd, fcntl.LOCK_EX, 1, region.lock)
+        return 0
+
+    def unlock(self, region: Region) -> None:
+        self.lockf(self.fd, fcntl.LOCK_UN, 1, region.lock)
+
+    def consistent(self, region: Region) -> int:
+        return 0
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class CtypesMutexes(RegionLocks):
+    """The region's robust mutex through ``ctypes`` (``mutex.py``): where the C helpers are not built."""
+
+    mutex = True
+
+    def __init__(self) -> None:
+        pthread = robust_mutexes()
+        if pthread is None:
+            raise SharedMemoryError("this platform has no process-shared robust mutexes")
+        self.mutex_lock: Callable[[int], int] = pthread.lock
+        self.mutex_unlock: Callable[[int], int] = pthread.unlock
+        self.mutex_consistent: Callable[[int], int] = pthread.consistent
+
+    def lock(self, region: Region) -> int:
+        return self.mutex_lock(region.addr)
+
+    def unlock(self, region: Region) -> None:
+        self.mutex_unlock(region.addr)
+
+    def consistent(self, region: Region) -> int:
+        return self.mutex_consistent(region.addr)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class NativeMutexes(RegionLocks):
+    """The region's robust mutex through the C helpers (``_native.c``), which also do the one-key
+    check's probe and state copy (``Segment.native``)."""
+
+    mutex = True
+
+    def __init__(self, native: Table) -> None:
+        self.native = native
+
+    def lock(self, region: Region) -> int:
+        return self.native.lock(region.number)
+
+    def unlock(self, region: Region) -> None:
+        self.native.unlock(region.number)
+
+    def consistent(self, region: Region) -> int:
+        return self.native.consistent(region.number)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -109,6 +193,12 @@ class Segment:
             self.lock_kind = self._initialise(max_keys, stripes, floats, esize, isize, rsize, total, lock)
             self.mutex = self.lock_kind == "mutex"
             self.native = self._native() if self.mutex else None
+            # The region locks, chosen once: every lock and unlock goes through them (locks.py).
+            self.locks: RegionLocks = (
+                FileLocks(self.fd) if not self.mutex
+                else CtypesMutexes() if self.native is None
+                else NativeMutexes(self.native)
+            )
         except BaseException:
             if self._anchor is not None:
                 self._anchor = None

@@ -2,26 +2,20 @@
 the overflow allowance a full region charges new keys to; peek, adjust, reset, clear and the
 introspection are ``operations.py``, called from here.
 
-``hit_now`` on one key is the hot path: it inlines the lock, the probe and the state rewrite, or
-hands them to the C helpers (``_native.c``) when built (``locks.py``, ``table.py`` hold the general
-versions every other path uses).
-
-Over ~400 lines (about 440) on purpose: the inlined ``hit_now`` is about 100 of them, and the
-module globals it reads (``_lockf``, the mutex functions, ``_forks``) and what rebinds them
-(``_attach``, ``_count_fork``) must live in this module; moving more out would leave one-line
-forwarding methods or cost the check a call.
+``hit_now`` on one key is the hot path: it takes the region's lock itself (``seg.locks``, the
+lock kind chosen once when the file is mapped) and hands the probe and the state rewrite to
+``slots.charge_one``, or to the C helpers (``_native.c``) when built; ``locks.py`` and ``table.py``
+hold the general versions every other path uses.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Final
 
 from ..._mypyc import mypyc_attr
@@ -32,64 +26,32 @@ from ...limits import Limit
 from ..base import Store, combine
 from . import operations
 from .errors import SharedMemoryError
-from .layout import (
-    BODY_HEAD,
-    CLEAN,
-    DEFAULT_LOG_SIZE,
-    DEFAULT_MAX_KEYS,
-    DIGEST,
-    E_BODY,
-    E_DIGEST,
-    E_FLOATS,
-    LOCKS,
-    R_OP,
-    U32,
-    WRITING,
-    Region,
-    hold_of,
-)
+from .layout import DEFAULT_LOG_SIZE, DEFAULT_MAX_KEYS, DIGEST, LOCKS, R_OP, Region
 from .locks import lock as lock_region
-from .locks import locked, owner_died
+from .locks import locked, taken
 from .locks import unlock as unlock_region
-from .mutex import robust_mutexes
 from .segment import Segment, attach, detach, segment_path
-from .slots import Slot, charge_all, charge_overflow, load
-from .table import corrupt, has_room, insert, later, recover, sweep, write
+from .slots import Slot, charge_all, charge_one, charge_overflow
 
 log = logging.getLogger("ratewarden.stores.shared_memory")
 
 _OVERFLOW = "\x00overflow:"
-# The hot path's globals (a module-global lookup is the cheapest in the interpreter; Final ones
-# are C statics when compiled). _lockf and the mutex functions are rebound (bench, first open).
-_body_head_from: Final = BODY_HEAD.unpack_from
-_u32_from: Final = U32.unpack_from
-_lockf = fcntl.lockf
-_mutex_lock: Callable[[int], int] = lambda address: 0  # noqa: E731 - set on first use of a mutex table
-_mutex_unlock: Callable[[int], int] = lambda address: 0  # noqa: E731
-_LOCK_EX: Final = fcntl.LOCK_EX
-_LOCK_UN: Final = fcntl.LOCK_UN
-# Forks seen by this process's lineage: a store compares it with its own copy on every check
-# instead of calling getpid() (a system call, ~0.2 µs: a third of a compiled check).
-_forks = 0
 
 
-def _count_fork() -> None:
-    global _forks
-    _forks += 1
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Forks:
+    """Forks seen by this process's lineage: a store compares ``FORKS.count`` with its own copy on
+    every check instead of calling getpid() (a system call, ~0.2 µs: a third of a compiled check)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def seen(self) -> None:
+        self.count += 1
 
 
-os.register_at_fork(after_in_child=_count_fork)
-
-
-def _attach(path: Path, max_keys: int, log_size: int, lock: str) -> Segment:
-    """``attach``, binding the hot path's mutex functions the first time a mutex table opens."""
-    global _mutex_lock, _mutex_unlock
-    seg = attach(path, max_keys, log_size, lock)
-    if seg.mutex:
-        pthread = robust_mutexes()
-        assert pthread is not None
-        _mutex_lock, _mutex_unlock = pthread.lock, pthread.unlock
-    return seg
+FORKS: Final = Forks()
+os.register_at_fork(after_in_child=FORKS.seen)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -141,9 +103,9 @@ class SharedMemoryStore(Store):
         self.clock = clock
         self.overflowed = 0  # new keys this process charged to a shared overflow state
         self._overflow_logged = False
-        self._seg: Segment | None = _attach(self.path, max_keys, log_size, lock)
+        self._seg: Segment | None = attach(self.path, max_keys, log_size, lock)
         self._pid = os.getpid()
-        self._forks = _forks
+        self._forks = FORKS.count
         self._checked: set[str] = set()
         self._where: dict[str, tuple[bytes, int, Region]] = {}
 
@@ -174,10 +136,10 @@ class SharedMemoryStore(Store):
         if seg is None:
             raise SharedMemoryError(f"{self!r} is closed")
         if self._pid != os.getpid():  # forked: map the file again in this process
-            self._seg = seg = _attach(self.path, self.max_keys, self.log_size, self.lock)
+            self._seg = seg = attach(self.path, self.max_keys, self.log_size, self.lock)
             self._pid = os.getpid()
             self._where.clear()
-        self._forks = _forks
+        self._forks = FORKS.count
         return seg
 
     def _check_limit(self, limit: Limit) -> None:
@@ -234,10 +196,8 @@ class SharedMemoryStore(Store):
     # -- checks -------------------------------------------------------------------------------
 
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        # Longer than ~60 lines on purpose: the one-key check inlines the lock, the probe and the
-        # state rewrite (each call saved is ~0.1 µs of a ~2 µs check in the interpreter).
         seg = self._seg
-        if seg is None or self._forks != _forks:
+        if seg is None or self._forks != FORKS.count:
             seg = self._segment()
         now = self.clock()
         if len(keys) != 1:
@@ -250,100 +210,48 @@ class SharedMemoryStore(Store):
         if where is None:
             where = self._locate(seg, key)
         digest, home, region = where
-        mm = seg.mm
-        mutex = seg.mutex
         native = seg.native
-        # A robust mutex belongs to a thread, so it excludes this process's threads too; an fcntl
-        # lock belongs to the process, so threads first take the process's thread lock.
-        if native is not None:
+        locks = seg.locks
+        # locks.lock/unlock inlined, with the thread lock (the one copy): calling them cost a
+        # hot-key check ~0.15 µs in the interpreter (MEASURED; issue 22). A robust mutex excludes
+        # this process's threads too; an fcntl lock belongs to the process, so threads first take
+        # the process's thread lock.
+        if native is None:
+            if not seg.mutex:
+                seg.tlock.acquire()
+            try:
+                got = locks.lock(region)
+            except BaseException:
+                if not seg.mutex:
+                    seg.tlock.release()
+                raise
+        else:
             # The C helpers (_native.c): one call locks the region and reads the key's state if
             # its entry is there and clean, another writes the new state and unlocks.
-            got = native.begin(region.number, digest, now)
-            if not isinstance(got, int):
+            state = native.begin(region.number, digest, now)
+            if not isinstance(state, int):
                 try:
-                    new_state, decision = limit.fn(got, now, costs[0], limit.rate)
+                    new_state, decision = limit.fn(state, now, costs[0], limit.rate)
                     decision.policy = limit.name
                 except BaseException:
                     native.unlock(region.number)
                     raise
                 native.commit(region.number, now + decision.reset_after, new_state)
                 return decision
-            if got > 0:  # the lock failed (held only after EOWNERDEAD)
-                owner_died(seg, got, region)
-            # Else the lock is held and the key needs the general path below.
-        elif mutex:
-            rc = _mutex_lock(region.addr)
-            if rc:
-                owner_died(seg, rc, region)
-        else:
-            seg.tlock.acquire()
+            got = state  # held (unless an error): the key needs the general path below
+        if got or seg.mm[region.base + R_OP]:  # a dead holder's lock or half-done write
             try:
-                _lockf(seg.fd, _LOCK_EX, 1, region.lock)
+                taken(seg, region, got)  # raises with the region unlocked
             except BaseException:
-                seg.tlock.release()
+                if not seg.mutex:
+                    seg.tlock.release()
                 raise
         try:
-            if mm[region.base + R_OP]:  # an insert or delete left half-done by a dead process
-                recover(seg, region)
-            # The common case inlined: find the entry, run the algorithm, rewrite the state.
-            mask = region.mask
-            index = region.index
-            i = home & mask
-            while True:
-                v = _u32_from(mm, index + 4 * i)[0]
-                if v == 0:
-                    off = -1
-                    break
-                off = region.entries + (v - 1) * seg.esize
-                if mm[off + E_DIGEST : off + E_DIGEST + 16] == digest:
-                    break
-                # A miss (only misses pay for this): a slot beyond the region, or more occupied slots
-                # than the region holds (a consistent index is at most half full), is corruption.
-                i = (i + 1) & mask
-                if v > region.cap or i == (home + region.cap + 1) & mask:
-                    raise corrupt(seg, region, "an index slot beyond the region, or no empty slot")
-            if off >= 0 and not mm[off]:
-                expires, n = _body_head_from(mm, off + E_BODY)
-                try:
-                    states = seg.states[n]
-                except IndexError:
-                    raise corrupt(seg, region, f"an entry's state of {n} numbers") from None
-                state = states.unpack_from(mm, off + E_FLOATS) if expires > now else None
-                new_state, decision = limit.fn(state, now, costs[0], limit.rate)
-                decision.policy = limit.name
-                if new_state is not None:
-                    # A check never moves an expiry earlier (a late clock must not shorten a newer
-                    # window's life), so the region's next_expiry stays a bound.
-                    until = now + decision.reset_after
-                    if expires > until:
-                        until = expires
-                    mm[off] = WRITING
-                    seg.bodies[len(new_state)].pack_into(mm, off + E_BODY, until, len(new_state), *new_state)
-                    mm[off] = CLEAN
-                return decision
-            slot = Slot(digest, home, region)
-            off = load(seg, slot, limit, now)
-            if off < 0:
-                if not has_room(seg, region, 0, now):
-                    return self._hit_overflow(seg, limit, costs[0], now)
-                slot.new = True
-            new_state, decision = limit.fn(slot.state, now, costs[0], limit.rate)
-            decision.policy = limit.name
-            if new_state is not None:
-                expires = now + decision.reset_after
-                if off >= 0:
-                    write(seg, region, off, later(seg, off, expires), new_state)
-                else:
-                    sweep(seg, region, 2, now)
-                    insert(seg, region, slot.digest, slot.home, hold_of(limit), expires, new_state)
-            return decision
+            charged = charge_one(seg, digest, home, region, limit, costs[0], now)
+            return charged if charged is not None else self._hit_overflow(seg, limit, costs[0], now)
         finally:
-            if native is not None:
-                native.unlock(region.number)
-            elif mutex:
-                _mutex_unlock(region.addr)
-            else:
-                _lockf(seg.fd, _LOCK_UN, 1, region.lock)
+            locks.unlock(region)
+            if not seg.mutex:
                 seg.tlock.release()
 
     def _hit_overflow(self, seg: Segment, limit: Limit, cost: float, now: float) -> Decision:

@@ -124,7 +124,9 @@ def later(seg: Segment, off: int, expires: float) -> float:
 
 
 def write(seg: Segment, region: Region, off: int, expires: float, state: State) -> None:
-    """Rewrite the entry at ``off`` (dirty while it is written)."""
+    """Rewrite the entry at ``off`` (dirty while it is written), keeping the region's next_expiry a
+    lower bound of its entries' expiries (``has_room`` sweeps a full region once it has passed; the
+    one-key check's inlined copy, ``slots.charge_one``, and ``_native.c``'s ``commit`` keep it too)."""
     mm = seg.mm
     mm[off] = WRITING
     seg.bodies[len(state)].pack_into(mm, off + E_BODY, expires, len(state), *state)
