@@ -238,6 +238,17 @@ die(Table *self, int step)
         kill(getpid(), SIGKILL);
 }
 
+/* table.py's write(): the region's next_expiry stays a lower bound of its entries' expiries
+ * (never lowered by a commit while it holds: expires >= the entry's own >= it). */
+static inline void
+keep_bound(Region *region, double expires)
+{
+    double next;
+    memcpy(&next, region->head + R_NEXT_EXPIRY, 8);
+    if (expires < next)
+        memcpy(region->head + R_NEXT_EXPIRY, &expires, 8);
+}
+
 static PyObject *
 Table_commit(Table *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -308,12 +319,7 @@ Table_commit(Table *self, PyObject *const *args, Py_ssize_t nargs)
     die(self, 2);
     *(volatile char *)entry = CLEAN;
     FENCE();
-    /* table.py's write(): the region's next_expiry stays a lower bound of its entries' expiries
-     * (never lowered here while it holds: expires >= the entry's own >= it). */
-    double next;
-    memcpy(&next, region->head + R_NEXT_EXPIRY, 8);
-    if (expires < next)
-        memcpy(region->head + R_NEXT_EXPIRY, &expires, 8);
+    keep_bound(region, expires);
     if (values != small)
         PyMem_Free(values);
     release(self, region);
