@@ -79,7 +79,7 @@ def charge_one(
     # The one inlined copy of find/read/write (table.py), for a clean entry found: calling them
     # (and load's Slot, settle, later) made a hot-key check ~1.1 µs slower in the interpreter
     # (2.1 -> 3.3 µs, ctypes mutex), ~55 % (measured, issue 22). The write keeps table.write's
-    # next_expiry bound, through the same FIELDS writer.
+    # next_expiry bound, through the same FIELDS writer (its read costs ~0.09 µs of the check).
     mm = seg.mm
     mask = region.mask
     index = region.index
