@@ -192,13 +192,12 @@ def mechanisms(checks: int, runs: int) -> None:
     floor of the Python work)."""
     import fcntl
 
-    from ratewarden.stores.shared_memory import store as shared_memory
-
     mutex = shm_store("bench-mech-mutex", lock="mutex")
     ctypes_mutex = shm_store("bench-mech-ctypes", native=False, lock="mutex")
     lockf = shm_store("bench-mech-lockf", lock="lockf")
     keys, limits, costs = [HOT_KEY], [HOT], [1.0]
-    real = shared_memory._lockf
+    file_locks = lockf._segment().locks  # the lockf store's FileLocks: its ``lockf`` is swapped below
+    real = file_locks.lockf
 
     def flock(fd: int, cmd: int, length: int = 0, start: int = 0) -> None:
         fcntl.flock(fd, cmd)
@@ -217,13 +216,14 @@ def mechanisms(checks: int, runs: int) -> None:
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(runs):
         for name, (store, fn) in variants.items():
-            shared_memory._lockf = fn  # type: ignore[assignment]
+            if store is lockf:
+                file_locks.lockf = fn
             hit = store.hit_now
             t0 = time.process_time()
             for _ in range(checks):
                 hit(keys, limits, costs)
             samples[name].append((time.process_time() - t0) / checks * 1e6)
-        shared_memory._lockf = real
+        file_locks.lockf = real
     print("hit_now on one key, CPU µs per check:")
     for name, values in samples.items():
         print(f"  {name:32s} {min(values):6.2f} min {statistics.median(values):6.2f} median")
