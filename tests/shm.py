@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -18,6 +20,12 @@ from ratewarden.stores.shared_memory import SharedMemoryStore
 SHM_DIR = Path(tempfile.mkdtemp(prefix="ratewarden-shm-tests-"))
 atexit.register(shutil.rmtree, SHM_DIR, True)
 KINDS = ["memory", "shm"]
+#: Whether the shared-memory store's C helpers are built (a compiled install on Linux).
+NATIVE = importlib.util.find_spec("ratewarden.stores.shared_memory._native") is not None
+#: The region locks a shared-memory test runs on (the ``lock`` fixture of tests/stores/conftest.py).
+LOCK_KINDS = ["mutex", "lockf"] if sys.platform.startswith("linux") else ["lockf"]
+if NATIVE:
+    LOCK_KINDS.insert(1, "mutex-ctypes")
 
 
 def unique_name(prefix: str = "t") -> str:

@@ -29,7 +29,7 @@ from ratewarden.limits import Limit
 from ratewarden.rates import Rate
 from ratewarden.stores import SharedMemoryStore
 from ratewarden.stores.shared_memory import SharedMemoryError, segment_path
-from tests.shm import unique_name
+from tests.shm import LOCK_KINDS, NATIVE, unique_name
 from tests.stores import shm_workers
 from tests.stores.shm_workers import ALGORITHM_NAMES
 
@@ -39,23 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def shm_dir(tmp_path: Path) -> Path:
     return tmp_path
-
-
-NATIVE = importlib.util.find_spec("ratewarden.stores.shared_memory._native") is not None
-LOCK_KINDS = ["mutex", "lockf"] if sys.platform.startswith("linux") else ["lockf"]
-if NATIVE:
-    LOCK_KINDS.insert(1, "mutex-ctypes")
-
-
-@pytest.fixture(params=LOCK_KINDS)
-def lock(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The crash and exactness tests run on both region locks: robust mutexes and fcntl locks;
-    where the C helpers are built, the mutexes run through them ("mutex") and through their
-    ``ctypes`` fallback ("mutex-ctypes", for this process and the ones it starts)."""
-    if request.param == "mutex-ctypes":
-        monkeypatch.setenv("RATEWARDEN_SHM_NATIVE", "0")
-        return "mutex"
-    return str(request.param)
 
 
 def _spawn_all(

@@ -5,7 +5,6 @@ expiry earlier (a caller whose clock reads slightly late)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -27,22 +26,6 @@ from ratewarden.stores.shared_memory.table import entry, find
 from tests.shm import unique_name
 
 ROOT = Path(__file__).resolve().parents[2]
-NATIVE = importlib.util.find_spec("ratewarden.stores.shared_memory._native") is not None
-LOCK_KINDS = ["mutex", "lockf"] if sys.platform.startswith("linux") else ["lockf"]
-if NATIVE:
-    LOCK_KINDS.insert(1, "mutex-ctypes")
-
-
-@pytest.fixture(params=LOCK_KINDS)
-def lock(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each region lock, and where the C helpers are built, the mutexes through them ("mutex")
-    and through ``ctypes`` ("mutex-ctypes"): each has its own one-key hot path."""
-    if request.param == "mutex-ctypes":
-        monkeypatch.setenv("RATEWARDEN_SHM_NATIVE", "0")
-        return "mutex"
-    return str(request.param)
-
-
 def _bounded(fn: Callable[[], object], seconds: float = 10.0) -> object:
     """``fn()``'s result or exception, or a failure if it has not returned in ``seconds`` (the thread
     that spins is left behind: a daemon)."""
