@@ -156,15 +156,14 @@ async def check_rules(
     have denied and, for a request or a WebSocket connection (not for each of its messages, which
     would grow without bound), added to the request's ``RequestContext.shadow``.
 
-    Longer than 60 lines on purpose: the single-rule fast path at the top is every request's
-    path, and splitting it out would add a call to each of them.
-
     Args:
         limiter: Checks the limits on its store.
         rules: The rules the request matched.
         scope: The ASGI connection scope.
         message: Charge the WebSocket message limits instead of the connection or request ones.
     """
+    # Longer than 60 lines on purpose: this single-rule fast path is every request's path, and
+    # splitting it out would add a call to each of them.
     if len(rules) == 1 and not message:
         rule = rules[0]
         store = limiter.store
