@@ -60,6 +60,7 @@ HOT_MODULES = [
     "src/ratewarden/stores/shared_memory/slots.py",
     "src/ratewarden/stores/shared_memory/store.py",
     "src/ratewarden/stores/shared_memory/operations.py",
+    "src/ratewarden/caches.py",
     "src/ratewarden/rules.py",
     "src/ratewarden/credentials.py",
     "src/ratewarden/keys.py",

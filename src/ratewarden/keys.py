@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from ._mypyc import mypyc_attr
+from .caches import remember
 from .credentials import bearer_token_of, digest, header_value, query_value
 from .errors import ConfigurationError
 from .scopes import value_of
@@ -136,9 +137,7 @@ class ClientIP:
                     result = str(ipaddress.ip_network(f"{ip}/{self.ipv6_prefix}", strict=False))
             else:
                 result = str(ip)
-        if len(self._norm_cache) >= _CACHE_LIMIT:
-            self._norm_cache.clear()
-        self._norm_cache[address] = result
+        remember(self._norm_cache, address, result, _CACHE_LIMIT)
         return result
 
     def _is_trusted(self, address: str) -> bool:
@@ -155,9 +154,7 @@ class ClientIP:
             if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
                 ip = ip.ipv4_mapped
             result = any(ip in net for net in self.trusted)
-        if len(self._trust_cache) >= _CACHE_LIMIT:
-            self._trust_cache.clear()
-        self._trust_cache[address] = result
+        remember(self._trust_cache, address, result, _CACHE_LIMIT)
         return result
 
     def _from_headers(self, scope: Scope, peer: str) -> str:
@@ -427,7 +424,5 @@ def _resolve_route(scope: Scope) -> tuple[str | None, dict[str, Any]]:
             break
     if len(path) > _MAX_CACHED_PATH:  # a client's path: only short ones are kept, so bytes stay bounded
         return result
-    if len(_ROUTE_CACHE) >= _CACHE_LIMIT:
-        _ROUTE_CACHE.clear()
-    _ROUTE_CACHE[cache_key] = (router, *result)
+    remember(_ROUTE_CACHE, cache_key, (router, *result), _CACHE_LIMIT)
     return result

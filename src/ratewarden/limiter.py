@@ -12,6 +12,7 @@ from typing import Literal
 
 from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
+from .caches import remember
 from .decision import Decision
 from .errors import ConfigurationError
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
@@ -186,8 +187,7 @@ class Limiter:
         found = self._limits_cache.get(cache_key)
         if found is None:
             found = make_limits(spec, algorithm)
-            if len(self._limits_cache) < 1024:
-                self._limits_cache[cache_key] = found
+            remember(self._limits_cache, cache_key, found, 1024)
         return found
 
     def keys_for(self, key: str, limits: Sequence[Limit], namespace: str = "") -> list[str]:

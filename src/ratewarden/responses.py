@@ -7,6 +7,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .caches import remember
 from .decision import Decision
 from .headers import HeaderStyle, rate_limit_headers, retry_after_header
 from .types import ASGIApp, Message, Scope, Send
@@ -111,9 +112,7 @@ def rejection(
             *limited_headers(decision, style, with_rate_headers, policy),
         ]
         found = (body, tuple(headers))
-        if len(_rejections) >= _REJECTIONS_LIMIT:
-            _rejections.clear()
-        _rejections[cache_key] = found
+        remember(_rejections, cache_key, found, _REJECTIONS_LIMIT)
     return found[0], list(found[1])
 
 

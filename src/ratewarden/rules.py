@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
+from .caches import remember
 from .errors import ConfigurationError
 from .headers import policy_value
 from .keys import ClientIP, KeyFunc, client_ip
@@ -317,9 +318,7 @@ class CompiledRule:
                     return found
             name = self.rule.name
             found = tuple([storage_key(prefix, name, key, suffix) for suffix in self.suffixes])
-            if len(cache) >= _KEYS_CACHE_LIMIT:
-                cache.clear()
-            cache[key] = found
+            remember(cache, key, found, _KEYS_CACHE_LIMIT)
         return found
 
 
@@ -386,9 +385,7 @@ class RuleSet:
             if found is None:
                 found = _lookup(table[0], table[3], method, normalize_path(path), websocket)
                 if len(path) <= MAX_CACHED_PATH:
-                    if len(by_path) >= _MATCH_CACHE_LIMIT:
-                        by_path.clear()
-                    by_path[path] = found
+                    remember(by_path, path, found, _MATCH_CACHE_LIMIT)
             return found
         cache = table[1]
         cache_key = ("WS" if websocket else method, path)
@@ -396,9 +393,7 @@ class RuleSet:
         if found is None:
             found = _lookup(table[0], table[3], method, normalize_path(path), websocket)
             if len(path) <= MAX_CACHED_PATH:
-                if len(cache) >= _MATCH_CACHE_LIMIT:
-                    cache.clear()
-                cache[cache_key] = found
+                remember(cache, cache_key, found, _MATCH_CACHE_LIMIT)
         return found
 
 
@@ -564,7 +559,5 @@ def policy_of(rules: tuple[CompiledRule, ...]) -> bytes:
     found = _policies.get(rules)
     if found is None:
         found = b", ".join([r.policy for r in rules if r.policy])
-        if len(_policies) >= _MATCH_CACHE_LIMIT:
-            _policies.clear()
-        _policies[rules] = found
+        remember(_policies, rules, found, _MATCH_CACHE_LIMIT)
     return found

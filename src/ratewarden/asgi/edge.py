@@ -14,6 +14,7 @@ from time import monotonic
 from typing import Any
 
 from .._mypyc import mypyc_attr
+from ..caches import remember
 from ..context import EdgeCheck, RequestContext, context_for
 from ..decision import Decision
 from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
@@ -181,9 +182,7 @@ class EdgeLayer:
         would hold hundreds of megabytes)."""
         found: tuple[EdgeTarget | None, dict[str, Any]] = self.resolver.lookup(scope)
         if self.cacheable and keep:
-            if len(self.cache) >= _CACHE_LIMIT:
-                self.cache.clear()
-            self.cache[cache_key] = found
+            remember(self.cache, cache_key, found, _CACHE_LIMIT)
         return found
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:

@@ -20,6 +20,7 @@ from typing import Final
 
 from ..._mypyc import mypyc_attr
 from ...algorithms import State
+from ...caches import remember
 from ...decision import Decision
 from ...errors import ConfigurationError
 from ...limits import Limit
@@ -169,9 +170,7 @@ class SharedMemoryStore(Store):
         digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
         high, low = DIGEST.unpack(digest)
         where = (digest, low, seg.regions[high % seg.stripes])
-        if len(self._where) >= 65_536:
-            self._where.clear()
-        self._where[key] = where
+        remember(self._where, key, where, 65_536)
         return where
 
     def _slot(self, seg: Segment, key: str) -> Slot:
