@@ -22,8 +22,8 @@ from typing import Any
 
 from starlette.routing import BaseRoute, Host, Match, Mount
 
+from ._dependency import RateLimit
 from .asgi.edge import EdgeCheck, EdgeLayer, EdgeTarget, Lifted
-from .fastapi import RateLimit
 from .limiter import Limiter
 from .rules import CompiledRule, policy_of
 from .types import ASGIApp, Scope

@@ -1,0 +1,169 @@
+"""The ``RateLimit`` FastAPI dependency and the ``RateLimitExceeded`` it raises.
+
+Import them from ``ratewarden.fastapi``. They live here, below ``ratewarden.edge`` and
+``ratewarden.openapi`` (which look for ``RateLimit`` in a route's dependencies), so that
+``ratewarden.fastapi`` (``install``) imports all three without an import cycle.
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI reads the dependency's signature, and
+# FastAPI before 0.115 cannot resolve string annotations on a callable instance's ``__call__``
+# (``response: Response`` became a required query parameter: every request a 422).
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import HTTPException, Request, Response
+
+from .algorithms import AlgorithmName
+from .asgi.edge import SINK_KEY as _SINK
+from .context import context_of
+from .decision import Decision
+from .enforcement import LimitUnavailable, check_rules
+from .errors import RatewardenError
+from .headers import HeaderMode, HeaderStyle, rate_limit_headers
+from .keys import KeyFunc, client_ip
+from .limiter import Limiter
+from .limits import DEFAULT_ALGORITHM
+from .rates import Rate
+from .responses import limited_headers, too_many_requests_problem
+from .rules import CompiledRule, CostFunc, Rule
+
+__all__ = ["RateLimit", "RateLimitExceeded", "route_context"]
+
+
+class RateLimitExceeded(HTTPException, RatewardenError):
+    """Raised by ``RateLimit`` when a request is over its limit.
+
+    Args:
+        decision: The denying decision.
+        headers: The 429's headers (``Retry-After``, rate-limit headers).
+    """
+
+    def __init__(self, decision: Decision, headers: dict[str, str]) -> None:
+        self.decision = decision
+        self.problem = too_many_requests_problem(decision)
+        super().__init__(status_code=429, detail=self.problem["detail"], headers=headers)
+
+
+class RateLimit:
+    """A FastAPI dependency that charges each request to ``key`` under ``rate``.
+
+    Args:
+        rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
+            every one must allow.
+        limiter: Checks the limit on its store.
+        key: Who is charged: a key function of the scope (default: the client IP).
+        algorithm: The algorithm's name (default ``"fixed_window"``).
+        cost: What one request costs: a number, or a function of the scope.
+        name: One limit shared by every route using this dependency; the default ``None`` counts per route
+            template and method.
+        headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` (429 answers only) or
+            ``"off"``.
+        header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` (draft-10
+            ``RateLimit``/``RateLimit-Policy``) or ``"legacy"`` (``X-RateLimit-*``).
+    """
+
+    def __init__(
+        self,
+        rate: str | Rate | Iterable[str | Rate],
+        *,
+        limiter: Limiter,
+        key: KeyFunc = client_ip,
+        algorithm: AlgorithmName = DEFAULT_ALGORITHM,
+        cost: float | CostFunc = 1,
+        name: str | None = None,
+        headers: HeaderMode = "always",
+        header_style: HeaderStyle = "both",
+    ) -> None:
+        self.limiter = limiter
+        self.template = Rule("/**", rate, key=key, algorithm=algorithm, cost=cost, name=name or "route")
+        self.name = name
+        self.headers = headers
+        self.header_style = header_style
+        self._compiled: dict[str, tuple[CompiledRule]] = {}
+        self._by_route: dict[tuple[int, str], tuple[object, tuple[CompiledRule]]] = {}
+        if name is not None:
+            self._compiled[""] = (CompiledRule(self.template, limiter.prefix),)
+
+    def _rules_for(self, scope: Any) -> tuple[CompiledRule]:
+        if self.name is not None:
+            return self._compiled[""]
+        route = scope.get("route")
+        return self.rules_for_route(route, route_context(scope, route), scope.get("method", "GET"))
+
+    def rules_for_route(self, route: object, context: object, method: str) -> tuple[CompiledRule]:
+        """The rules this dependency charges on ``route`` for ``method``: per route template and
+        method (``GET /items/{id}``; the full path when the route comes from an included router,
+        given by FastAPI's ``context``), or the one shared limit when ``name`` was given.
+
+        Args:
+            route: The route.
+            context: FastAPI's context for it (gives the full path of included routers).
+            method: The HTTP method.
+        """
+        if self.name is not None:
+            return self._compiled[""]
+        owner = context if context is not None else route
+        cached = self._by_route.get((id(owner), method))
+        if cached is not None and cached[0] is owner:
+            return cached[1]
+        template = (
+            getattr(context, "path_format", None)
+            or getattr(route, "path_format", None)
+            or getattr(route, "path", None)
+            or "<unrouted>"
+        )
+        scope_name = f"{method} {template}"
+        found = self._compiled.get(scope_name)
+        if found is None:
+            t = self.template
+            rule = Rule("/**", t.rate, key=t.key, algorithm=t.algorithm, cost=t.cost, name=scope_name)
+            found = (CompiledRule(rule, self.limiter.prefix),)
+            if len(self._compiled) < 10_000:
+                self._compiled[scope_name] = found
+        if owner is not None and len(self._by_route) < 10_000:
+            self._by_route[(id(owner), method)] = (owner, found)
+        return found
+
+    async def __call__(self, request: Request, response: Response) -> Decision | None:
+        limiter = self.limiter
+        if not limiter.enabled:
+            return None
+        scope = request.scope
+        context = context_of(scope)
+        if context is not None:
+            edge = context.edge
+            if edge is not None and edge.covers(self, scope.get("route")):
+                found: Decision | None = edge.decision  # the edge layer install() adds has charged this request
+                return found
+        try:
+            decision = await check_rules(limiter, self._rules_for(scope), scope)
+        except LimitUnavailable:
+            raise HTTPException(503, "The rate limiter is unavailable; try again shortly.", {"Retry-After": "1"}) from None
+        if decision is None:
+            return None
+        if not decision.allowed:
+            raw = limited_headers(decision, self.header_style, self.headers != "off")
+            sink = scope.get(_SINK)
+            if sink is not None:  # under install(): the 429 keeps these, whichever handler answers
+                sink[:] = raw
+            raise RateLimitExceeded(decision, {k.decode("latin-1"): v.decode("latin-1") for k, v in raw})
+        if self.headers == "always":
+            sink = scope.get(_SINK)
+            target = sink if sink is not None else response.headers.raw
+            target.extend(rate_limit_headers(decision, self.header_style))
+        return decision
+
+
+
+
+def route_context(scope: Any, route: object) -> object:
+    """FastAPI's per-inclusion context of ``route`` (which knows the full, prefixed path of a
+    route from an included router), when this FastAPI version has one."""
+    context = scope.get("fastapi", {}).get("effective_route_context") if "fastapi" in scope else None
+    if context is not None and getattr(context, "original_route", None) is route:
+        return context
+    return None
+
+
+for _public in (RateLimit, RateLimitExceeded):
+    _public.__module__ = "ratewarden.fastapi"  # where users import them from (reprs, tracebacks, pickle)
