@@ -15,14 +15,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 from .algorithms import State
 from .decision import Decision
 from .errors import ConfigurationError
 from .limits import Limit
-from .stores.base import Store
 
-__all__ = ["Charge", "adjust", "adjusted_state"]
+__all__ = ["Adjustable", "Charge", "adjust", "adjusted_state"]
+
+
+class Adjustable(Protocol):
+    """What ``adjust`` needs of a store: its ``adjust`` (every ``Store`` has one). A protocol, not
+    ``Store``, so this module imports no store and the stores can import ``adjusted_state``."""
+
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Apply ``amounts[i]`` to ``keys[i]`` without a limit check.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key.
+            amounts: Units per key: positive charges, negative refunds.
+        """
+        ...
 
 
 def adjusted_state(limit: Limit, state: State | None, now: float, amount: float) -> tuple[State | None, Decision]:
@@ -73,7 +88,7 @@ def adjusted_state(limit: Limit, state: State | None, now: float, amount: float)
     return new_state, decision
 
 
-async def adjust(store: Store, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+async def adjust(store: Adjustable, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
     """Charge (positive) or refund (negative) ``amounts`` on ``keys``, never denying.
 
     Args:

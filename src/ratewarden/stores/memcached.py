@@ -49,6 +49,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..algorithms import State
+from ..charges import adjusted_state
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limits import Limit
@@ -530,8 +531,6 @@ class MemcachedStore(Store):
     async def _cas_adjust(
         self, mkeys: list[bytes], limits: Sequence[Limit], amounts: Sequence[float]
     ) -> list[Decision]:
-        from ..charges import adjusted_state  # charges imports the stores package
-
         out: list[Decision] = []
         for key, limit, amount in zip(mkeys, limits, amounts, strict=True):
             for attempt in range(self.retries):

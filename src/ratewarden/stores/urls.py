@@ -7,8 +7,10 @@ everywhere and a typo is reported by name instead of being silently ignored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from importlib import import_module
+from typing import TYPE_CHECKING, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigurationError
@@ -182,6 +184,31 @@ def _database(text: str, path: list[str]) -> int:
     return int(path[0])
 
 
+#: What opens each scheme's store, as ``"module:attribute"`` under ``ratewarden.stores`` (the
+#: remaining schemes are Redis's). Names, not imports: the stores import this module for its
+#: parsers, and each is loaded on use (``redis``, ``memcached`` need an extra, ``shm`` is POSIX only).
+OPENERS: dict[str, str] = {
+    "memory": "memory:MemoryStore",
+    "shm": "shared_memory:SharedMemoryStore.from_url",
+    "memcached": "memcached:MemcachedStore",
+    "redis": "redis:RedisStore",
+}
+
+
+def load(name: str) -> object:
+    """The object ``name`` (``"module:attribute.attribute"``, the module under ``ratewarden.stores``)
+    names, importing its module.
+
+    Args:
+        name: As in ``OPENERS``.
+    """
+    module, _, path = name.partition(":")
+    found: object = import_module(f"{__package__}.{module}")
+    for attribute in path.split("."):
+        found = getattr(found, attribute)
+    return found
+
+
 #: Options of ``shm://<name>`` and ``memory://`` URLs, with their types.
 LOCAL_OPTIONS: dict[str, dict[str, type]] = {
     "shm": {"max_keys": int, "log_size": int, "directory": str},
@@ -234,8 +261,7 @@ def check_store_url(url: str) -> None:
     if scheme in LOCAL_OPTIONS:
         kind, name, _ = parse_local_url(url)
         if kind == "shm":
-            from .shared_memory import segment_path
-
+            segment_path = cast("Callable[[str], object]", load("shared_memory:segment_path"))
             segment_path(name)  # checks the name
         return
     parse_store_url(url, ("standalone", "sentinel", "cluster", "memcached"))
@@ -250,19 +276,7 @@ def open_store(url: str) -> Store:
     """
     check_store_url(url)
     scheme = urlsplit(url).scheme.lower()
+    opener = cast("Callable[..., Store]", load(OPENERS.get(scheme, OPENERS["redis"])))
     if scheme == "memory":
-        from .memory import MemoryStore
-
-        options = parse_local_url(url)[2]
-        return MemoryStore(**options)  # type: ignore[arg-type]
-    if scheme == "shm":
-        from .shared_memory import SharedMemoryStore
-
-        return SharedMemoryStore.from_url(url)
-    if scheme == "memcached":
-        from .memcached import MemcachedStore
-
-        return MemcachedStore(url)
-    from .redis import RedisStore
-
-    return RedisStore(url)
+        return opener(**parse_local_url(url)[2])
+    return opener(url)

@@ -25,6 +25,7 @@ from ...decision import Decision
 from ...errors import ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine
+from ..urls import parse_local_url
 from . import operations
 from .errors import SharedMemoryError
 from .layout import DEFAULT_LOG_SIZE, DEFAULT_MAX_KEYS, DIGEST, LOCKS, R_OP, Region
@@ -119,8 +120,6 @@ class SharedMemoryStore(Store):
             url: The ``shm://`` URL.
             **overrides: Override the URL's options (e.g. ``clock``).
         """
-        from ..urls import parse_local_url
-
         kind, name, options = parse_local_url(url)
         if kind != "shm":
             raise ConfigurationError(f"SharedMemoryStore needs an shm://<name> URL, got {url!r}")
