@@ -20,7 +20,7 @@ from ..decision import Decision
 from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
-from ..responses import adding_missing_headers, limited_headers, rejection, send_unavailable
+from ..responses import limited_headers, send_limited, send_on_limit, send_unavailable
 from ..rules import MAX_CACHED_PATH, CompiledRule
 from ..scopes import value_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
@@ -272,24 +272,20 @@ class EdgeLayer:
         return self.app(scope, receive, SendWithRateHeaders(send, decision, target.style, target.policy))
 
 
-async def refuse(send: Send, decision: Decision, target: EdgeTarget) -> None:
+def refuse(send: Send, decision: Decision, target: EdgeTarget) -> Awaitable[None]:
     """Answer the 429 at the edge: FastAPI never sees the request."""
-    body, headers = rejection(decision, target.style, target.headers != "off", target.policy)
-    await send({"type": "http.response.start", "status": 429, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    return send_limited(send, decision, target.style, target.headers != "off", target.policy)
 
 
-async def refuse_with(
+def refuse_with(
     on_limit: EdgeAnswer, scope: Scope, receive: Receive, send: Send, decision: Decision, target: EdgeTarget
-) -> None:
-    """Answer the 429 with the app's own answer, adding ``Retry-After`` and the rate-limit headers
-    it did not set itself (as the middleware's ``on_limit``)."""
-    headers = limited_headers(decision, target.style, target.headers != "off", target.policy)
-    response = await on_limit(scope, receive, decision, headers)
-    if response is None:
-        await refuse(send, decision, target)
-        return
-    await response(scope, receive, adding_missing_headers(send, headers))
+) -> Awaitable[None]:
+    """Answer the 429 with the app's own answer (``None``: the default 429), adding ``Retry-After``
+    and the rate-limit headers it did not set itself (as the middleware's ``on_limit``)."""
+    with_rate_headers = target.headers != "off"
+    headers = limited_headers(decision, target.style, with_rate_headers, target.policy)
+    answer = on_limit(scope, receive, decision, headers)
+    return send_on_limit(answer, scope, receive, send, decision, target.style, with_rate_headers, target.policy, headers)
 
 
 async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:

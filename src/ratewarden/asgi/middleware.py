@@ -6,7 +6,6 @@ through untouched, so streaming and server-sent responses are unaffected.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Sequence
 
 from .._mypyc import mypyc_attr
@@ -16,7 +15,7 @@ from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
-from ..responses import LimitHandler, adding_missing_headers, limited_headers, rejection, send_unavailable
+from ..responses import LimitHandler, send_limited, send_on_limit, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
 from ..types import ASGIApp, Receive, Scope, Send
 from .websocket import MessageLimitAction, WebSocketDeny, WebSocketLimits
@@ -148,16 +147,12 @@ class RateLimitMiddleware:
             return self.app(scope, receive, send)
         return self.app(scope, receive, SendWithRateHeaders(send, decision, self.header_style, policy_of(matched)))
 
-    async def _reject(
+    def _reject(
         self, scope: Scope, receive: Receive, send: Send, decision: Decision, policy: bytes | None = None
-    ) -> None:
-        if self.on_limit is not None:
-            response = self.on_limit(scope, decision)
-            if inspect.isawaitable(response):
-                response = await response
-            headers = limited_headers(decision, self.header_style, self.headers != "off", policy)
-            await response(scope, receive, adding_missing_headers(send, headers))
-            return
-        body, headers = rejection(decision, self.header_style, self.headers != "off", policy)
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    ) -> Awaitable[None]:
+        """Refuse: the default 429, or ``on_limit``'s answer."""
+        on_limit = self.on_limit
+        if on_limit is None:
+            return send_limited(send, decision, self.header_style, self.headers != "off", policy)
+        answer = on_limit(scope, decision)
+        return send_on_limit(answer, scope, receive, send, decision, self.header_style, self.headers != "off", policy)

@@ -19,9 +19,8 @@ from typing import Literal
 from .._mypyc import mypyc_attr
 from ..enforcement import LimitUnavailable, check_rules
 from ..errors import ConfigurationError
-from ..headers import retry_after_header
 from ..limiter import Limiter
-from ..responses import too_many_requests_body
+from ..responses import rejection, send_answer
 from ..rules import CompiledRule
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +37,8 @@ connection with code 1008 (``"close"``)."""
 
 POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
+_UNAVAILABLE_HEADERS = ((b"content-type", b"application/problem+json"), (b"content-length", b"0"))
+"""The fail-closed HTTP refusal of a handshake: an empty body."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -82,11 +83,12 @@ class WebSocketLimits:
             try:
                 decision = await check_rules(self.limiter, connect_rules, scope)
             except LimitUnavailable:
-                await self._refuse(scope, receive, send, 503, b"", TRY_AGAIN_LATER)
+                await self._refuse(scope, receive, send, 503, b"", list(_UNAVAILABLE_HEADERS), TRY_AGAIN_LATER)
                 return
             if decision is not None and not decision.allowed:
-                retry = retry_after_header(decision)
-                await self._refuse(scope, receive, send, 429, too_many_requests_body(decision), POLICY_VIOLATION, retry)
+                # The default 429 without rate-limit headers (content type, length, Retry-After).
+                body, headers = rejection(decision, "both", False)
+                await self._refuse(scope, receive, send, 429, body, headers, POLICY_VIOLATION)
                 return
         message_rules = [r for r in rules if r.message_limits]
         if not message_rules:
@@ -130,8 +132,8 @@ class WebSocketLimits:
         send: Send,
         status: int,
         body: bytes,
+        headers: list[tuple[bytes, bytes]],
         code: int,
-        retry: tuple[bytes, bytes] | None = None,
     ) -> None:
         message = await receive()
         if message["type"] != "websocket.connect":
@@ -139,10 +141,6 @@ class WebSocketLimits:
         extensions = scope.get("extensions") or {}
         use_http = self.deny == "http" or (self.deny == "auto" and "websocket.http.response" in extensions)
         if use_http and "websocket.http.response" in extensions:
-            headers = [(b"content-type", b"application/problem+json"), (b"content-length", b"%d" % len(body))]
-            if retry is not None:
-                headers.append(retry)
-            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
-            await send({"type": "websocket.http.response.body", "body": body})
+            await send_answer(send, status, body, headers, websocket=True)
             return
         await send({"type": "websocket.close", "code": code, "reason": "rate limited"})

@@ -10,7 +10,6 @@ handled exactly as by ``RateLimitMiddleware``.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from collections.abc import Awaitable, Sequence
@@ -29,7 +28,7 @@ from ..headers import rate_limit_headers
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
-from ..responses import adding_missing_headers, limited_headers, problem_body, send_problem, send_unavailable
+from ..responses import problem_body, send_limited, send_on_limit, send_problem, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .context import PolicyContext
@@ -321,15 +320,14 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
                 await bans.strike(self.limiter, ctx.ban_key)
             except Exception as exc:
                 log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
-        headers = limited_headers(decision, self.header_style, self.headers != "off")
+        with_rate_headers = self.headers != "off"
         if self.on_limit is not None:
-            response = self.on_limit(scope, decision)
-            if inspect.isawaitable(response):
-                response = await response
-            await response(scope, receive, adding_missing_headers(send, headers))
+            answer = self.on_limit(scope, decision)
+            await send_on_limit(answer, scope, receive, send, decision, self.header_style, with_rate_headers)
             return
+        # The default 429 with this middleware's extra body fields: ``remaining`` and the caller's ``group``.
         group = ctx.group if ctx.runtime.show_group else ""
-        await send_problem(send, 429, limited_body(decision, group), headers)
+        await send_limited(send, decision, self.header_style, with_rate_headers, None, group)
 
     async def _serve(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app, adding rate-limit and shadow headers, then settle after-response charges."""
@@ -390,24 +388,3 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
                     log.warning("after-response charging unavailable: %s", exc)
             except Exception as exc:
                 log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
-
-
-def limited_body(decision: Decision, group: str = "") -> bytes:
-    """The 429 problem+json body, with the caller's group and its current values."""
-    if math.isinf(decision.retry_after):
-        retry: int | None = None
-        detail = f"This request costs more than the limit of {decision.limit} allows; it can never be served."
-    else:
-        retry = max(1, math.ceil(decision.retry_after))
-        detail = f"Rate limit of {decision.limit} per {decision.period:g}s exceeded; retry after {retry}s."
-    extra: dict[str, object] = {
-        "policy": decision.policy,
-        "limit": decision.limit,
-        "remaining": decision.remaining,
-        "retry_after": retry,
-    }
-    if group:
-        extra["group"] = group
-        detail = f"{detail[:-1]} (group {group!r})."
-    return problem_body(429, "Too Many Requests", detail, **extra)
-
