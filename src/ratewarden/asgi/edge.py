@@ -264,17 +264,12 @@ class EdgeLayer:
             return self.app(scope, receive, send)
         if not decision.allowed:
             on_limit = self.on_limit
-            if on_limit is None:
-                return refuse(send, decision, target)
+            if on_limit is None:  # the default 429: FastAPI never sees the request
+                return send_limited(send, decision, target.style, target.headers != "off", target.policy)
             return refuse_with(on_limit, scope, receive, send, decision, target)
         if target.headers != "always":
             return self.app(scope, receive, send)
         return self.app(scope, receive, SendWithRateHeaders(send, decision, target.style, target.policy))
-
-
-def refuse(send: Send, decision: Decision, target: EdgeTarget) -> Awaitable[None]:
-    """Answer the 429 at the edge: FastAPI never sees the request."""
-    return send_limited(send, decision, target.style, target.headers != "off", target.policy)
 
 
 def refuse_with(
