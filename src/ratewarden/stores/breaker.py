@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from ..charges import adjust
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limits import Limit
@@ -149,7 +150,6 @@ class Breaker(Store):
         """Refunds and penalties (``ratewarden.charges.adjust``) through the breaker, so they use
         the fallback while the store is failing; a store without ``adjust`` still raises
         ``NotImplementedError`` naming that store."""
-        from ..charges import adjust  # charges imports the stores package: import on use
 
         return await self._guard(lambda s: adjust(s, keys, limits, amounts))
 

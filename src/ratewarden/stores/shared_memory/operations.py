@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...algorithms import State
+from ...charges import adjusted_state
 from ...decision import Decision
 from ...limits import Limit
 from .layout import hold_of
@@ -40,7 +41,6 @@ def adjust(
 ) -> list[Decision]:
     """Charge (positive) or refund (negative) ``amounts`` without denying (``charges.adjusted_state``);
     a key whose whole limit is back is deleted, a new key is stored only while its region has room."""
-    from ...charges import adjusted_state  # charges imports the stores package: import on use
 
     out = []
     with seg.tlock, locked(seg, [s.region for s in slots]):

@@ -13,6 +13,7 @@ from typing import Final
 
 from ..._mypyc import mypyc_attr
 from ...algorithms import State
+from ...charges import adjusted_state
 from ...decision import Decision
 from ...limits import Limit
 from .layout import (
@@ -61,7 +62,6 @@ def load(seg: Segment, slot: Slot, limit: Limit, now: float) -> int:
     off = entry(seg, region, pos)
     if settle(seg, off, now):
         # Its writer died mid-write: the key counts as fully used from now on.
-        from ...charges import adjusted_state
 
         state, decision = adjusted_state(limit, None, now, float(limit.rate.capacity))
         write(seg, region, off, now + decision.reset_after, state or ())
@@ -148,7 +148,6 @@ def charge_overflow(
     state = slot.state
     if off < 0 and not has_room(seg, region, 0, now):
         # Every overflow state is live: be strict rather than admit more than a limit.
-        from ...charges import adjusted_state
 
         state, _ = adjusted_state(limit, None, now, float(limit.rate.capacity))
     new_state, decision = limit.fn(state, now, cost, limit.rate)
