@@ -45,15 +45,12 @@ def test_a_cause_cycle_does_not_hang_the_mapping() -> None:
 @pytest.fixture
 def failing_lockf_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A shared-memory store on fcntl locks whose every lock the kernel refuses (ENOLCK)."""
-    from ratewarden.stores.shared_memory import locks, store
-
     store_obj = SharedMemoryStore(unique_name(), max_keys=100, directory=tmp_path, lock="lockf")
 
     def refuse(*args: object) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(store, "_lockf", refuse)
-    monkeypatch.setattr(locks.fcntl, "lockf", refuse)
+    monkeypatch.setattr(store_obj._segment().locks, "lockf", refuse)  # the region locks of its table
     return store_obj
 
 
