@@ -18,7 +18,6 @@ from .limiter import Limiter
 from .limits import Limit
 from .rules import CompiledRule
 from .stores.base import StoreError
-from .stores.memory import MemoryStore
 from .types import Scope
 
 __all__ = [
@@ -81,7 +80,7 @@ def can_check_now(limiter: Limiter, rules: tuple[CompiledRule, ...]) -> bool:
         limiter: Checks the limits on its store.
         rules: The rules the request matched.
     """
-    return len(rules) == 1 and rules[0].simple and limiter.store.local
+    return len(rules) == 1 and rules[0].checked_inline and limiter.store.local
 
 
 def check_now(limiter: Limiter, rule: CompiledRule, scope: Scope) -> Decision | None:
@@ -109,7 +108,7 @@ def check_now(limiter: Limiter, rule: CompiledRule, scope: Scope) -> Decision | 
         return None
     try:
         store = limiter.store
-        if rule.single and type(store) is MemoryStore:  # exactly: a subclass may override hit_now
+        if rule.one_limit:
             return store.hit_one(rule.storage_keys(key)[0], rule.limits[0], rule.cost)
         return store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
     except StoreError as exc:
@@ -167,7 +166,7 @@ async def check_rules(
     if len(rules) == 1 and not message:
         rule = rules[0]
         store = limiter.store
-        if rule.simple:
+        if rule.checked_inline:
             # The common case: one enforced rule; no lists, and no await on a local store or for a
             # rejection the store already knows (a remote store's rejection cache).
             try:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from ._mypyc import mypyc_attr
-from .algorithms import Algorithm, AlgorithmName, get_algorithm
+from .algorithms import Algorithm, AlgorithmName, State, get_algorithm
+from .algorithms.fixed_window import fixed_window, fixed_window_of
+from .decision import Decision
 from .rates import Rate, parse_rates
 
 __all__ = ["DEFAULT_ALGORITHM", "Limit", "make_limits"]
 
 DEFAULT_ALGORITHM: AlgorithmName = "fixed_window"
 _TOKEN_RE = re.compile(r"[^A-Za-z0-9_.:/*-]+")
+_FIXED_WINDOW: Final[Algorithm] = fixed_window
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -41,6 +45,19 @@ class Limit:
 
     def __repr__(self) -> str:
         return f"Limit({self.rate!s}, {self.algorithm!r}, name={self.name!r})"
+
+    def apply(self, state: State | None, now: float, cost: float) -> tuple[State | None, Decision]:
+        """``fn(state, now, cost, rate)``: the new state and the decision.
+
+        Args:
+            state: The key's live state, ``None`` for a new or expired key.
+            now: Seconds since the epoch.
+            cost: What the request costs.
+        """
+        fn = self.fn
+        if fn is _FIXED_WINDOW:  # the default algorithm: a direct (compiled) call, no boxing
+            return fixed_window_of(state, now, cost, self.quota, self.period)
+        return fn(state, now, cost, self.rate)
 
 
 def make_limits(

@@ -243,12 +243,18 @@ class Rule:
 class CompiledRule:
     """A rule bound to a limiter prefix: everything the hot path needs, precomputed.
 
+    Two flags choose the hot path (``enforcement``): ``checked_inline`` (a sync key, a fixed cost,
+    enforced, with limits) lets a request matching only this rule skip the lists of ``check_rules``
+    and, on a local store, its coroutine (``can_check_now``); ``one_limit`` (one storage key) lets
+    it be checked with ``Store.hit_one``.
+
     Args:
         rule: The rule.
         prefix: The limiter's storage-key prefix.
     """
 
     __slots__ = (
+        "checked_inline",
         "client_ip",
         "cost",
         "cost_fn",
@@ -259,12 +265,11 @@ class CompiledRule:
         "limits",
         "message_costs",
         "message_limits",
+        "one_limit",
         "policy",
         "prefix",
         "rule",
         "shadow",
-        "simple",
-        "single",
         "suffixes",
     )
 
@@ -288,9 +293,8 @@ class CompiledRule:
         # This rule's entries of the RateLimit-Policy header (none for a shadow rule: it never applies).
         self.policy = b"" if rule.shadow else policy_value(rule.limits)
         self.keys_cache: dict[str, tuple[str, ...]] = {}
-        # The middleware's fast path: one sync key, a fixed cost, enforced.
-        self.simple = not self.key_is_async and self.cost_fn is None and not self.shadow and bool(self.limits)
-        self.single = len(self.limits) == 1  # one storage key: MemoryStore.hit_one
+        self.checked_inline = not self.key_is_async and self.cost_fn is None and not self.shadow and bool(self.limits)
+        self.one_limit = len(self.limits) == 1
 
     def storage_keys(self, key: str, message: bool = False) -> tuple[str, ...]:
         """Storage keys of this rule's limits for client ``key``, cached for recent keys (as

@@ -51,6 +51,14 @@ class Store(ABC):
     #: ``Limiter.without_store`` reports it as ``over_limit_cache``.
     cached_rejections: int = 0
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """A subclass overriding ``hit_now`` but not ``hit_one`` gets the default ``hit_one``, so its
+        ``hit_now`` answers every check (a ``MemoryStore`` subclass would otherwise keep the parent's)."""
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "hit_now" in own and "hit_one" not in own:
+            setattr(cls, "hit_one", Store.hit_one)  # noqa: B010 - a method, not an attribute mypy checks
+
     def store_error(self, operation: str, exc: BaseException) -> StoreError:
         """``exc`` (one of ``client_errors``) as a ``StoreError`` naming this store and ``operation``,
         with ``exc`` as its ``__cause__``; a ``StoreError`` is returned as is.
@@ -129,6 +137,18 @@ class Store(ABC):
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
         raise NotImplementedError(f"{type(self).__name__} has no synchronous hit")
+
+    def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
+        """``hit_now`` of one key: the check of a rule with one limit (``check_now`` calls it on
+        every local store). The default calls ``hit_now``; so does a subclass's that overrides
+        ``hit_now`` alone (``__init_subclass__``).
+
+        Args:
+            key: The storage key.
+            limit: The limit checked on it.
+            cost: What the request costs.
+        """
+        return self.hit_now((key,), (limit,), (cost,))
 
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """Synchronous ``peek`` for local stores.

@@ -23,11 +23,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Final
 
 from .._mypyc import mypyc_attr
-from ..algorithms import Algorithm, State
-from ..algorithms.fixed_window import fixed_window, fixed_window_of
+from ..algorithms import State
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limits import Limit
@@ -41,7 +39,6 @@ _OVERFLOW = "\x00overflow:"
 # While full, a sweep that reclaimed nothing waits this long before the next one: a flood of new
 # keys on a table of live ones would otherwise pay a 64-entry sweep each (9x slower checks).
 _FULL_SWEEP_PAUSE = 0.01
-_FIXED_WINDOW: Final[Algorithm] = fixed_window
 
 
 class _Entry:
@@ -130,8 +127,7 @@ class MemoryStore(Store):
             self._release()
 
     def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
-        """``hit_now`` of one key: every request of a rule with one limit (``check_now`` calls it
-        directly on a ``MemoryStore``, with no lists or sequences to index).
+        """``hit_now`` of one key, with no lists or sequences to index.
 
         Args:
             key: The storage key.
@@ -149,11 +145,7 @@ class MemoryStore(Store):
                 table, key = self._slot(key, limit, now)
                 entry = table.get(key)
             state = entry.state if entry is not None and entry.expires > now else None
-            fn = limit.fn
-            if fn is _FIXED_WINDOW:  # the default algorithm: a direct (compiled) call, no boxing
-                new_state, decision = fixed_window_of(state, now, cost, limit.quota, limit.period)
-            else:
-                new_state, decision = fn(state, now, cost, limit.rate)
+            new_state, decision = limit.apply(state, now, cost)
             decision.policy = limit.name
             if new_state is not None:
                 if entry is not None:
@@ -184,7 +176,7 @@ class MemoryStore(Store):
                 entry = table.get(key)
                 pending += table is data
             state = entry.state if entry is not None and entry.expires > now else None
-            new_state, decision = limit.fn(state, now, cost, limit.rate)
+            new_state, decision = limit.apply(state, now, cost)
             decision.policy = limit.name
             allowed = allowed and decision.allowed
             results.append((table, key, entry, new_state, decision))
