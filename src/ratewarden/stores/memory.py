@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from .._mypyc import mypyc_attr
 from ..algorithms import State
+from ..charges import adjusted_state
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limits import Limit
@@ -255,7 +256,6 @@ class MemoryStore(Store):
             limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units per key: positive charges, negative refunds.
         """
-        from ..charges import adjusted_state  # charges imports the stores package: import on use
 
         now = self.clock()
         out = []
