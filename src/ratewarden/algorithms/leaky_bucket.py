@@ -21,7 +21,7 @@ def leaky_bucket(state: State | None, now: float, cost: float, rate: Rate) -> tu
         if state[1] > now:  # a late clock reading: never move the last update back (a second drain)
             now = state[1]
         level = max(0.0, state[0] - (now - state[1]) * per_second)
-    if level + cost <= capacity:
+    if level + cost <= capacity + 1e-9:  # float residue of a drained level is not a unit
         level += cost
         remaining = int(capacity - level + 1e-9)
         return (level, now), Decision(True, capacity, remaining, level / per_second, 0.0, rate.period)

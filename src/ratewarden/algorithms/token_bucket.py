@@ -20,7 +20,7 @@ def token_bucket(state: State | None, now: float, cost: float, rate: Rate) -> tu
         if state[1] > now:  # a late clock reading: never move the last update back (a second refill)
             now = state[1]
         tokens = min(float(capacity), state[0] + (now - state[1]) * per_second)
-    if tokens >= cost:
+    if tokens + 1e-9 >= cost:  # float residue of a refill is not a missing unit
         tokens -= cost
         reset_after = (capacity - tokens) / per_second
         return (tokens, now), Decision(True, capacity, int(tokens + 1e-9), reset_after, 0.0, rate.period)

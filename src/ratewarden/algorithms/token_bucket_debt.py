@@ -29,7 +29,7 @@ def token_bucket_debt(
             now = state[1]
         tokens = min(float(capacity), state[0] + (now - state[1]) * per_second)
     needed = max(min(cost, 1.0), cost - debt)
-    if tokens >= needed:
+    if tokens + 1e-9 >= needed:  # float residue of a refill is not a missing unit
         tokens -= cost
         reset_after = (capacity - tokens) / per_second
         remaining = max(0, int(tokens + 1e-9))

@@ -183,7 +183,7 @@ local function token_bucket(st, cost, capacity, per_second)
   else
     tokens = capacity
   end
-  if tokens >= cost then
+  if tokens + 1e-9 >= cost then
     tokens = tokens - cost
     return true, capacity, trunc(tokens + 1e-9), (capacity - tokens) / per_second, 0, fmt('%.17g %.17g', tokens, now)
   end
@@ -203,7 +203,7 @@ local function token_bucket_debt(st, cost, capacity, per_second, debt)
     tokens = capacity
   end
   local needed = max(min(cost, 1.0), cost - debt)
-  if tokens >= needed then
+  if tokens + 1e-9 >= needed then
     tokens = tokens - cost
     return true, capacity, max(0, trunc(tokens + 1e-9)), (capacity - tokens) / per_second, 0,
       fmt('%.17g %.17g', tokens, now)
@@ -221,7 +221,7 @@ local function leaky_bucket(st, cost, capacity, per_second)
     if s[2] > now then now = s[2] end
     level = max(0, s[1] - (now - s[2]) * per_second)
   end
-  if level + cost <= capacity then
+  if level + cost <= capacity + 1e-9 then
     level = level + cost
     return true, capacity, trunc(capacity - level + 1e-9), level / per_second, 0, fmt('%.17g %.17g', level, now)
   end
