@@ -106,3 +106,42 @@ async def test_a_put_back_keeps_the_expiry_of_the_state_it_restores(memcached_se
     finally:
         await store.close()
         await rival.close()
+
+
+@pytest.mark.parametrize("failure", ["cancelled", "store error"])
+async def test_a_check_of_two_keys_interrupted_before_its_second_write_charges_neither(
+    memcached_server: Memcached, failure: str
+) -> None:
+    """The second key's write waits for a connection and is cancelled there (or the wait fails):
+    the first key, already written, is put back. It stayed charged (99 against 98 in a full run)."""
+    store = MemcachedStore(memcached_server.url, timeout=5)
+    limits = list(make_limits("5/hour")) + list(make_limits("7/hour"))
+    tag = uuid.uuid4().hex
+    keys = [f"rw:{{a|{tag}}}:x", f"rw:{{b|{tag}}}:y"]
+    real = store._acquire
+    calls = 0
+    waiting = asyncio.Event()
+
+    async def acquire() -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # the read, the first key's write, then the second key's write waits here
+            waiting.set()
+            if failure == "store error":
+                raise StoreError("memcached went silent")
+            await asyncio.Event().wait()
+        return await real()
+
+    store._acquire = acquire  # type: ignore[method-assign]
+    try:
+        check = asyncio.ensure_future(store.hit(keys, limits, [1.0, 1.0]))
+        await asyncio.wait_for(waiting.wait(), 5)
+        if failure == "cancelled":
+            check.cancel()
+        with pytest.raises((asyncio.CancelledError, StoreError)):
+            await check
+        store._acquire = real  # type: ignore[method-assign]
+        await asyncio.wait_for(asyncio.gather(*store._undoing), 10)
+        assert [d.remaining for d in await store.peek(keys, limits)] == [5, 7]
+    finally:
+        await store.close()

@@ -634,7 +634,14 @@ class MemcachedStore(Store):
         was stored. A write that gets no answer (timeout, lost connection, cancelled caller) is
         let finish, then put back, in the background but still holding the keys (``queue``, if
         any, is marked settling meanwhile); its error is raised at once."""
-        conn = await self._acquire()
+        try:
+            conn = await self._acquire()
+        except BaseException:
+            # Never sent (cancelled or failed while waiting for a connection): the keys this check
+            # wrote before it are put back, so a check of several keys charges all or nothing.
+            if len(written) > 1:
+                await self._put_back_unsent(written[:-1], queue)
+            raise
         sent = self._send(conn, payload, _stored)
         try:
             ok: bool = await self._answer(sent)
@@ -649,6 +656,19 @@ class MemcachedStore(Store):
             raise
         await self._release(conn, True)
         return ok
+
+    async def _put_back_unsent(self, written: list[_Undo], queue: _Queue | None) -> None:
+        """Put back ``written`` (the keys written before a write that was never sent), in the
+        background as an interrupted write's are, holding the keys meanwhile."""
+        landed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        landed.set_result(None)
+        if queue is not None:
+            queue.settling = True
+        try:
+            await self._undo_interrupted(written, landed)
+        finally:
+            if queue is not None:
+                queue.settling = False
 
     async def _settle(self, sent: _Sent) -> None:
         """Wait (at most ``UNDO_TIMEOUT``) for an unanswered write's reply, then release its connection."""
