@@ -65,12 +65,12 @@ HOT_MODULES = [
     "src/ratewarden/credentials.py",
     "src/ratewarden/keys.py",
     "src/ratewarden/headers.py",
-    "src/ratewarden/enforcement.py",
-    "src/ratewarden/responses.py",
+    "src/ratewarden/enforcement/check.py",
+    "src/ratewarden/asgi/responses.py",
     "src/ratewarden/limiter.py",
     "src/ratewarden/asgi/middleware.py",
     "src/ratewarden/asgi/websocket.py",
-    "src/ratewarden/asgi/edge.py",
+    "src/ratewarden/fastapi/edge.py",
 ]
 
 # Hand-written C built next to the mypyc modules (Linux only: process-shared robust mutexes). The

@@ -16,7 +16,7 @@ from .stores.base import Store
 from .stores.memory import MemoryStore
 
 if TYPE_CHECKING:
-    from .policy.middleware import PolicyMiddleware
+    from .policy.asgi import PolicyMiddleware
 
 __all__ = [
     "COMPILED",
@@ -59,7 +59,7 @@ def build_description() -> str:
 def __getattr__(name: str) -> object:
     # Lazy, so ``import ratewarden`` does not load the policy package (and its parsers).
     if name == "PolicyMiddleware":
-        from .policy.middleware import PolicyMiddleware
+        from .policy.asgi import PolicyMiddleware
 
         return PolicyMiddleware
     raise AttributeError(f"module 'ratewarden' has no attribute {name!r}")

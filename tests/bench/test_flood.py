@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from ratewarden.bench import cli
 from ratewarden.bench.adapters import load
 from ratewarden.bench.apps import BenchApp, handler_runs
 from ratewarden.bench.drivers import inprocess
 from ratewarden.bench.drivers.live import ServerStats, count_admitted
 from ratewarden.bench.reports import write_all
 from ratewarden.bench.reports.meta import collect_meta
+from ratewarden.bench.results import Run
 from ratewarden.bench.runner import Options, Result, Task, _add_ratios, _row, plan_tasks, run_all
 from ratewarden.bench.scenarios import FLOOD_CONNECTIONS, SCENARIOS, Scenario, resolve
-from ratewarden.bench.stats import Run
+from ratewarden.cli import bench as cli
 
 FLOOD = ("flood.middleware", "flood.dependency")
 needs_wrk = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")

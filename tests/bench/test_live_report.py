@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from ratewarden.bench import cli
 from ratewarden.bench.drivers import live
 from ratewarden.bench.drivers.live import ServerStats
 from ratewarden.bench.reports import write_all
 from ratewarden.bench.reports.meta import collect_meta
+from ratewarden.bench.results import Run, spread
 from ratewarden.bench.runner import Options, Result, Task, _add_ratios, _groups, _row, plan_tasks, run_all
 from ratewarden.bench.scenarios import MEASURES, QUICK_LIVE, SCENARIOS
-from ratewarden.bench.stats import Run, spread
+from ratewarden.cli import bench as cli
 
 ALLOWED = MEASURES["allowed"]
 REJECTED = MEASURES["rejected"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ratewarden.bench import cli as bench_cli
+from ratewarden.cli import bench as bench_cli
 from ratewarden.cli import main
 
 

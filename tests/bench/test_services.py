@@ -10,8 +10,8 @@ import pytest
 
 from ratewarden.bench.drivers.live import LiveError, raise_fd_limit
 from ratewarden.bench.reports.markdown import cluster_tables
+from ratewarden.bench.results import Row
 from ratewarden.bench.services import BenchError, StoreService
-from ratewarden.bench.stats import Row
 
 needs_cluster = pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
                                    reason="redis-server and redis-cli are not installed")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratewarden.bench.stats import Run, median_run, percentile, summarize_latencies
+from ratewarden.bench.results import Run, median_run, percentile, summarize_latencies
 
 
 def run(requests: int, seconds: float) -> Run:

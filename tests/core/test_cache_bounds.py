@@ -17,8 +17,8 @@ import pytest
 from fastapi import Depends, FastAPI
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule, RuleSet
-from ratewarden.edge import edge_layer
 from ratewarden.fastapi import RateLimit
+from ratewarden.fastapi.routes import edge_layer
 from ratewarden.limiter import MAX_KEY_LENGTH, storage_key
 from ratewarden.rules import MAX_CACHED_PATH, CompiledRule
 from ratewarden.types import Scope

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import pytest
 
 from ratewarden import ConfigurationError, Limiter, MemoryStore, RateLimitMiddleware, Rule
-from ratewarden.bans import Bans
 from ratewarden.charges import Charge
-from ratewarden.delay import Delay
 from ratewarden.keys import ClientIP, compose
 from ratewarden.policy import PolicyReloader, PolicyRule
+from ratewarden.policy.bans import Bans
+from ratewarden.policy.delay import Delay
 from ratewarden.policy.keyspec import parse_key_spec
 from ratewarden.policy.loader import parse_policy
 from ratewarden.policy.sections import parse_duration

@@ -18,8 +18,8 @@ from starlette.websockets import WebSocket
 
 from ratewarden import Limiter, MemoryStore, context_of
 from ratewarden.decision import Decision
-from ratewarden.edge import EdgeCheck, resolve
 from ratewarden.fastapi import RateLimit, install
+from ratewarden.fastapi.routes import EdgeCheck, resolve
 from ratewarden.keys import path_param
 from tests.core.asgi import http_scope, request
 from tests.core.counted_limit import CountedLimit

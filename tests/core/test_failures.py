@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from ratewarden import Decision, Limiter, MemoryStore, RateLimitMiddleware, Rule, Store, StoreError
-from ratewarden.decorators import limit
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.keys import header
 from ratewarden.limits import Limit
+from ratewarden.starlette import limit
 from tests.core.asgi import request
 
 
@@ -87,7 +87,7 @@ RULES = {
 @pytest.fixture(autouse=True)
 def unthrottled_log(monkeypatch: pytest.MonkeyPatch) -> None:
     # Failures are logged at most once a second; let every test see its own log line.
-    monkeypatch.setattr("ratewarden.enforcement._last_error_log", -1e9)
+    monkeypatch.setattr("ratewarden.enforcement.check._last_error_log", -1e9)
 
 
 async def inner(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:

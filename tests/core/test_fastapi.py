@@ -14,9 +14,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ratewarden import Limiter, MemoryStore
-from ratewarden.decorators import limit
 from ratewarden.fastapi import RateLimit, RateLimitExceeded, install
 from ratewarden.keys import header
+from ratewarden.starlette import limit
 from tests.core.asgi import request
 from tests.vectors.runner import FakeClock
 
@@ -253,9 +253,9 @@ async def test_without_install_plain_endpoints_still_get_headers() -> None:
 async def test_the_dependency_and_the_middleware_send_the_same_429_body() -> None:
     """One problem+json encoder: the dependency's 429 (rendered by install's handler when the
     dependency checks for itself) is byte for byte the middleware's."""
+    from ratewarden.asgi.responses import rejection
     from ratewarden.decision import Decision
     from ratewarden.fastapi import RateLimitExceeded
-    from ratewarden.responses import rejection
 
     decision = Decision(False, 1, 0, 7.0, 7.0, 60.0, "p")
     dependency_app = FastAPI()

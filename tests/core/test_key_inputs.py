@@ -13,10 +13,10 @@ from fastapi import Depends, FastAPI
 
 import ratewarden
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
-from ratewarden.bans import Bans
 from ratewarden.fastapi import RateLimit
 from ratewarden.keys import ClientIP, compose, header, path_param
 from ratewarden.limiter import storage_key
+from ratewarden.policy.bans import Bans
 from ratewarden.rates import Rate
 from ratewarden.rules import CompiledRule
 from tests.core.asgi import http_scope, request
@@ -163,8 +163,8 @@ async def test_any_missing_key_value_falls_back_to_the_client_ip(key: Any, rules
 
 
 async def test_missing_ban_key_and_delay_key_fall_back_to_the_client_ip() -> None:
-    from ratewarden.delay import Delay
     from ratewarden.policy import PolicyMiddleware, PolicyRule
+    from ratewarden.policy.delay import Delay
 
     limiter = Limiter(MemoryStore())
     rule = PolicyRule("/api/**", "1/min", key=_none_key, name="api", delay=Delay(max_wait=0.01))

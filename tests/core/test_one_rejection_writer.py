@@ -10,10 +10,10 @@ from typing import Any
 from fastapi import Depends, FastAPI
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
+from ratewarden.asgi.responses import rejection
 from ratewarden.decision import Decision
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.policy import PolicyMiddleware
-from ratewarden.responses import rejection
 from tests.core.asgi import Reply, request
 from tests.policy.apps import build_app
 from tests.vectors.runner import FakeClock

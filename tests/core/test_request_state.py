@@ -15,9 +15,9 @@ from starlette.routing import Route
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule, context_of
 from ratewarden.context import EdgeCheck, RequestContext
-from ratewarden.decorators import limit
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.policy import PolicyMiddleware
+from ratewarden.starlette import limit
 from tests.core.asgi import call, http_scope
 
 SERVER_STATE = {"lifespan": "kept"}  # what a server copies in from the lifespan state

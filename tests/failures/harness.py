@@ -30,14 +30,14 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
-from ratewarden.bans import Bans
 from ratewarden.charges import Charge
-from ratewarden.decorators import limit
-from ratewarden.delay import Delay
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.metrics import Metrics
 from ratewarden.policy import PolicyMiddleware
+from ratewarden.policy.bans import Bans
+from ratewarden.policy.delay import Delay
 from ratewarden.policy.tiers import PolicyRule
+from ratewarden.starlette import limit
 from ratewarden.stores.base import Store
 from ratewarden.stores.breaker import Breaker
 from tests.core.asgi import call, http_scope

@@ -4,7 +4,7 @@
   ``shm://<name>``, ``redis://``, ``redis+cluster://``, ``memcached://``; default ``memory://``).
 * ``FLOOD_PATH``: how the limit is applied: ``middleware`` (``RateLimitMiddleware`` + ``Rule``),
   ``edge`` (``Depends(RateLimit(...))`` with ``ratewarden.fastapi.install(app)``), ``dependency``
-  (the same without ``install``) or ``decorator`` (``ratewarden.decorators.limit``).
+  (the same without ``install``) or ``decorator`` (``ratewarden.starlette.limit``).
 * ``FLOOD_RATE``: the limit (default ``100/hour``), fixed window, keyed by the client IP.
 * ``FLOOD_PREFIX``: the limiter's key prefix (default ``flood``), so runs sharing a store do not meet.
 
@@ -111,7 +111,7 @@ def create_app() -> ASGIApp:
         if path == "edge":
             install(app)
     else:
-        from ratewarden.decorators import limit
+        from ratewarden.starlette import limit
 
         for route in ROUTES:
             app.add_route(route, limit(rate, limiter=limiter, name=route)(handler), methods=["GET"])

@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 
 from ratewarden import Limiter, MemoryStore, Rule
-from ratewarden.bans import Bans
 from ratewarden.keys import header, header_key
 from ratewarden.metrics import Metrics
 from ratewarden.policy import PolicyMiddleware
+from ratewarden.policy.bans import Bans
 
 from ..policy.apps import build_app, client
 

@@ -7,9 +7,9 @@ import time
 from collections import Counter
 
 from ratewarden import Limiter, MemoryStore
-from ratewarden.delay import Delay
 from ratewarden.keys import header
 from ratewarden.policy import PolicyMiddleware, PolicyRule
+from ratewarden.policy.delay import Delay
 
 from ..policy.apps import build_app, client
 

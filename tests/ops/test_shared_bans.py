@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from ratewarden import Limiter, MemoryStore, Rule
-from ratewarden.bans import Bans
 from ratewarden.keys import header, header_key
 from ratewarden.policy import PolicyMiddleware
+from ratewarden.policy.bans import Bans
 from ratewarden.stores.base import Store
 from tests.servers import RedisStandalone
 

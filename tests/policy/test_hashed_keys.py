@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 
 from ratewarden import Limiter, MemoryStore
+from ratewarden.cli.policy import explain
 from ratewarden.policy import PolicyMiddleware, parse_policy
-from ratewarden.policy.cli import explain
 
 from .apps import build_app, client
 

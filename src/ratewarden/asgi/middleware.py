@@ -11,13 +11,20 @@ from collections.abc import Awaitable, Sequence
 from .._mypyc import mypyc_attr
 from ..context import context_for
 from ..decision import Decision
-from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
+from ..enforcement.check import (
+    KeyPending,
+    LimitUnavailable,
+    can_check_now,
+    check_now,
+    check_pending,
+    check_rules,
+)
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
-from ..responses import LimitHandler, send_limited, send_on_limit, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
 from ..types import ASGIApp, Receive, Scope, Send
+from .responses import LimitHandler, send_limited, send_on_limit, send_unavailable
 from .websocket import MessageLimitAction, WebSocketDeny, WebSocketLimits
 
 __all__ = ["RateLimitMiddleware"]

@@ -17,9 +17,9 @@ from typing import Any
 
 from .adapters import Adapter, StoreSpec, Unsupported, load
 from .drivers import inprocess, live
+from .results import Row, Run, median_run, spread
 from .scenarios import Scenario
 from .services import StoreService
-from .stats import Row, Run, median_run, spread
 
 __all__ = ["FLOOD_STORES", "WORKER_CONFIGS", "WORKER_STORES", "Options", "Result", "Task", "admit_limit",
            "live_expected", "plan_tasks", "run_all"]

@@ -4,13 +4,19 @@
 ``PolicyMiddleware`` enforces it and reloads it when the file changes.
 """
 
+from .asgi import PolicyMiddleware
+from .bans import Bans, BanStatus
+from .delay import Delay
 from .loader import load_policy, parse_policy
-from .middleware import PolicyMiddleware
 from .reload import PolicyReloader
 from .schema import Policy, PolicyError, Problem
+from .stats import rule_stats
 from .tiers import Identity, PolicyRule, Tiers
 
 __all__ = [
+    "BanStatus",
+    "Bans",
+    "Delay",
     "Identity",
     "Policy",
     "PolicyError",
@@ -21,4 +27,5 @@ __all__ = [
     "Tiers",
     "load_policy",
     "parse_policy",
+    "rule_stats",
 ]

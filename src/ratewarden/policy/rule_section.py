@@ -8,11 +8,11 @@ from typing import Any
 
 from ..algorithms import ALGORITHMS
 from ..charges import Charge
-from ..delay import Delay
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip
 from ..rates import parse_rates
 from ..rules import Rule, compile_path, http_methods
+from .delay import Delay
 from .problems import Validator, describe_value
 from .sections import parse_duration, spec_key
 from .tiers import Identity, PolicyRule, Tiers

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..algorithms import ALGORITHMS
-from ..bans import Bans
 from ..rates import parse_rates
 from ..rules import Rule
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
 from ..stores.urls import check_store_url, open_store
+from .bans import Bans
 from .problems import Locate, PolicyError, Problem, Validator, describe_value
 from .rule_section import RuleDefaults, rules_section
 from .sections import bans_section, groups_section, identity_section, parse_duration

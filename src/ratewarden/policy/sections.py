@@ -9,10 +9,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..bans import Bans
 from ..errors import ConfigurationError
 from ..keys import KeyFunc
 from ..rates import parse_rates
+from .bans import Bans
 from .keyspec import key_function, parse_key_spec, parse_source
 from .problems import Validator, describe_value
 from .tiers import Identity

@@ -21,14 +21,14 @@ from typing import Any
 from ..charges import Charge
 from ..context import context_of
 from ..credentials import digest
-from ..delay import Delay
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip, key_text
 from ..rates import Rate
 from ..rules import CompiledRule, Rule
 from ..types import Scope
-from .context import PolicyContext
+from .delay import Delay
 from .keyspec import parse_source
+from .request_context import PolicyContext
 
 __all__ = ["Identity", "PolicyRule", "Tiers", "parse_source"]
 

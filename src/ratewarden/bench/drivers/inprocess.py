@@ -10,8 +10,8 @@ from time import perf_counter
 from typing import Any
 
 from ..apps import ASGIApp
+from ..results import Run, summarize_latencies
 from ..scenarios import Scenario
-from ..stats import Run, summarize_latencies
 
 __all__ = ["RequestSpec", "plan", "run_iteration"]
 

@@ -30,8 +30,8 @@ from types import TracebackType
 from typing import Any
 
 from ..adapters.base import StoreSpec
+from ..results import Run
 from ..scenarios import Scenario
-from ..stats import Run
 
 __all__ = ["MANY_KEYS", "LiveError", "LiveServer", "ServerStartError", "ServerStats", "count_admitted", "cpu_plan",
            "default_workers", "raise_fd_limit", "require_wrk", "rounds", "run_iteration", "wrk_script"]

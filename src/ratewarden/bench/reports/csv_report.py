@@ -7,7 +7,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from ..stats import Row
+from ..results import Row
 
 COLUMNS = [f.name for f in fields(Row)]
 

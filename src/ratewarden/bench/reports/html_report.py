@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from pathlib import Path
 
+from ..results import Row
 from ..runner import Result
-from ..stats import Row
 from .markdown import GROUP_TITLES, SHORT_MEASURES, build_tables, library_order, noise_lines, over_limit_lines
 from .meta import Meta
 

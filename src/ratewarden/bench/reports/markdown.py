@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..results import Row, spread
 from ..runner import Result
 from ..scenarios import MEASURES
-from ..stats import Row, spread
 from .meta import Meta
 
 __all__ = ["GROUP_TITLES", "SHORT_MEASURES", "Table", "build_tables", "cluster_tables", "heading", "library_order",

@@ -10,15 +10,15 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 
-from .context import context_for
-from .decision import Decision
-from .errors import LimitUnavailable
-from .keys import key_text
-from .limiter import Limiter
-from .limits import Limit
-from .rules import CompiledRule
-from .stores.base import StoreError
-from .types import Scope
+from ..context import context_for
+from ..decision import Decision
+from ..errors import LimitUnavailable
+from ..keys import key_text
+from ..limiter import Limiter
+from ..limits import Limit
+from ..rules import CompiledRule
+from ..stores.base import StoreError
+from ..types import Scope
 
 __all__ = [
     "KeyPending", "LimitUnavailable", "can_check_now", "check_now", "check_pending", "check_rules", "report_failure",

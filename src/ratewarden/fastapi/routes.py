@@ -11,7 +11,7 @@ again; the dependencies whose value is unused (``dependencies=[...]``) are taken
 solving altogether (``lift_declared``), and put back while ``app.dependency_overrides`` replaces one
 of the route's limits, so FastAPI runs the override and the edge stays out. Requests the layer
 cannot resolve (and dependencies it did not see) fall back to the dependency checking the limit
-itself. The per-request part is ``ratewarden.asgi.edge`` (compiled);
+itself. The per-request part is ``ratewarden.fastapi.edge`` (compiled);
 this module resolves routes and builds their targets, once per route and path.
 """
 
@@ -22,11 +22,11 @@ from typing import Any
 
 from starlette.routing import BaseRoute, Host, Match, Mount
 
-from ._dependency import RateLimit
-from .asgi.edge import EdgeCheck, EdgeLayer, EdgeTarget, Lifted
-from .limiter import Limiter
-from .rules import CompiledRule, policy_of
-from .types import ASGIApp, Scope
+from ..limiter import Limiter
+from ..rules import CompiledRule, policy_of
+from ..types import ASGIApp, Scope
+from .dependency import RateLimit
+from .edge import EdgeCheck, EdgeLayer, EdgeTarget, Lifted
 
 __all__ = ["EdgeCheck", "Resolved", "declared_limits", "edge_layer", "lift_declared", "limit_owners", "resolve"]
 

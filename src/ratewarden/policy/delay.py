@@ -16,8 +16,8 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
-from .decision import Decision
-from .errors import ConfigurationError
+from ..decision import Decision
+from ..errors import ConfigurationError
 
 __all__ = ["Delay"]
 

@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
-from ._dependency import RateLimit
-from .edge import declared_limits
+from .dependency import RateLimit
+from .routes import declared_limits
 
 __all__ = ["PROBLEM_SCHEMA", "add_limit_docs", "document_limits", "limit_responses", "rate_limit_header_docs"]
 

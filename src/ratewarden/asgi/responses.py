@@ -13,10 +13,10 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .caches import remember
-from .decision import Decision
-from .headers import HeaderStyle, rate_limit_headers, retry_after_header
-from .types import ASGIApp, Message, Receive, Scope, Send
+from ..caches import remember
+from ..decision import Decision
+from ..headers import HeaderStyle, rate_limit_headers, retry_after_header
+from ..types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "UNAVAILABLE_BODY",

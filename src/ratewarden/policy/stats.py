@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .limiter import Limiter
-from .rules import CompiledRule, Rule
+from ..limiter import Limiter
+from ..rules import CompiledRule, Rule
 
 __all__ = ["rule_stats"]
 

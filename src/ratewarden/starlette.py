@@ -12,13 +12,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .algorithms import AlgorithmName
-from .enforcement import LimitUnavailable, check_rules
+from .asgi.responses import UNAVAILABLE_BODY, limited_headers, too_many_requests_body
+from .enforcement.check import LimitUnavailable, check_rules
 from .headers import HeaderMode, HeaderStyle, rate_limit_headers
 from .keys import KeyFunc, client_ip
 from .limiter import Limiter
 from .limits import DEFAULT_ALGORITHM
 from .rates import Rate
-from .responses import UNAVAILABLE_BODY, limited_headers, too_many_requests_body
 from .rules import CompiledRule, CostFunc, Rule
 
 __all__ = ["limit"]

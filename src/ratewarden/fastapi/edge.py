@@ -3,7 +3,7 @@
 ``EdgeLayer`` finds the request's ``EdgeTarget`` (the declared limits of the route it will reach)
 in a cache keyed by (method, root path, path) (paths up to ``MAX_CACHED_PATH`` characters: a
 longer one is resolved on every request), charges them once, and answers a denial itself.
-Resolving a route and building its target need FastAPI, so they live in ``ratewarden.edge`` and run
+Resolving a route and building its target need FastAPI, so they live in ``ratewarden.fastapi.routes`` and run
 on a cache miss only, through the ``resolver`` given to the layer.
 """
 
@@ -14,13 +14,20 @@ from time import monotonic
 from typing import Any
 
 from .._mypyc import mypyc_attr
+from ..asgi.responses import limited_headers, send_limited, send_on_limit, send_unavailable
 from ..caches import remember
 from ..context import EdgeCheck, RequestContext, context_for
 from ..decision import Decision
-from ..enforcement import KeyPending, LimitUnavailable, can_check_now, check_now, check_pending, check_rules
+from ..enforcement.check import (
+    KeyPending,
+    LimitUnavailable,
+    can_check_now,
+    check_now,
+    check_pending,
+    check_rules,
+)
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
-from ..responses import limited_headers, send_limited, send_on_limit, send_unavailable
 from ..rules import MAX_CACHED_PATH, CompiledRule
 from ..scopes import value_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
@@ -125,7 +132,7 @@ class EdgeTarget:
 class EdgeLayer:
     """Charges the declared limits of the route a request will reach, before routing.
 
-    ``resolver`` (see ``ratewarden.edge``) has ``routes()`` (the app's top-level route list),
+    ``resolver`` (see ``ratewarden.fastapi.routes``) has ``routes()`` (the app's top-level route list),
     ``changed()`` (whether the route table changed since the last call), ``cacheable`` and
     ``lookup(scope)`` returning ``(target or None, path parameters)``. Requests without a target
     pass through with the headers sink a self-checking dependency uses. ``on_limit`` replaces the

@@ -22,22 +22,22 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from .algorithms import AlgorithmName
-from .errors import ConfigurationError
-from .keys import KeyFunc, client_ip
-from .limiter import storage_key
-from .limits import Limit
-from .rates import Rate
+from ..algorithms import AlgorithmName
+from ..errors import ConfigurationError
+from ..keys import KeyFunc, client_ip
+from ..limiter import storage_key
+from ..limits import Limit
+from ..rates import Rate
 
 if TYPE_CHECKING:
-    from .limiter import Limiter
+    from ..limiter import Limiter
 
 __all__ = ["BanStatus", "Bans"]
 
 BanStatus = Literal[403, 429]
 """How a banned request is answered: 403 Forbidden or 429 Too Many Requests."""
 
-log = logging.getLogger("ratewarden.bans")
+log = logging.getLogger("ratewarden.policy.bans")
 
 # Reads a ban state: with one unit per second and a burst of one, a zero-cost GCRA check reports
 # reset_after = until - now for any stored (until,).

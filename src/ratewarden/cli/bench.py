@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .scenarios import MEASURES, QUICK_FLOOD, QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
+from ..bench.scenarios import MEASURES, QUICK_FLOOD, QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
 
 if TYPE_CHECKING:
-    from .runner import Options
+    from ..bench.runner import Options
 
 __all__ = ["register", "run"]
 
@@ -87,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(planned, str):
         return _fail(planned)
     opts, out = planned
-    from .drivers.live import LiveError
-    from .reports import write_all
-    from .services import BenchError
+    from ..bench.drivers.live import LiveError
+    from ..bench.reports import write_all
+    from ..bench.services import BenchError
 
     meta = _meta(opts)
     t0 = time.monotonic()
@@ -126,7 +126,7 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
 
     Over 60 lines: one check after another, each with its own message; split, the CLI's
     validation would be scattered over several functions that only it calls."""
-    from .adapters import LIBRARIES, load
+    from ..bench.adapters import LIBRARIES, load
 
     if args.quick:
         names = list(QUICK_SCENARIOS + QUICK_LIVE + QUICK_FLOOD) if args.scenario is None else []
@@ -161,8 +161,8 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
         except ImportError as exc:
             return str(exc)
     stores = _csv(args.store or "memory")
-    from .runner import WORKER_STORES
-    from .services import STORES
+    from ..bench.runner import WORKER_STORES
+    from ..bench.services import STORES
 
     worker_stores = stores if args.store else list(WORKER_STORES)
     if not args.store and not args.redis_url and shutil.which("redis-server") is None \
@@ -185,7 +185,7 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
         return "--concurrency, --iterations, --duration and --flood-duration must be positive (--warmup >= 0)"
     if args.workers < 0 or args.workers == 1:
         return f"--workers takes 2 or more (0 = one per core, at least 2), got {args.workers}"
-    from .drivers.live import LiveError, require_wrk
+    from ..bench.drivers.live import LiveError, require_wrk
 
     if any(s.mode == "live" for s in scenarios):
         try:
@@ -196,7 +196,7 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
     problem = _unwritable(out)
     if problem:
         return f"--out {out}: {problem}; give a directory that can be created and written"
-    from .runner import Options
+    from ..bench.runner import Options
 
     opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=iterations,
                    warmup=args.warmup, concurrency=levels or None, duration=duration,
@@ -209,7 +209,7 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
 def _flood_stores(args: argparse.Namespace, scenarios: list[Any]) -> list[str]:
     """The flood scenarios' default stores: Redis and Memcached where a server can be had (a URL, or
     the binary to start one), then memory."""
-    from .runner import FLOOD_STORES
+    from ..bench.runner import FLOOD_STORES
 
     have = {"redis": bool(args.redis_url) or shutil.which("redis-server") is not None,
             "memcached": bool(args.memcached_url) or shutil.which("memcached") is not None}
@@ -222,7 +222,7 @@ def _flood_stores(args: argparse.Namespace, scenarios: list[Any]) -> list[str]:
 
 def _meta(opts: Options) -> Any:
     """What the reports say about how they were produced."""
-    from .reports.meta import collect_meta
+    from ..bench.reports.meta import collect_meta
 
     command = "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "ratewarden bench"
@@ -278,7 +278,7 @@ def _unwritable(out: Path) -> str:
 def _run_with_progress(opts: Any) -> list[Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .runner import Result, Task, plan_tasks, run_all
+    from ..bench.runner import Result, Task, plan_tasks, run_all
 
     total = len(plan_tasks(opts))
     with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -303,7 +303,7 @@ def _summary(results: list[Any], load: str = "") -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from .reports.markdown import heading, noise_lines
+    from ..bench.reports.markdown import heading, noise_lines
 
     rows = [r.row for r in results if r.row is not None]
     console = Console()

@@ -19,9 +19,9 @@ __all__ = ["COMMANDS", "main", "register_demo", "version_text"]
 # name -> ("module:register function", one-line help shown by ``ratewarden --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ratewarden.cli:register_demo", "serve a demo app, send it bursts of requests and print what was limited"),
-    "bench": ("ratewarden.bench.cli:register", "benchmark ratewarden against traffik, slowapi and no limiter"),
-    "check": ("ratewarden.policy.cli:register_check", "validate a policy file and print its effective rules"),
-    "explain": ("ratewarden.policy.cli:register_explain", "show which rules and limits a request would get"),
+    "bench": ("ratewarden.cli.bench:register", "benchmark ratewarden against traffik, slowapi and no limiter"),
+    "check": ("ratewarden.cli.policy:register_check", "validate a policy file and print its effective rules"),
+    "explain": ("ratewarden.cli.policy:register_explain", "show which rules and limits a request would get"),
 }
 
 Subparsers = Any  # argparse's _SubParsersAction is private
@@ -32,7 +32,7 @@ def register_demo(subparsers: Subparsers) -> None:
     parser.add_argument("rest", nargs=argparse.REMAINDER)
 
     def run(args: argparse.Namespace) -> int:
-        from ratewarden import demo
+        from . import demo
 
         status: int = demo.main(args.rest)
         return status
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
         # The demo parses its own arguments (including --help); hand them over untouched.
-        from ratewarden import demo
+        from . import demo
 
         status: int = demo.main(argv[1:])
         return status

@@ -1,7 +1,7 @@
 """The ``RateLimit`` FastAPI dependency and the ``RateLimitExceeded`` it raises.
 
-Import them from ``ratewarden.fastapi``. They live here, below ``ratewarden.edge`` and
-``ratewarden.openapi`` (which look for ``RateLimit`` in a route's dependencies), so that
+Import them from ``ratewarden.fastapi``. They live here, below ``ratewarden.fastapi.routes`` and
+``ratewarden.fastapi.openapi`` (which look for ``RateLimit`` in a route's dependencies), so that
 ``ratewarden.fastapi`` (``install``) imports all three without an import cycle.
 """
 
@@ -13,19 +13,19 @@ from typing import Any
 
 from fastapi import HTTPException, Request, Response
 
-from .algorithms import AlgorithmName
-from .asgi.edge import SINK_KEY as _SINK
-from .context import context_of
-from .decision import Decision
-from .enforcement import LimitUnavailable, check_rules
-from .errors import RatewardenError
-from .headers import HeaderMode, HeaderStyle, rate_limit_headers
-from .keys import KeyFunc, client_ip
-from .limiter import Limiter
-from .limits import DEFAULT_ALGORITHM
-from .rates import Rate
-from .responses import limited_headers, too_many_requests_problem
-from .rules import CompiledRule, CostFunc, Rule
+from ..algorithms import AlgorithmName
+from ..asgi.responses import limited_headers, too_many_requests_problem
+from ..context import context_of
+from ..decision import Decision
+from ..enforcement.check import LimitUnavailable, check_rules
+from ..errors import RatewardenError
+from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..keys import KeyFunc, client_ip
+from ..limiter import Limiter
+from ..limits import DEFAULT_ALGORITHM
+from ..rates import Rate
+from ..rules import CompiledRule, CostFunc, Rule
+from .edge import SINK_KEY as _SINK
 
 __all__ = ["RateLimit", "RateLimitExceeded", "route_context"]
 

@@ -17,15 +17,15 @@ from typing import Any, cast
 from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from ._dependency import RateLimit, RateLimitExceeded
-from ._dependency import route_context as route_context  # its old home
-from .asgi.edge import EdgeAnswer, EdgeLayer
-from .decision import Decision
-from .edge import edge_layer
-from .errors import ConfigurationError
+from ..asgi.responses import LimitHandler, adding_missing_headers, too_many_requests_body
+from ..decision import Decision
+from ..errors import ConfigurationError
+from ..types import ASGIApp, Receive, Scope, Send
+from .dependency import RateLimit, RateLimitExceeded
+from .dependency import route_context as route_context  # its old home
+from .edge import EdgeAnswer, EdgeLayer
 from .openapi import document_limits
-from .responses import LimitHandler, adding_missing_headers, too_many_requests_body
-from .types import ASGIApp, Receive, Scope, Send
+from .routes import edge_layer
 
 __all__ = ["RateLimit", "RateLimitExceeded", "install"]
 
@@ -155,7 +155,7 @@ def install(app: FastAPI, *, lift: bool = True, on_limit: LimitHandler | None = 
 
     * Edge enforcement: the limits declared with ``Depends(RateLimit(...))`` (on routes, routers
       or the app) are checked in an ASGI layer before routing; a denied request is answered there
-      and an allowed one is charged once (see ``ratewarden.edge``).
+      and an allowed one is charged once (see ``ratewarden.fastapi.routes``).
     * A denied request gets the app's own answer if it has one: ``on_limit``, else an exception
       handler for ``RateLimitExceeded`` (or status 429), registered before or after ``install``
       (the edge calls it as FastAPI would); else RFC 9457 ``application/problem+json``. The edge and

@@ -13,7 +13,7 @@ from ..context import RequestContext
 from ..rules import CompiledRule
 
 if TYPE_CHECKING:
-    from .middleware import Plan, Runtime
+    from .asgi import Plan, Runtime
     from .tiers import Identity
 
 __all__ = ["PolicyContext"]

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..bans import Bans
 from ..charges import adjust
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..rules import CompiledRule
-from ..stats import rule_stats
+from .bans import Bans
+from .stats import rule_stats
 from .tiers import PolicyRule
 
 if TYPE_CHECKING:
-    from .middleware import Runtime
+    from .asgi import Runtime
 
 __all__ = ["Operations"]
 

@@ -8,11 +8,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..limiter import Limiter
+from ..policy.loader import load_policy
+from ..policy.schema import Policy, PolicyError, describe_rule
+from ..policy.tiers import PolicyRule
 from ..rates import parse_rates
 from ..stores.memory import MemoryStore
-from .loader import load_policy
-from .schema import Policy, PolicyError, describe_rule
-from .tiers import PolicyRule
 
 __all__ = ["explain", "register", "register_check", "register_explain", "split_target"]
 

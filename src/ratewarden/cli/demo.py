@@ -22,9 +22,9 @@ def build_app(rate: str = "10/min") -> object:
     """The README's example app: a middleware rule on ``/api/**`` and a dependency on ``/items``."""
     from fastapi import Depends, FastAPI
 
-    from . import Limiter, MemoryStore, RateLimitMiddleware, Rule
-    from .fastapi import RateLimit
-    from .keys import client_ip
+    from .. import Limiter, MemoryStore, RateLimitMiddleware, Rule
+    from ..fastapi import RateLimit
+    from ..keys import client_ip
 
     limiter = Limiter(MemoryStore())
     app = FastAPI()

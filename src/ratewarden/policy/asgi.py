@@ -18,22 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from ..asgi.middleware import RateLimitMiddleware
-from ..bans import Bans
+from ..asgi.responses import problem_body, send_limited, send_on_limit, send_problem, send_unavailable
 from ..charges import adjust
 from ..context import STATE_KEY
 from ..decision import Decision
-from ..delay import Delay
-from ..enforcement import LimitUnavailable, check_rules, report_failure
+from ..enforcement.check import LimitUnavailable, check_rules, report_failure
 from ..headers import rate_limit_headers
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
-from ..responses import problem_body, send_limited, send_on_limit, send_problem, send_unavailable
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
-from .context import PolicyContext
-from .operations import Operations
+from .admin import Operations
+from .bans import Bans
+from .delay import Delay
 from .reload import PolicyReloader
+from .request_context import PolicyContext
 from .schema import Policy
 from .tiers import PolicyRule
 
