@@ -66,6 +66,7 @@ HOT_MODULES = [
     "src/ratewarden/keys.py",
     "src/ratewarden/headers.py",
     "src/ratewarden/enforcement/check.py",
+    "src/ratewarden/enforcement/answers.py",
     "src/ratewarden/asgi/responses.py",
     "src/ratewarden/limiter.py",
     "src/ratewarden/asgi/middleware.py",

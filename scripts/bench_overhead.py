@@ -136,8 +136,8 @@ def ours_middleware_style(limit: int, headers: str = "always", header_style: str
 
 def _real_rejection() -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The body and headers ratewarden's middleware sends for a 429 on this bench's rule."""
-    from ratewarden.asgi.responses import rejection
     from ratewarden.decision import Decision
+    from ratewarden.enforcement.answers import rejection
 
     return rejection(Decision(False, DENY, 0, 42.5, 42.5, 60.0, "/test"), "both", True)
 

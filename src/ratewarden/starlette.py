@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .algorithms import AlgorithmName
-from .asgi.responses import UNAVAILABLE_BODY, limited_headers, too_many_requests_body
+from .enforcement.answers import UNAVAILABLE_BODY, limited_headers, too_many_requests_body
 from .enforcement.check import LimitUnavailable, check_rules
 from .headers import HeaderMode, HeaderStyle, rate_limit_headers
 from .keys import KeyFunc, client_ip

@@ -253,8 +253,8 @@ async def test_without_install_plain_endpoints_still_get_headers() -> None:
 async def test_the_dependency_and_the_middleware_send_the_same_429_body() -> None:
     """One problem+json encoder: the dependency's 429 (rendered by install's handler when the
     dependency checks for itself) is byte for byte the middleware's."""
-    from ratewarden.asgi.responses import rejection
     from ratewarden.decision import Decision
+    from ratewarden.enforcement.answers import rejection
     from ratewarden.fastapi import RateLimitExceeded
 
     decision = Decision(False, 1, 0, 7.0, 7.0, 60.0, "p")

@@ -10,8 +10,8 @@ from typing import Any
 from fastapi import Depends, FastAPI
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
-from ratewarden.asgi.responses import rejection
 from ratewarden.decision import Decision
+from ratewarden.enforcement.answers import rejection
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.policy import PolicyMiddleware
 from tests.core.asgi import Reply, request

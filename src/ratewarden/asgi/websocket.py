@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from typing import Literal
 
 from .._mypyc import mypyc_attr
+from ..enforcement.answers import rejection
 from ..enforcement.check import LimitUnavailable, check_rules
 from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..rules import CompiledRule
 from ..types import ASGIApp, Message, Receive, Scope, Send
-from .responses import rejection, send_answer
+from .responses import send_answer
 
 __all__ = ["MessageLimitAction", "WebSocketDeny", "WebSocketLimits"]
 

@@ -17,8 +17,9 @@ from typing import Any, cast
 from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from ..asgi.responses import LimitHandler, adding_missing_headers, too_many_requests_body
+from ..asgi.responses import LimitHandler, adding_missing_headers
 from ..decision import Decision
+from ..enforcement.answers import too_many_requests_body
 from ..errors import ConfigurationError
 from ..types import ASGIApp, Receive, Scope, Send
 from .dependency import RateLimit, RateLimitExceeded

@@ -14,9 +14,9 @@ from typing import Any
 from fastapi import HTTPException, Request, Response
 
 from ..algorithms import AlgorithmName
-from ..asgi.responses import limited_headers, too_many_requests_problem
 from ..context import context_of
 from ..decision import Decision
+from ..enforcement.answers import limited_headers, too_many_requests_problem
 from ..enforcement.check import LimitUnavailable, check_rules
 from ..errors import RatewardenError
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers

@@ -14,10 +14,11 @@ from time import monotonic
 from typing import Any
 
 from .._mypyc import mypyc_attr
-from ..asgi.responses import limited_headers, send_limited, send_on_limit, send_unavailable
+from ..asgi.responses import send_limited, send_on_limit, send_unavailable
 from ..caches import remember
 from ..context import EdgeCheck, RequestContext, context_for
 from ..decision import Decision
+from ..enforcement.answers import limited_headers
 from ..enforcement.check import (
     KeyPending,
     LimitUnavailable,

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..asgi.middleware import RateLimitMiddleware
-from ..asgi.responses import problem_body, send_limited, send_on_limit, send_problem, send_unavailable
+from ..asgi.responses import send_limited, send_on_limit, send_problem, send_unavailable
 from ..charges import adjust
 from ..context import STATE_KEY
 from ..decision import Decision
+from ..enforcement.answers import problem_body
 from ..enforcement.check import LimitUnavailable, check_rules, report_failure
 from ..headers import rate_limit_headers
 from ..keys import key_text

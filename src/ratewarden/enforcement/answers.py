@@ -1,0 +1,181 @@
+"""The limiter's own answers, framework-neutral: the 429 and 503 as RFC 9457
+``application/problem+json`` bodies with their complete header lists.
+
+Every integration sends these bytes as they are (``ratewarden.asgi.responses`` over ASGI), so a
+rejection reads the same whichever layer wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..caches import remember
+from ..decision import Decision
+from ..headers import HeaderStyle, rate_limit_headers, retry_after_header
+
+__all__ = [
+    "UNAVAILABLE_BODY",
+    "UNAVAILABLE_HEADERS",
+    "limited_headers",
+    "problem",
+    "problem_body",
+    "problem_headers",
+    "rejection",
+    "too_many_requests_body",
+    "too_many_requests_problem",
+]
+
+
+def problem(status: int, title: str, detail: str, **extra: Any) -> dict[str, Any]:
+    """An RFC 9457 problem object.
+
+    Args:
+        status: The HTTP status.
+        title: A short summary of the problem type.
+        detail: This occurrence, explained.
+        **extra: Further members (e.g. ``retry_after``).
+    """
+    return {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
+
+
+def problem_body(status: int, title: str, detail: str, **extra: Any) -> bytes:
+    """``problem`` encoded as JSON.
+
+    Args:
+        status: The HTTP status.
+        title: A short summary of the problem type.
+        detail: This occurrence, explained.
+        **extra: Further members.
+    """
+    return json.dumps(problem(status, title, detail, **extra)).encode()
+
+
+UNAVAILABLE_BODY = problem_body(503, "Service Unavailable", "The rate limiter is unavailable; try again shortly.")
+"""The fail-closed answer's body (the store or a key function failed)."""
+
+
+UNAVAILABLE_HEADERS = (
+    (b"content-type", b"application/problem+json"),
+    (b"content-length", b"%d" % len(UNAVAILABLE_BODY)),
+    (b"retry-after", b"1"),
+)
+"""The fail-closed answer's complete header list."""
+
+
+def too_many_requests_body(decision: Decision, group: str | None = None) -> bytes:
+    """The 429 problem as JSON bytes.
+
+    Args:
+        decision: The denying decision.
+        group: See ``too_many_requests_problem``.
+    """
+    return json.dumps(too_many_requests_problem(decision, group)).encode()
+
+
+_Headers = list[tuple[bytes, bytes]]
+_rejections: dict[tuple[object, ...], tuple[bytes, tuple[tuple[bytes, bytes], ...]]] = {}
+_REJECTIONS_LIMIT = 4096
+
+
+def rejection(
+    decision: Decision,
+    style: HeaderStyle,
+    with_rate_headers: bool,
+    policy: bytes | None = None,
+    group: str | None = None,
+) -> tuple[bytes, _Headers]:
+    """The 429 body and its complete header list (content type and length included).
+
+    Both depend only on a few small integers of the decision, so they are built once and reused:
+    a flood of rejections costs a dictionary lookup each, not a JSON encoding. The header list is a
+    fresh copy every time, since outer middleware may append to it.
+
+    Args:
+        decision: The denying decision.
+        style: Which rate-limit headers: ``"ietf"`` (``RateLimit``/``RateLimit-Policy``), ``"legacy"``
+            (``X-RateLimit-*``) or ``"both"``.
+        with_rate_headers: Whether the rate-limit headers are sent too.
+        policy: The ``RateLimit-Policy`` value listing every limit that applied (``policy_of``); ``None``
+            uses the deciding limit's.
+        group: See ``too_many_requests_problem``.
+    """
+    retry = None if math.isinf(decision.retry_after) else max(1, math.ceil(decision.retry_after))
+    cache_key = (
+        decision.policy, decision.limit, decision.period, decision.remaining,
+        math.ceil(decision.reset_after), retry, style, with_rate_headers, policy, group,
+    )
+    found = _rejections.get(cache_key)
+    if found is None:
+        body = too_many_requests_body(decision, group)
+        headers = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", b"%d" % len(body)),
+            *limited_headers(decision, style, with_rate_headers, policy),
+        ]
+        found = (body, tuple(headers))
+        remember(_rejections, cache_key, found, _REJECTIONS_LIMIT)
+    return found[0], list(found[1])
+
+
+def too_many_requests_problem(decision: Decision, group: str | None = None) -> dict[str, Any]:
+    """The 429 problem object: what was exceeded and when to retry.
+
+    Args:
+        decision: The denying decision.
+        group: ``None`` for the default body; a string for the policy middleware's, which adds
+            ``remaining`` and, when not empty, the caller's ``group`` (named in ``detail`` too).
+    """
+    if math.isinf(decision.retry_after):
+        detail = f"This request costs more than the limit of {decision.limit} allows; it can never be served."
+        retry: int | None = None
+    else:
+        retry = max(1, math.ceil(decision.retry_after))
+        detail = f"Rate limit of {decision.limit} per {decision.period:g}s exceeded; retry after {retry}s."
+    if group is None:
+        return problem(429, "Too Many Requests", detail, policy=decision.policy, limit=decision.limit, retry_after=retry)
+    extra: dict[str, Any] = {
+        "policy": decision.policy,
+        "limit": decision.limit,
+        "remaining": decision.remaining,
+        "retry_after": retry,
+    }
+    if group:
+        extra["group"] = group
+        detail = f"{detail[:-1]} (group {group!r})."
+    return problem(429, "Too Many Requests", detail, **extra)
+
+
+def limited_headers(
+    decision: Decision, style: HeaderStyle, with_rate_headers: bool, policy: bytes | None = None
+) -> list[tuple[bytes, bytes]]:
+    """Headers for a 429: the rate-limit headers (if on) and ``Retry-After``.
+
+    Args:
+        decision: The denying decision.
+        style: Which rate-limit headers: ``"ietf"`` (``RateLimit``/``RateLimit-Policy``), ``"legacy"``
+            (``X-RateLimit-*``) or ``"both"``.
+        with_rate_headers: Whether the rate-limit headers are sent too.
+        policy: The ``RateLimit-Policy`` value listing every limit that applied (``policy_of``); ``None``
+            uses the deciding limit's.
+    """
+    headers = rate_limit_headers(decision, style, policy) if with_rate_headers else []
+    retry = retry_after_header(decision)
+    if retry is not None:
+        headers.append(retry)
+    return headers
+
+
+def problem_headers(body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+    """The complete header list of a problem+json answer: content type and length, then ``headers``.
+
+    Args:
+        body: The JSON body.
+        headers: More headers.
+    """
+    return [
+        (b"content-type", b"application/problem+json"),
+        (b"content-length", b"%d" % len(body)),
+        *(headers or ()),
+    ]
