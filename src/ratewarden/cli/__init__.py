@@ -96,6 +96,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     return status
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
