@@ -3,19 +3,15 @@ a client's stats across its limits (none of them on the request path)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..charges import adjust
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..rules import CompiledRule
 from .bans import Bans
+from .runtime import Runtime
 from .stats import rule_stats
 from .tiers import PolicyRule
-
-if TYPE_CHECKING:
-    from .asgi import Runtime
 
 __all__ = ["Operations"]
 

@@ -1,7 +1,7 @@
 """``PolicyMiddleware``: ``RateLimitMiddleware`` plus the operational features — a reloadable
 policy file, tiers, global shadow mode, bans, delays, after-response charging and metrics.
 
-A request goes through named stages over one ``PolicyContext`` (``context.py``): refuse if
+A request goes through named stages over one ``PolicyContext`` (``request_context.py``): refuse if
 banned, choose the caller's group, check, delay, record, then refuse or serve (and settle
 after-response charges). It is a separate class so the plain middleware's hot path carries none
 of this; features left off here cost a few attribute checks per request. WebSocket traffic is
@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from .bans import Bans
 from .delay import Delay
 from .reload import PolicyReloader
 from .request_context import PolicyContext
+from .runtime import Plan, Runtime
 from .schema import Policy
 from .tiers import PolicyRule
 
@@ -43,28 +43,6 @@ __all__ = ["PolicyMiddleware"]
 log = logging.getLogger("ratewarden")
 _PLAN_CACHE_LIMIT = 4096
 _refund_warned: set[str] = set()
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """Everything a request reads from the current policy, swapped as one object."""
-
-    rules: RuleSet
-    shadow: bool
-    bans: Bans | None
-    show_group: bool
-    policy: Policy | None
-
-
-class Plan:
-    """What a matched rule tuple needs beyond a plain check (computed once per tuple)."""
-
-    __slots__ = ("charged", "delayed", "tiered")
-
-    def __init__(self, matched: Sequence[CompiledRule]) -> None:
-        self.tiered = any(isinstance(r.rule, PolicyRule) and r.rule.tiers is not None for r in matched)
-        self.delayed = any(getattr(r.rule, "delay", None) is not None for r in matched)
-        self.charged = any(getattr(r.rule, "charge", None) is not None for r in matched)
 
 
 async def _key(rule: CompiledRule, scope: Scope) -> str:

@@ -6,22 +6,29 @@ the identity's ``sources`` (where an API key is read).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from ..credentials import bearer_token_of, header_value, query_value
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, bearer_token, client_ip, header, query_param
 from ..types import Scope
 
-if TYPE_CHECKING:
-    from .tiers import Identity
-
-__all__ = ["KEY_KINDS", "SOURCE_KINDS", "Extractor", "KeyKind", "key_function", "parse_key_spec", "parse_source"]
+__all__ = [
+    "KEY_KINDS", "SOURCE_KINDS", "Extractor", "IdentityKey", "KeyKind", "key_function", "parse_key_spec", "parse_source",
+]
 
 KeyKind = Literal["ip", "identity", "header", "bearer", "query"]
 KEY_KINDS: tuple[KeyKind, ...] = get_args(KeyKind)
 SOURCE_KINDS: tuple[KeyKind, ...] = ("header", "bearer", "query")
 Extractor = Callable[[Scope], "str | None"]
+
+
+class IdentityKey(Protocol):
+    """What ``key = "identity"`` needs of the policy's ``[identity]`` (a ``tiers.Identity``, which
+    reads its sources with ``parse_source`` from here): the caller's storage key."""
+
+    def key(self, scope: Scope) -> str: ...
+
 
 _WITH_ARGUMENT = ("header", "query")
 _FORMS = {"ip": "'ip'", "identity": "'identity'", "header": "'header:<Name>'", "bearer": "'bearer'", "query": "'query:<name>'"}
@@ -41,7 +48,7 @@ def parse_key_spec(spec: str, kinds: Sequence[KeyKind] = KEY_KINDS, what: str = 
     raise ConfigurationError(f"invalid {what} {spec!r}: use {listed}")
 
 
-def key_function(spec: str, identity: Identity | None) -> KeyFunc:
+def key_function(spec: str, identity: IdentityKey | None) -> KeyFunc:
     """The key function a rule's or the bans' ``key = "<spec>"`` stands for."""
     kind, arg = parse_key_spec(spec)
     if kind == "identity":

@@ -7,19 +7,15 @@ middleware gets a new one, replacing what an outer middleware left.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from ..context import RequestContext
 from ..rules import CompiledRule
-
-if TYPE_CHECKING:
-    from .asgi import Plan, Runtime
-    from .tiers import Identity
+from .runtime import Plan, Runtime
+from .tiers import IdentityContext
 
 __all__ = ["PolicyContext"]
 
 
-class PolicyContext(RequestContext):
+class PolicyContext(IdentityContext):
     """A ``RequestContext`` with what ``PolicyMiddleware`` needs while it handles the request.
 
     Args:
@@ -34,5 +30,4 @@ class PolicyContext(RequestContext):
         self.rules = rules  # the matched rules; a tiered rule replaced by its group's rule
         self.plan = plan
         self.ban_key: str | None = None
-        # (the Identity that resolved it, (group, storage key)): resolved once per request
-        self.identity: tuple[Identity, tuple[str, str]] | None = None
+        self.identity = None  # resolved once per request (IdentityContext)

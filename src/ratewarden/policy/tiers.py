@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
 from ..charges import Charge
-from ..context import context_of
+from ..context import RequestContext, context_of
 from ..credentials import digest
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip, key_text
@@ -28,9 +28,8 @@ from ..rules import CompiledRule, Rule
 from ..types import Scope
 from .delay import Delay
 from .keyspec import parse_source
-from .request_context import PolicyContext
 
-__all__ = ["Identity", "PolicyRule", "Tiers", "parse_source"]
+__all__ = ["Identity", "IdentityContext", "PolicyRule", "Tiers", "parse_source"]
 
 _CACHE_LIMIT = 10_000
 _CACHE_CHARS = 4 * 1024 * 1024
@@ -127,14 +126,15 @@ class Identity:
         return "k:" + digest(api_key)
 
     def resolve(self, scope: Scope) -> tuple[str, str]:
-        """``(group, client key)`` of this request (remembered in the request's ``PolicyMiddleware``
-        context, so the group choice and the key function resolve it once).
+        """``(group, client key)`` of this request (remembered in the request's context when it is an
+        ``IdentityContext``, as ``PolicyMiddleware``'s is, so the group choice and the key function
+        resolve it once).
 
         Args:
             scope: The ASGI connection scope.
         """
         found_context = context_of(scope)
-        context = found_context if isinstance(found_context, PolicyContext) else None
+        context = found_context if isinstance(found_context, IdentityContext) else None
         if context is not None:
             found = context.identity
             if found is not None and found[0] is self:
@@ -176,6 +176,14 @@ class Identity:
             scope: The ASGI connection scope.
         """
         return self.resolve(scope)[0]
+
+
+class IdentityContext(RequestContext):
+    """A request context that remembers the caller's identity once resolved (``PolicyMiddleware``'s
+    ``PolicyContext`` is one); the attribute is the middleware's, not an API."""
+
+    # (the Identity that resolved it, (group, storage key))
+    identity: tuple[Identity, tuple[str, str]] | None = None
 
 
 class Tiers:
