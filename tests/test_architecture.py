@@ -23,7 +23,7 @@ LAYERS = {
 
 def layer_of(module: str) -> int:
     """2 for an integration, 1 for the check-and-answer layer, 0 for the model and the stores."""
-    for rank, prefixes in zip((2, 1), LAYERS.values()):
+    for rank, prefixes in zip((2, 1), LAYERS.values(), strict=True):
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return rank
     return 0
