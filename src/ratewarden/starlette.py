@@ -1,4 +1,8 @@
-"""``@limit``: rate-limit a plain Starlette endpoint (sync or async) without middleware."""
+"""``@limit``: rate-limit a plain Starlette endpoint (sync or async) without middleware.
+
+Its 429 and 503 are ``ratewarden.enforcement.answers``' (``rejection``, ``UNAVAILABLE_BODY``), sent
+as they are (``answer_response``): byte for byte what the middleware and the FastAPI edge send.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .algorithms import AlgorithmName
-from .enforcement.answers import UNAVAILABLE_BODY, limited_headers, too_many_requests_body
+from .enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection
 from .enforcement.check import LimitUnavailable, check_rules
 from .headers import HeaderMode, HeaderStyle, rate_limit_headers
 from .keys import KeyFunc, client_ip
@@ -21,9 +25,24 @@ from .limits import DEFAULT_ALGORITHM
 from .rates import Rate
 from .rules import CompiledRule, CostFunc, Rule
 
-__all__ = ["limit"]
+__all__ = ["answer_response", "limit"]
 
 Endpoint = Callable[[Request], "Response | Awaitable[Response]"]
+
+
+def answer_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
+    """One of the limiter's own answers (``ratewarden.enforcement.answers``) as a Starlette
+    ``Response``: the body and the complete header list (content type and length included) exactly
+    as given, nothing added or reordered.
+
+    Args:
+        status: The HTTP status.
+        body: The body.
+        headers: The complete header list.
+    """
+    response = Response(body, status)
+    response.raw_headers = headers
+    return response
 
 
 def limit(
@@ -66,11 +85,10 @@ def limit(
                 try:
                     decision = await check_rules(limiter, rules, request.scope)
                 except LimitUnavailable:
-                    return Response(UNAVAILABLE_BODY, 503, {"Retry-After": "1"}, media_type="application/problem+json")
+                    return answer_response(503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
             if decision is not None and not decision.allowed:
-                response = Response(too_many_requests_body(decision), 429, media_type="application/problem+json")
-                response.headers.raw.extend(limited_headers(decision, header_style, headers != "off"))
-                return response
+                body, raw = rejection(decision, header_style, headers != "off")
+                return answer_response(429, body, raw)
             result: Any = await endpoint(request) if is_async else await run_in_threadpool(endpoint, request)  # type: ignore[misc]
             if decision is not None and headers == "always" and isinstance(result, Response):
                 result.headers.raw.extend(rate_limit_headers(decision, header_style))

@@ -1,6 +1,8 @@
 """One rejection writer (issue 22): the middleware, the edge and the policy middleware send the
 same default 429 for the same decision; the policy middleware's body adds its documented fields
-(``remaining``, and ``group`` when one is shown)."""
+(``remaining``, and ``group`` when one is shown). The ``@limit`` decorator and the FastAPI
+dependency (rendered by ``install``'s handler) send that 429 too, and the fail-closed 503 is one
+answer wherever it is written."""
 
 from __future__ import annotations
 
@@ -8,12 +10,17 @@ import json
 from typing import Any
 
 from fastapi import Depends, FastAPI
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
 from ratewarden.decision import Decision
-from ratewarden.enforcement.answers import rejection
+from ratewarden.enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.policy import PolicyMiddleware
+from ratewarden.starlette import limit
 from tests.core.asgi import Reply, request
 from tests.policy.apps import build_app
 from tests.vectors.runner import FakeClock
@@ -102,3 +109,89 @@ async def test_a_refused_websocket_handshake_gets_the_default_body_without_rate_
         ]},
         {"type": "websocket.http.response.body", "body": BODY},
     ]
+
+
+# --- the decorator and the FastAPI dependency -----------------------------------------------------
+
+
+class _Broken(MemoryStore):
+    """A store that fails every check (fail-closed answers 503)."""
+
+    def hit_now(self, *args: Any) -> Decision:
+        raise OSError("store down")
+
+
+def _decorated(limiter: Limiter) -> Starlette:
+    @limit("1/min", limiter=limiter, name="api")
+    async def endpoint(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    return Starlette(routes=[Route("/api/x", endpoint)])
+
+
+def _fastapi(limiter: Limiter, installed: bool, self_checking: bool = False) -> FastAPI:
+    """A route limited by ``RateLimit``: under ``install`` the edge answers, unless ``self_checking``
+    (a second limit of the route is overridden, so the edge leaves the route to FastAPI and the
+    dependency checks for itself: ``install``'s handler renders its ``RateLimitExceeded``)."""
+    app = FastAPI()
+    other = RateLimit("100/min", limiter=Limiter(MemoryStore()), name="other")
+    limits = [Depends(RateLimit("1/min", limiter=limiter, name="api"))]
+    if self_checking:
+        limits.append(Depends(other))
+
+    @app.get("/api/x", dependencies=limits)
+    async def endpoint() -> str:
+        return "ok"
+
+    if installed:
+        install(app)
+    if self_checking:
+        app.dependency_overrides[other] = lambda: None
+    return app
+
+
+def _content_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+    """The reply's headers but its content type and length: the rate-limit headers and Retry-After."""
+    return [(k, v) for k, v in reply.raw_headers if k not in (b"content-type", b"content-length")]
+
+
+async def test_the_decorator_the_dependency_and_the_middleware_send_the_same_429() -> None:
+    middleware = RateLimitMiddleware(build_app(), _limiter(), [Rule("/api/**", "1/min", name="api")])
+    replies = {
+        "middleware": await _second(middleware),
+        "decorator": await _second(_decorated(_limiter())),
+        "edge": await _second(_fastapi(_limiter(), installed=True)),
+        "dependency under install": await _second(_fastapi(_limiter(), installed=True, self_checking=True)),
+    }
+    for name, reply in replies.items():
+        assert (reply.status, reply.body, reply.raw_headers) == (429, BODY, _headers(BODY)), name
+    # Without install the dependency's 429 has FastAPI's error body, with the same rate-limit
+    # headers and Retry-After, byte for byte.
+    bare = await _second(_fastapi(_limiter(), installed=False))
+    assert bare.status == 429 and bare.header("content-type") == "application/json"
+    assert bare.json() == {"detail": json.loads(BODY)["detail"]}
+    assert _content_headers(bare) == RATE_HEADERS == _content_headers(replies["middleware"])
+
+
+def _closed() -> Limiter:
+    return Limiter(_Broken(), on_error="closed")
+
+
+async def test_the_decorator_the_edge_and_the_middleware_send_the_same_503_when_failing_closed() -> None:
+    replies = {
+        "middleware": await request(RateLimitMiddleware(build_app(), _closed(), [Rule("/api/**", "1/min")]), "/api/x"),
+        "decorator": await request(_decorated(_closed()), "/api/x"),
+        "edge": await request(_fastapi(_closed(), installed=True), "/api/x"),
+    }
+    expected = (503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
+    for name, reply in replies.items():
+        assert (reply.status, reply.body, reply.raw_headers) == expected, name
+    assert json.loads(UNAVAILABLE_BODY)["status"] == 503
+    # A dependency checking for itself raises the same 503 as an HTTPException (FastAPI renders its
+    # error body): the one 503's detail and Retry-After.
+    one = _content_headers(replies["middleware"])
+    assert one == [(b"retry-after", b"1")]
+    for installed in (False, True):
+        reply = await request(_fastapi(_closed(), installed, self_checking=installed), "/api/x")
+        assert reply.status == 503 and reply.json() == {"detail": json.loads(UNAVAILABLE_BODY)["detail"]}
+        assert _content_headers(reply) == one, installed

@@ -19,8 +19,9 @@ from starlette.concurrency import run_in_threadpool
 
 from ..asgi.responses import LimitHandler, adding_missing_headers
 from ..decision import Decision
-from ..enforcement.answers import too_many_requests_body
+from ..enforcement.answers import problem_headers, too_many_requests_body
 from ..errors import ConfigurationError
+from ..starlette import answer_response
 from ..types import ASGIApp, Receive, Scope, Send
 from .dependency import RateLimit, RateLimitExceeded
 from .dependency import route_context as route_context  # its old home
@@ -33,9 +34,11 @@ __all__ = ["RateLimit", "RateLimitExceeded", "install"]
 
 async def _problem_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RateLimitExceeded)
-    # The same bytes as the middleware's and the edge's 429 (one problem+json encoder).
+    # The middleware's and the edge's 429, byte for byte: ``rejection``'s body and header list
+    # (content type and length, then the exception's headers: those ``limited_headers`` built).
     body = too_many_requests_body(exc.decision)
-    return Response(body, 429, headers=exc.headers, media_type="application/problem+json")
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (exc.headers or {}).items()]
+    return answer_response(429, body, problem_headers(body, extra))
 
 
 class _LimitAnswer(Response):

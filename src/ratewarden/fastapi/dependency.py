@@ -8,6 +8,7 @@ Import them from ``ratewarden.fastapi``. They live here, below ``ratewarden.fast
 # No ``from __future__ import annotations`` here: FastAPI reads the dependency's signature, and
 # FastAPI before 0.115 cannot resolve string annotations on a callable instance's ``__call__``
 # (``response: Response`` became a required query parameter: every request a 422).
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,7 +17,12 @@ from fastapi import HTTPException, Request, Response
 from ..algorithms import AlgorithmName
 from ..context import context_of
 from ..decision import Decision
-from ..enforcement.answers import limited_headers, too_many_requests_problem
+from ..enforcement.answers import (
+    UNAVAILABLE_BODY,
+    UNAVAILABLE_HEADERS,
+    limited_headers,
+    too_many_requests_problem,
+)
 from ..enforcement.check import LimitUnavailable, check_rules
 from ..errors import RatewardenError
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
@@ -28,6 +34,16 @@ from ..rules import CompiledRule, CostFunc, Rule
 from .edge import SINK_KEY as _SINK
 
 __all__ = ["RateLimit", "RateLimitExceeded", "route_context"]
+
+# The fail-closed 503 a self-checking dependency raises, taken from the one 503
+# (``ratewarden.enforcement.answers``): its detail, and its headers but the content type and length
+# (the exception handler that renders the ``HTTPException`` writes its own).
+_UNAVAILABLE_DETAIL: str = json.loads(UNAVAILABLE_BODY)["detail"]
+_UNAVAILABLE_HEADERS = tuple(
+    (name.decode("latin-1"), value.decode("latin-1"))
+    for name, value in UNAVAILABLE_HEADERS
+    if name not in (b"content-type", b"content-length")
+)
 
 
 class RateLimitExceeded(HTTPException, RatewardenError):
@@ -138,7 +154,7 @@ class RateLimit:
         try:
             decision = await check_rules(limiter, self._rules_for(scope), scope)
         except LimitUnavailable:
-            raise HTTPException(503, "The rate limiter is unavailable; try again shortly.", {"Retry-After": "1"}) from None
+            raise HTTPException(503, _UNAVAILABLE_DETAIL, dict(_UNAVAILABLE_HEADERS)) from None
         if decision is None:
             return None
         if not decision.allowed:
