@@ -34,7 +34,7 @@ ALLOWED_VALUE_ERRORS = {
     # ``Store.adjust`` given keys, limits and amounts of different lengths: a broken call of the
     # store API (the limiter and ``charges.adjust`` build them together), not a setting.
     ("stores/redis/store.py", "adjust"),
-    ("stores/memcached.py", "adjust"),
+    ("stores/memcached/store.py", "adjust"),
     ("stores/shared_memory/store.py", "adjust_now"),
 }
 
@@ -94,7 +94,7 @@ def test_each_optional_library_has_one_import_guard() -> None:
     repeated = {library: where for library, where in guards.items() if len(where) > 1}
     assert not repeated, f"one import guard per optional library, found several: {repeated}"
     assert guards["redis"] == ["stores/redis/_redis.py"]
-    assert guards["aiomcache"] == ["stores/memcached.py"]
+    assert guards["aiomcache"] == ["stores/memcached/_aiomcache.py"]
 
 
 def test_redis_py_is_imported_by_its_guard_module_only() -> None:

@@ -1,0 +1,127 @@
+"""Checks of several keys and ``adjust``: read, compute, compare and swap, retried on a lost race.
+
+* A multi-key check reads every key with one ``gets`` and, only if all allow, writes each new
+  state with ``cas`` (``add`` for a new key); if a later key loses its race, the keys already
+  written are put back (compare and swap again) before the retry, so a check stays all or
+  nothing. It holds its keys' local locks (in a fixed order), as ``adjust`` does.
+* ``adjust`` (refunds and penalties) uses the same loop, one key at a time; a state whose whole
+  limit is available again is written as the algorithm's "nothing used" state (memcached has no
+  compare-and-delete), which reads the same as no key.
+* A lost race is retried after a jittered backoff (``backoff``), at most ``retries`` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Sequence
+
+from ...algorithms import State
+from ...charges import adjusted_state
+from ...decision import Decision
+from ...limits import Limit
+from ..base import StoreError, combine
+from ..rejections import RejectionCache
+from .encoding import decode, encode, expiry
+from .protocol import Read, deleted, stored, values_reader, write_command
+from .putbacks import PutBacks, Undo
+
+BACKOFF = 0.0005  # seconds: the first CAS-conflict backoff's upper bound, doubled per conflict
+BACKOFF_MAX = 0.02
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after the ``attempt``-th lost compare-and-swap race (jittered)."""
+    return random.uniform(0.0, min(BACKOFF_MAX, BACKOFF * 2.0**attempt))
+
+
+class CasChecks(PutBacks):
+    """The compare-and-swap loops of multi-key checks and of ``adjust``."""
+
+    retries: int
+    cache_rejections: bool
+    cas_conflicts: int  # lost compare-and-swap races (retried)
+    _rejections: RejectionCache
+
+    async def _read_all(self, mkeys: list[bytes]) -> list[Read]:
+        """Every key's (value, token), in one ``gets``."""
+        unique = list(dict.fromkeys(mkeys))
+        found = dict(zip(unique, await self._command(b"gets " + b" ".join(unique) + b"\r\n", values_reader(unique)), strict=True))
+        return [found[k] for k in mkeys]
+
+    async def _cas_hit(
+        self, keys: Sequence[str], mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Decision:
+        for attempt in range(self.retries):
+            read = await self._read_all(mkeys)
+            now = self.clock()
+            decisions: list[Decision] = []
+            befores: list[State | None] = []
+            states: list[State | None] = []
+            for (value, _token), limit, cost in zip(read, limits, costs, strict=False):
+                state = decode(value) if value is not None else None
+                new_state, decision = limit.fn(state, now, cost, limit.rate)
+                decision.policy = limit.name
+                decisions.append(decision)
+                befores.append(state)
+                states.append(new_state)
+            if not all(d.allowed for d in decisions):
+                decided = combine(decisions)
+                if self.cache_rejections and 0 < decided.retry_after < math.inf:
+                    until = now + decided.retry_after
+                    for i, key in enumerate(keys):
+                        self._rejections.remember(key, costs[i], until, decisions[i], befores[i], limits[i], now)
+                return decided
+            self._rejections.forget(keys)
+            wall = time.time()
+            written: list[Undo] = []
+            for i, mkey in enumerate(mkeys):
+                new_state = states[i]
+                if new_state is None:
+                    continue
+                value, token = read[i]
+                data = encode(new_state)
+                payload = write_command(mkey, data, token, expiry(decisions[i].reset_after, wall))
+                written.append((mkey, value, data, limits[i]))
+                if not await self._write(payload, written, None):
+                    self.cas_conflicts += 1
+                    written.pop()
+                    await self._undo(written)
+                    await asyncio.sleep(backoff(attempt))
+                    break
+            else:
+                return combine(decisions)
+        raise StoreError(f"{self!r}: hit: gave up after {self.retries} compare-and-swap conflicts")
+
+    async def _cas_adjust(
+        self, mkeys: list[bytes], limits: Sequence[Limit], amounts: Sequence[float]
+    ) -> list[Decision]:
+        out: list[Decision] = []
+        for key, limit, amount in zip(mkeys, limits, amounts, strict=True):
+            for attempt in range(self.retries):
+                ((value, token),) = await self._command(b"gets " + key + b"\r\n", values_reader((key,)))
+                state = decode(value) if value is not None else None
+                now = self.clock()
+                new_state, decision = adjusted_state(limit, state, now, amount)
+                decision.policy = limit.name
+                if new_state is state or (new_state is None and token is None):
+                    break  # nothing changes
+                ttl = decision.reset_after
+                if new_state is None:
+                    # Whole limit available: write the algorithm's empty state (reads as no key).
+                    new_state, empty = limit.fn(None, now, 0.0, limit.rate)
+                    if new_state is None:  # pragma: no cover - a zero-cost request is always allowed
+                        await self._command(b"delete " + key + b"\r\n", deleted)
+                        break
+                    ttl = empty.reset_after
+                data = encode(new_state)
+                if await self._command(write_command(key, data, token, expiry(ttl, time.time())), stored):
+                    break
+                self.cas_conflicts += 1
+                await asyncio.sleep(backoff(attempt))
+            else:
+                raise StoreError(f"{self!r}: adjust: gave up after {self.retries} compare-and-swap conflicts")
+            out.append(decision)
+        return out
