@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from ._mypyc import mypyc_attr
 from .decision import Decision
-from .scopes import set_value, value_of
+from .scopes import value_of
 from .types import Scope
 
 __all__ = ["STATE_KEY", "EdgeCheck", "RequestContext", "context_for", "context_of"]
@@ -99,15 +99,14 @@ def context_for(scope: Scope) -> RequestContext:
     Args:
         scope: The ASGI connection scope.
     """
-    # The dict operations inline (not value_of): every limited request runs this.
-    state = scope.get("state") if isinstance(scope, dict) else value_of(scope, "state")
+    state = value_of(scope, "state")
     if state is None:
         context = RequestContext()
-        set_value(scope, "state", {STATE_KEY: context})
+        scope["state"] = {STATE_KEY: context}
         return context
-    found = state.get(STATE_KEY) if isinstance(state, dict) else value_of(state, STATE_KEY)
+    found = value_of(state, STATE_KEY)
     if isinstance(found, RequestContext):
         return found
     context = RequestContext()
-    set_value(state, STATE_KEY, context)
+    state[STATE_KEY] = context
     return context

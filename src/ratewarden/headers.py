@@ -14,6 +14,7 @@ from typing import Any, Final, Literal
 from ._mypyc import mypyc_attr
 from .decision import Decision
 from .limits import Limit
+from .scopes import value_of
 from .types import Message, Send
 
 __all__ = [
@@ -197,14 +198,9 @@ class SendWithRateHeaders:
         self.policy = policy
 
     def __call__(self, message: Message) -> Awaitable[None]:
-        if isinstance(message, dict):  # dict operations in the compiled build (the usual message)
-            kind: str = message["type"]
-            if kind == "http.response.start":
-                headers: Headers = [*message.get("headers", ())]
-                add_rate_limit_headers(headers, self.decision, self.style, self.policy)
-                message["headers"] = headers
-        elif message["type"] == "http.response.start":
-            headers = [*message.get("headers", ())]
+        kind: str = message["type"]
+        if kind == "http.response.start":
+            headers: Headers = [*value_of(message, "headers", ())]
             add_rate_limit_headers(headers, self.decision, self.style, self.policy)
             message["headers"] = headers
         return self.send(message)

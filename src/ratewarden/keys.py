@@ -97,7 +97,7 @@ class ClientIP:
         self._last: tuple[str, str] = ("", "unknown")  # the last direct peer and its key
 
     def __call__(self, scope: Scope) -> str:
-        client = scope.get("client") if isinstance(scope, dict) else value_of(scope, "client")
+        client = value_of(scope, "client")
         peer = client[0] if client else None
         if not peer:
             return "unknown"

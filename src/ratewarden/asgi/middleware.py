@@ -11,14 +11,7 @@ from collections.abc import Awaitable, Sequence
 from .._mypyc import mypyc_attr
 from ..context import context_for
 from ..decision import Decision
-from ..enforcement.check import (
-    KeyPending,
-    LimitUnavailable,
-    can_check_now,
-    check_now,
-    check_pending,
-    check_rules,
-)
+from ..enforcement.check import LimitUnavailable, check
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
@@ -87,29 +80,21 @@ class RateLimitMiddleware:
             receive: The ASGI ``receive``.
             send: The ASGI ``send``.
         """
-        if isinstance(scope, dict):  # dict operations in the compiled build (the usual scope)
-            kind: str = scope["type"]
-            if kind == "http":
-                matched = self.rules.match(scope["method"], scope["path"])
-        else:
-            kind = scope["type"]
-            if kind == "http":
-                matched = self.rules.match(scope["method"], scope["path"])
+        kind: str = scope["type"]
         if kind == "http":
+            matched = self.rules.match(scope["method"], scope["path"])
             if not matched:
                 return self.app(scope, receive, send)
             limiter = self.limiter
             if not limiter.enabled:
                 return self.app(scope, receive, send)
-            if not can_check_now(limiter, matched):
-                return self._check_and_answer(matched, scope, receive, send, None)
             try:
-                decision = check_now(limiter, matched[0], scope)
-            except KeyPending as pending:
-                return self._check_and_answer(matched, scope, receive, send, pending)
+                checked = check(limiter, matched, scope)
             except LimitUnavailable:
                 return send_unavailable(send)
-            return self._answer(decision, matched, scope, receive, send)
+            if checked is None or isinstance(checked, Decision):
+                return self._answer(checked, matched, scope, receive, send)
+            return self._answer_later(checked, matched, scope, receive, send)
         if kind == "websocket":
             matched = self.rules.match("GET", scope["path"], websocket=True)
             if matched and self.limiter.enabled:
@@ -126,16 +111,17 @@ class RateLimitMiddleware:
             await self.limiter.check_store()
         await self.app(scope, receive, send)
 
-    async def _check_and_answer(
-        self, matched: tuple[CompiledRule, ...], scope: Scope, receive: Receive, send: Send, pending: KeyPending | None
+    async def _answer_later(
+        self,
+        checked: Awaitable[Decision | None],
+        matched: tuple[CompiledRule, ...],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
-        """The general path: a check that awaits (an async key, another store, several rules)."""
-        limiter = self.limiter
+        """The check had to wait (an async key, a remote store, several rules): await it, then answer."""
         try:
-            if pending is not None:
-                decision = await check_pending(limiter, matched[0], scope, pending)
-            else:
-                decision = await check_rules(limiter, matched, scope)
+            decision = await checked
         except LimitUnavailable:
             await send_unavailable(send)
             return

@@ -20,10 +20,7 @@ from ..rules import CompiledRule
 from ..stores.base import StoreError
 from ..types import Scope
 
-__all__ = [
-    "KeyPending", "LimitUnavailable", "can_check_now", "check_now", "check_pending", "check_rules", "report_failure",
-    "store_failed",
-]
+__all__ = ["Checked", "LimitUnavailable", "check", "check_rules", "decided", "report_failure", "store_failed"]
 
 log = logging.getLogger("ratewarden")
 
@@ -59,58 +56,59 @@ async def _key_of(rule: CompiledRule, scope: Scope) -> str:
     return key_text(value, scope)
 
 
-class KeyPending(Exception):
-    """``check_now`` cannot decide at once: the key function answered an awaitable, which
-    ``check_pending`` awaits. Rare: only a sync key function with an async fallback does that.
-
-    Args:
-        value: The key function's awaitable answer.
-    """
-
-    def __init__(self, value: object) -> None:
-        super().__init__()
-        self.value = value
+Checked = Decision | None | Awaitable[Decision | None]
+"""What ``check`` answers: the decision (``None``: none made) or, when it must wait, an awaitable of it."""
 
 
-def can_check_now(limiter: Limiter, rules: tuple[CompiledRule, ...]) -> bool:
-    """Whether ``check_now`` applies: one enforced rule with a sync key and a fixed cost, on a store
-    that answers without I/O (the usual in-process setup).
+def check(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> Checked:
+    """``check_rules`` (same keys, same decision, same failure policy), decided at once where it can
+    be: the decision itself (``None``: nothing decided) or, when the check must wait (an async key,
+    a store that asks its server, several rules), an awaitable of it. ``LimitUnavailable`` (the
+    fail-closed policy) is raised by whichever of the two answers.
+
+    At once, without a coroutine: one enforced rule with a sync key and a fixed cost
+    (``CompiledRule.checked_inline``) on a store that answers without I/O (the usual in-process
+    setup), or on a store whose local cache of rejections already holds the answer.
 
     Args:
         limiter: Checks the limits on its store.
         rules: The rules the request matched.
-    """
-    return len(rules) == 1 and rules[0].checked_inline and limiter.store.local
-
-
-def check_now(limiter: Limiter, rule: CompiledRule, scope: Scope) -> Decision | None:
-    """``check_rules`` for one rule that ``can_check_now``, without a coroutine: same keys, same
-    decision, same failure policy. Raises ``KeyPending`` when the key function answered an awaitable.
-
-    Args:
-        limiter: Checks the limits on its store.
-        rule: The one rule the request matched.
         scope: The ASGI connection scope.
     """
+    if len(rules) != 1:
+        return _check_all(limiter, rules, scope, False)
+    rule = rules[0]
+    if not rule.checked_inline:
+        return _check_all(limiter, rules, scope, False)
     try:
         client = rule.client_ip
         raw = client.__call__(scope) if client is not None else rule.key(scope)  # native call for ClientIP
         if type(raw) is str and raw:
             key = raw
-        elif isinstance(raw, Awaitable):
-            raise KeyPending(raw)
+        elif isinstance(raw, Awaitable):  # a sync key with an async fallback
+            return _charge_later(limiter, rule, scope, raw)
         else:  # no value: the client IP then
             key = key_text(raw, scope)
-    except KeyPending:
-        raise
     except Exception as exc:
         report_failure(limiter, "rate limit check", exc)
         return None
+    return _charge(limiter, rule, key)
+
+
+def _charge(limiter: Limiter, rule: CompiledRule, key: str) -> Checked:
+    """Charge client ``key`` to ``rule`` (one that is ``checked_inline``): the decision at once on a
+    local store or from a remote store's rejection cache, else an awaitable of the store's answer."""
+    store = limiter.store
     try:
-        store = limiter.store
-        if rule.one_limit:
-            return store.hit_one(rule.storage_keys(key)[0], rule.limits[0], rule.cost)
-        return store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
+        if store.local:
+            if rule.one_limit:
+                return store.hit_one(rule.storage_keys(key)[0], rule.limits[0], rule.cost)
+            return store.hit_now(rule.storage_keys(key), rule.limits, rule.costs)
+        keys = rule.storage_keys(key)
+        cached = store.cached_rejection(keys, rule.costs)
+        if cached is not None:
+            return cached
+        return _hit(limiter, keys, rule.limits, rule.costs, "rate limit check")
     except StoreError as exc:
         return store_failed(limiter, "rate limit check", exc, rule.storage_keys(key), rule.limits, rule.costs)
     except Exception as exc:
@@ -118,27 +116,40 @@ def check_now(limiter: Limiter, rule: CompiledRule, scope: Scope) -> Decision | 
         return None
 
 
-async def check_pending(limiter: Limiter, rule: CompiledRule, scope: Scope, pending: KeyPending) -> Decision | None:
-    """The rest of ``check_now`` once the key function's awaitable answer is awaited.
-
-    Args:
-        limiter: Checks the limits on its store.
-        rule: The one rule the request matched.
-        scope: The ASGI connection scope.
-        pending: What ``check_now`` raised.
-    """
+async def _charge_later(limiter: Limiter, rule: CompiledRule, scope: Scope, pending: Awaitable[object]) -> Decision | None:
+    """``_charge`` once the key function's awaitable answer is awaited."""
     try:
-        value = await pending.value  # type: ignore[misc]
-        keys = rule.storage_keys(key_text(value, scope))
+        key = key_text(await pending, scope)
     except Exception as exc:
         report_failure(limiter, "rate limit check", exc)
         return None
+    return await decided(_charge(limiter, rule, key))
+
+
+async def decided(checked: Checked) -> Decision | None:
+    """What ``check`` answered, awaited when it is an awaitable.
+
+    Args:
+        checked: ``check``'s answer.
+    """
+    if checked is None or isinstance(checked, Decision):
+        return checked
+    return await checked
+
+
+async def _hit(
+    limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], what: str
+) -> Decision | None:
+    """The store's answer to a check, with the failure policy applied (``what`` failed)."""
+    store = limiter.store
     try:
-        return limiter.store.hit_now(keys, rule.limits, rule.costs)
+        if store.local:
+            return store.hit_now(keys, limits, costs)
+        return await store.hit(keys, limits, costs)
     except StoreError as exc:
-        return store_failed(limiter, "rate limit check", exc, keys, rule.limits, rule.costs)
+        return store_failed(limiter, what, exc, keys, limits, costs)
     except Exception as exc:
-        report_failure(limiter, "rate limit check", exc)
+        report_failure(limiter, what, exc)
         return None
 
 
@@ -161,35 +172,13 @@ async def check_rules(
         scope: The ASGI connection scope.
         message: Charge the WebSocket message limits instead of the connection or request ones.
     """
-    # Longer than 60 lines on purpose: this single-rule fast path is every request's path, and
-    # splitting it out would add a call to each of them.
-    if len(rules) == 1 and not message:
-        rule = rules[0]
-        store = limiter.store
-        if rule.checked_inline:
-            # The common case: one enforced rule; no lists, and no await on a local store or for a
-            # rejection the store already knows (a remote store's rejection cache).
-            try:
-                raw = rule.key(scope)
-                if type(raw) is str and raw:
-                    key = raw
-                else:  # no value (the client IP then), or an awaitable (an async fallback)
-                    value = await raw if isinstance(raw, Awaitable) else raw
-                    key = key_text(value, scope)
-                storage_keys = rule.storage_keys(key)
-            except Exception as exc:
-                report_failure(limiter, "rate limit check", exc)
-                return None
-            try:
-                if store.local:
-                    return store.hit_now(storage_keys, rule.limits, rule.costs)
-                cached = store.cached_rejection(storage_keys, rule.costs)
-                return cached or await store.hit(storage_keys, rule.limits, rule.costs)
-            except StoreError as exc:
-                return store_failed(limiter, "rate limit check", exc, storage_keys, rule.limits, rule.costs)
-            except Exception as exc:
-                report_failure(limiter, "rate limit check", exc)
-                return None
+    if message:
+        return await _check_all(limiter, rules, scope, True)
+    return await decided(check(limiter, rules, scope))
+
+
+async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> Decision | None:
+    """``check_rules`` with lists: any number of rules, shadow rules, async keys, cost functions."""
     keys: list[str] = []
     limits: list[Limit] = []
     costs: list[float] = []
@@ -219,16 +208,7 @@ async def check_rules(
         await _check_shadow(limiter, shadow, scope, message)
     if not keys:
         return None
-    try:
-        store = limiter.store
-        if store.local:
-            return store.hit_now(keys, limits, costs)
-        return await store.hit(keys, limits, costs)
-    except StoreError as exc:
-        return store_failed(limiter, "store", exc, keys, limits, costs)
-    except Exception as exc:
-        report_failure(limiter, "store", exc)
-        return None
+    return await _hit(limiter, keys, limits, costs, "store")
 
 
 async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> None:

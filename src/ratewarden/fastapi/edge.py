@@ -19,14 +19,7 @@ from ..caches import remember
 from ..context import EdgeCheck, RequestContext, context_for
 from ..decision import Decision
 from ..enforcement.answers import limited_headers
-from ..enforcement.check import (
-    KeyPending,
-    LimitUnavailable,
-    can_check_now,
-    check_now,
-    check_pending,
-    check_rules,
-)
+from ..enforcement.check import LimitUnavailable, check, check_rules
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..rules import MAX_CACHED_PATH, CompiledRule
@@ -161,14 +154,9 @@ class EdgeLayer:
             if self.resolver.changed():
                 self.cache = {}
                 self.cacheable = bool(self.resolver.cacheable)
-        if isinstance(scope, dict):  # dict operations in the compiled build (the usual scope)
-            method: str = scope["method"]
-            path: str = scope["path"]
-            root: str = scope.get("root_path", "")
-        else:
-            method = scope["method"]
-            path = scope["path"]
-            root = value_of(scope, "root_path", "")
+        method: str = scope["method"]
+        path: str = scope["path"]
+        root: str = value_of(scope, "root_path", "")
         # A GET at the root is keyed by its path alone: a string keeps its hash, a tuple is built
         # and hashed anew for every request.
         cache_key: object = path if method == "GET" and not root else (method, root, path)
@@ -219,39 +207,31 @@ class EdgeLayer:
             return self.app(scope, receive, send)
         groups = target.groups
         if len(groups) != 1:
-            return self._check_and_answer(target, context, scope, receive, send, None)
+            return self._answer_later(target, context, check_groups(groups, scope), scope, receive, send)
         limiter, rules = groups[0]
-        decision: Decision | None = None
-        if limiter.enabled:
-            if not can_check_now(limiter, rules):
-                return self._check_and_answer(target, context, scope, receive, send, None)
-            try:
-                decision = check_now(limiter, rules[0], scope)
-            except KeyPending as pending:
-                return self._check_and_answer(target, context, scope, receive, send, pending)
-            except LimitUnavailable:
-                return send_unavailable(send)
-        return self._answer(target, context, decision, scope, receive, send)
+        if not limiter.enabled:
+            return self._answer(target, context, None, scope, receive, send)
+        try:
+            checked = check(limiter, rules, scope)
+        except LimitUnavailable:
+            return send_unavailable(send)
+        if checked is None or isinstance(checked, Decision):
+            return self._answer(target, context, checked, scope, receive, send)
+        return self._answer_later(target, context, checked, scope, receive, send)
 
-    async def _check_and_answer(
+    async def _answer_later(
         self,
         target: EdgeTarget,
         context: RequestContext,
+        checked: Awaitable[Decision | None],
         scope: Scope,
         receive: Receive,
         send: Send,
-        pending: KeyPending | None,
     ) -> None:
-        """The general path: a check that awaits (an async key, another store, several rules or
-        limiters)."""
-        groups = target.groups
+        """The check had to wait (an async key, a remote store, several rules or limiters): await it,
+        then answer."""
         try:
-            if len(groups) != 1:
-                decision = await check_groups(groups, scope)
-            elif pending is not None:
-                decision = await check_pending(groups[0][0], groups[0][1][0], scope, pending)
-            else:
-                decision = await check_rules(groups[0][0], groups[0][1], scope)
+            decision = await checked
         except LimitUnavailable:
             await send_unavailable(send)
             return
