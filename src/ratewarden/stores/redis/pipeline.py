@@ -15,7 +15,13 @@ timer runs ``timeout`` from when it is queued and is judged when it fires (see `
   timeouts;
 * otherwise (a Cluster pipeline, whose connections are redis-py's): if our own
   loop is behind (the timer fired late, or one more loop pass took long), re-armed, at most
-  ``_MAX_EXTENSIONS`` times;
+  ``_MAX_EXTENSIONS`` times: for a whole timeout when the loop was behind by a long pass (at
+  least ``timeout / _GRACE_PASSES``: a busy loop), else for ``_GRACE_PASSES`` times the lag,
+  these short re-arms adding up to one timeout at most. A reply already in the kernel needs a
+  few loop passes (4-6 on Cluster) to reach its caller; a stall of a few ms (the process
+  descheduled on a loaded machine, the loop itself idle) is no reason to wait a whole timeout
+  more: re-armed a whole timeout each time, a paused Cluster node failed checks after 5
+  timeouts (1 s against the failure matrix's 2 x 0.2 s + 0.5 s);
 * else the store is silent: every call still waiting fails with a timeout.
 
 Every script carries a deadline on the server clock (``clock``): it is set for ``timeout`` after
@@ -44,6 +50,9 @@ from .protocol import Reply
 __all__ = ["Exchange", "Pipeline"]
 
 _MAX_EXTENSIONS = EXTENSIONS  # re-arms for a busy loop alone, with no sign from the store
+# Loop passes a reply already received takes to reach its caller, with room (Cluster: 4-6): a lag
+# that long times this is a busy loop (re-armed a whole timeout), a shorter one a stall.
+_GRACE_PASSES = 8
 _CONNECTING_MAX = 10  # connecting on a busy loop: at most this many connect timeouts
 
 
@@ -106,8 +115,8 @@ class _Batch:
     the encoding made of it: a packed command (standalone, Sentinel) or ``(keys, args)``."""
 
     __slots__ = (
-        "clock", "dated", "dated_at", "due", "exchange", "extensions", "finished", "items", "runs_until", "started",
-        "started_at", "task", "timer",
+        "clock", "dated", "dated_at", "due", "exchange", "extensions", "finished", "graced", "items", "runs_until",
+        "started", "started_at", "task", "timer",
     )
 
     def __init__(self, due: float, clock: Any, dated: bool, dated_at: float) -> None:
@@ -120,6 +129,7 @@ class _Batch:
         self.dated_at = dated_at  # loop time the clock was computed at
         self.runs_until = dated_at  # loop time after which its scripts can no longer run (charge)
         self.extensions = 0  # re-arms for a busy loop alone
+        self.graced = 0.0  # seconds of short re-arms for a stall (at most one timeout in all)
         self.started = False  # its task began running (cancelling it before would skip its cleanup)
         self.started_at = 0.0
         self.finished = False
@@ -252,26 +262,41 @@ class Pipeline:
         elif exchange.arrivals is not None or batch.extensions >= _MAX_EXTENSIONS:
             # Sent on a connection whose arrivals we see: nothing arrived, so the store is silent.
             self._fail(batch)
-        elif loop.time() - batch.due > LATE:
-            batch.extensions += 1
-            self._rearm(batch, loop)
-        else:  # how busy is the loop? one more pass tells
-            loop.call_soon(self._judge, batch, loop.time(), True)
+        else:
+            late = loop.time() - batch.due
+            if late * _GRACE_PASSES >= self.timeout:  # far behind: a busy loop
+                batch.extensions += 1
+                self._rearm(batch, loop)
+            else:  # a busy loop, or a stall? one more pass tells
+                loop.call_soon(self._judge, batch, loop.time(), True, late)
 
-    def _judge(self, batch: _Batch, asked: float, counted: bool) -> None:
+    def _judge(self, batch: _Batch, asked: float, counted: bool, late: float = 0.0) -> None:
+        """One loop pass after ``_expire`` (whose timer fired ``late``): re-armed if the loop is
+        behind (``counted``: as a busy loop's extension, for as long as its lag warrants)."""
         if batch.finished:
             return
         loop = asyncio.get_running_loop()
-        if loop.time() - asked > LATE:
-            if counted:
-                batch.extensions += 1
-            self._rearm(batch, loop)
-        else:
+        lag = max(late, loop.time() - asked)
+        if lag <= LATE:
             self._fail(batch)
+        elif not counted:
+            self._rearm(batch, loop)
+        elif lag * _GRACE_PASSES >= self.timeout:  # a long pass: a busy loop
+            batch.extensions += 1
+            self._rearm(batch, loop)
+        else:  # a stall, the loop itself keeping up: time for a received reply to be read
+            grace = min(lag * _GRACE_PASSES, self.timeout - batch.graced)
+            if grace <= LATE:
+                self._fail(batch)
+                return
+            batch.extensions += 1
+            batch.graced += grace
+            self._rearm(batch, loop, grace)
 
-    def _rearm(self, batch: _Batch, loop: asyncio.AbstractEventLoop) -> None:
-        batch.due = loop.time() + self.timeout
-        batch.timer = loop.call_later(self.timeout, self._expire, batch)
+    def _rearm(self, batch: _Batch, loop: asyncio.AbstractEventLoop, delay: float | None = None) -> None:
+        delay = self.timeout if delay is None else delay
+        batch.due = loop.time() + delay
+        batch.timer = loop.call_later(delay, self._expire, batch)
 
     def _fail(self, batch: _Batch) -> None:
         """The store is silent: every call still waiting fails with a timeout, once its scripts
