@@ -5,7 +5,7 @@ holder dies). The next holder after a crash takes the lock over and finishes the
 half-done write.
 
 Every path but the one-key check locks through ``lock``/``unlock`` (holding the process's thread
-lock, which ``fcntl`` locks need: they belong to the process). ``SharedMemoryStore.hit_now`` calls
+lock, which ``fcntl`` locks need: they belong to the process). ``SharedMemoryStore.hit_one`` calls
 ``seg.locks`` itself (the reason is measured there) and goes on with ``taken``, as it does after
 the C helpers' ``begin``, which locks and probes in one call.
 """

@@ -2,7 +2,7 @@
 the overflow allowance a full region charges new keys to; peek, adjust, reset, clear and the
 introspection are ``operations.py``, called from here.
 
-``hit_now`` on one key is the hot path: it takes the region's lock itself (``seg.locks``, the
+``hit_one`` (``hit_now`` on one key) is the hot path: it takes the region's lock itself (``seg.locks``, the
 lock kind chosen once when the file is mapped) and hands the probe and the state rewrite to
 ``slots.charge_one``, or to the C helpers (``_native.c``) when built; ``locks.py`` and ``table.py``
 hold the general versions every other path uses.
@@ -194,16 +194,28 @@ class SharedMemoryStore(Store):
     # -- checks -------------------------------------------------------------------------------
 
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        if len(keys) == 1:
+            return self.hit_one(keys[0], limits[0], costs[0])
+        seg = self._seg
+        if seg is None or self._forks != FORKS.count:
+            seg = self._segment()
+        return self._hit_many(seg, keys, limits, costs, self.clock())
+
+    def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
+        """``hit_now`` of one key (the middleware's check of a one-limit rule), with no lists to
+        build or index: the hot path, and the one copy of the one-key check (``hit_now`` calls it).
+
+        Args:
+            key: The storage key.
+            limit: The limit checked on it.
+            cost: What the request costs.
+        """
         seg = self._seg
         if seg is None or self._forks != FORKS.count:
             seg = self._segment()
         now = self.clock()
-        if len(keys) != 1:
-            return self._hit_many(seg, keys, limits, costs, now)
-        limit = limits[0]
         if limit.suffix not in self._checked:
             self._check_limit(limit)
-        key = keys[0]
         where = self._where.get(key)
         if where is None:
             where = self._locate(seg, key)
@@ -230,7 +242,7 @@ class SharedMemoryStore(Store):
             state = native.begin(region.number, digest, now)
             if not isinstance(state, int):
                 try:
-                    new_state, decision = limit.fn(state, now, costs[0], limit.rate)
+                    new_state, decision = limit.fn(state, now, cost, limit.rate)
                     decision.policy = limit.name
                 except BaseException:
                     native.unlock(region.number)
@@ -246,8 +258,8 @@ class SharedMemoryStore(Store):
                     seg.tlock.release()
                 raise
         try:
-            charged = charge_one(seg, digest, home, region, limit, costs[0], now)
-            return charged if charged is not None else self._hit_overflow(seg, limit, costs[0], now)
+            charged = charge_one(seg, digest, home, region, limit, cost, now)
+            return charged if charged is not None else self._hit_overflow(seg, limit, cost, now)
         finally:
             locks.unlock(region)
             if not seg.mutex:
@@ -304,7 +316,7 @@ class SharedMemoryStore(Store):
         self.overflowed = 0
 
     # The Store API: the synchronous methods, with an OS failure (a lock the kernel refused) as
-    # ``StoreError``. The ``*_now`` methods raise it as is: ``hit_now`` is the inlined hot path.
+    # ``StoreError``. The ``*_now`` methods (and ``hit_one``) raise it as is: ``hit_one`` is the inlined hot path.
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         try:
