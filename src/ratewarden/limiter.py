@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import time
@@ -18,9 +17,27 @@ from .errors import ConfigurationError
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .loop_thread import LoopThread
 from .rates import Rate, freeze_rates
-from .stores.base import Store, StoreError, failure_reason
+from .storage_keys import MAX_KEY_LENGTH as MAX_KEY_LENGTH
+from .storage_keys import safe_key, storage_key
+from .store_health import (
+    FAILURE_REASONS,
+    STORE_CHECK_KEY,
+    STORE_CHECK_TIMEOUT,
+    WITHOUT_STORE_REASONS,
+    cached_rejections,
+    count_without_store,
+    innermost,
+    log_without_store,
+    outage_policy,
+    probe_store,
+    store_problem,
+    without_store_totals,
+)
+from .stores.base import Store, StoreError
 from .stores.memory import MemoryStore
 
+# Storage keys (storage_keys.py) and the store's health (store_health.py) are imported from here
+# as before.
 __all__ = [
     "WITHOUT_STORE_REASONS", "FailurePolicy", "Fallback", "Limiter", "safe_key", "storage_key", "store_problem",
     "without_store_totals",
@@ -32,78 +49,11 @@ FailurePolicy = Literal["open", "closed"]
 #: ``Limiter(fallback=...)``: a local store, ``"local"`` (a new ``MemoryStore`` of the limiter's
 #: own) or ``None`` (no insurance limiter: a failed check is not decided).
 Fallback = Store | Literal["local"] | None
-MAX_KEY_LENGTH = 200
-#: Why a check was decided without the store (``Limiter.without_store``): the store's failure
-#: (``timeout``, ``unreachable``, ``error``), who answered it instead (``local_limiter``), or
-#: the store's own cache of rejections (``over_limit_cache``, read from ``Store.cached_rejections``).
-WITHOUT_STORE_REASONS = ("timeout", "unreachable", "error", "local_limiter", "over_limit_cache")
-_FAILURE_REASONS = ("timeout", "unreachable", "error")
-_LABELS = {"timeout": "timeout", "unreachable": "unreachable", "error": "error", "local_limiter": "local limiter",
-           "over_limit_cache": "over-limit cache"}
 #: A failed check this long (seconds) after the previous failed one starts a new outage: the
 #: limiter's own insurance limiter starts it with no counts.
 OUTAGE_GAP = 60.0
 #: Seconds between two log lines about checks decided without the store (per limiter).
 LOG_INTERVAL = 1.0
-#: What ``Limiter.check_store`` reads (a peek of this key: nothing is written), and how long it waits.
-STORE_CHECK_KEY = "ratewarden-store-check"
-STORE_CHECK_TIMEOUT = 5.0
-# Every limiter of this process (``ratewarden_checks_without_store_total`` in ``Metrics``).
-_totals: dict[str, int] = dict.fromkeys((*_FAILURE_REASONS, "local_limiter"), 0)
-
-
-def without_store_totals() -> dict[str, int]:
-    """``Limiter.without_store`` summed over every limiter of this process, without
-    ``over_limit_cache`` (a count of the stores: ``Metrics`` reads it from the stores it watches)."""
-    return dict(_totals)
-
-
-def cached_rejections(store: Store) -> int:
-    """``store.cached_rejections``, looking through wrappers (``Breaker``, ``Metrics.instrument``).
-
-    Args:
-        store: The limiter's store, wrapped or not.
-    """
-    for _ in range(8):  # wrappers of wrappers, bounded
-        count = int(getattr(store, "cached_rejections", 0))
-        if count:
-            return count
-        inner = getattr(store, "inner", None) or getattr(store, "store", None)
-        if not isinstance(inner, Store):
-            return 0
-        store = inner
-    return 0
-
-
-def safe_key(key: str) -> str:
-    """``key`` itself, or its hash when it is over-long or holds braces (which would break the
-    Redis Cluster hash tag), so whatever a client sends stays bounded.
-
-    Args:
-        key: The key a client sent.
-    """
-    if len(key) > MAX_KEY_LENGTH or "}" in key or "{" in key:
-        return "h." + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-    return key
-
-
-def storage_key(prefix: str, namespace: str, key: str, suffix: str = "") -> str:
-    """``prefix:{namespace|key}:suffix``, the one place storage keys are built (the limiter, compiled
-    rules and bans all call it, so ``Limiter.reset`` reaches what a rule charged). The braces are
-    a Redis Cluster hash tag, so every limit of one (namespace, key) shares a slot; braces in
-    ``namespace`` (route templates such as ``/items/{item_id}``) become parentheses so they cannot cut
-    the tag short.
-
-    Args:
-        prefix: The limiter's prefix.
-        namespace: What the key is counted within (a route template, a rule name), or ``""``.
-        key: Who is limited (passed through ``safe_key``).
-        suffix: Which limit: ``Limit.suffix``; ``""`` for none (bans).
-    """
-    if "{" in namespace or "}" in namespace:
-        namespace = namespace.replace("{", "(").replace("}", ")")
-    base = f"{prefix}:{{{namespace}|{safe_key(key)}}}"
-    return f"{base}:{suffix}" if suffix else base
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -164,7 +114,7 @@ class Limiter:
                 f"fallback must be a local store (e.g. MemoryStore()), 'local' or None, got {_type_name(fallback)}: {fallback!r}"
             )
         # Checks decided without the store: by reason (``without_store``), and what was logged.
-        self._without: dict[str, int] = dict.fromkeys((*_FAILURE_REASONS, "local_limiter"), 0)
+        self._without: dict[str, int] = dict.fromkeys((*FAILURE_REASONS, "local_limiter"), 0)
         self._logged: dict[str, int] = dict(self._without)
         self._logged_cached = 0
         self._logged_at = -math.inf  # monotonic time of the last line
@@ -242,9 +192,9 @@ class Limiter:
         """
         if not self._store_reported:  # nothing checked the store at start-up: this is the first word of it
             self._report_store(error, "failed a check, its first failure (nothing checked it at start-up)")
-        reason = error.reason if error.reason in _FAILURE_REASONS else "error"
+        reason = error.reason if error.reason in FAILURE_REASONS else "error"
         self._without[reason] += 1
-        _totals[reason] += 1
+        count_without_store(reason)
         now = time.monotonic()
         if now - self._last_failure >= OUTAGE_GAP and self._owns_fallback:
             self.fallback = MemoryStore()  # a new outage: nothing carried over from the last one
@@ -260,7 +210,7 @@ class Limiter:
                 log.warning("insurance limiter failed: %s: %s", type(exc).__name__, exc)
             else:
                 self._without["local_limiter"] += 1
-                _totals["local_limiter"] += 1
+                count_without_store("local_limiter")
         if now - self._logged_at >= LOG_INTERVAL:
             self._log_without_store(now, error)
         return decision
@@ -272,15 +222,7 @@ class Limiter:
         cached = cached_rejections(self.store)
         since = {reason: counts[reason] - logged[reason] for reason in counts}
         since["over_limit_cache"] = max(0, cached - self._logged_cached)
-        total = sum(since[reason] for reason in _FAILURE_REASONS) + since["over_limit_cache"]
-        detail = ", ".join(f"{_LABELS[reason]}: {since[reason]:,}" for reason in WITHOUT_STORE_REASONS if since[reason])
-        name = repr(self.store)
-        message = str(error)
-        message = message[len(name) + 2:] if message.startswith(name + ": ") else f"{type(error).__name__}: {message}"
-        log.warning(
-            "rate limit check failed: %s: %s %s decided without the store in the last %.1f s (%s): %s",
-            name, f"{total:,}", "check" if total == 1 else "checks", now - self._batch_start, detail, message,
-        )
+        log_without_store(self.store, error, since, now - self._batch_start)
         self._logged = dict(counts)
         self._logged_cached = cached
         self._logged_at = now
@@ -304,27 +246,17 @@ class Limiter:
         Args:
             timeout: Seconds to wait for the answer, on top of the store's own timeouts (default 5).
         """
-        store = _innermost(self.store)  # a Breaker's fallback or a metrics wrapper must not hide it
+        store = innermost(self.store)  # a Breaker's fallback or a metrics wrapper must not hide it
         if store.local:
             return None
         limits = self.limits("1/s")
-        error: StoreError
-        started = time.monotonic()
         try:
-            await asyncio.wait_for(store.peek(self.keys_for(STORE_CHECK_KEY, limits), limits), timeout)
-        except StoreError as exc:
-            error = exc
-        except asyncio.TimeoutError:
-            error = StoreError(f"{store!r}: start-up check: no reply within {timeout:g} s", reason="timeout")
+            error = await probe_store(store, self.keys_for(STORE_CHECK_KEY, limits), limits, timeout)
         except NotImplementedError:  # a store of your own without peek: its first failure reports it
             log.debug("rate limit store %r cannot be checked at start-up (no peek)", store)
             return None
-        except Exception as exc:  # a store that cannot even be asked: reported all the same
-            error = StoreError(f"{store!r}: start-up check: {type(exc).__name__}: {exc}", reason=failure_reason(exc))
-            error.__cause__ = exc
-        else:
+        if error is None:
             self._store_reported = True
-            log.debug("rate limit store %r answered its start-up check in %.1f ms", store, (time.monotonic() - started) * 1000)
             return None
         self._report_store(error, "failed its start-up check", store)
         return error
@@ -338,14 +270,7 @@ class Limiter:
         message = str(error)
         if message.startswith(name + ": "):
             message = message[len(name) + 2:]
-        if self.on_error == "closed":
-            policy = "the requests its limits apply to get 503 (Limiter.hit raises StoreError)"
-        elif isinstance(getattr(self.store, "fallback", None), Store):
-            policy = "checks are decided by the fallback store of the Breaker around it (each process counts alone)"
-        elif self.fallback is not None:
-            policy = "checks are decided by the insurance limiter (each process counts alone)"
-        else:
-            policy = "the requests its limits apply to are let through unchecked (Limiter.hit raises StoreError)"
+        policy = outage_policy(self.on_error, self.store, self.fallback)
         log.error(
             "rate limit store %s %s: %s; the store said: %s. The limiter runs anyway (on_error=%r): until the store "
             "answers, %s; further failures are logged as warnings, one line a second at most",
@@ -509,50 +434,6 @@ class Limiter:
         """Close the store and stop the sync facade's loop thread."""
         self._sync_loop.run(self.store.close())
         self._sync_loop.stop()
-
-
-def store_problem(error: BaseException) -> str:
-    """What is wrong with a store, in words, from a ``StoreError`` and the client errors it wraps:
-    authentication, permission, TLS, host name, unreachable, timeout, or an error reply.
-
-    Args:
-        error: What the store raised.
-    """
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and len(chain) < 8 and all(current is not seen for seen in chain):
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    names = {kind.__name__ for exc in chain for kind in type(exc).__mro__}
-    text = " ".join(str(exc) for exc in chain)
-    if any(n.startswith("Authentication") for n in names) or any(
-        word in text for word in ("WRONGPASS", "NOAUTH", "invalid username-password", "Authentication required")
-    ):
-        return "authentication failed (wrong or missing password or user name)"
-    if "NOPERM" in text or "NoPermissionError" in names:
-        return "permission denied (the user may not run the commands a check needs: ACL rules)"
-    if "SSLError" in names or "SSLCertVerificationError" in names:
-        return "TLS failed (certificate, CA or TLS settings)"
-    if "gaierror" in names:
-        return "host name not found (DNS)"
-    reason = error.reason if isinstance(error, StoreError) else failure_reason(error)
-    if reason == "unreachable":
-        return "unreachable (connection refused, reset or closed: is the server running, are host and port right?)"
-    if reason == "timeout":
-        return "no reply in time (the server is down, paused, overloaded, or unreachable through a firewall)"
-    return "the store answered with an error"
-
-
-def _innermost(store: Store) -> Store:
-    """The store behind wrappers (``Breaker``, ``Metrics.instrument``), as ``cached_rejections`` finds it."""
-    for _ in range(8):
-        inner = getattr(store, "inner", None)
-        if inner is None:
-            inner = getattr(store, "store", None)
-        if not isinstance(inner, Store):
-            return store
-        store = inner
-    return store
 
 
 def _type_name(value: object) -> str:

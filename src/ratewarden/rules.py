@@ -1,4 +1,5 @@
-"""Rules: which requests a limit applies to, and the precompiled table that matches them."""
+"""Rules: which requests a limit applies to, and the precompiled table that matches them (path
+patterns and normalisation are in ``paths``, the trie of glob rules in ``rule_index``)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from .caches import remember
 from .errors import ConfigurationError
 from .headers import policy_value
 from .keys import ClientIP, KeyFunc, client_ip
-from .limiter import MAX_KEY_LENGTH, safe_key, storage_key
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
+from .paths import compile_path, normalize_path
 from .rates import Rate, freeze_rates
+from .rule_index import Placement, RuleIndex, placement
+from .storage_keys import MAX_KEY_LENGTH, safe_key, storage_key
 from .types import Scope
 
+# compile_path and normalize_path live in paths.py, imported from here as before.
 __all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path", "normalize_path", "policy_of"]
 
 CostFunc = Callable[[Scope], float]
@@ -26,98 +30,6 @@ _KEYS_CACHE_LIMIT = 4096
 #: Longer paths are matched but never cached: a client choosing long paths cannot grow the match
 #: cache (4,096 entries of at most this many characters).
 MAX_CACHED_PATH = 1024
-
-
-def compile_path(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
-    """Compile a path pattern: ``*`` is one segment, ``**`` any number (``/api/**`` also matches
-    ``/api``), a ``re:`` prefix or a compiled pattern is a regex matched against the whole path.
-
-    Args:
-        pattern: The path pattern, or a compiled regex.
-    """
-    if isinstance(pattern, re.Pattern):
-        return pattern
-    if pattern.startswith("re:"):
-        try:
-            return re.compile(pattern[3:])
-        except re.error as exc:
-            raise ConfigurationError(f"invalid regex in rule path {pattern!r}: {exc}") from None
-    if not pattern.startswith("/") and not pattern.startswith("*"):
-        raise ConfigurationError(f"rule path {pattern!r} must start with '/' (e.g. '/api/**') or 're:'")
-    return re.compile(_glob_regex(_glob_tokens(pattern)))
-
-
-_WILDCARDS = ("/**", "**", "*")
-
-
-def _glob_tokens(pattern: str) -> list[str]:
-    """A glob pattern cut into its wildcards (``"/**"``, ``"**"``, ``"*"``) and the runs of literal
-    text between them."""
-    tokens: list[str] = []
-    literal = 0  # where the current run of literal text began
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("/**", i):
-            wildcard = "/**"
-        elif pattern.startswith("**", i):
-            wildcard = "**"
-        elif pattern[i] == "*":
-            wildcard = "*"
-        else:
-            i += 1
-            continue
-        if literal < i:
-            tokens.append(pattern[literal:i])
-        tokens.append(wildcard)
-        i += len(wildcard)
-        literal = i
-    if literal < len(pattern):
-        tokens.append(pattern[literal:])
-    return tokens
-
-
-def _glob_regex(tokens: list[str]) -> str:
-    """The regex of a glob pattern's tokens (``re.escape`` of a run is that of its characters)."""
-    out: list[str] = []
-    for token in tokens:
-        if token == "/**":
-            out.append("(?:/.*)?")
-        elif token == "**":
-            out.append(".*")
-        elif token == "*":
-            out.append("[^/]+")
-        else:
-            out.append(re.escape(token))
-    return "".join(out)
-
-
-def normalize_path(path: str) -> str:
-    """The path an application routes a request to, as rules match it: repeated slashes merged,
-    then ``.`` and ``..`` segments resolved (RFC 3986 remove_dot_segments; ``..`` at the root stays
-    at the root). A trailing slash is kept (a limit on ``/a`` also applies to ``/a/``: see
-    ``RuleSet.match``); percent-escapes are left alone (the server already
-    decoded ``scope["path"]``: decoding again would match a path the application does not route
-    to). A path not starting with ``/`` is returned as it is.
-
-    Args:
-        path: The request path (``scope["path"]``).
-    """
-    if not path.startswith("/") or ("//" not in path and "/." not in path):
-        return path
-    out: list[str] = []
-    trailing = False  # whether the last segment read leaves a directory ("/a/b/", "/a/b/.")
-    for segment in path[1:].split("/"):
-        if segment == "" or segment == ".":
-            trailing = True
-        elif segment == "..":
-            if out:
-                out.pop()
-            trailing = True
-        else:
-            out.append(segment)
-            trailing = False
-    joined = "/" + "/".join(out)
-    return joined + "/" if trailing and out else joined
 
 
 #: Method names a rule accepts: RFC 9110's, PATCH (RFC 5789), QUERY, and WebDAV's (RFC 4918, 3253).
@@ -372,7 +284,7 @@ class RuleSet:
         by_path: dict[str, tuple[CompiledRule, ...]] | None = (
             {} if all(r.methods is None and type(r).applies is Rule.applies for r in rules) else None
         )
-        self._table = (ordered, {}, by_path, RuleIndex([r for r, _ in ordered]))
+        self._table = (ordered, {}, by_path, RuleIndex([_placement(r) for r, _ in ordered]))
 
     def match(self, method: str, path: str, websocket: bool = False) -> tuple[CompiledRule, ...]:
         """The compiled rules a request matches (none when a bypass rule matches).
@@ -401,105 +313,12 @@ class RuleSet:
         return found
 
 
-class _Node:
-    """A segment trie node: its children by path segment, and rules placed at it."""
-
-    __slots__ = ("below", "children", "here")
-
-    def __init__(self) -> None:
-        self.children: dict[str, _Node] = {}
-        # Rule positions: candidates for every path that reaches this node (``below``), or only for
-        # a path that ends here (``here``: whole-literal patterns).
-        self.below: list[int] = []
-        self.here: list[int] = []
-
-
-class RuleIndex:
-    """The rules a path may match, without trying every rule (a path not in the match cache is
-    chosen by the client, so its cost must not grow with the number of rules).
-
-    A glob rule is placed in a trie of path segments at its leading literal segments (a whole
-    literal path, or the segments before its first wildcard); a path's candidates are the rules
-    placed along its segments, then checked with ``Rule.applies`` as before, so answers are the same
-    as trying every rule in order. Regex rules, and rules of a subclass overriding ``applies``, are
-    candidates for every path.
-
-    Args:
-        rules: The rules, in matching order (a candidate is its position here).
-    """
-
-    def __init__(self, rules: Sequence[Rule]) -> None:
-        self.root = _Node()
-        self.everywhere: list[int] = []  # regex rules, overridden applies: always candidates
-        for position, rule in enumerate(rules):
-            placed = _placement(rule)
-            if placed is None:
-                self.everywhere.append(position)
-                continue
-            segments, whole = placed
-            node = self.root
-            for segment in segments:
-                child = node.children.get(segment)
-                if child is None:
-                    child = _Node()
-                    node.children[segment] = child
-                node = child
-            if whole:
-                node.here.append(position)
-            else:
-                node.below.append(position)
-
-    def candidates(self, path: str) -> list[int]:
-        """The positions of the rules ``path`` may match, in order (a superset of those it matches).
-
-        Args:
-            path: The (normalised) request path.
-        """
-        found = list(self.everywhere)
-        node = self.root
-        found.extend(node.below)
-        ended = True
-        for segment in path.split("/"):
-            child = node.children.get(segment)
-            if child is None:
-                ended = False
-                break
-            node = child
-            found.extend(node.below)
-        if ended:
-            found.extend(node.here)
-        if len(found) > 1:
-            found.sort()
-        return found
-
-
-def _placement(rule: Rule) -> tuple[list[str], bool] | None:
-    """Where ``rule`` goes in the trie: the path segments every path it matches starts with, and
-    whether its pattern is a literal path (matching that path only); ``None`` when it must be tried
-    on every path (a regex, a subclass's own ``applies``, a pattern that is not its path's glob)."""
+def _placement(rule: Rule) -> Placement:
+    """Where ``rule`` goes in the trie (``rule_index.placement``); ``None``, tried on every path,
+    for a subclass with its own ``applies``."""
     if type(rule).applies is not Rule.applies:
         return None
-    path = rule.path
-    if not isinstance(path, str) or path.startswith("re:"):
-        return None
-    tokens = _glob_tokens(path)
-    if rule.pattern.pattern != _glob_regex(tokens):
-        return None
-    first = tokens[0]
-    literal = first not in _WILDCARDS
-    if literal and len(tokens) == 1:
-        return first.split("/"), True
-    segments = first.split("/") if literal else [""]
-    # The literal text before the first wildcard ends inside a segment unless a "/**" follows it
-    # and then the end or literal text starting with "/": "/api/**" and "/api/**/x" match "/api..."
-    # only where a segment ends after "api"; "/api/**x" and "/api/**/**x" also match "/apix".
-    after = 1 if literal else 0
-    if tokens[after] == "/**" and (
-        after + 1 == len(tokens) or (tokens[after + 1] not in _WILDCARDS and tokens[after + 1].startswith("/"))
-    ):
-        return segments, False
-    segments.pop()
-    return segments, False
+    return placement(rule.path, rule.pattern)
 
 
 def _lookup(

@@ -140,21 +140,17 @@ def _http(prefix: str, integration: Integration, group: str) -> list[Scenario]:
     ]
 
 
-def _build() -> dict[str, Scenario]:
-    """Every scenario, in report order. Long on purpose: it is a table of the reference reports'
-    scenarios, one entry after another; splitting it would only scatter that table."""
-    s: list[Scenario] = []
-    s += _http("http", "dependency", "dependency")
-    s += _http("mw", "middleware", "middleware")
-    s.append(Scenario("mw.selective", "middleware", "Selective throttling (mixed paths)", 50, 60, 100,
-                      "sequential", "middleware", exempt_requests=100, expected_allowed=150))
-    s += [
+def _correctness() -> list[Scenario]:
+    return [
         Scenario("race", "correctness", "Race: 150 concurrent vs limit 100", 100, 60, 150, "all_at_once",
                  expected_allowed=100),
         Scenario("distributed", "correctness", "Distributed: 10 clients x 120 vs 100 each", 100, 60, 120,
                  "clients", clients=10, identity="header", expected_allowed=1000),
     ]
-    s += [
+
+
+def _websocket() -> list[Scenario]:
+    return [
         Scenario("ws.low", "websocket", "Low load (50 msg, within limit)", 100, 60, 50, "ws", "websocket",
                  expected_allowed=50),
         Scenario("ws.high", "websocket", "High load (200 msg, over limit)", 100, 60, 200, "ws", "websocket",
@@ -166,6 +162,11 @@ def _build() -> dict[str, Scenario]:
         Scenario("ws.concurrent", "websocket", "10 concurrent connections (15 msg each, one client)", 100, 60, 15, "ws",
                  "websocket", connections=10, expected_allowed=100),
     ]
+
+
+def _variants() -> list[Scenario]:
+    """The same load under each algorithm, each header setting and each shape of rules."""
+    s: list[Scenario] = []
     for algo in ALGORITHMS:
         s.append(Scenario(f"strategy.{algo}", "strategy", algo, 100, 60, 200, "sequential", algorithm=algo,
                           expected_allowed=None if algo == "gcra" else 100, measure="mixed"))
@@ -187,7 +188,12 @@ def _build() -> dict[str, Scenario]:
     ):
         s.append(Scenario(f"rules.{variant}", "rules", title, 1000, 60, 500, "batches", "middleware",
                           concurrency=50, rules=variant, path="/api/v1/items/7", expected_allowed=500))
-    s += [
+    return s
+
+
+def _workloads() -> list[Scenario]:
+    """Handlers, bodies, paths and keys of different weights, and the tiered API keys."""
+    return [
         Scenario("workload.light", "workload", "Light (small JSON response)", 1000, 60, 500, "batches",
                  concurrency=50, expected_allowed=500),
         Scenario("workload.heavy", "workload", "Heavy (CPU-bound handler, 100k sqrt)", 1000, 60, 100,
@@ -218,8 +224,11 @@ def _build() -> dict[str, Scenario]:
                  tiers=(Tier("premium", 1000, 40), Tier("standard", 100, 40), Tier("basic", 20, 40)),
                  expected_allowed=100),
     ]
-    # Live (uvicorn + wrk). limit/window as in ratelimit_bench: 100 per 60 s, one hot key.
-    s += [
+
+
+def _live() -> list[Scenario]:
+    """Live runs (uvicorn + wrk). limit/window as in ratelimit_bench: 100 per 60 s, one hot key."""
+    return [
         Scenario("live.light", "live", "Light, one hot key (100/min, wrk)", 100, 60, 0, "live",
                  identity="header", duration_s=10, concurrency=50, measure="rejected"),
         Scenario("live.heavy", "live", "Heavy handler, one hot key (100/min, wrk)", 100, 60, 0, "live",
@@ -230,20 +239,43 @@ def _build() -> dict[str, Scenario]:
                  identity="header", duration_s=10, concurrency=50, measure="allowed"),
         Scenario("live.middleware", "live", "Middleware, one hot key (100/min, wrk)", 100, 60, 0, "live",
                  "middleware", identity="header", duration_s=10, concurrency=50, measure="rejected"),
+        # Several uvicorn workers on one host: does the limit hold across processes? A fresh hot key
+        # per iteration, so an exact limiter allows exactly `limit` in each run of a few seconds.
+        Scenario("live.workers", "workers", "uvicorn --workers N, one hot key (100/min, wrk)", 100, 60, 0,
+                 "live", identity="header", duration_s=10, concurrency=50, workers=0, measure="admitted"),
     ]
-    # Several uvicorn workers on one host: does the limit hold across processes? A fresh hot key per
-    # iteration, so an exact limiter allows exactly `limit` in each run of a few seconds.
-    s.append(Scenario("live.workers", "workers", "uvicorn --workers N, one hot key (100/min, wrk)", 100, 60, 0,
-                      "live", identity="header", duration_s=10, concurrency=50, workers=0, measure="admitted"))
-    # The flood of issue 19: 1,000 connections from one client IP against one uvicorn worker, 100/hour
-    # fixed window per client IP, on the shared stores (Redis, Memcached) and memory. What it checks is
-    # the admitted count: an exact limiter admits 100 and no more, however fast it answers the rest.
+
+
+def _floods() -> list[Scenario]:
+    """The flood of issue 19: 1,000 connections from one client IP against one uvicorn worker,
+    100/hour fixed window per client IP, on the shared stores (Redis, Memcached) and memory. What it
+    checks is the admitted count: an exact limiter admits 100 and no more, however fast it answers
+    the rest."""
     floods: tuple[tuple[Integration, str], ...] = (("middleware", "middleware"), ("dependency", "dependency / edge"))
-    for integration, how in floods:
-        s.append(Scenario(f"flood.{integration}", "flood",
-                          f"Flood: {FLOOD_CONNECTIONS:,} connections, one client IP vs 100/hour ({how})", 100, 3600,
-                          0, "live", integration, identity="ip", duration_s=3, concurrency=FLOOD_CONNECTIONS,
-                          measure="admitted"))
+    return [
+        Scenario(f"flood.{integration}", "flood",
+                 f"Flood: {FLOOD_CONNECTIONS:,} connections, one client IP vs 100/hour ({how})", 100, 3600,
+                 0, "live", integration, identity="ip", duration_s=3, concurrency=FLOOD_CONNECTIONS,
+                 measure="admitted")
+        for integration, how in floods
+    ]
+
+
+def _build() -> dict[str, Scenario]:
+    """Every scenario by key, in report order: the reference reports' tables, group after group."""
+    selective = Scenario("mw.selective", "middleware", "Selective throttling (mixed paths)", 50, 60, 100,
+                         "sequential", "middleware", exempt_requests=100, expected_allowed=150)
+    s = [
+        *_http("http", "dependency", "dependency"),
+        *_http("mw", "middleware", "middleware"),
+        selective,
+        *_correctness(),
+        *_websocket(),
+        *_variants(),
+        *_workloads(),
+        *_live(),
+        *_floods(),
+    ]
     return {x.key: x for x in s}
 
 

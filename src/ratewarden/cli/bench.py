@@ -122,60 +122,20 @@ def _load_line(before: tuple[float, float, float], after: tuple[float, float, fl
 
 
 def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
-    """The run the arguments ask for, or what is wrong with them (before anything runs).
-
-    Over 60 lines: one check after another, each with its own message; split, the CLI's
-    validation would be scattered over several functions that only it calls."""
-    from ..bench.adapters import LIBRARIES, load
-
-    if args.quick:
-        names = list(QUICK_SCENARIOS + QUICK_LIVE + QUICK_FLOOD) if args.scenario is None else []
-        # Short live iterations, more rounds: a spread over 5 interleaved rounds says how noisy the machine was.
-        duration = args.duration if args.duration != 10.0 else 2.0
-        flood_duration = args.flood_duration if args.flood_duration != 3.0 else 2.0
-        iterations = args.iterations if args.iterations != 3 else 5
-    else:
-        names = []
-        duration = args.duration
-        flood_duration = args.flood_duration
-        iterations = args.iterations
+    """The run the arguments ask for, or what is wrong with them (before anything runs): the
+    checks run in this order, and the first failing one gives the message."""
+    names, duration, flood_duration, iterations = _quick_defaults(args)
     warmup_duration = max(1.0, min(2.0, duration / 2))
-    for value in args.scenario or ([] if args.quick else ["all"]):
-        names += _csv(value)
-    try:
-        scenarios = resolve(names)
-    except KeyError as exc:
-        return f"unknown scenario {exc.args[0]!r}; run `ratewarden bench --list` to see them"
-    if args.driver == "inprocess":
-        scenarios = [s for s in scenarios if s.mode != "live"]
-    elif args.driver == "live":
-        scenarios = [s for s in scenarios if s.mode == "live"]
-    if not scenarios:
-        return "no scenario left to run (check --scenario and --driver)"
-    libraries = _csv(args.library or (QUICK_LIBRARIES if args.quick else ",".join(LIBRARIES)))
-    for lib in libraries:
-        if lib not in LIBRARIES:
-            return f"unknown library {lib!r}; choose from {', '.join(LIBRARIES)}"
-        try:
-            load(lib)
-        except ImportError as exc:
-            return str(exc)
-    stores = _csv(args.store or "memory")
-    from ..bench.runner import WORKER_STORES
-    from ..bench.services import STORES
-
-    worker_stores = stores if args.store else list(WORKER_STORES)
-    if not args.store and not args.redis_url and shutil.which("redis-server") is None \
-            and any(s.workers != 1 for s in scenarios):
-        print("ratewarden bench: redis-server is not installed and no --redis-url given: the multi-worker "
-              "scenario runs without its Redis row", file=sys.stderr)
-        worker_stores.remove("redis")
-    flood_stores = stores if args.store else _flood_stores(args, scenarios)
-    if args.quick and not args.store:
-        flood_stores = flood_stores[:1]  # one store: the first shared one available
-    for store in stores:
-        if store not in STORES:
-            return f"unknown store {store!r}; choose from {', '.join(STORES)}"
+    scenarios = _scenarios(args, names)
+    if isinstance(scenarios, str):
+        return scenarios
+    libraries = _libraries(args)
+    if isinstance(libraries, str):
+        return libraries
+    store_plan = _stores(args, scenarios)
+    if isinstance(store_plan, str):
+        return store_plan
+    stores, worker_stores, flood_stores = store_plan
     try:
         levels = [int(c) for c in _csv(args.concurrency)]
     except ValueError:
@@ -204,6 +164,73 @@ def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
                    redis_cluster_url=args.redis_cluster_url, workers=args.workers,
                    worker_stores=worker_stores, flood_stores=flood_stores, flood_duration=flood_duration)
     return opts, out
+
+
+def _quick_defaults(args: argparse.Namespace) -> tuple[list[str], float, float, int]:
+    """The scenarios ``--quick`` adds (when no ``--scenario`` is given), and the live duration,
+    flood duration and iterations: ``--quick`` shortens the ones left at their defaults."""
+    if not args.quick:
+        return [], args.duration, args.flood_duration, args.iterations
+    names = list(QUICK_SCENARIOS + QUICK_LIVE + QUICK_FLOOD) if args.scenario is None else []
+    # Short live iterations, more rounds: a spread over 5 interleaved rounds says how noisy the machine was.
+    duration = args.duration if args.duration != 10.0 else 2.0
+    flood_duration = args.flood_duration if args.flood_duration != 3.0 else 2.0
+    iterations = args.iterations if args.iterations != 3 else 5
+    return names, duration, flood_duration, iterations
+
+
+def _scenarios(args: argparse.Namespace, names: list[str]) -> list[Any] | str:
+    """The scenarios named (``--scenario``, else all or the quick ones) that ``--driver`` runs."""
+    for value in args.scenario or ([] if args.quick else ["all"]):
+        names = names + _csv(value)
+    try:
+        scenarios = resolve(names)
+    except KeyError as exc:
+        return f"unknown scenario {exc.args[0]!r}; run `ratewarden bench --list` to see them"
+    if args.driver == "inprocess":
+        scenarios = [s for s in scenarios if s.mode != "live"]
+    elif args.driver == "live":
+        scenarios = [s for s in scenarios if s.mode == "live"]
+    if not scenarios:
+        return "no scenario left to run (check --scenario and --driver)"
+    return scenarios
+
+
+def _libraries(args: argparse.Namespace) -> list[str] | str:
+    """The libraries to compare (``--library``, else every one or the quick ones), each importable."""
+    from ..bench.adapters import LIBRARIES, load
+
+    libraries = _csv(args.library or (QUICK_LIBRARIES if args.quick else ",".join(LIBRARIES)))
+    for lib in libraries:
+        if lib not in LIBRARIES:
+            return f"unknown library {lib!r}; choose from {', '.join(LIBRARIES)}"
+        try:
+            load(lib)
+        except ImportError as exc:
+            return str(exc)
+    return libraries
+
+
+def _stores(args: argparse.Namespace, scenarios: list[Any]) -> tuple[list[str], list[str], list[str]] | str:
+    """The stores of the in-process runs, of the multi-worker scenario and of the floods
+    (``--store`` for all three, else each one's defaults)."""
+    from ..bench.runner import WORKER_STORES
+    from ..bench.services import STORES
+
+    stores = _csv(args.store or "memory")
+    worker_stores = stores if args.store else list(WORKER_STORES)
+    if not args.store and not args.redis_url and shutil.which("redis-server") is None \
+            and any(s.workers != 1 for s in scenarios):
+        print("ratewarden bench: redis-server is not installed and no --redis-url given: the multi-worker "
+              "scenario runs without its Redis row", file=sys.stderr)
+        worker_stores.remove("redis")
+    flood_stores = stores if args.store else _flood_stores(args, scenarios)
+    if args.quick and not args.store:
+        flood_stores = flood_stores[:1]  # one store: the first shared one available
+    for store in stores:
+        if store not in STORES:
+            return f"unknown store {store!r}; choose from {', '.join(STORES)}"
+    return stores, worker_stores, flood_stores
 
 
 def _flood_stores(args: argparse.Namespace, scenarios: list[Any]) -> list[str]:
