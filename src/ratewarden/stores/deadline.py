@@ -10,11 +10,18 @@ went through unchecked. A timeout here is judged when it fires:
   ``timeout``, as often as it keeps answering;
 * else, if our own loop is behind (the timer fired more than ``LATE`` late, or one more loop
   pass took more than ``LATE``), the reply may be queued behind our own callbacks: the call waits
-  another ``timeout``, at most ``EXTENSIONS`` times;
+  on, at most ``EXTENSIONS`` times, for as long as ``rearm_delay`` says: a whole ``timeout`` when
+  the loop was behind by a long pass (at least ``timeout / GRACE_PASSES``: a busy loop), else
+  ``GRACE_PASSES`` times the lag, these short re-arms adding up to one ``timeout`` at most. A
+  stall of a few ms (the process descheduled on a loaded machine, the loop itself idle) leaves a
+  reply already received the few loop passes it needs, and is no reason to wait a whole timeout
+  more: re-armed a whole timeout at every late firing, a silent store's calls took 5 timeouts;
 * else the store is silent while our loop keeps up: the call times out.
 
-So a hung store still fails a call within ``timeout`` on an idle loop, and within
-``(EXTENSIONS + 1) * timeout`` on a loop that stays busy, unless ``heard`` says it answers.
+So a hung store still fails a call within ``timeout`` on an idle loop, within about
+``2 * timeout`` (plus the stalls themselves) on a loop whose process keeps stalling, and within
+``(EXTENSIONS + 1) * timeout`` on a loop that stays busy, unless ``heard`` says it answers. The
+Redis pipeline's timers (``redis/pipeline.py``) follow the same rule, through ``rearm_delay``.
 """
 
 from __future__ import annotations
@@ -23,11 +30,29 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["EXTENSIONS", "LATE", "loop_lag", "wait_for_store"]
+__all__ = ["EXTENSIONS", "GRACE_PASSES", "LATE", "loop_lag", "rearm_delay", "wait_for_store"]
 
 LATE = 0.002
 EXTENSIONS = 4  # re-arms for a busy loop alone (no sign from the store itself)
+# Loop passes a reply already received takes to reach its caller, with room (Cluster: 4-6): a lag
+# that long times this is a busy loop (re-armed a whole timeout), a shorter one a stall.
+GRACE_PASSES = 8
 _T = TypeVar("_T")
+
+
+def rearm_delay(lag: float, timeout: float, graced: float) -> float:
+    """Seconds a timer waits on whose own loop is ``lag`` behind (it fired that late, or one more
+    loop pass took that long), with no sign from the store: 0 (not at all: the store is silent)
+    for a lag up to ``LATE``; a whole ``timeout`` for a busy loop (``lag`` at least
+    ``timeout / GRACE_PASSES``); else, a stall, ``GRACE_PASSES * lag``, within what is left of one
+    ``timeout`` after the short re-arms so far (``graced`` seconds; 0 once no more than ``LATE``
+    is left). A delay shorter than ``timeout`` is such a short re-arm: add it to ``graced``."""
+    if lag <= LATE:
+        return 0.0
+    if lag * GRACE_PASSES >= timeout:
+        return timeout
+    grace = min(lag * GRACE_PASSES, timeout - graced)
+    return grace if grace > LATE else 0.0
 
 
 async def loop_lag() -> float:
@@ -50,21 +75,30 @@ async def wait_for_store(
     awaitable: Awaitable[_T], timeout: float, heard: Callable[[], bool] | None = None
 ) -> _T:
     """Like ``asyncio.wait_for``, but a timeout is judged as the module docstring says: a call
-    the store is answering, or one behind our own busy loop, waits on."""
+    the store is answering, or one behind our own busy (or stalled) loop, waits on."""
     task = asyncio.ensure_future(awaitable)
     loop = asyncio.get_running_loop()
     extensions = 0
+    graced = 0.0  # seconds of short re-arms for stalls (at most one timeout in all)
+    wait = timeout
     while True:
-        due = loop.time() + timeout
+        due = loop.time() + wait
         try:
-            done, _ = await asyncio.wait((task,), timeout=timeout)
+            done, _ = await asyncio.wait((task,), timeout=wait)
             if not done:
+                wait = timeout
                 if heard is not None and heard():
                     continue
-                late = loop.time() - due > LATE
-                if extensions < EXTENSIONS and (late or await loop_lag() > LATE):
-                    extensions += 1
-                    continue
+                if extensions < EXTENSIONS:
+                    lag = loop.time() - due
+                    if lag * GRACE_PASSES < timeout:  # a busy loop, or a stall? one more pass tells
+                        lag = max(lag, await loop_lag())
+                    wait = rearm_delay(lag, timeout, graced)
+                    if wait:
+                        extensions += 1
+                        if wait < timeout:
+                            graced += wait
+                        continue
         except asyncio.CancelledError:  # our caller is cancelled: so is the work it waited for
             task.cancel()
             task.add_done_callback(_retrieve)

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...limits import Limit
-from ..deadline import EXTENSIONS, LATE
+from ..deadline import EXTENSIONS, GRACE_PASSES, LATE, rearm_delay
 from .client import Arrivals, arrivals
 from .clock import ScriptClock
 from .errors import RESENDS, refused_as_late, store_error, timed_out
@@ -50,9 +50,7 @@ from .protocol import Reply
 __all__ = ["Exchange", "Pipeline"]
 
 _MAX_EXTENSIONS = EXTENSIONS  # re-arms for a busy loop alone, with no sign from the store
-# Loop passes a reply already received takes to reach its caller, with room (Cluster: 4-6): a lag
-# that long times this is a busy loop (re-armed a whole timeout), a shorter one a stall.
-_GRACE_PASSES = 8
+_GRACE_PASSES = GRACE_PASSES  # lag x this >= timeout: a busy loop, else a stall (rearm_delay)
 _CONNECTING_MAX = 10  # connecting on a busy loop: at most this many connect timeouts
 
 
@@ -281,17 +279,15 @@ class Pipeline:
             self._fail(batch)
         elif not counted:
             self._rearm(batch, loop)
-        elif lag * _GRACE_PASSES >= self.timeout:  # a long pass: a busy loop
-            batch.extensions += 1
-            self._rearm(batch, loop)
-        else:  # a stall, the loop itself keeping up: time for a received reply to be read
-            grace = min(lag * _GRACE_PASSES, self.timeout - batch.graced)
-            if grace <= LATE:
+        else:  # a busy loop: a whole timeout; a stall: time for a received reply to be read
+            delay = rearm_delay(lag, self.timeout, batch.graced)
+            if not delay:
                 self._fail(batch)
                 return
             batch.extensions += 1
-            batch.graced += grace
-            self._rearm(batch, loop, grace)
+            if delay < self.timeout:
+                batch.graced += delay
+            self._rearm(batch, loop, delay)
 
     def _rearm(self, batch: _Batch, loop: asyncio.AbstractEventLoop, delay: float | None = None) -> None:
         delay = self.timeout if delay is None else delay
