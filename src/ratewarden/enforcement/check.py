@@ -60,7 +60,7 @@ Checked = Decision | None | Awaitable[Decision | None]
 """What ``check`` answers: the decision (``None``: none made) or, when it must wait, an awaitable of it."""
 
 
-def check(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> Checked:
+def check(limiter: Limiter, rules: tuple[CompiledRule, ...], scope: Scope) -> Checked:
     """``check_rules`` (same keys, same decision, same failure policy), decided at once where it can
     be: the decision itself (``None``: nothing decided) or, when the check must wait (an async key,
     a store that asks its server, several rules), an awaitable of it. ``LimitUnavailable`` (the
@@ -72,7 +72,8 @@ def check(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> Chec
 
     Args:
         limiter: Checks the limits on its store.
-        rules: The rules the request matched.
+        rules: The rules the request matched (a tuple: compiled, its length and items are read
+            natively).
         scope: The ASGI connection scope.
     """
     if len(rules) != 1:
@@ -174,7 +175,7 @@ async def check_rules(
     """
     if message:
         return await _check_all(limiter, rules, scope, True)
-    return await decided(check(limiter, rules, scope))
+    return await decided(check(limiter, rules if isinstance(rules, tuple) else tuple(rules), scope))
 
 
 async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> Decision | None:
