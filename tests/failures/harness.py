@@ -444,8 +444,8 @@ class Slow(Fault):
         backend.pause()
 
     def sent(self, backend: Backend) -> None:
-        # Longer than the longest a check may wait (2 x timeout per round trip: a late timer is
-        # re-armed once). Armed once the requests are in flight, not at the pause: a scheduling
+        # Longer than the longest a check may wait (2 x timeout per round trip: a late timer adds
+        # one timeout at most on a loop that keeps up; see stores/deadline.py). Armed once the requests are in flight, not at the pause: a scheduling
         # stall between the two on a loaded machine would otherwise let every reply be on time.
         self.timer = threading.Timer(backend.timeout * (2 * self.round_trips + 0.6), backend.resume)
         self.timer.start()
