@@ -155,9 +155,9 @@ class Rule:
 class CompiledRule:
     """A rule bound to a limiter prefix: everything the hot path needs, precomputed.
 
-    Two flags choose the hot path (``enforcement``): ``checked_inline`` (a sync key, a fixed cost,
+    Two flags choose the hot path (``enforcement.check``): ``checked_inline`` (a sync key, a fixed cost,
     enforced, with limits) lets a request matching only this rule skip the lists of ``check_rules``
-    and, on a local store, its coroutine (``can_check_now``); ``one_limit`` (one storage key) lets
+    and, on a local store, its coroutine (``check`` answers at once); ``one_limit`` (one storage key) lets
     it be checked with ``Store.hit_one``.
 
     Args:

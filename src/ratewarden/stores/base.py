@@ -139,8 +139,8 @@ class Store(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no synchronous hit")
 
     def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
-        """``hit_now`` of one key: the check of a rule with one limit (``check_now`` calls it on
-        every local store). The default calls ``hit_now``; so does a subclass's that overrides
+        """``hit_now`` of one key: the check of a rule with one limit (``enforcement.check.check``
+        calls it on every local store). The default calls ``hit_now``; so does a subclass's that overrides
         ``hit_now`` alone (``__init_subclass__``).
 
         Args:
