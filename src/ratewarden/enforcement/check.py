@@ -20,7 +20,9 @@ from ..rules import CompiledRule
 from ..stores.base import StoreError
 from ..types import Scope
 
-__all__ = ["Checked", "LimitUnavailable", "check", "check_rules", "decided", "report_failure", "store_failed"]
+__all__ = [
+    "Checked", "LimitUnavailable", "check", "check_rules", "decided", "log_failure", "report_failure", "store_failed",
+]
 
 log = logging.getLogger("ratewarden")
 
@@ -39,7 +41,13 @@ def _count_failure(what: str, exc: BaseException) -> None:
     _failures[(what, name)] = _failures.get((what, name), 0) + 1
 
 
-def _report_failure(what: str, exc: BaseException) -> None:
+def log_failure(what: str, exc: BaseException) -> None:
+    """Count a failed check and log it (at most once a second); the caller applies the policy.
+
+    Args:
+        what: What failed (a store, a key function, a shadow rule...).
+        exc: The failure.
+    """
     _count_failure(what, exc)
     # A store outage fails every request; log at most once a second, not once a request.
     global _last_error_log
@@ -220,7 +228,7 @@ async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: 
             costs = rule.message_costs if message else rule.costs
             decision = await limiter.store.hit(rule.storage_keys(key, message=message), limits, costs)
         except Exception as exc:
-            _report_failure("shadow rule", exc)
+            log_failure("shadow rule", exc)
             continue
         if not message:
             context = context_for(scope)
@@ -260,6 +268,6 @@ def report_failure(limiter: Limiter, what: str, exc: Exception) -> None:
         what: What failed, for the log.
         exc: The failure.
     """
-    _report_failure(what, exc)
+    log_failure(what, exc)
     if limiter.on_error == "closed":
         raise LimitUnavailable(what) from exc

@@ -150,6 +150,20 @@ class Store(ABC):
         """
         return self.hit_now((key,), (limit,), (cost,))
 
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """``hit`` for synchronous code (WSGI apps, threads): blocks the calling thread on the
+        store's own synchronous client, never on an event loop, and is safe from many threads at
+        once. A local store answers with ``hit_now``; a remote store overrides it.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
+        if self.local:
+            return self.hit_now(keys, limits, costs)
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous client")
+
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """Synchronous ``peek`` for local stores.
 

@@ -1,0 +1,119 @@
+"""``check_blocking``: the check of ``check.check_rules`` for synchronous code (WSGI apps).
+
+The same keys, the same all-or-nothing charge and the same failure policy, with the store asked
+through ``Store.hit_blocking`` (its own synchronous client: no event loop, no thread hop). Key and
+cost functions must be synchronous here; an async one is refused when the integration is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Sequence
+
+from ..context import context_for
+from ..decision import Decision
+from ..errors import ConfigurationError
+from ..keys import key_text
+from ..limiter import Limiter
+from ..limits import Limit
+from ..rules import CompiledRule
+from ..stores.base import StoreError
+from ..types import Scope
+from .check import log_failure, report_failure, store_failed
+
+__all__ = ["check_blocking", "require_sync_keys"]
+
+log = logging.getLogger("ratewarden")
+
+
+def require_sync_keys(rules: Sequence[CompiledRule], integration: str) -> None:
+    """Refuse, at start-up, rules whose key function is a coroutine: synchronous code cannot await it.
+
+    Args:
+        rules: The integration's compiled rules.
+        integration: Who asks, for the message (e.g. ``"ratewarden.wsgi.RateLimitMiddleware"``).
+    """
+    for rule in rules:
+        if rule.key_is_async:
+            raise ConfigurationError(
+                f"{integration}: rule {rule.rule.name!r} has an async key function ({rule.rule.key!r}); "
+                "a WSGI app checks synchronously, so give it a plain function"
+            )
+
+
+def _key_of(rule: CompiledRule, scope: Scope) -> str:
+    value = rule.key(scope)
+    if isinstance(value, Awaitable):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()  # a coroutine never awaited: closed, so Python does not warn about it
+        raise TypeError(f"rule {rule.rule.name!r}: the key function returned an awaitable; synchronous code cannot await it")
+    return key_text(value, scope)
+
+
+def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> Decision | None:
+    """Charge the request to every rule, all or nothing; ``None`` when nothing was decided (no
+    limit applies, or the check failed under the fail-open policy). Raises ``LimitUnavailable``
+    under the fail-closed policy. Shadow rules are charged separately and never deny.
+
+    Args:
+        limiter: Checks the limits on its store.
+        rules: The rules the request matched.
+        scope: The request as an ASGI-shaped scope (``ratewarden.wsgi.scope_of`` builds one).
+    """
+    if len(rules) == 1 and rules[0].checked_inline:
+        rule = rules[0]
+        try:
+            key = _key_of(rule, scope)
+        except Exception as exc:
+            report_failure(limiter, "key function", exc)
+            return None
+        return _hit(limiter, rule.storage_keys(key), rule.limits, rule.costs, "rate limit check")
+    keys: list[str] = []
+    limits: list[Limit] = []
+    costs: list[float] = []
+    shadow: list[CompiledRule] = []
+    try:
+        for rule in rules:
+            if rule.shadow:
+                shadow.append(rule)
+                continue
+            keys.extend(rule.storage_keys(_key_of(rule, scope)))
+            limits.extend(rule.limits)
+            if rule.cost_fn is None:
+                costs.extend(rule.costs)
+            else:
+                costs.extend([float(rule.cost_fn(scope))] * len(rule.limits))
+    except Exception as exc:
+        report_failure(limiter, "key function", exc)
+        return None
+    if shadow:
+        _check_shadow(limiter, shadow, scope)
+    if not keys:
+        return None
+    return _hit(limiter, keys, limits, costs, "store")
+
+
+def _hit(limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], what: str) -> Decision | None:
+    """The store's answer, with the failure policy applied (``what`` failed)."""
+    try:
+        return limiter.store.hit_blocking(keys, limits, costs)
+    except StoreError as exc:
+        return store_failed(limiter, what, exc, keys, limits, costs)
+    except Exception as exc:
+        report_failure(limiter, what, exc)
+        return None
+
+
+def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> None:
+    for rule in rules:
+        try:
+            key = _key_of(rule, scope)
+            decision = limiter.store.hit_blocking(rule.storage_keys(key), rule.limits, rule.costs)
+        except Exception as exc:
+            log_failure("shadow rule", exc)
+            continue
+        context = context_for(scope)
+        context.shadow = (*context.shadow, decision)
+        if not decision.allowed:
+            log.info("shadow limit %s would deny key=%s (retry after %.3fs)", rule.rule.name, key, decision.retry_after)
