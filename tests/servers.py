@@ -283,3 +283,73 @@ def uvicorn_in_thread(app: object, **config: object) -> Iterator[int]:
         server.should_exit = True
         thread.join(15)
         sock.close()
+
+
+@contextlib.contextmanager
+def gunicorn_server(
+    app: str, *, workers: int = 1, threads: int = 1, worker_class: str = "sync",
+    env: dict[str, str] | None = None, preload: bool = False, timeout: float = 20.0,
+) -> Iterator[int]:
+    """``gunicorn APP`` (``module:attr``, importable from the repository root) on a free loopback
+    port, as its own process; yields the port once it answers, stops it (SIGTERM, then SIGKILL)."""
+    import sys
+
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "gunicorn", app, "--bind", f"{HOST}:{port}", "--workers", str(workers),
+        "--threads", str(threads), "--worker-class", worker_class, "--log-level", "warning",
+        "--graceful-timeout", "2", "--backlog", "2048",
+    ]
+    if preload:
+        argv.append("--preload")
+    root = Path(__file__).resolve().parents[1]
+    child_env = {**os.environ, **(env or {})}
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), child_env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen(argv, cwd=root, env=child_env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert proc.poll() is None, f"gunicorn {app} exited with {proc.returncode}"
+            try:
+                with socket.create_connection((HOST, port), timeout=0.5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"gunicorn {app} did not listen on {port}"
+                time.sleep(0.05)
+        yield port
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def http_burst(port: int, path: str, total: int, concurrency: int = 150,
+               headers: dict[str, str] | None = None) -> list[int]:
+    """``total`` GETs of ``path`` over loopback, ``concurrency`` at a time (one connection each):
+    their status codes, in no particular order."""
+    import http.client
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_: int) -> int:
+        for attempt in range(3):
+            conn = http.client.HTTPConnection(HOST, port, timeout=30)
+            try:
+                conn.request("GET", path, headers=headers or {})
+                response = conn.getresponse()
+                response.read()
+                return response.status
+            except (ConnectionError, http.client.RemoteDisconnected):
+                if attempt == 2:
+                    raise
+                time.sleep(0.05)  # refused before the request was read: never counted
+            finally:
+                conn.close()
+        raise AssertionError("unreachable")
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, range(total)))
