@@ -11,7 +11,6 @@ handled exactly as by ``RateLimitMiddleware``.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from ..asgi.responses import send_limited, send_on_limit, send_problem, send_una
 from ..charges import adjust
 from ..context import STATE_KEY
 from ..decision import Decision
-from ..enforcement.answers import problem_body
 from ..enforcement.check import LimitUnavailable, check_rules, report_failure
 from ..headers import rate_limit_headers
 from ..keys import key_text
@@ -29,19 +27,15 @@ from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
-from .admin import Operations
 from .bans import Bans
+from .core import PolicyCore, ban_answer, owner
 from .delay import Delay
-from .reload import PolicyReloader
 from .request_context import PolicyContext
-from .runtime import Plan, Runtime
 from .schema import Policy
-from .tiers import PolicyRule
 
 __all__ = ["PolicyMiddleware"]
 
 log = logging.getLogger("ratewarden")
-_PLAN_CACHE_LIMIT = 4096
 _refund_warned: set[str] = set()
 
 
@@ -52,17 +46,7 @@ async def _key(rule: CompiledRule, scope: Scope) -> str:
     return key_text(value, scope)
 
 
-def _owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
-    """The rule whose limit made ``decision`` (by policy name)."""
-    if len(rules) > 1:
-        for rule in rules:
-            for limit in rule.limits:
-                if limit.name == decision.policy:
-                    return rule
-    return rules[0]
-
-
-class PolicyMiddleware(RateLimitMiddleware, Operations):
+class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
     """Rate limiting driven by rules or a policy file, with the operational modes.
 
     Args:
@@ -99,75 +83,7 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         **kwargs: Any,
     ) -> None:
         super().__init__(app, limiter, rules, **kwargs)
-        self._check_store(self.rules.rules)
-        self.metrics = metrics
-        if metrics is not None:
-            metrics.watch(limiter.store)
-        self.shadow_header = shadow_header
-        self._defaults = (shadow, bans, show_group)
-        self._plans: dict[tuple[CompiledRule, ...], Plan] = {}
-        self._runtime = Runtime(self.rules, shadow, bans, show_group, None)
-        self.reloader: PolicyReloader | None = None
-        if isinstance(policy, Policy):
-            self.apply(policy)
-        elif policy is not None:
-            self.reloader = PolicyReloader(policy, self.apply, interval=watch or 1.0)
-            self.reloader.load()
-            if watch is not None:
-                self.reloader.start()
-            if sighup:
-                self.reloader.install_sighup()
-
-    # -- policy --------------------------------------------------------------------------------
-
-    @property
-    def policy(self) -> Policy | None:
-        return self._runtime.policy
-
-    @property
-    def shadow(self) -> bool:
-        return self._runtime.shadow
-
-    @property
-    def bans(self) -> Bans | None:
-        return self._runtime.bans
-
-    def apply(self, policy: Policy) -> None:
-        """Swap in ``policy`` atomically (one assignment); ban lists carry over.
-
-        Args:
-            policy: The new policy, already validated.
-        """
-        shadow, bans, show_group = self._defaults
-        old = self._runtime.bans
-        new_bans = policy.bans if policy.bans is not None else bans
-        if old is not None and new_bans is not None and new_bans is not old:
-            new_bans = old.configure_from(new_bans)
-        self._check_store(policy.rules)
-        ruleset = RuleSet(policy.rules, self.limiter.prefix)
-        self._runtime = Runtime(ruleset, policy.shadow or shadow, new_bans, policy.show_group and show_group, policy)
-        self.rules = ruleset
-        self._plans = {}
-
-    def _check_store(self, rules: Sequence[Rule]) -> None:
-        """At start-up (and before a reload takes effect): after-response charging refunds, so the
-        store must be able to adjust; not at the first refund."""
-        for rule in rules:
-            if getattr(rule, "charge", None) is not None:
-                self.limiter.store.require("adjust", f"rule {rule.name!r} (charge: counting only some statuses)")
-
-    def reload(self) -> bool:
-        """Reload the policy file now (an admin call); ``False`` if it was invalid (old one kept)."""
-        if self.reloader is None:
-            raise RuntimeError("this middleware was not given a policy file to reload")
-        return self.reloader.reload()
-
-    def close(self) -> None:
-        """Stop watching the policy file."""
-        if self.reloader is not None:
-            self.reloader.stop()
-        if self.metrics is not None:
-            self.metrics.close()
+        self._start_policy(policy, watch, sighup, shadow, bans, metrics, shadow_header, show_group)
 
     # -- request path: a pipeline of stages over one PolicyContext -------------------------------
 
@@ -201,15 +117,6 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
                 return
         await self._serve(ctx, scope, receive, send)
 
-    def _plan(self, matched: tuple[CompiledRule, ...]) -> Plan:
-        plan = self._plans.get(matched)
-        if plan is None:
-            plan = Plan(matched)
-            if len(self._plans) >= _PLAN_CACHE_LIMIT:
-                self._plans = {}
-            self._plans[matched] = plan
-        return plan
-
     async def _refuse_if_banned(self, ctx: PolicyContext, scope: Scope, send: Send) -> bool:
         """Answer a banned client (``True``: done). A failing ban key function skips the bans
         under fail-open and raises ``LimitUnavailable`` under fail-closed."""
@@ -228,68 +135,28 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
             return False
         if self.metrics is not None:
             self.metrics.observe_banned(bans.status)
-        title = "Forbidden" if bans.status == 403 else "Too Many Requests"
-        seconds = max(1, math.ceil(left))
-        body = problem_body(bans.status, title, f"Too many rejected requests; blocked for {seconds}s.", retry_after=seconds)
-        await send_problem(send, bans.status, body, [(b"retry-after", b"%d" % seconds)])
+        status, body, headers = ban_answer(bans, left)
+        await send_problem(send, status, body, headers)
         return True
-
-    def _choose_group(self, ctx: PolicyContext, scope: Scope) -> None:
-        """Replace tiered rules by the rule of the caller's group (dropping unlimited groups)."""
-        rules: list[CompiledRule] = []
-        prefix = self.limiter.prefix
-        for compiled in ctx.rules:
-            rule = compiled.rule
-            if isinstance(rule, PolicyRule) and rule.tiers is not None:
-                ctx.group = rule.tiers.identity.group(scope)
-                chosen = rule.group_rules(prefix).get(ctx.group)
-                if chosen is not None:
-                    rules.append(chosen)
-            else:
-                rules.append(compiled)
-        ctx.rules = rules
 
     async def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
         """Hold a refused request for its turn when its rule has a ``delay``; ``None`` when the
         re-check could not decide (fail-open: served as for any failed check)."""
-        owner = _owner(ctx.rules, decision)
-        delay: Delay | None = getattr(owner.rule, "delay", None)
+        decider = owner(ctx.rules, decision)
+        delay: Delay | None = getattr(decider.rule, "delay", None)
         if delay is None:
             return decision
         try:
-            client = await _key(owner, scope)
+            client = await _key(decider, scope)
             waited = await delay.wait(client, decision, lambda: check_rules(self.limiter, ctx.rules, scope))
         except LimitUnavailable:
             raise
         except Exception as exc:  # the delay key could not be computed: refuse as without a delay
-            log.warning("delay skipped rule=%s: %s: %s", owner.rule.name, type(exc).__name__, exc)
+            log.warning("delay skipped rule=%s: %s: %s", decider.rule.name, type(exc).__name__, exc)
             return decision
         if waited is not None and waited.allowed and self.metrics is not None:
-            self.metrics.observe_delayed(owner.rule.name, ctx.group)
+            self.metrics.observe_delayed(decider.rule.name, ctx.group)
         return waited
-
-    def _record(self, ctx: PolicyContext, decision: Decision) -> None:
-        """Publish the decision in the context, count it and log a refusal."""
-        ctx.decision = decision
-        shadow = ctx.runtime.shadow
-        if self.metrics is None and decision.allowed:
-            return
-        name = _owner(ctx.rules, decision).rule.name
-        if self.metrics is not None:
-            self.metrics.observe(name, ctx.group, decision, shadow=shadow)
-        if decision.allowed:
-            return
-        if shadow:
-            ctx.would_deny = decision
-            log.info(
-                "shadow_limited rule=%s group=%s policy=%s retry_after=%.3f",
-                name, ctx.group, decision.policy, decision.retry_after,
-            )
-        else:
-            log.info(
-                "rate_limited rule=%s group=%s policy=%s limit=%d retry_after=%.3f",
-                name, ctx.group, decision.policy, decision.limit, decision.retry_after,
-            )
 
     async def _refuse(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
         """Answer 429 (or ``on_limit``), counting the refusal toward a ban."""
@@ -333,22 +200,6 @@ class PolicyMiddleware(RateLimitMiddleware, Operations):
         finally:
             if settle:
                 await self._settle(scope, ctx.rules, status)
-
-    def _shadow_headers(self, ctx: PolicyContext) -> list[tuple[bytes, bytes]]:
-        """``RateLimit-Shadow`` for the first decision a shadow limit would have denied; counts
-        the per-rule shadow denials."""
-        if self.metrics is not None:
-            for d in ctx.shadow:
-                self.metrics.observe_shadow_rule(d)
-        if not self.shadow_header:
-            return []
-        denied = [d for d in ctx.shadow if not d.allowed]
-        if ctx.would_deny is not None:
-            denied.insert(0, ctx.would_deny)
-        for d in denied[:1]:
-            retry = "inf" if math.isinf(d.retry_after) else str(max(1, math.ceil(d.retry_after)))
-            return [(b"ratelimit-shadow", f'"{d.policy}";deny;r={d.remaining};t={retry}'.encode("latin-1", "replace"))]
-        return []
 
     async def _settle(self, scope: Scope, rules: Sequence[CompiledRule], status: int) -> None:
         """Refund the charge of rules whose ``charge`` says this status does not count."""
