@@ -23,11 +23,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from ..algorithms import AlgorithmName
+from ..decision import Decision
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip
 from ..limiter import storage_key
 from ..limits import Limit
 from ..rates import Rate
+from ..stores.base import Store
 
 if TYPE_CHECKING:
     from ..limiter import Limiter
@@ -167,15 +169,40 @@ class Bans:
             else:
                 decision = (await store.peek(keys, _UNTIL_LIST))[0]
         except Exception as exc:
-            log.warning("ban check failed: %s: %s", type(exc).__name__, exc)
-            return max(0.0, entry[0] - now) if entry is not None else 0.0
-        left = decision.reset_after
+            return self._read_failed(exc, entry, now)
+        return self._read(key, decision.reset_after, entry, now)
+
+    def check_blocking(self, limiter: Limiter, key: str) -> float:
+        """``check`` for synchronous code (WSGI): the store is read with ``peek_now``, so it must be
+        a local store (``require_blocking`` says so at start-up).
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+        """
+        now = self.clock()
+        entry = self._cache.get(key)
+        if entry is not None and now < entry[1] and now < entry[0]:
+            return entry[0] - now
+        try:
+            decision = limiter.store.peek_now([self._storage(limiter, key, "until")], _UNTIL_LIST)[0]
+        except Exception as exc:
+            return self._read_failed(exc, entry, now)
+        return self._read(key, decision.reset_after, entry, now)
+
+    def _read(self, key: str, left: float, entry: tuple[float, float] | None, now: float) -> float:
+        """The store said ``left`` seconds: remember a running ban, forget an ended one."""
         if left > 1e-6:
             self._remember(key, left, now)
             return left
         if entry is not None:
-            del self._cache[key]
+            self._cache.pop(key, None)
         return 0.0
+
+    @staticmethod
+    def _read_failed(exc: Exception, entry: tuple[float, float] | None, now: float) -> float:
+        log.warning("ban check failed: %s: %s", type(exc).__name__, exc)
+        return max(0.0, entry[0] - now) if entry is not None else 0.0
 
     def banned(self) -> dict[str, float]:
         """The bans this process has seen and that are still running: key -> seconds left."""
@@ -230,13 +257,82 @@ class Bans:
         level = 0
         if self.growth > 1:
             offence = await limiter.store.hit([self._storage(limiter, key, "level")], [self._level_limit], [1.0])
-            # reset_after spans every remembered offence, this one included.
-            level = max(0, math.ceil(offence.reset_after / self.max_duration - 1e-6) - offence.allowed)
+            level = self._level(offence)
         seconds = min(self.max_duration, self.duration * self.growth**level)
         await self.block(limiter, key, seconds)
         await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
         log.warning("banned key=%s for %.0fs after %d rejections (offence %d)", key, seconds, self.after, level + 1)
         return seconds
+
+    def _level(self, offence: Decision) -> int:
+        """The offence level a hit on the level key reports: its reset_after spans every remembered
+        offence, this one included."""
+        return max(0, math.ceil(offence.reset_after / self.max_duration - 1e-6) - offence.allowed)
+
+    # -- synchronous code (WSGI): the same steps on a local store's ``*_now`` methods ---------
+
+    @staticmethod
+    def require_blocking(limiter: Limiter, needed_by: str) -> None:
+        """Raise ``ConfigurationError`` at start-up unless bans can be read and written on
+        ``limiter``'s store without an event loop: a local store with ``peek_now`` and ``reset_now``
+        (``MemoryStore``, ``SharedMemoryStore``). No remote store has synchronous ones.
+
+        Args:
+            limiter: Whose store would hold the bans.
+            needed_by: Who asks, named in the error (e.g. ``"WSGIPolicyMiddleware"``).
+        """
+        stores = [limiter.store] if limiter.fallback is None else [limiter.store, limiter.fallback]
+        for store in stores:
+            missing = [m for m in ("peek_now", "reset_now") if not _has_own(store, m)]
+            if not store.local or missing:
+                what = ", ".join(missing) if store.local else "a synchronous peek and reset"
+                raise ConfigurationError(
+                    f"{needed_by}: bans are read and written synchronously, which needs {what}; "
+                    f"{type(store).__name__} has no such method (stores that do: MemoryStore, "
+                    "SharedMemoryStore). Use one of them, drop the bans, or serve the app over ASGI."
+                )
+
+    def strike_blocking(self, limiter: Limiter, key: str) -> float:
+        """``strike`` for synchronous code, on a store ``require_blocking`` accepted.
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+        """
+        store = limiter.store
+        limits = limiter.limits(self.strike_rate, self.strike_algorithm)
+        strikes = limiter.keys_for(key, limits, "ban")
+        decision = store.hit_blocking(strikes, limits, [1.0] * len(limits))
+        if decision.allowed and decision.remaining > 0:
+            return 0.0
+        level = 0
+        if self.growth > 1:
+            level = self._level(store.hit_blocking([self._storage(limiter, key, "level")], [self._level_limit], [1.0]))
+        seconds = min(self.max_duration, self.duration * self.growth**level)
+        self.block_blocking(limiter, key, seconds)
+        _reset_blocking(limiter, strikes)
+        log.warning("banned key=%s for %.0fs after %d rejections (offence %d)", key, seconds, self.after, level + 1)
+        return seconds
+
+    def block_blocking(self, limiter: Limiter, key: str, seconds: float) -> float:
+        """``block`` for synchronous code, on a store ``require_blocking`` accepted.
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+            seconds: How long the ban lasts.
+        """
+        if not seconds > 0 or math.isinf(seconds):
+            raise ConfigurationError(f"block: seconds must be positive and finite, got {seconds!r}")
+        store = limiter.store
+        until_key = self._storage(limiter, key, "until")
+        left = store.peek_now([until_key], [_UNTIL])[0].reset_after
+        if left < seconds:
+            _reset_blocking(limiter, [until_key], fallback=False)
+            store.hit_blocking([until_key], [Limit(Rate(1, float(seconds)), "gcra", "ban")], [1.0])
+            left = seconds
+        self._remember(key, left, self.clock())
+        return left
 
     def _expire(self, now: float) -> None:
         self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
@@ -244,3 +340,16 @@ class Bans:
             # Still full of live bans: drop the ones closest to expiry (the store still has them).
             keep = sorted(self._cache.items(), key=lambda kv: kv[1][0])[len(self._cache) // 10 :]
             self._cache = dict(keep)
+
+
+def _has_own(store: Store, method: str) -> bool:
+    """Whether ``store`` implements ``method`` itself (not ``Store``'s refusing default)."""
+    found = getattr(type(store), method, None)
+    return callable(found) and found is not getattr(Store, method, None)
+
+
+def _reset_blocking(limiter: Limiter, keys: list[str], fallback: bool = True) -> None:
+    """Forget ``keys`` on the store (and the insurance limiter's, as ``Limiter.reset`` does)."""
+    if fallback and limiter.fallback is not None:
+        getattr(limiter.fallback, "reset_now")(keys)  # noqa: B009 - not every Store has it (require_blocking)
+    getattr(limiter.store, "reset_now")(keys)  # noqa: B009

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -42,6 +43,7 @@ class Delay:
         self.waiting = 0
         self.delayed = 0  # requests that waited and were then served
         self._per_key: dict[str, int] = {}
+        self._lock = threading.Lock()  # waiting places, taken from server threads under WSGI
 
     async def wait(self, key: str, decision: Decision, recheck: Callable[[], Awaitable[Decision | None]]) -> Decision | None:
         """Hold a denied request until ``recheck`` allows it or the wait would exceed ``max_wait``.
@@ -57,31 +59,81 @@ class Delay:
             recheck: Checks the request again (charging it when allowed); ``None`` when the check could
                 not decide.
         """
-        retry = decision.retry_after
-        if math.isinf(retry) or retry > self.max_wait or self.waiting >= self.max_waiting:
+        if not self._enter(key, decision):
             return decision
-        queued = self._per_key.get(key, 0)
-        if queued >= self.burst:
-            return decision
-        self._per_key[key] = queued + 1
-        self.waiting += 1
         deadline = time.monotonic() + self.max_wait
         current: Decision | None = decision
         try:
             while current is not None and not current.allowed:
-                retry = current.retry_after
-                if math.isinf(retry) or time.monotonic() + retry > deadline:
+                pause = _pause(current, deadline)
+                if pause is None:
                     return current
-                # A hair past the boundary, so the re-check lands after it.
-                await asyncio.sleep(retry + 0.001)
+                await asyncio.sleep(pause)
                 current = await recheck()
             if current is not None:
-                self.delayed += 1
+                self._served()
             return current
         finally:
+            self._leave(key)
+
+    def wait_blocking(self, key: str, decision: Decision, recheck: Callable[[], Decision | None]) -> Decision | None:
+        """``wait`` for synchronous code (WSGI): the calling thread sleeps (``time.sleep``), so each
+        waiting request holds a server thread for at most ``max_wait``; ``burst`` and
+        ``max_waiting`` bound how many do.
+
+        Args:
+            key: Who: the client's key, bounding its waiting requests by ``burst``.
+            decision: The denial to wait out.
+            recheck: Checks the request again (charging it when allowed); ``None`` when the check could
+                not decide.
+        """
+        if not self._enter(key, decision):
+            return decision
+        deadline = time.monotonic() + self.max_wait
+        current: Decision | None = decision
+        try:
+            while current is not None and not current.allowed:
+                pause = _pause(current, deadline)
+                if pause is None:
+                    return current
+                time.sleep(pause)
+                current = recheck()
+            if current is not None:
+                self._served()
+            return current
+        finally:
+            self._leave(key)
+
+    def _enter(self, key: str, decision: Decision) -> bool:
+        """Take a waiting place for ``key`` (``False``: the request cannot wait; refuse it now)."""
+        retry = decision.retry_after
+        with self._lock:
+            if math.isinf(retry) or retry > self.max_wait or self.waiting >= self.max_waiting:
+                return False
+            queued = self._per_key.get(key, 0)
+            if queued >= self.burst:
+                return False
+            self._per_key[key] = queued + 1
+            self.waiting += 1
+            return True
+
+    def _served(self) -> None:
+        with self._lock:
+            self.delayed += 1
+
+    def _leave(self, key: str) -> None:
+        with self._lock:
             self.waiting -= 1
             left = self._per_key[key] - 1
             if left:
                 self._per_key[key] = left
             else:
                 del self._per_key[key]
+
+
+def _pause(decision: Decision, deadline: float) -> float | None:
+    """How long to sleep before re-checking ``decision`` (``None``: the turn comes too late)."""
+    retry = decision.retry_after
+    if math.isinf(retry) or time.monotonic() + retry > deadline:
+        return None
+    return retry + 0.001  # a hair past the boundary, so the re-check lands after it
