@@ -1,0 +1,70 @@
+"""The WSGI middleware under a real gunicorn over loopback (``tests/wsgi/apps.py``): a limit of 100
+and 150 concurrent requests admit exactly 100, with sync workers, threads, several workers sharing
+one table, and the remote stores' synchronous clients."""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ratewarden import stores
+from ratewarden.stores.base import Store
+from tests.servers import Memcached, RedisStandalone, gunicorn_server, http_burst
+from tests.shm import unique_name
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("gunicorn") is None, reason="gunicorn is not installed")
+
+APP = "tests.wsgi.apps:app"
+
+
+def burst(env: dict[str, str], workers: int = 1, threads: int = 1, worker_class: str = "sync") -> list[int]:
+    with gunicorn_server(APP, workers=workers, threads=threads, worker_class=worker_class, env=env) as port:
+        return http_burst(port, "/limited", 150, concurrency=150)
+
+
+def admitted(codes: list[int]) -> int:
+    assert set(codes) <= {200, 429}, sorted(set(codes))
+    return codes.count(200)
+
+
+def test_one_sync_worker_memory_store() -> None:
+    assert admitted(burst({"RW_STORE": "memory", "RW_LIMIT": "100"})) == 100
+
+
+def test_gthread_eight_threads_memory_store() -> None:
+    codes = burst({"RW_STORE": "memory", "RW_LIMIT": "100", "RW_SLEEP": "0.002"}, threads=8, worker_class="gthread")
+    assert admitted(codes) == 100
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_sync_workers_share_one_shared_memory_table(tmp_path: Path, workers: int) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {
+        "RW_STORE": f"shm:{unique_name()}:{tmp_path}",
+        "RW_LIMIT": "100",
+        "RW_PIDS": str(pids),
+        "RW_SLEEP": "0.005",  # an admitted request takes a while: every worker gets some
+    }
+    assert admitted(burst(env, workers=workers)) == 100
+    assert len(list(pids.iterdir())) > 1, "one worker answered every request: nothing was shared"
+
+
+def remote_burst(store: type[Store], url: str, workers: int) -> list[int]:
+    if store.hit_blocking is Store.hit_blocking:  # the remote stores' synchronous clients came later
+        pytest.skip(f"{store.__name__} has no hit_blocking (synchronous client) yet")
+    env = {"RW_STORE": url, "RW_LIMIT": "100", "RW_PREFIX": f"wsgi-{uuid.uuid4().hex[:12]}", "RW_SLEEP": "0.002"}
+    return burst(env, workers=workers, threads=4, worker_class="gthread")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_redis_store(redis_standalone: RedisStandalone, workers: int) -> None:
+    assert admitted(remote_burst(stores.RedisStore, redis_standalone.url, workers)) == 100
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_memcached_store(memcached_server: Memcached, workers: int) -> None:
+    assert admitted(remote_burst(stores.MemcachedStore, memcached_server.url, workers)) == 100
