@@ -1,0 +1,276 @@
+"""``RateLimiter``: the Flask extension. Limits are declared with decorators (``limit``,
+``shared_limit``, ``exempt``, ``request_filter``); a ``before_request`` hook charges each request
+once, all or nothing, to every limit that applies (``enforcement.blocking.check_blocking``), and an
+``after_request`` hook adds the rate-limit headers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from flask.typing import ResponseReturnValue
+from werkzeug.wrappers import Response as BaseResponse
+
+from flask import Blueprint, Flask, current_app, request
+
+from ..algorithms import AlgorithmName
+from ..context import context_for
+from ..decision import Decision
+from ..enforcement.blocking import check_blocking
+from ..enforcement.check import LimitUnavailable
+from ..errors import ConfigurationError
+from ..headers import HeaderMode, HeaderStyle
+from ..keys import KeyFunc
+from ..limiter import Limiter
+from ..rules import CostFunc, policy_of
+from ..wsgi.scope import scope_of
+from .applicable import AppState
+from .declared import Declared, Registry, ScopeTest
+from .responses import RateLimitExceeded, add_headers, allowed_headers, denied_headers, unavailable_response
+from .settings import RateSpec, read_settings
+
+__all__ = ["EXTENSION_KEY", "RateLimiter"]
+
+EXTENSION_KEY = "ratewarden"
+"""The extension's state in ``app.extensions``."""
+
+_CHECKED_KEY = "ratewarden.flask"
+_T = TypeVar("_T")
+OnLimit = Callable[[Decision], "ResponseReturnValue | None"]
+Methods = str | list[str] | tuple[str, ...] | frozenset[str] | None
+
+
+class _Checked:
+    """What was decided about the current request (kept in its environ)."""
+
+    __slots__ = ("answer", "decision", "policy")
+
+    def __init__(self, decision: Decision, policy: bytes) -> None:
+        self.decision = decision
+        self.policy = policy
+        self.answer: object = None  # the extension's own 429, sent as it is
+
+
+class RateLimiter:
+    """Rate limits for a Flask app, with flask-limiter's idioms on ratewarden's check layer.
+
+    Every callable given to it (``key``, ``cost``, ``exempt_when``, ``request_filter``) takes the
+    request's ASGI-shaped scope (``ratewarden.wsgi.scope_of``), so ratewarden's key functions
+    (``client_ip``, ``header("X-API-Key")``, ``ClientIP(trusted_proxies=...)``) work as they are; it
+    may read ``flask.request`` instead and ignore its argument. Each argument left ``None`` is read
+    from ``app.config`` (``RATEWARDEN_*``, see ``settings.CONFIG_KEYS``).
+
+    Args:
+        app: The app; ``None``: call ``init_app(app)`` later (once per app).
+        limiter: Checks the limits on its store; ``None``: built from ``RATEWARDEN_STORAGE_URL``
+            (default ``memory://``), ``RATEWARDEN_KEY_PREFIX`` and ``RATEWARDEN_ON_ERROR``.
+        key: Who a limit without its own ``key`` charges: a key function of the scope (default:
+            the client IP, behind ``RATEWARDEN_TRUSTED_PROXIES`` if set).
+        default_limits: Rates for every view with no limit of its own, counted per view.
+        application_limits: Rates for every request, one counter across the app.
+        algorithm: The algorithm of limits that name none (default ``"fixed_window"``).
+        headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` or ``"off"``.
+        header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` or ``"legacy"``.
+        on_limit: Called with the denying decision; a response it returns is sent instead of the
+            429 (``None``: the 429 is raised as usual).
+        enabled: ``False`` lets every request through.
+    """
+
+    def __init__(
+        self,
+        app: Flask | None = None,
+        *,
+        limiter: Limiter | None = None,
+        key: KeyFunc | None = None,
+        default_limits: RateSpec | None = None,
+        application_limits: RateSpec | None = None,
+        algorithm: AlgorithmName | None = None,
+        headers: HeaderMode | bool | None = None,
+        header_style: HeaderStyle | None = None,
+        on_limit: OnLimit | None = None,
+        enabled: bool | None = None,
+    ) -> None:
+        self._options: dict[str, Any] = {
+            "limiter": limiter, "key": key, "default_limits": default_limits, "application_limits": application_limits,
+            "algorithm": algorithm, "headers": headers, "header_style": header_style, "enabled": enabled,
+        }
+        self.on_limit = on_limit
+        self.registry = Registry()
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Limit ``app``: read its config and install the request hooks.
+
+        Args:
+            app: The Flask app.
+        """
+        if EXTENSION_KEY in app.extensions:
+            raise ConfigurationError(f"RateLimiter: init_app was already called for the app {app.name!r}")
+        app.extensions[EXTENSION_KEY] = AppState(read_settings(app.config, **self._options), self.registry)
+        app.before_request(self._check)
+        app.after_request(self._add_headers)
+
+    # --- declarations ------------------------------------------------------------------------------
+
+    def limit(
+        self,
+        rate: RateSpec,
+        *,
+        key: KeyFunc | None = None,
+        cost: float | CostFunc = 1,
+        methods: Methods = None,
+        algorithm: AlgorithmName | None = None,
+        override_defaults: bool = True,
+        exempt_when: ScopeTest | None = None,
+    ) -> Callable[[_T], _T]:
+        """Limit a view function, or every view of a blueprint (``limiter.limit("10/s")(bp)``),
+        each view with its own counter. Returns the function or blueprint unchanged.
+
+        Args:
+            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list.
+            key: Who is charged: a key function of the scope; ``None``: the extension's default.
+            cost: What one request costs: a number, or a function of the scope.
+            methods: The HTTP methods it applies to (``"POST"`` or several); ``None``: all.
+            algorithm: The algorithm; ``None``: the extension's default.
+            override_defaults: The view skips the default limits (``False``: both apply).
+            exempt_when: A function of the scope; the limit is skipped when it returns ``True``.
+        """
+        declared = Declared(
+            rate, key=key, cost=cost, methods=methods, algorithm=algorithm,
+            override_defaults=override_defaults, exempt_when=exempt_when,
+        )
+        return self._declare(declared)
+
+    def shared_limit(
+        self,
+        rate: RateSpec,
+        scope: str,
+        *,
+        key: KeyFunc | None = None,
+        cost: float | CostFunc = 1,
+        methods: Methods = None,
+        algorithm: AlgorithmName | None = None,
+        override_defaults: bool = True,
+        exempt_when: ScopeTest | None = None,
+    ) -> Callable[[_T], _T]:
+        """One counter named ``scope`` across every view (and blueprint) it decorates: keep the
+        decorator (``api = limiter.shared_limit("100/min", scope="api")``) and apply it to each.
+
+        Args:
+            rate: One rate or several.
+            scope: The counter's name (in storage keys and the ``RateLimit-Policy`` header).
+            key: Who is charged: a key function of the scope; ``None``: the extension's default.
+            cost: What one request costs: a number, or a function of the scope.
+            methods: The HTTP methods it applies to; ``None``: all.
+            algorithm: The algorithm; ``None``: the extension's default.
+            override_defaults: The views skip the default limits (``False``: both apply).
+            exempt_when: A function of the scope; the limit is skipped when it returns ``True``.
+        """
+        if not isinstance(scope, str) or not scope:
+            raise ConfigurationError(f"shared_limit scope must be a non-empty name, got {scope!r}")
+        declared = Declared(
+            rate, key=key, cost=cost, methods=methods, algorithm=algorithm, shared=scope,
+            override_defaults=override_defaults, exempt_when=exempt_when,
+        )
+        return self._declare(declared)
+
+    def _declare(self, declared: Declared) -> Callable[[_T], _T]:
+        def decorate(target: _T) -> _T:
+            if not isinstance(target, Blueprint) and not callable(target):
+                raise TypeError(f"RateLimiter limits decorate view functions and blueprints, got {target!r}")
+            self.registry.add(target, declared, isinstance(target, Blueprint))
+            return target
+
+        return decorate
+
+    def exempt(self, target: _T) -> _T:
+        """Exempt a view function or a blueprint from the default and application limits (limits
+        declared on it still apply). Returns it unchanged.
+
+        Args:
+            target: The view function or the blueprint.
+        """
+        self.registry.exempt_target(target)
+        return target
+
+    def request_filter(self, test: ScopeTest) -> ScopeTest:
+        """Register a function of the scope: a request it returns ``True`` for is not limited at all.
+
+        Args:
+            test: The function.
+        """
+        self.registry.filters.append(test)
+        return test
+
+    # --- per request -------------------------------------------------------------------------------
+
+    @property
+    def limiter(self) -> Limiter:
+        """The current app's ``Limiter``."""
+        return _state().limiter
+
+    @property
+    def current_decision(self) -> Decision | None:
+        """The current request's decision (``None``: no limit applied, or the check failed open)."""
+        checked = request.environ.get(_CHECKED_KEY)
+        return checked.decision if isinstance(checked, _Checked) else None
+
+    def _check(self) -> ResponseReturnValue | None:
+        state = _state()
+        if not state.settings.enabled or not state.limiter.enabled:
+            return None
+        scope = scope_of(request.environ)
+        for test in self.registry.filters:
+            if test(scope):
+                return None
+        endpoint = request.endpoint
+        app = current_app
+        view = app.view_functions.get(endpoint) if endpoint is not None else None
+        applicable = state.applicable(
+            endpoint, view, lambda: [app.blueprints[name] for name in request.blueprints if name in app.blueprints],
+            request.method,
+        )
+        rules = applicable.rules(scope)
+        if not rules:
+            return None
+        try:
+            decision = check_blocking(state.limiter, rules, scope)
+        except LimitUnavailable:
+            return unavailable_response()
+        if decision is None:
+            return None
+        context_for(scope).decision = decision
+        checked = _Checked(decision, policy_of(rules))
+        request.environ[_CHECKED_KEY] = checked
+        if decision.allowed:
+            return None
+        if self.on_limit is not None:
+            answer = self.on_limit(decision)
+            if answer is not None:
+                return answer
+        settings = state.settings
+        error = RateLimitExceeded(decision, settings.header_style, settings.headers != "off", checked.policy)
+        checked.answer = error.response
+        raise error
+
+    def _add_headers(self, response: BaseResponse) -> BaseResponse:
+        checked = request.environ.get(_CHECKED_KEY)
+        if not isinstance(checked, _Checked) or response is checked.answer:
+            return response
+        settings = _state().settings
+        decision = checked.decision
+        if decision.allowed:
+            if settings.headers == "always":
+                add_headers(response, allowed_headers(decision, settings.header_style, checked.policy))
+        else:  # the app's own 429 (on_limit, an errorhandler): the headers it left out
+            headers = denied_headers(decision, settings.header_style, settings.headers != "off", checked.policy)
+            add_headers(response, headers, missing_only=True)
+        return response
+
+
+def _state() -> AppState:
+    state = current_app.extensions.get(EXTENSION_KEY)
+    if not isinstance(state, AppState):
+        raise RuntimeError(f"RateLimiter.init_app was not called for the app {current_app.name!r}")
+    return state

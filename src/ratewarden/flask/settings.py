@@ -1,0 +1,158 @@
+"""The extension's settings for one Flask app: the ``RateLimiter(...)`` arguments, else the
+``RATEWARDEN_*`` keys of ``app.config``, else the defaults (``read_settings``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast, get_args
+
+from ..algorithms import AlgorithmName, algorithm_name
+from ..errors import ConfigurationError
+from ..headers import HeaderMode, HeaderStyle
+from ..keys import ClientIP, KeyFunc, client_ip
+from ..limiter import FailurePolicy, Limiter
+from ..limits import DEFAULT_ALGORITHM
+from ..rates import Rate
+from ..stores.urls import open_store
+
+__all__ = ["CONFIG_KEYS", "RateSpec", "Settings", "read_settings"]
+
+RateSpec = str | Rate | Iterable[str | Rate]
+"""One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them."""
+
+CONFIG_KEYS = {
+    "RATEWARDEN_ENABLED": "False turns the extension off (every request passes, no headers).",
+    "RATEWARDEN_STORAGE_URL": "The store's URL, opened with ratewarden.stores.open_store (default memory://).",
+    "RATEWARDEN_KEY_PREFIX": "The limiter's storage-key prefix (default rw).",
+    "RATEWARDEN_ON_ERROR": "open (default) or closed: the limiter's failure policy.",
+    "RATEWARDEN_DEFAULT_LIMITS": "Rates for every view without limits of its own, counted per view.",
+    "RATEWARDEN_APPLICATION_LIMITS": "Rates for every request, one counter across the whole app.",
+    "RATEWARDEN_ALGORITHM": "The algorithm of limits that name none (default fixed_window).",
+    "RATEWARDEN_HEADERS": "always (default), on_limit or off (True and False also work).",
+    "RATEWARDEN_HEADER_STYLE": "both (default), ietf or legacy.",
+    "RATEWARDEN_TRUSTED_PROXIES": "CIDRs whose forwarding header the default key believes (a list, or comma-separated).",
+    "RATEWARDEN_FORWARDED_HEADER": "X-Forwarded-For (default) or Forwarded: the header those proxies set.",
+}
+"""Every ``app.config`` key the extension reads, with what it means."""
+
+_LIMITER_KEYS = ("RATEWARDEN_STORAGE_URL", "RATEWARDEN_KEY_PREFIX", "RATEWARDEN_ON_ERROR")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the extension does in one app.
+
+    Args:
+        limiter: Checks the limits on its store.
+        enabled: Whether requests are checked at all.
+        key: Who a limit without a ``key`` of its own charges.
+        algorithm: The algorithm of limits that name none.
+        default_limits: Rates for each view without limits of its own (``None``: none).
+        application_limits: Rates for every request, one counter (``None``: none).
+        headers: When the rate-limit headers are sent: ``"always"``, ``"on_limit"`` or ``"off"``.
+        header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` or ``"legacy"``.
+    """
+
+    limiter: Limiter
+    enabled: bool
+    key: KeyFunc
+    algorithm: AlgorithmName
+    default_limits: RateSpec | None
+    application_limits: RateSpec | None
+    headers: HeaderMode
+    header_style: HeaderStyle
+
+
+def _flag(value: object, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value.strip().lower() not in _FALSE
+    raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+
+
+def _header_mode(value: object) -> HeaderMode:
+    if value is True:
+        return "always"
+    if value is False:
+        return "off"
+    if value not in get_args(HeaderMode):
+        raise ConfigurationError(f"RATEWARDEN_HEADERS / headers= must be 'always', 'on_limit' or 'off', got {value!r}")
+    return cast("HeaderMode", value)
+
+
+def _header_style(value: object) -> HeaderStyle:
+    if value not in get_args(HeaderStyle):
+        raise ConfigurationError(f"RATEWARDEN_HEADER_STYLE / header_style= must be 'both', 'ietf' or 'legacy', got {value!r}")
+    return cast("HeaderStyle", value)
+
+
+def _default_key(config: Mapping[str, Any]) -> KeyFunc:
+    proxies = config.get("RATEWARDEN_TRUSTED_PROXIES")
+    header = config.get("RATEWARDEN_FORWARDED_HEADER")
+    if not proxies and header is None:
+        return client_ip
+    if isinstance(proxies, str):
+        proxies = [p.strip() for p in proxies.split(",") if p.strip()]
+    return ClientIP(trusted_proxies=proxies or (), forwarded_header=header or "X-Forwarded-For")
+
+
+def _limiter(config: Mapping[str, Any], limiter: Limiter | None) -> Limiter:
+    if limiter is not None:
+        given = [name for name in _LIMITER_KEYS if config.get(name) is not None]
+        if given:
+            raise ConfigurationError(
+                f"RateLimiter(limiter=...) was given and app.config sets {', '.join(given)} too: configure "
+                "the Limiter you pass, or leave limiter= out and let the config build it"
+            )
+        return limiter
+    url = config.get("RATEWARDEN_STORAGE_URL") or "memory://"
+    on_error = config.get("RATEWARDEN_ON_ERROR") or "open"
+    if on_error not in ("open", "closed"):
+        raise ConfigurationError(f"RATEWARDEN_ON_ERROR must be 'open' or 'closed', got {on_error!r}")
+    prefix = str(config.get("RATEWARDEN_KEY_PREFIX") or "rw")
+    return Limiter(open_store(str(url)), prefix=prefix, on_error=cast("FailurePolicy", on_error))
+
+
+def read_settings(
+    config: Mapping[str, Any],
+    *,
+    limiter: Limiter | None = None,
+    key: KeyFunc | None = None,
+    algorithm: AlgorithmName | None = None,
+    default_limits: RateSpec | None = None,
+    application_limits: RateSpec | None = None,
+    headers: HeaderMode | bool | None = None,
+    header_style: HeaderStyle | None = None,
+    enabled: bool | None = None,
+) -> Settings:
+    """The settings of one app: each argument given (not ``None``) wins over its config key.
+
+    Args:
+        config: The app's ``app.config``.
+        limiter: The limiter to use; ``None`` builds one from ``RATEWARDEN_STORAGE_URL``,
+            ``RATEWARDEN_KEY_PREFIX`` and ``RATEWARDEN_ON_ERROR`` (which must then be unset here).
+        key: The default key function (of the scope); ``None``: the client IP, behind
+            ``RATEWARDEN_TRUSTED_PROXIES`` if set.
+        algorithm: The default algorithm; ``None``: ``RATEWARDEN_ALGORITHM`` or ``"fixed_window"``.
+        default_limits: ``None``: ``RATEWARDEN_DEFAULT_LIMITS``.
+        application_limits: ``None``: ``RATEWARDEN_APPLICATION_LIMITS``.
+        headers: ``None``: ``RATEWARDEN_HEADERS`` or ``"always"``.
+        header_style: ``None``: ``RATEWARDEN_HEADER_STYLE`` or ``"both"``.
+        enabled: ``None``: ``RATEWARDEN_ENABLED`` or ``True``.
+    """
+    chosen_algorithm = algorithm or config.get("RATEWARDEN_ALGORITHM") or DEFAULT_ALGORITHM
+    return Settings(
+        limiter=_limiter(config, limiter),
+        enabled=_flag(enabled if enabled is not None else config.get("RATEWARDEN_ENABLED", True), "RATEWARDEN_ENABLED"),
+        key=key if key is not None else _default_key(config),
+        algorithm=algorithm_name(str(chosen_algorithm)),
+        default_limits=default_limits if default_limits is not None else config.get("RATEWARDEN_DEFAULT_LIMITS") or None,
+        application_limits=(
+            application_limits if application_limits is not None else config.get("RATEWARDEN_APPLICATION_LIMITS") or None
+        ),
+        headers=_header_mode(headers if headers is not None else config.get("RATEWARDEN_HEADERS", "always")),
+        header_style=_header_style(header_style or config.get("RATEWARDEN_HEADER_STYLE") or "both"),
+    )
