@@ -21,6 +21,7 @@ from ..rejections import RejectionCache
 from ..urls import parse_store_url
 from ._aiomcache import ClientException
 from .batches import Batches
+from .blocking import Blocking
 from .connections import Client, Heard, Pool
 from .encoding import decode, memcached_key
 from .protocol import deleted, ok, values_reader
@@ -28,7 +29,7 @@ from .protocol import deleted, ok, values_reader
 _T = TypeVar("_T")
 
 
-class MemcachedStore(Batches):
+class MemcachedStore(Batches, Blocking):
     """Limits kept in memcached, built from ``memcached://host:port``.
 
     Keyword arguments override the URL's query options of the same name.
@@ -87,6 +88,7 @@ class MemcachedStore(Batches):
         self._silent_at = -1  # ``_heard.count`` when a command last timed out (-1: not silent)
         self._silence = None  # resolved when a command times out
         self.cas_conflicts = 0  # lost compare-and-swap races (retried)
+        self._init_blocking(host, port, size)  # hit_blocking's own synchronous client (pymemcache)
 
     def __repr__(self) -> str:
         return f"MemcachedStore({self.url!r})"
@@ -178,3 +180,4 @@ class MemcachedStore(Batches):
         self._client.closed = True
         with contextlib.suppress(OSError, ClientException):
             await self._client.close()
+        await self._close_blocking()

@@ -1,0 +1,305 @@
+"""``MemcachedStore.hit_blocking``: the check for synchronous code (WSGI apps, threads), on a
+synchronous client of its own (pymemcache), never on an event loop.
+
+It is the multi-key check of ``cas`` run in the calling thread, on the same stored state and
+encoding, so the synchronous and asynchronous paths share keys:
+
+* one ``gets`` of every key, the algorithm of each limit on its state at ``self.clock()`` (read
+  after the reply, as the async path reads it; the algorithms clamp a late reading themselves),
+  and, only if all allow, a ``cas`` per key (``add`` for a new key), each with the expiry of
+  ``encoding.expiry``;
+* a lost race puts back the keys already written (compare and swap again), waits ``backoff``
+  and retries, at most ``retries`` times, so a check stays all or nothing;
+* a write that gets no answer (timeout, lost connection) fails the check at once; what it wrote
+  is put back by a thread of its own, still holding the keys, once the write has landed (or
+  ``UNDO_TIMEOUT`` passed): a check that got no answer charges nothing. Checks waiting for such
+  a key fail after ``timeout``.
+
+Threads of this process take their keys (all at once, so two multi-key checks never deadlock)
+and a connection before they send anything: a key has one contender per process, as on the
+async path, and the connections are at most ``pool_size``. Waiting for them is not timed, but a
+waiter fails as soon as a command times out (memcached went silent), or after a whole ``timeout``
+while memcached stays silent. A command fails after ``timeout`` with no byte from memcached
+(pymemcache's socket timeout, per read), so a silent memcached fails a check within about
+``timeout``, one waiting for it within about twice that. Failures are ``StoreError`` with the
+async path's reasons: ``timeout`` (no reply), ``unreachable`` (refused, reset, closed), ``error``.
+
+The rejection cache is the event loop's and is not consulted here (a denial always costs a
+round trip); a synchronous charge only adds usage, so what the cache remembers stays true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...algorithms import State
+from ...decision import Decision
+from ...limits import Limit
+from ..base import Store, StoreError, combine, no_reply
+from .cas import backoff
+from .encoding import decode, encode, expiry, memcached_key
+from .protocol import Read
+from .putbacks import UNDO_TIMEOUT, Undo
+
+try:
+    from pymemcache.client.base import Client as _PyClient  # type: ignore[import-untyped, unused-ignore]
+    from pymemcache.exceptions import (  # type: ignore[import-untyped, unused-ignore]
+        MemcacheError,
+        MemcacheUnexpectedCloseError,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("MemcachedStore.hit_blocking needs pymemcache: pip install 'ratewarden[memcached]'") from exc
+
+__all__ = ["Blocking"]
+
+_POLL = 0.01  # seconds between looks at a write that got no answer, to see whether it landed
+
+
+class _Interrupted(Exception):
+    """A write got no answer, or a put-back failed: ``written`` is to be put back by a thread of
+    its own, holding the keys (after the last write landed, when it may still land: ``landing``,
+    compared with the key's ``token`` before it)."""
+
+    def __init__(self, written: list[Undo], token: int | None, landing: bool) -> None:
+        super().__init__("interrupted")
+        self.written = written
+        self.token = token
+        self.landing = landing
+
+
+class Blocking(Store):
+    """The synchronous client of ``MemcachedStore`` and its ``hit_blocking``."""
+
+    timeout: float
+    retries: int
+    clock: Callable[[], float]
+    cas_conflicts: int
+    _client: Any  # the async client: ``closed`` once the store is closed
+
+    def _init_blocking(self, host: str, port: int, size: int) -> None:
+        """Remember where the synchronous connections go; nothing is opened before a check."""
+        self._sync_server = (host, port)
+        self._sync_size = size
+        self._sync_cond = threading.Condition()
+        self._sync_held: set[bytes] = set()  # keys a thread of this process is checking
+        self._sync_settling: set[bytes] = set()  # keys whose unanswered write is being put back
+        self._sync_free: list[Any] = []  # idle pymemcache clients
+        self._sync_out = 0  # clients in use
+        self._sync_silent = False  # a command timed out and nothing was heard since
+        self._sync_silences = 0  # commands that timed out
+        self._sync_undoing: set[threading.Thread] = set()
+
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        mkeys = [memcached_key(k) for k in keys]
+        held = set(mkeys)
+        client = self._sync_take(held)
+        handed: _Interrupted | None = None
+        try:
+            return self._sync_check(client, mkeys, limits, costs)
+        except _Interrupted as exc:
+            handed = exc
+            raise self._sync_failed(exc.__cause__ or exc) from exc.__cause__
+        except (OSError, MemcacheError) as exc:
+            raise self._sync_failed(exc) from exc
+        finally:
+            self._sync_give(held, client, handed)
+
+    def _sync_failed(self, exc: BaseException) -> StoreError:
+        if isinstance(exc, TimeoutError):  # memcached went silent: wake the waiters (they fail)
+            with self._sync_cond:
+                self._sync_silent = True
+                self._sync_silences += 1
+                self._sync_cond.notify_all()
+        return self._sync_mapped(exc, "hit")
+
+    def _sync_mapped(self, exc: BaseException, operation: str) -> StoreError:
+        """``exc`` as the async path reports it: a timeout is ``no reply within ...``, a closed
+        connection ``ConnectionResetError`` (reason ``unreachable``)."""
+        if isinstance(exc, TimeoutError):
+            return no_reply(repr(self), operation, self.timeout)
+        if isinstance(exc, MemcacheUnexpectedCloseError):
+            reset = ConnectionResetError("memcached closed the connection")
+            reset.__cause__ = exc
+            return self.store_error(operation, reset)
+        return self.store_error(operation, exc)
+
+    # -- the check ---------------------------------------------------------------------------
+
+    def _sync_check(self, client: Any, mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        for attempt in range(self.retries):
+            read = self._sync_read(client, mkeys)
+            now = self.clock()
+            decisions: list[Decision] = []
+            states: list[State | None] = []
+            for (value, _token), limit, cost in zip(read, limits, costs, strict=False):
+                new_state, decision = limit.fn(decode(value) if value is not None else None, now, cost, limit.rate)
+                decision.policy = limit.name
+                decisions.append(decision)
+                states.append(new_state)
+            if not all(d.allowed for d in decisions):
+                return combine(decisions)
+            wall = time.time()
+            written: list[Undo] = []
+            for i, mkey in enumerate(mkeys):
+                new_state = states[i]
+                if new_state is None:
+                    continue
+                value, token = read[i]
+                data = encode(new_state)
+                written.append((mkey, value, data, limits[i]))
+                if not self._sync_write(client, mkey, data, token, expiry(decisions[i].reset_after, wall), written):
+                    with self._sync_cond:
+                        self.cas_conflicts += 1
+                    written.pop()
+                    try:
+                        self._sync_undo(client, written)
+                    except (OSError, MemcacheError) as exc:
+                        raise _Interrupted(written, None, False) from exc
+                    time.sleep(backoff(attempt))
+                    break
+            else:
+                return combine(decisions)
+        raise StoreError(f"{self!r}: hit: gave up after {self.retries} compare-and-swap conflicts")
+
+    def _sync_read(self, client: Any, mkeys: list[bytes]) -> list[Read]:
+        """Every key's (value, token), in one ``gets``."""
+        found: dict[bytes, tuple[bytes, bytes]] = self._sync_heard(client.gets_many(list(dict.fromkeys(mkeys))))
+        out: list[Read] = []
+        for key in mkeys:
+            hit = found.get(key)
+            out.append((None, None) if hit is None else (hit[0], int(hit[1])))
+        return out
+
+    def _sync_write(self, client: Any, key: bytes, data: bytes, token: int | None, exptime: int, written: list[Undo]) -> bool:
+        """``add`` (no token) or ``cas``: whether it was stored. A write that gets no answer hands
+        ``written`` (this write last) to a put-back thread that keeps the keys, and raises
+        ``_Interrupted``."""
+        try:
+            if token is None:
+                stored = client.add(key, data, expire=exptime, noreply=False, flags=0)
+            else:
+                stored = client.cas(key, data, token, expire=exptime, noreply=False, flags=0)
+        except (OSError, MemcacheError) as exc:
+            raise _Interrupted(list(written), token, isinstance(exc, TimeoutError)) from exc
+        self._sync_heard(None)
+        return stored is True
+
+    def _sync_undo(self, client: Any, writes: list[Undo]) -> None:
+        """Put back keys this check wrote, unless someone changed them since (``putbacks._undo``);
+        a restored state expires when it would have."""
+        for key, old, ours, limit in writes:
+            ((value, token),) = self._sync_read(client, [key])
+            if value != ours or token is None:
+                continue
+            if old is None:
+                client.delete(key, noreply=False)
+            else:
+                _, decision = limit.fn(decode(old), self.clock(), 0.0, limit.rate)
+                client.cas(key, old, token, expire=expiry(decision.reset_after, time.time()), noreply=False, flags=0)
+            self._sync_heard(None)
+
+    # -- put-backs of writes that got no answer ----------------------------------------------
+
+    def _sync_settle_and_undo(self, written: list[Undo], token: int | None, landing: bool, keys: set[bytes]) -> None:
+        """Put back ``written`` (see ``_Interrupted``), then let go of ``keys``."""
+        client = self._sync_new_client()
+        try:
+            deadline = time.monotonic() + UNDO_TIMEOUT
+            key, _old, ours, _ = written[-1]
+            while landing and time.monotonic() < deadline:
+                try:
+                    ((value, now_token),) = self._sync_read(client, [key])
+                except (OSError, MemcacheError):
+                    time.sleep(_POLL)
+                    continue
+                if value == ours or now_token != token:  # landed, or the key moved on without it
+                    break
+                time.sleep(_POLL)
+            with contextlib.suppress(OSError, MemcacheError):  # a put-back that fails leaves that charge
+                self._sync_undo(client, written)
+        finally:
+            client.close()
+            with self._sync_cond:
+                self._sync_settling -= keys
+                self._sync_held -= keys
+                self._sync_undoing.discard(threading.current_thread())
+                self._sync_cond.notify_all()
+
+    # -- keys, connections, silence ------------------------------------------------------------
+
+    def _sync_new_client(self) -> Any:
+        return _PyClient(
+            self._sync_server, connect_timeout=max(1.0, self.timeout), timeout=self.timeout,
+            no_delay=True, default_noreply=False,
+        )
+
+    def _sync_take(self, keys: set[bytes]) -> Any:
+        """Hold ``keys`` and a connection (see the module docstring)."""
+        cond = self._sync_cond
+        with cond:
+            silences = self._sync_silences
+            since = time.monotonic()
+            while self._sync_held & keys or (not self._sync_free and self._sync_out >= self._sync_size):
+                if self._sync_silences != silences:
+                    raise no_reply(repr(self), "hit", self.timeout)
+                left = since + self.timeout - time.monotonic()
+                if left <= 0:
+                    if self._sync_silent or self._sync_settling & keys:
+                        raise no_reply(repr(self), "hit", self.timeout)
+                    since, left = time.monotonic(), self.timeout
+                cond.wait(left)
+            self._sync_held |= keys
+            self._sync_out += 1
+            client = self._sync_free.pop() if self._sync_free else None
+        return client if client is not None else self._sync_new_client()
+
+    def _sync_give(self, keys: set[bytes], client: Any, handed: _Interrupted | None) -> None:
+        """Let go of ``client`` and ``keys``, but for those ``handed`` to a put-back thread."""
+        if getattr(self._client, "closed", False):
+            client.close()  # a closed store keeps no connection
+        settling = {w[0] for w in handed.written} if handed is not None and handed.written else set()
+        with self._sync_cond:
+            self._sync_out -= 1
+            self._sync_free.append(client)
+            self._sync_held -= keys - settling
+            self._sync_settling |= settling
+            if settling:
+                assert handed is not None
+                thread = threading.Thread(
+                    target=self._sync_settle_and_undo, args=(handed.written, handed.token, handed.landing, settling),
+                    name="ratewarden-memcached-putback", daemon=True,
+                )
+                self._sync_undoing.add(thread)
+                thread.start()
+            self._sync_cond.notify_all()
+
+    def _sync_heard(self, reply: Any) -> Any:
+        """``reply``, a command's: memcached is heard from."""
+        if self._sync_silent:
+            with self._sync_cond:
+                self._sync_silent = False
+        return reply
+
+    def close_blocking(self, wait: float = UNDO_TIMEOUT * 2) -> None:
+        """Close the synchronous connections, once the put-backs under way are done (at most
+        ``wait`` seconds). The store stays usable: a later check connects again."""
+        deadline = time.monotonic() + wait
+        for thread in list(self._sync_undoing):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._sync_cond:
+            idle, self._sync_free = self._sync_free, []
+        for client in idle:
+            client.close()
+
+    async def _close_blocking(self) -> None:
+        """``close_blocking`` from ``close``: in a thread only when put-backs are under way."""
+        if self._sync_undoing:
+            import asyncio
+
+            await asyncio.to_thread(self.close_blocking)
+        else:
+            self.close_blocking()
