@@ -273,3 +273,27 @@ def _outcome(call: Callable[[], Decision]) -> Decision | BaseException:
         return call()
     except BaseException as exc:
         return exc
+
+
+async def test_a_forked_child_does_not_use_its_parents_connections(memcached_server: Memcached) -> None:
+    import os
+    import warnings
+
+    store = MemcachedStore(memcached_server.url, timeout=0.5)
+    (limit,) = make_limits("10/hour")
+    key = _key(limit)
+    try:
+        assert store.hit_blocking([key], [limit], [1.0]).allowed
+        parents = list(store._sync_free)
+        with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            ok = store._sync_free == [] and store.hit_blocking([key], [limit], [1.0]).remaining == 8
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert store._sync_free == parents
+        assert store.hit_blocking([key], [limit], [1.0]).remaining == 7
+    finally:
+        await store.close()

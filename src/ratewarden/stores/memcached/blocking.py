@@ -31,8 +31,10 @@ round trip); a synchronous charge only adds usage, so what the cache remembers s
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,6 +86,13 @@ class Blocking(Store):
         """Remember where the synchronous connections go; nothing is opened before a check."""
         self._sync_server = (host, port)
         self._sync_size = size
+        self._sync_reset()
+        if hasattr(os, "register_at_fork"):  # a forked worker (gunicorn --preload) starts afresh
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
+
+    def _sync_reset(self) -> None:
+        """No connection, no key held (also in a forked child: its parent's sockets are not its own)."""
         self._sync_cond = threading.Condition()
         self._sync_held: set[bytes] = set()  # keys a thread of this process is checking
         self._sync_settling: set[bytes] = set()  # keys whose unanswered write is being put back
@@ -303,3 +312,9 @@ class Blocking(Store):
             await asyncio.to_thread(self.close_blocking)
         else:
             self.close_blocking()
+
+
+def _reset_in_child(ref: weakref.ReferenceType[Blocking]) -> None:
+    store = ref()
+    if store is not None:
+        store._sync_reset()
