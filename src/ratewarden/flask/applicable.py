@@ -122,8 +122,8 @@ class AppState:
 
 
 def _numbered(name: str, index: int) -> str:
-    """The ``index``-th limit declared in one place: ``name``, ``name#1``, ``name#2``..."""
-    return name if index == 0 else f"{name}#{index}"
+    """The ``index``-th limit declared in one place: ``name``, ``name-1``, ``name-2``..."""
+    return name if index == 0 else f"{name}-{index}"
 
 
 def _unique(rules: Sequence[CompiledRule]) -> tuple[CompiledRule, ...]:
