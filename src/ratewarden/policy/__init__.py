@@ -1,7 +1,8 @@
 """Declarative, reloadable policies: tiers of API keys, per-path rules, bans, delays, shadow mode.
 
 ``load_policy(path)`` reads a TOML or YAML file into a validated ``Policy``;
-``PolicyMiddleware`` enforces it and reloads it when the file changes.
+``PolicyMiddleware`` (ASGI) and ``WSGIPolicyMiddleware`` (WSGI) enforce it and reload it when the
+file changes.
 """
 
 from .asgi import PolicyMiddleware
@@ -12,6 +13,7 @@ from .reload import PolicyReloader
 from .schema import Policy, PolicyError, Problem
 from .stats import rule_stats
 from .tiers import Identity, PolicyRule, Tiers
+from .wsgi import WSGIPolicyMiddleware
 
 __all__ = [
     "BanStatus",
@@ -25,6 +27,7 @@ __all__ = [
     "PolicyRule",
     "Problem",
     "Tiers",
+    "WSGIPolicyMiddleware",
     "load_policy",
     "parse_policy",
     "rule_stats",

@@ -1,0 +1,315 @@
+"""``WSGIPolicyMiddleware``: ``PolicyMiddleware`` for WSGI apps (PEP 3333: Flask, Django, any WSGI
+callable) — the same policy file, tiers, shadow mode, bans, delays, after-response charging,
+metrics, hot reload and 429/403 bytes, checked synchronously.
+
+The request enters as the scope ``ratewarden.wsgi.scope_of`` builds from the environ, goes through
+the stages of the ASGI middleware (``core.PolicyCore``: group choice, record, shadow header, ban
+answer) and is checked with ``enforcement.blocking.check_blocking``. Where the ASGI middleware
+awaits, this one blocks the server thread: bans are read and written with the store's synchronous
+methods, and a delayed request sleeps (``time.sleep``, at most the rule's ``max_wait``). What cannot
+be done without an event loop is refused at start-up (and a reload that needs it is refused too):
+a store without a synchronous client, bans or ``charge`` on a store without synchronous
+``peek``/``reset``/``adjust``, and async key functions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..context import STATE_KEY
+from ..decision import Decision
+from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, problem_headers, rejection
+from ..enforcement.blocking import check_blocking, require_sync_keys
+from ..enforcement.check import LimitUnavailable, report_failure
+from ..errors import ConfigurationError
+from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..keys import key_text
+from ..limiter import Limiter
+from ..metrics import Metrics
+from ..rules import CompiledRule, Rule, RuleSet
+from ..stores.base import Store
+from ..types import Scope
+from ..wsgi.scope import scope_of
+from .bans import Bans
+from .core import PolicyCore, ban_answer, owner
+from .delay import Delay
+from .request_context import PolicyContext
+from .schema import Policy
+
+__all__ = ["WSGIPolicyMiddleware"]
+
+log = logging.getLogger("ratewarden")
+
+Environ = dict[str, Any]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+_Headers = list[tuple[bytes, bytes]]
+
+_WHO = "WSGIPolicyMiddleware"
+# Where the request's context is left in the environ, as ``ratewarden.wsgi.RateLimitMiddleware`` does.
+_CONTEXT_KEY = "ratewarden.context"
+_STATUS_LINES = {403: "403 Forbidden", 429: "429 Too Many Requests", 503: "503 Service Unavailable"}
+
+
+def _text(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """Header pairs as PEP 3333 native strings (latin-1)."""
+    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
+
+
+def _key(rule: CompiledRule, scope: Scope) -> str:
+    value = rule.key(scope)
+    if isinstance(value, Awaitable):
+        _discard(value)
+        raise TypeError(f"rule {rule.rule.name!r}: the key function returned an awaitable; a WSGI app cannot await it")
+    return key_text(value, scope)
+
+
+def _discard(value: object) -> None:
+    close = getattr(value, "close", None)
+    if close is not None:
+        close()  # a coroutine never awaited: closed, so Python does not warn about it
+
+
+def _is_async(func: object) -> bool:
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004
+
+
+def _has_own(store: Store, method: str) -> bool:
+    found = getattr(type(store), method, None)
+    return callable(found) and found is not getattr(Store, method, None)
+
+
+class _Start:
+    """The app's ``start_response``, adding ``extra`` headers and settling after-response charges
+    once the status is known (at the first call)."""
+
+    __slots__ = ("extra", "settle", "start_response")
+
+    def __init__(self, start_response: StartResponse, extra: list[tuple[str, str]], settle: Callable[[int], None] | None):
+        self.start_response = start_response
+        self.extra = extra
+        self.settle = settle
+
+    def __call__(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], object]:
+        self.done(int(status.split(None, 1)[0]))
+        out = [*headers, *self.extra] if self.extra else headers
+        if exc_info is None:
+            return self.start_response(status, out)
+        return self.start_response(status, out, exc_info)
+
+    def done(self, status: int) -> None:
+        settle, self.settle = self.settle, None
+        if settle is not None:
+            settle(status)
+
+
+class WSGIPolicyMiddleware(PolicyCore):
+    """``PolicyMiddleware`` for WSGI apps: rules or a reloadable policy file, with tiers, shadow
+    mode, bans, delays, after-response charging and metrics, checked synchronously.
+
+    The request's context (``PolicyContext``: ``decision``, ``group``, ``shadow``, ``would_deny``) is
+    left in ``environ["ratewarden.context"]``. The admin methods (``block``, ``unblock``,
+    ``penalty``, ``reward``, ``stats``) are coroutines, as on ``PolicyMiddleware``: run them with
+    ``asyncio.run`` from an admin view.
+
+    Args:
+        app: The WSGI app to protect.
+        limiter: Checks the limits on its store; the store must answer synchronously
+            (``Store.hit_blocking``: every local store), and with bans or ``charge`` rules it must be a
+            local store (``MemoryStore``, ``SharedMemoryStore``).
+        rules: The rules, when no ``policy`` gives them.
+        policy: A TOML/YAML policy file's path (or a loaded ``Policy``); its rules replace ``rules``.
+        watch: Poll the file every this many seconds and reload it on change; ``None`` disables
+            (``reload()`` and, with ``sighup``, ``SIGHUP`` always work).
+        sighup: Reload the policy file on ``SIGHUP``.
+        shadow: Count and log, never block (the policy's ``settings.shadow`` overrides it).
+        bans: Bans to enforce (the policy's ``[bans]`` overrides it); ``None`` for none.
+        metrics: Where to record metrics; ``None`` records none.
+        shadow_header: Add ``RateLimit-Shadow`` to responses a shadow limit would have denied.
+        show_group: 429 bodies name the caller's group (the policy's ``settings.show_group = false`` also
+            turns it off).
+        headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` (429 answers only) or
+            ``"off"``.
+        header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` or ``"legacy"``.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        limiter: Limiter,
+        rules: Sequence[Rule] | RuleSet = (),
+        *,
+        policy: str | Path | Policy | None = None,
+        watch: float | None = None,
+        sighup: bool = False,
+        shadow: bool = False,
+        bans: Bans | None = None,
+        metrics: Metrics | None = None,
+        shadow_header: bool = True,
+        show_group: bool = True,
+        headers: HeaderMode = "always",
+        header_style: HeaderStyle = "both",
+    ) -> None:
+        if headers not in ("always", "on_limit", "off"):
+            raise ConfigurationError(f"headers must be 'always', 'on_limit' or 'off', got {headers!r}")
+        if header_style not in ("ietf", "legacy", "both"):
+            raise ConfigurationError(f"header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
+        store = limiter.store
+        if not store.local and not _has_own(store, "hit_blocking"):
+            raise ConfigurationError(
+                f"{_WHO} checks synchronously (Store.hit_blocking); {type(store).__name__} has no synchronous "
+                "client. Use a local store (MemoryStore, SharedMemoryStore) or serve the app over ASGI."
+            )
+        self.app = app
+        self.limiter = limiter
+        self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, limiter.prefix)
+        self.headers: HeaderMode = headers
+        self.header_style: HeaderStyle = header_style
+        self._start_policy(policy, watch, sighup, shadow, bans, metrics, shadow_header, show_group)
+
+    def _check_store(self, rules: Sequence[Rule], bans: Bans | None) -> None:
+        """What the ASGI middleware checks, plus what synchronous code needs: plain key functions,
+        and synchronous ban reads and writes and refunds."""
+        super()._check_store(rules, bans)
+        require_sync_keys([CompiledRule(r, self.limiter.prefix) for r in rules if not r.bypass and not r.websocket], _WHO)
+        store = self.limiter.store
+        for rule in rules:
+            if getattr(rule, "charge", None) is not None and not (store.local and _has_own(store, "adjust_now")):
+                raise ConfigurationError(
+                    f"{_WHO}: rule {rule.name!r} (charge: counting only some statuses) refunds synchronously, "
+                    f"which needs adjust_now; {type(store).__name__} has none (stores that do: MemoryStore, SharedMemoryStore)"
+                )
+        if bans is not None:
+            Bans.require_blocking(self.limiter, _WHO)
+            if _is_async(bans.key):
+                raise ConfigurationError(f"{_WHO}: the bans' key function {bans.key!r} is async; give it a plain function")
+
+    # -- request path: the stages of PolicyMiddleware, blocking -----------------------------------
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Handle one request (PEP 3333).
+
+        Args:
+            environ: The WSGI environ.
+            start_response: The server's ``start_response``.
+        """
+        rt = self._runtime
+        path = environ.get("PATH_INFO") or "/"
+        if not path.isascii():
+            path = scope_of(environ)["path"]  # bytes as latin-1 read as UTF-8, as ASGI gives them
+        matched = rt.rules.match(environ.get("REQUEST_METHOD", "GET"), path)
+        if not matched or not self.limiter.enabled:
+            return self.app(environ, start_response)
+        scope = scope_of(environ)
+        ctx = PolicyContext(rt, matched, self._plan(matched))
+        scope.setdefault("state", {})[STATE_KEY] = ctx
+        environ[_CONTEXT_KEY] = ctx
+        try:
+            if rt.bans is not None:
+                banned = self._refuse_if_banned(ctx, scope, start_response)
+                if banned is not None:
+                    return banned
+            if ctx.plan.tiered:
+                self._choose_group(ctx, scope)
+            rules = ctx.rules  # empty when the caller's group is unlimited
+            decision = check_blocking(self.limiter, rules, scope) if rules else None
+            if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
+                decision = self._delay(ctx, scope, decision)
+        except LimitUnavailable:
+            start_response(_STATUS_LINES[503], _text(UNAVAILABLE_HEADERS))
+            return [UNAVAILABLE_BODY]
+        if decision is not None:
+            self._record(ctx, decision)
+            if not decision.allowed and not rt.shadow:
+                return self._refuse(ctx, start_response, decision)
+        return self._serve(ctx, scope, environ, start_response)
+
+    def _refuse_if_banned(self, ctx: PolicyContext, scope: Scope, start_response: StartResponse) -> list[bytes] | None:
+        """Answer a banned client (``None``: not banned). A failing ban key function skips the bans
+        under fail-open and raises ``LimitUnavailable`` under fail-closed."""
+        bans = ctx.runtime.bans
+        assert bans is not None
+        try:
+            value = bans.key(scope)
+            if isinstance(value, Awaitable):
+                _discard(value)
+                raise TypeError("the bans' key function returned an awaitable; a WSGI app cannot await it")
+            ctx.ban_key = key_text(value, scope)
+        except Exception as exc:
+            report_failure(self.limiter, "ban key function", exc)
+            return None
+        left = bans.check_blocking(self.limiter, ctx.ban_key)
+        if left <= 0:
+            return None
+        if self.metrics is not None:
+            self.metrics.observe_banned(bans.status)
+        status, body, headers = ban_answer(bans, left)
+        start_response(_STATUS_LINES[status], _text(problem_headers(body, headers)))
+        return [body]
+
+    def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
+        """Hold a refused request (this thread sleeps) for its turn when its rule has a ``delay``;
+        ``None`` when the re-check could not decide (fail-open: served as for any failed check)."""
+        decider = owner(ctx.rules, decision)
+        delay: Delay | None = getattr(decider.rule, "delay", None)
+        if delay is None:
+            return decision
+        try:
+            client = _key(decider, scope)
+            waited = delay.wait_blocking(client, decision, lambda: check_blocking(self.limiter, ctx.rules, scope))
+        except LimitUnavailable:
+            raise
+        except Exception as exc:  # the delay key could not be computed: refuse as without a delay
+            log.warning("delay skipped rule=%s: %s: %s", decider.rule.name, type(exc).__name__, exc)
+            return decision
+        if waited is not None and waited.allowed and self.metrics is not None:
+            self.metrics.observe_delayed(decider.rule.name, ctx.group)
+        return waited
+
+    def _refuse(self, ctx: PolicyContext, start_response: StartResponse, decision: Decision) -> list[bytes]:
+        """Answer 429 (the ASGI middleware's bytes), counting the refusal toward a ban."""
+        bans = ctx.runtime.bans
+        if bans is not None and ctx.ban_key is not None:
+            try:
+                bans.strike_blocking(self.limiter, ctx.ban_key)
+            except Exception as exc:
+                log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
+        group = ctx.group if ctx.runtime.show_group else ""
+        body, headers = rejection(decision, self.header_style, self.headers != "off", None, group)
+        start_response(_STATUS_LINES[429], _text(headers))
+        return [body]
+
+    def _serve(self, ctx: PolicyContext, scope: Scope, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Run the app, adding rate-limit and shadow headers; after-response charges are settled
+        when the app gives its status (or 500 if it raises first). The body passes untouched."""
+        decision = ctx.decision
+        extra: _Headers = rate_limit_headers(decision, self.header_style) if decision is not None and self.headers == "always" else []
+        if ctx.would_deny is not None or ctx.shadow:
+            extra = [*extra, *self._shadow_headers(ctx)]
+        settle = ctx.plan.charged and decision is not None and ctx.would_deny is None
+        if not extra and not settle:
+            return self.app(environ, start_response)
+        rules = ctx.rules
+        start = _Start(start_response, _text(extra), (lambda status: self._settle(scope, rules, status)) if settle else None)
+        try:
+            return self.app(environ, start)
+        except BaseException:
+            start.done(500)
+            raise
+
+    def _settle(self, scope: Scope, rules: Sequence[CompiledRule], status: int) -> None:
+        """Refund the charge of rules whose ``charge`` says this status does not count."""
+        for rule in rules:
+            charge = getattr(rule.rule, "charge", None)
+            if charge is None or charge.counts(status):
+                continue
+            try:
+                key = _key(rule, scope)
+                costs = rule.costs if rule.cost_fn is None else [float(rule.cost_fn(scope))] * len(rule.limits)
+                self.limiter.store.adjust_now(rule.storage_keys(key), rule.limits, [-c for c in costs])
+            except Exception as exc:
+                log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
