@@ -20,8 +20,12 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("gunicorn") is None, re
 APP = "tests.wsgi.apps:app"
 
 
-def burst(env: dict[str, str], workers: int = 1, threads: int = 1, worker_class: str = "sync") -> list[int]:
-    with gunicorn_server(APP, workers=workers, threads=threads, worker_class=worker_class, env=env) as port:
+def burst(
+    env: dict[str, str], workers: int = 1, threads: int = 1, worker_class: str = "sync", preload: bool = False
+) -> list[int]:
+    with gunicorn_server(
+        APP, workers=workers, threads=threads, worker_class=worker_class, env=env, preload=preload
+    ) as port:
         return http_burst(port, "/limited", 150, concurrency=150)
 
 
@@ -39,8 +43,9 @@ def test_gthread_eight_threads_memory_store() -> None:
     assert admitted(codes) == 100
 
 
-@pytest.mark.parametrize("workers", [2, 4])
-def test_sync_workers_share_one_shared_memory_table(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "preload"), [(2, False), (4, False), (2, True)], ids=["2", "4", "2-preload"])
+def test_sync_workers_share_one_shared_memory_table(tmp_path: Path, workers: int, preload: bool) -> None:
+    """Each worker opens the table by name; with ``--preload`` the master's store crosses the fork."""
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {
@@ -49,22 +54,22 @@ def test_sync_workers_share_one_shared_memory_table(tmp_path: Path, workers: int
         "RW_PIDS": str(pids),
         "RW_SLEEP": "0.005",  # an admitted request takes a while: every worker gets some
     }
-    assert admitted(burst(env, workers=workers)) == 100
+    assert admitted(burst(env, workers=workers, preload=preload)) == 100
     assert len(list(pids.iterdir())) > 1, "one worker answered every request: nothing was shared"
 
 
-def remote_burst(store: type[Store], url: str, workers: int) -> list[int]:
+def remote_burst(store: type[Store], url: str, workers: int, preload: bool = False) -> list[int]:
     if store.hit_blocking is Store.hit_blocking:  # the remote stores' synchronous clients came later
         pytest.skip(f"{store.__name__} has no hit_blocking (synchronous client) yet")
     env = {"RW_STORE": url, "RW_LIMIT": "100", "RW_PREFIX": f"wsgi-{uuid.uuid4().hex[:12]}", "RW_SLEEP": "0.002"}
-    return burst(env, workers=workers, threads=4, worker_class="gthread")
+    return burst(env, workers=workers, threads=4, worker_class="gthread", preload=preload)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_redis_store(redis_standalone: RedisStandalone, workers: int) -> None:
-    assert admitted(remote_burst(stores.RedisStore, redis_standalone.url, workers)) == 100
+@pytest.mark.parametrize(("workers", "preload"), [(1, False), (2, False), (2, True)], ids=["1", "2", "2-preload"])
+def test_redis_store(redis_standalone: RedisStandalone, workers: int, preload: bool) -> None:
+    assert admitted(remote_burst(stores.RedisStore, redis_standalone.url, workers, preload)) == 100
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_memcached_store(memcached_server: Memcached, workers: int) -> None:
-    assert admitted(remote_burst(stores.MemcachedStore, memcached_server.url, workers)) == 100
+@pytest.mark.parametrize(("workers", "preload"), [(1, False), (2, False), (2, True)], ids=["1", "2", "2-preload"])
+def test_memcached_store(memcached_server: Memcached, workers: int, preload: bool) -> None:
+    assert admitted(remote_burst(stores.MemcachedStore, memcached_server.url, workers, preload)) == 100
