@@ -353,3 +353,31 @@ def test_150_threads_against_a_limit_of_100_get_exactly_100() -> None:
     for t in threads:
         t.join()
     assert len(results) == 150 and results.count(200) == 100 and results.count(429) == 50
+
+
+# -- metrics and the failure policy ----------------------------------------------------------------------
+
+
+def test_metrics_count_the_decisions_and_bans() -> None:
+    from ratewarden.metrics import Metrics
+
+    metrics = Metrics()
+    rules = [PolicyRule("/api/**", "1/min", name="api")]
+    app = WSGIPolicyMiddleware(hello, Limiter(MemoryStore()), rules, metrics=metrics, bans=Bans(after=1))
+    try:
+        assert statuses(app, "/api/x", 3) == [200, 429, 403]
+        text = metrics.exposition().decode()
+        assert 'ratewarden_requests_limited_total{group="",rule="api"} 1.0' in text
+    finally:
+        app.close()
+
+
+def test_a_failing_key_function_under_fail_closed_answers_503() -> None:
+    def key(scope: Any) -> str:
+        raise RuntimeError("no key")
+
+    app = WSGIPolicyMiddleware(hello, Limiter(MemoryStore(), on_error="closed"), [PolicyRule("/api/**", "1/min", key=key)])
+    status, headers, body = call(app, "/api/x")
+    assert status == 503 and headers["retry-after"] == "1" and b"unavailable" in body
+    open_app = WSGIPolicyMiddleware(hello, Limiter(MemoryStore()), [PolicyRule("/api/**", "1/min", key=key)])
+    assert statuses(open_app, "/api/x", 3) == [200] * 3
