@@ -1,0 +1,192 @@
+"""``@limit``: a limit on one view, function-based or class-based (``method_decorator``), sync or
+async, named after django-ratelimit's ``@ratelimit``."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+
+from ..algorithms import AlgorithmName
+from ..errors import ConfigurationError
+from ..headers import HeaderMode, HeaderStyle
+from ..limiter import Limiter
+from ..limits import DEFAULT_ALGORITHM, make_limits
+from ..rates import Rate, freeze_rates
+from ..rules import CompiledRule, CostFunc, Rule, http_methods
+from .config import DjangoConfig, current_config
+from .guard import Outcome, outcome_async, outcome_sync
+from .keys import KeySpec, check_key_spec, django_key
+from .responses import add_headers
+from .scope import in_event_loop
+
+__all__ = ["ALL", "UNSAFE", "limit"]
+
+ALL = None
+"""``method=ALL``: every method counts (the default)."""
+UNSAFE = ("DELETE", "PATCH", "POST", "PUT")
+"""``method=UNSAFE``: the methods that change something."""
+
+View = Callable[..., Any]
+
+
+class _Bound:
+    """The decorator's rule, compiled on first use with the configuration of the settings (the
+    ``ip`` key's trusted proxies, the limiter), and again when the settings change."""
+
+    __slots__ = ("key", "label", "limiter", "lock", "rule_args", "state")
+
+    def __init__(self, key: KeySpec, label: str, limiter: Limiter | None, rule_args: dict[str, Any]) -> None:
+        self.key = key
+        self.label = label
+        self.limiter = limiter
+        self.rule_args = rule_args
+        self.lock = threading.Lock()
+        self.state: tuple[DjangoConfig, Limiter, tuple[CompiledRule, ...]] | None = None
+
+    def get(self) -> tuple[DjangoConfig, Limiter, tuple[CompiledRule, ...]]:
+        config = current_config()
+        state = self.state
+        if state is not None and state[0] is config:
+            return state
+        with self.lock:
+            limiter = self.limiter or config.limiter
+            key = django_key(self.key, config.client_ip, self.label)
+            rule = Rule("/**", key=key, name=self.label, **self.rule_args)
+            state = (config, limiter, (CompiledRule(rule, limiter.prefix),))
+            self.state = state
+            return state
+
+
+def limit(
+    rate: str | Rate | Iterable[str | Rate],
+    *,
+    key: KeySpec = "ip",
+    method: str | Iterable[str] | None = ALL,
+    block: bool = True,
+    name: str | None = None,
+    algorithm: AlgorithmName = DEFAULT_ALGORITHM,
+    cost: float | CostFunc = 1,
+    limiter: Limiter | None = None,
+    headers: HeaderMode | None = None,
+    header_style: HeaderStyle | None = None,
+) -> Callable[[View], View]:
+    """Limit a view: ``@limit("10/m", key="user_or_ip")`` on a function, or
+    ``@method_decorator(limit(...), name="dispatch")`` on a class-based view.
+
+    Over the limit the view is not called and the answer is a 429 (problem+json, ``Retry-After``);
+    with ``block=False`` the view is called with ``request.limited = True`` and decides itself.
+    Allowed responses get the rate-limit headers. A store failure follows ``ON_ERROR``.
+
+    Args:
+        rate: One rate or several: ``"10/m"``, ``"100/min; 1000/day"``, a ``Rate``, or a list of them;
+            every one must allow.
+        key: Who is charged: ``"ip"`` (the default; ``TRUSTED_PROXIES`` honoured), ``"user"``,
+            ``"user_or_ip"``, ``"header:<name>"``, ``"get:<name>"``, ``"post:<name>"``, ``"bearer"``, a
+            dotted path or callable of the request (or of ``(group, request)``), or a ratewarden key
+            function of the scope.
+        method: Which methods count (others pass unchecked): one name, several (``UNSAFE``), or
+            ``ALL`` (``None``, the default).
+        block: Answer 429 over the limit (the default); ``False`` sets ``request.limited`` and calls
+            the view.
+        name: The limit's name (django-ratelimit's ``group``): views with one name share one count.
+            The default is the view's module-qualified name.
+        algorithm: The algorithm's name (default ``"fixed_window"``).
+        cost: What one request costs: a number, or a function of the scope.
+        limiter: Checks the limit; the default is the one of ``settings.RATEWARDEN`` (its ``STORE``).
+        headers: When to send rate-limit headers: ``"always"``, ``"on_limit"`` or ``"off"``; the
+            default is the ``HEADERS`` setting.
+        header_style: ``"ietf"``, ``"legacy"`` or ``"both"``; the default is the ``HEADER_STYLE`` setting.
+    """
+    frozen = freeze_rates(rate, "limit() rate")
+    make_limits(frozen, algorithm, "limit")  # a bad rate or algorithm fails here, not at the first request
+    check_key_spec(key)
+    methods = http_methods(method, "limit()")
+    if headers is not None and headers not in ("always", "on_limit", "off"):
+        raise ConfigurationError(f"limit() headers must be 'always', 'on_limit' or 'off', got {headers!r}")
+    if header_style is not None and header_style not in ("ietf", "legacy", "both"):
+        raise ConfigurationError(f"limit() header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
+
+    def decorate(view: View) -> View:
+        label = name or f"{view.__module__}.{view.__qualname__}"
+        bound = _Bound(key, label, limiter, {"rate": frozen, "algorithm": algorithm, "cost": cost})
+        view_is_async = iscoroutinefunction(view)
+        if not view_is_async and callable(key) and iscoroutinefunction(key):
+            raise ConfigurationError(f"limit() on {label}: an async key function needs an async view")
+
+        def applies(request: Any) -> bool:
+            return methods is None or request.method in methods
+
+        def finish(request: Any, outcome: Outcome, config: DjangoConfig) -> Any:
+            decision, answer = outcome
+            if decision is not None and not decision.allowed:
+                request.limited = True
+                if block:
+                    return answer
+            elif answer is not None:  # the fail-closed 503
+                return answer
+            elif not getattr(request, "limited", False):
+                request.limited = False
+            return None
+
+        def mode(config: DjangoConfig) -> tuple[HeaderMode, HeaderStyle]:
+            return headers or config.headers, header_style or config.header_style
+
+        def with_headers(response: Any, outcome: Outcome, config: DjangoConfig, policy: bytes) -> Any:
+            decision = outcome[0]
+            wanted, style = mode(config)
+            if decision is not None and decision.allowed and wanted == "always":
+                add_headers(response, decision, style, policy)
+            return response
+
+        async def call_async(request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not applies(request):
+                result = view(request, *args, **kwargs)
+                return await result if _awaitable(result) else result
+            config, checker, rules = bound.get()
+            outcome: Outcome = (None, None)
+            if checker.enabled:
+                wanted, style = mode(config)
+                outcome = await outcome_async(checker, rules, request, wanted, style, rules[0].policy)
+            answer = finish(request, outcome, config)
+            if answer is not None:
+                return answer
+            result = view(request, *args, **kwargs)
+            if _awaitable(result):
+                result = await result
+            return with_headers(result, outcome, config, rules[0].policy)
+
+        if view_is_async:
+
+            @functools.wraps(view)
+            async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+                return await call_async(request, args, kwargs)
+
+            return markcoroutinefunction(async_wrapper)
+
+        @functools.wraps(view)
+        def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+            if in_event_loop():  # a sync dispatch() of an async class-based view: its handler's coroutine
+                return call_async(request, args, kwargs)
+            if not applies(request):
+                return view(request, *args, **kwargs)
+            config, checker, rules = bound.get()
+            outcome: Outcome = (None, None)
+            if checker.enabled:
+                wanted, style = mode(config)
+                outcome = outcome_sync(checker, rules, request, wanted, style, rules[0].policy)
+            answer = finish(request, outcome, config)
+            if answer is not None:
+                return answer
+            return with_headers(view(request, *args, **kwargs), outcome, config, rules[0].policy)
+
+        return wrapper
+
+    return decorate
+
+
+def _awaitable(value: object) -> bool:
+    return hasattr(value, "__await__")
