@@ -294,8 +294,12 @@ class Blocking(Store):
         return reply
 
     def close_blocking(self, wait: float = UNDO_TIMEOUT * 2) -> None:
-        """Close the synchronous connections, once the put-backs under way are done (at most
-        ``wait`` seconds). The store stays usable: a later check connects again."""
+        """Close the synchronous connections, once the put-backs under way are done. The store
+        stays usable: a later check connects again.
+
+        Args:
+            wait: The longest to wait for the put-backs under way, in seconds.
+        """
         deadline = time.monotonic() + wait
         for thread in list(self._sync_undoing):
             thread.join(max(0.0, deadline - time.monotonic()))
