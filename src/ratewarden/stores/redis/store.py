@@ -18,6 +18,7 @@ from ...limits import Limit
 from ..base import Store, combine, no_reply
 from ..deadline import wait_for_store
 from ..urls import parse_store_url
+from .blocking import BlockingClient
 from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
 from .errors import (
@@ -122,6 +123,8 @@ class RedisStore(Store):
         # reconnects what close cut under a call, and a later call connects (Sentinel: to a Sentinel)
         self._rejected: dict[str, tuple[float, float, Decision]] = {}  # key: (until, cost, decision)
         self.cached_rejections = 0  # checks answered from the rejection cache
+        # hit_blocking's synchronous client (redis-py's), built on its first check
+        self._blocking = BlockingClient(cfg, timeout=self.timeout, connect_timeout=connect, pool_size=self.pool_size, clock=clock)
 
     def __repr__(self) -> str:
         return store_name(self.url)
@@ -154,6 +157,11 @@ class RedisStore(Store):
                 self._prune(sent_at)
             rejected[keys[index]] = (sent_at + decision.retry_after, costs[index], decision)
         return decision
+
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """``hit`` for synchronous code, on redis-py's synchronous client in the calling thread (the
+        same script, keys, deadline and failures; see ``blocking``)."""
+        return self._blocking.hit(keys, limits, costs)
 
     def _now(self) -> float:
         return time.monotonic() if self.clock is None else self.clock()
@@ -407,6 +415,7 @@ class RedisStore(Store):
         another fails). Calls in flight may fail; they, and any later call, leave no connection
         open."""
         self._closed = True
+        self._blocking.close()
         measuring = self._preparing
         if measuring is not None and not measuring.done():
             # Let it end (its own socket timeouts bound it) rather than leave it connecting after us.

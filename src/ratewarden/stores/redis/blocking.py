@@ -1,0 +1,346 @@
+"""``RedisStore.hit_blocking``: the check for synchronous code (WSGI apps, threads), on redis-py's
+synchronous client, in the calling thread, never on an event loop.
+
+* The client is built on the first check, from the store's URL and options: ``redis.Redis`` on a
+  ``BlockingConnectionPool`` (standalone), ``Sentinel(...).master_for`` (Sentinel) or
+  ``RedisCluster``, with ``pool_limit`` connections (per node on a cluster), the store's
+  ``timeout`` as the socket timeout of every read and write, ``connect_timeout`` to connect, and
+  no retries of redis-py's own: a check is sent once (a resend could charge twice).
+* Each check is the async path's script call, all its keys in one ``EVALSHA``: one round trip.
+  A cluster check whose keys span slots peeks every slot and charges only when all allow, as
+  ``RedisStore.hit`` does (``slot_groups``).
+* Each new connection measures the server clock (``TIME``) and loads the script, as the async
+  path's own connections do; every script then carries its caller's deadline (``clock``): a
+  check that timed out here and runs later (a paused server resuming) charges nothing. A script
+  refused as late charged nothing either: it is sent again with a fresh deadline, at most
+  ``RESENDS`` times, then the check fails. ``NOSCRIPT`` (the server lost the script) loads it
+  once (on every primary of a cluster) and sends the call again; ``EVAL`` if loading is refused.
+* At most ``pool_limit`` calls at once, one connection each: the rest wait for a turn, at most
+  ``timeout`` (then ``StoreError`` naming the pool's limit). redis-py's Sentinel and Cluster
+  pools raise as soon as they are exhausted; this bound keeps a burst of threads from failing.
+* Failures are ``StoreError`` with the async path's reasons: ``timeout`` (no reply within
+  ``timeout``: ``no reply within ...``), ``unreachable`` (refused, reset, no primary), ``error``
+  (an error reply, a broken reply). So a silent server fails a check within about ``timeout``
+  on an open connection (its handshake first on a new one: about twice that).
+
+The rejection cache is the event loop's and is not consulted here (a denial always costs a round
+trip); a synchronous charge only adds usage, so what the cache remembers stays true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from ...decision import Decision
+from ...errors import StoreError
+from ...limits import Limit
+from ..base import client_error, combine, no_reply
+from ..urls import StoreURL
+from ._redis import MISSING, NoScriptError, RedisError, ResponseError
+from .clock import ScriptClock
+from .errors import RESENDS, bad_reply, pool_busy, refused_as_late, store_name
+from .protocol import SCRIPT, SCRIPT_SHA, Reply, ScriptArgs, decision_at, key_bytes
+from .topology import pool_limit, slot_groups, spans_slots
+
+try:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.exceptions import RedisClusterException
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+    from redis.sentinel import Sentinel
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(MISSING) from exc
+
+__all__ = ["BlockingClient"]
+
+#: What the synchronous client raises when the store cannot answer (RedisClusterException: no
+#: node of a cluster reachable, no node for a slot; it is no RedisError).
+FAILURES = (RedisError, OSError, RedisClusterException)
+_OPERATIONS = {"h": "hit", "p": "peek"}
+
+
+class _Args(ScriptArgs):
+    """``ScriptArgs`` for many threads: its cache of each limit's arguments is filled (and its
+    oldest entry evicted when full) by one thread at a time; reads take no lock."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, clock: Any) -> None:
+        super().__init__(clock)
+        self._lock = threading.Lock()
+
+    def of(self, limit: Limit) -> list[str]:
+        args = self.limit_args.get(limit)
+        if args is None:
+            with self._lock:
+                args = super().of(limit)
+        return args
+
+
+class BlockingClient:
+    """``RedisStore``'s synchronous client and its check (see the module docstring). Nothing is
+    opened before the first check; ``close`` closes what was opened, and a check made after it
+    closes what it opened again."""
+
+    def __init__(
+        self, cfg: StoreURL, *, timeout: float, connect_timeout: float, pool_size: int, clock: Any
+    ) -> None:
+        self.cfg = cfg
+        self.url = cfg.text
+        self.name = store_name(cfg.text)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.pool_size = pool_size
+        self.cluster = cfg.kind == "cluster"
+        self.size = pool_limit(cfg.kind, pool_size)
+        self.script_clock = ScriptClock(timeout, clock)
+        self.args = _Args(clock)
+        self._client: Any = None
+        self._others: list[Any] = []  # a Sentinel set-up's client of each Sentinel
+        self._closed = False
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # a forked worker (gunicorn --preload) starts afresh
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
+
+    def _reset(self) -> None:
+        """Fresh locks and turns (also in a forked child: its parent's threads held them). The
+        client is kept: redis-py's pools drop their parent's connections in a child."""
+        self._lock = threading.Lock()  # building the client
+        self._clock_lock = threading.Lock()  # updating the server clock's offset
+        self._turns = threading.BoundedSemaphore(self.size)
+
+    # -- the check ---------------------------------------------------------------------------
+
+    def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """``RedisStore.hit`` in the calling thread: all or nothing, the deciding decision."""
+        if self.cluster and len(keys) > 1 and spans_slots(keys):
+            return self._hit_across_slots(keys, limits, costs)
+        reply = self._call("h", keys, limits, costs)
+        try:
+            limit = limits[reply[5]]
+            return Decision(
+                reply[0] == 1, reply[1], reply[2], float(reply[3]), float(reply[4]), limit.rate.period, limit.name
+            )
+        except (TypeError, ValueError, IndexError) as exc:
+            raise bad_reply(self.url, reply) from exc
+
+    def _hit_across_slots(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """A cluster check whose keys live in several slots: ask every slot whether it would allow
+        these costs, and charge (slot by slot) only if all would (as ``RedisStore.hit``)."""
+        decisions = self.peek_at(keys, limits, costs)
+        if not all(d.allowed for d in decisions):
+            return combine(decisions)
+        return combine([
+            self.hit([keys[i] for i in idx], [limits[i] for i in idx], [costs[i] for i in idx])
+            for idx in slot_groups(keys, True)
+        ])
+
+    def peek_at(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> list[Decision]:
+        """Every limit's decision for these costs, charging nothing: one script call per slot."""
+        out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
+        for idx in slot_groups(keys, self.cluster):
+            reply = self._call("p", [keys[i] for i in idx], [limits[i] for i in idx], [costs[i] for i in idx])
+            for j, i in enumerate(idx):
+                try:
+                    out[i] = decision_at(reply, 5 * j, limits[i])
+                except (TypeError, ValueError, IndexError) as exc:
+                    raise bad_reply(self.url, reply) from exc
+        return out
+
+    def _call(self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Reply:
+        """One script call in a turn of the pool, its failures as ``StoreError``."""
+        operation = _OPERATIONS[mode]
+        turns = self._turns
+        if not turns.acquire(timeout=self.timeout):
+            raise pool_busy(self.url, operation, self.timeout, self.size, self.pool_size)
+        client = None
+        try:
+            client = self._connected(operation)
+            return self._eval(client, mode, [key_bytes(k) for k in keys], limits, costs)
+        except RedisTimeoutError as exc:
+            if "connect" in str(exc):  # redis-py's "Timeout connecting to server": connect_timeout
+                raise client_error(self.name, operation, exc) from exc
+            raise no_reply(self.name, operation, self.timeout) from exc
+        except FAILURES as exc:
+            raise client_error(self.name, operation, exc) from exc
+        finally:
+            turns.release()
+            if self._closed:  # closed meanwhile, or called after close: leave nothing open
+                self._close(client)
+
+    def _eval(self, client: Any, mode: str, keys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Reply:
+        """``EVALSHA`` with a fresh deadline; after ``NOSCRIPT`` the script is loaded once and the
+        call sent again (``EVAL`` if loading is refused); refused as late (nothing charged), the
+        call goes again with a fresh deadline, at most ``RESENDS`` times."""
+        command, body = "EVALSHA", SCRIPT_SHA
+        loaded = False
+        resent = 0
+        while True:
+            clock = self.script_clock.deadline(time.time() + self.timeout)
+            args = self.args.script_args(mode, limits, costs, clock)
+            try:
+                return client.execute_command(command, body, len(keys), *keys, *args)
+            except NoScriptError:
+                if loaded:
+                    raise
+                loaded = True
+                if not self._load_script(client):
+                    command, body = "EVAL", SCRIPT
+            except ResponseError as exc:
+                if resent == RESENDS or not refused_as_late(exc):
+                    raise
+                resent += 1
+
+    @staticmethod
+    def _load_script(client: Any) -> bool:
+        """``SCRIPT LOAD`` (on every primary of a cluster): whether it was loaded (an ACL may
+        refuse it; ``EVAL`` then remains)."""
+        try:
+            client.script_load(SCRIPT)
+        except ResponseError:
+            return False
+        return True
+
+    # -- the client ----------------------------------------------------------------------------
+
+    def _connected(self, operation: str) -> Any:
+        """The client, built on first use (a cluster's discovers the cluster: I/O, bounded by the
+        connect timeout; other threads wait that long for it, then fail)."""
+        client = self._client
+        if client is not None:
+            return client
+        if not self._lock.acquire(timeout=self.connect_timeout + self.timeout):
+            raise StoreError(f"{self.name}: {operation}: the client is still connecting", reason="timeout")
+        try:
+            if self._client is None:
+                self._client, self._others = self._build()
+            return self._client
+        finally:
+            self._lock.release()
+
+    def _build(self) -> tuple[Any, list[Any]]:
+        cfg = self.cfg
+        common: dict[str, Any] = {
+            "username": cfg.username,
+            "password": cfg.password,
+            "socket_connect_timeout": self.connect_timeout,
+            "socket_timeout": self.timeout,
+            "decode_responses": False,
+            "encoding_errors": "surrogatepass",
+            "client_name": cfg.options.get("client_name"),
+            "redis_connect_func": self._on_connect,
+        }
+        tls: dict[str, Any] = {}
+        if cfg.tls:
+            for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"):
+                if name in cfg.options:
+                    tls[name] = cfg.options[name]
+            if "ssl_check_hostname" in cfg.options:
+                tls["ssl_check_hostname"] = bool(cfg.options["ssl_check_hostname"])
+        no_retry = Retry(NoBackoff(), 0)
+        if cfg.kind == "cluster":
+            cluster: Any = RedisCluster(
+                startup_nodes=[
+                    ClusterNode(host, port)  # type: ignore[no-untyped-call, unused-ignore]
+                    for host, port in cfg.hosts
+                ],
+                max_connections=self.size, retry=no_retry, ssl=cfg.tls, **tls, **common,
+            )
+            cluster.cluster_error_retry_attempts = 0  # redis-py 5 retries by this, not by retry=
+            return cluster, []
+        if cfg.kind == "sentinel":
+            sentinel_kwargs: dict[str, Any] = {
+                "socket_connect_timeout": self.connect_timeout,
+                "socket_timeout": max(self.connect_timeout, 1.0),
+            }
+            if "sentinel_password" in cfg.options:
+                sentinel_kwargs["password"] = cfg.options["sentinel_password"]
+                sentinel_kwargs["username"] = cfg.options.get("sentinel_username")
+            if cfg.tls:
+                sentinel_kwargs.update({"ssl": True, **tls})
+            sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
+                cfg.hosts, sentinel_kwargs=sentinel_kwargs, ssl=cfg.tls, **tls, **common
+            )
+            primary = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
+                cfg.service, db=cfg.db, retry=no_retry, max_connections=self.size
+            )
+            return primary, list(sentinel.sentinels)
+        host, port = cfg.hosts[0]
+        pool = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call, unused-ignore]
+            host=host, port=port, db=cfg.db, max_connections=self.size, timeout=self.timeout, retry=no_retry,
+            connection_class=redis.SSLConnection if cfg.tls else redis.Connection, **tls, **common,
+        )
+        return redis.Redis(connection_pool=pool), []
+
+    def _on_connect(self, conn: Any) -> None:
+        """A new connection (maybe to a new server: restarted, failed over): set up as redis-py
+        does (a cluster's client has done that before calling us), then measure the server
+        clock on it and load the script, as the async path's own connections do."""
+        if not self.cluster:
+            conn.on_connect()
+        self._measure(conn)
+        conn.send_command("SCRIPT", "LOAD", SCRIPT)
+        with contextlib.suppress(ResponseError):  # refused (an ACL): EVAL after NOSCRIPT
+            conn.read_response()
+
+    def _measure(self, conn: Any) -> None:
+        """One ``TIME`` sample on ``conn``, kept as ``ScriptClock.measure`` keeps one (a sample
+        with a longer round trip replaces the offset only when they disagree beyond both errors:
+        a new server); taken outside the lock, so a silent server holds no other thread."""
+        clock = self.script_clock
+        if clock.test_clock is not None:
+            return
+        before = time.time()
+        conn.send_command("TIME")
+        try:
+            seconds, micros = conn.read_response()
+        except ResponseError:  # refused (an ACL): scripts go without a deadline
+            clock.refused = True
+            return
+        after = time.time()
+        rtt = after - before
+        skew = int(seconds) + int(micros) / 1e6 - (before + after) / 2
+        with self._clock_lock:
+            known = clock.skew
+            if known is None or rtt <= clock.rtt or abs(skew - known) > (rtt + clock.rtt) / 2:
+                clock.skew = skew
+                clock.rtt = rtt
+            clock.refused = False
+
+    def close(self) -> None:
+        """Close the client with every connection it opened (each client even if another fails)."""
+        self._closed = True
+        self._close(None)
+
+    def _close(self, used: Any) -> None:
+        """Close the current client and ``used`` (the one a call ended on, if another)."""
+        with self._lock:
+            client, others = self._client, self._others
+            self._client, self._others = None, []
+        clients = [client, *others]
+        if used is not None and used is not client:
+            clients.append(used)
+        for each in clients:
+            if each is None:
+                continue
+            with contextlib.suppress(*FAILURES):
+                if isinstance(each, RedisCluster):
+                    each.close()
+                else:
+                    each.connection_pool.disconnect()
+                    each.close()
+
+
+def _reset_in_child(ref: weakref.ReferenceType[BlockingClient]) -> None:
+    client = ref()
+    if client is not None:
+        client._reset()
