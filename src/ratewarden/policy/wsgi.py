@@ -33,7 +33,7 @@ from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
 from ..stores.base import Store
 from ..types import Scope
-from ..wsgi.scope import scope_of
+from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans
 from .core import PolicyCore, ban_answer, owner
 from .delay import Delay
@@ -51,7 +51,6 @@ _Headers = list[tuple[bytes, bytes]]
 
 _WHO = "WSGIPolicyMiddleware"
 # Where the request's context is left in the environ, as ``ratewarden.wsgi.RateLimitMiddleware`` does.
-_CONTEXT_KEY = "ratewarden.context"
 _STATUS_LINES = {403: "403 Forbidden", 429: "429 Too Many Requests", 503: "503 Service Unavailable"}
 
 
@@ -207,7 +206,7 @@ class WSGIPolicyMiddleware(PolicyCore):
         scope = scope_of(environ)
         ctx = PolicyContext(rt, matched, self._plan(matched))
         scope.setdefault("state", {})[STATE_KEY] = ctx
-        environ[_CONTEXT_KEY] = ctx
+        environ[CONTEXT_KEY] = ctx
         try:
             if rt.bans is not None:
                 banned = self._refuse_if_banned(ctx, scope, start_response)

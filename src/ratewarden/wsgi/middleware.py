@@ -19,7 +19,7 @@ from ..errors import ConfigurationError, LimitUnavailable
 from ..headers import HeaderMode, HeaderStyle, add_rate_limit_headers
 from ..limiter import Limiter
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
-from .scope import scope_of
+from .scope import CONTEXT_KEY, scope_of
 
 __all__ = ["CONTEXT_KEY", "Environ", "LimitHandler", "RateLimitMiddleware", "StartResponse", "WSGIApp"]
 
@@ -31,10 +31,6 @@ WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 """A PEP 3333 application."""
 LimitHandler = Callable[[Environ, Decision], "WSGIApp | None"]
 """Custom 429 handler: returns a WSGI app whose response is sent instead (``None``: the default 429)."""
-
-CONTEXT_KEY = "ratewarden.context"
-"""Where the middleware leaves the request's ``RequestContext`` in the environ (when it decided
-something); the same object as ``context_of(scope_of(environ))``."""
 
 _WHO = "ratewarden.wsgi.RateLimitMiddleware"
 _TOO_MANY = "429 Too Many Requests"
