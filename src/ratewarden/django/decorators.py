@@ -110,10 +110,15 @@ def limit(
     if header_style is not None and header_style not in ("ietf", "legacy", "both"):
         raise ConfigurationError(f"limit() header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
 
+    bounds: dict[str, _Bound] = {}
+
     def decorate(view: View) -> View:
         label = name or f"{view.__module__}.{view.__qualname__}"
-        bound = _Bound(key, label, limiter, {"rate": frozen, "algorithm": algorithm, "cost": cost})
-        view_is_async = iscoroutinefunction(view)
+        # method_decorator decorates the bound method on every request: one rule per label all the same.
+        bound = bounds.get(label)
+        if bound is None:
+            bound = bounds.setdefault(label, _Bound(key, label, limiter, {"rate": frozen, "algorithm": algorithm, "cost": cost}))
+        view_is_async = iscoroutinefunction(view) or _async_class_view(view)
         if not view_is_async and callable(key) and iscoroutinefunction(key):
             raise ConfigurationError(f"limit() on {label}: an async key function needs an async view")
 
@@ -186,6 +191,13 @@ def limit(
         return wrapper
 
     return decorate
+
+
+def _async_class_view(view: View) -> bool:
+    """Whether ``view`` is a method of an async class-based view (``method_decorator`` on the sync
+    ``dispatch`` of a view whose handlers are ``async def``: it returns their coroutine)."""
+    owner = getattr(getattr(view, "func", view), "__self__", None)
+    return bool(getattr(type(owner), "view_is_async", False))
 
 
 def _awaitable(value: object) -> bool:
