@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from flask import Flask, Response
+
 from ratewarden.flask import RateLimiter
 
 app = Flask(__name__)

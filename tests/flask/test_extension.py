@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 import pytest
-
 from flask import Blueprint, Flask, jsonify, request
+
 from ratewarden import ConfigurationError, Limiter, MemoryStore
 from ratewarden.flask import RateLimiter, RateLimitExceeded
 from ratewarden.keys import header

@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from flask import Blueprint, Flask, current_app, request
 from flask.typing import ResponseReturnValue
 from werkzeug.wrappers import Response as BaseResponse
-
-from flask import Blueprint, Flask, current_app, request
 
 from ..algorithms import AlgorithmName
 from ..context import context_for

@@ -4,11 +4,10 @@ the rate-limit headers added to a response."""
 
 from __future__ import annotations
 
+from flask import Response, current_app
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import TooManyRequests
 from werkzeug.wrappers import Response as BaseResponse
-
-from flask import Response, current_app
 
 from ..decision import Decision
 from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, limited_headers, rejection
