@@ -1,0 +1,11 @@
+"""``application``: the WSGI app gunicorn serves in tests/django/test_servers.py."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django.server_settings")
+
+from django.core.wsgi import get_wsgi_application  # noqa: E402
+
+application = get_wsgi_application()
