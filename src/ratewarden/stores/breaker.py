@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -75,6 +76,7 @@ class Breaker(Store):
         self.opened = 0  # times the breaker opened
         self.short_circuited = 0  # checks answered without touching the store
         self._reason = "unreachable"  # the last failure's StoreError.reason: a short circuit's
+        self._lock = threading.Lock()  # state changes: hit_blocking calls it from many threads
 
     @property
     def state(self) -> str:
@@ -87,11 +89,9 @@ class Breaker(Store):
         return f"Breaker({self.store!r}, state={self.state})"
 
     async def _guard(self, call: Callable[[Store], Awaitable[_T]]) -> _T:
-        probe = False
-        if self._open_until:
-            if self._probing or self.clock() < self._open_until:
-                return await self._short_circuit(call)
-            self._probing = probe = True
+        probe = self._enter()
+        if probe is None:
+            return await self._short_circuit(call)
         try:
             awaitable = call(self.store)
             result = await (awaitable if self.timeout is None else wait_for_store(awaitable, self.timeout))
@@ -105,23 +105,66 @@ class Breaker(Store):
             if error is exc:
                 raise
             raise error from None
-        if self._open_until:
-            log.warning("store %r is back: circuit closed", self.store)
-            self._open_until = 0.0
-            self._probing = False
-        self._failed = 0
+        self._succeeded()
         return result
 
+    def _guard_blocking(self, call: Callable[[Store], _T]) -> _T:
+        """``_guard`` for synchronous calls (``hit_blocking``), from any thread: the same states.
+        ``timeout`` does not apply: the store's synchronous client bounds its own calls."""
+        probe = self._enter()
+        if probe is None:
+            self.short_circuited += 1
+            if self.fallback is not None:
+                return call(self.fallback)
+            raise self._open_error()
+        try:
+            result = call(self.store)
+        except StoreError as exc:
+            self._failure(probe, exc)
+            if self.fallback is not None:
+                return call(self.fallback)
+            raise
+        except BaseException:
+            if probe:  # not the store's failure (e.g. no synchronous client): the next call probes
+                self._probing = False
+            raise
+        self._succeeded()
+        return result
+
+    def _enter(self) -> bool | None:
+        """Whether a call goes to the store: ``None`` while the breaker is open (or another call
+        probes), else whether this call is the probe after the cooldown."""
+        if not self._open_until:
+            return False
+        with self._lock:
+            if self._probing or self.clock() < self._open_until:
+                return None
+            self._probing = True
+            return True
+
+    def _succeeded(self) -> None:
+        if self._open_until:
+            with self._lock:
+                was_open = bool(self._open_until)
+                self._open_until = 0.0
+                self._probing = False
+            if was_open:
+                log.warning("store %r is back: circuit closed", self.store)
+        self._failed = 0
+
     def _failure(self, probe: bool, error: StoreError) -> None:
-        self._reason = error.reason
-        if probe:
-            self._probing = False
-            self._open_until = self.clock() + self.cooldown
-            return
-        self._failed += 1
-        if self._failed >= self.failures and not self._open_until:
-            self._open_until = self.clock() + self.cooldown
-            self.opened += 1
+        with self._lock:
+            self._reason = error.reason
+            if probe:
+                self._probing = False
+                self._open_until = self.clock() + self.cooldown
+                return
+            self._failed += 1
+            opens = self._failed >= self.failures and not self._open_until
+            if opens:
+                self._open_until = self.clock() + self.cooldown
+                self.opened += 1
+        if opens:
             log.warning(
                 "store failing (%s): circuit open for %gs%s",
                 error, self.cooldown, ", using the fallback store" if self.fallback is not None else "",
@@ -131,10 +174,17 @@ class Breaker(Store):
         self.short_circuited += 1
         if self.fallback is not None:
             return await call(self.fallback)
-        raise StoreError(f"{self.store!r} is failing: circuit open, not calling it", reason=self._reason)
+        raise self._open_error()
+
+    def _open_error(self) -> StoreError:
+        return StoreError(f"{self.store!r} is failing: circuit open, not calling it", reason=self._reason)
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         return await self._guard(lambda s: s.hit(keys, limits, costs))
+
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """The wrapped store's ``hit_blocking`` through the breaker (its fallback's while open)."""
+        return self._guard_blocking(lambda s: s.hit_blocking(keys, limits, costs))
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         return await self._guard(lambda s: s.peek(keys, limits))
