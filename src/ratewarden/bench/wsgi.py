@@ -159,6 +159,23 @@ class Floor429:
         return [_PROBLEM]
 
 
+class FloorRedis:
+    """The floor of a Redis-backed limiter that lets a request through: one round trip on redis-py's
+    synchronous client (``EVALSHA`` of a one-line script on one key, its reply unused), then the
+    five fixed headers; limits nothing."""
+
+    def __init__(self, app: WSGIApp, redis_url: str) -> None:
+        import redis
+
+        self.app = FloorHeaders(app)
+        self.client = redis.Redis.from_url(redis_url)
+        self.sha = self.client.script_load("return {1, 2, 3}")
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        self.client.evalsha(self.sha, 1, "rwbench:floor")
+        return self.app(environ, start_response)
+
+
 # ---------------------------------------------------------------------------------------------- Flask
 
 _counter = [0]
@@ -183,10 +200,9 @@ def flask_bare() -> WSGIApp:
 
 def flask_limiter_app(limit: int, storage_uri: str) -> WSGIApp:
     """Flask + flask-limiter (its defaults: fixed window, no rate-limit headers), ``limit``/hour per IP."""
+    from flask import Flask
     from flask_limiter import Limiter
     from flask_limiter.util import get_remote_address
-
-    from flask import Flask
 
     app = Flask(_uid("bench"))
     fl = Limiter(get_remote_address, app=app, storage_uri=storage_uri, key_prefix=_uid("fl"))
@@ -203,11 +219,17 @@ def _rw_limiter(store: str, redis_url: str) -> Any:
     from ratewarden import Limiter
     from ratewarden.stores.memory import MemoryStore
 
+    # Fail closed with no insurance limiter: a failing check answers 503, which the run reports as a
+    # wrong status, instead of being allowed (fail open) and timed as if it had been checked.
     if store == "memory":
-        return Limiter(MemoryStore(), prefix=_uid("rw"))
+        return Limiter(MemoryStore(), prefix=_uid("rw"), on_error="closed", fallback=None)
+    from ratewarden.stores.base import Store
     from ratewarden.stores.redis import RedisStore
 
-    return Limiter(RedisStore(redis_url, prefix=_uid("rw")), prefix=_uid("rw"))
+    if RedisStore.hit_blocking is Store.hit_blocking:
+        raise NotImplementedError("RedisStore.hit_blocking (the synchronous Redis path) has not landed")
+    prefix = _uid("rw")
+    return Limiter(RedisStore(redis_url, prefix=prefix), prefix=prefix, on_error="closed", fallback=None)
 
 
 def rw_wsgi_flask(limit: int, store: str, redis_url: str = "") -> WSGIApp:
@@ -221,6 +243,7 @@ def rw_wsgi_flask(limit: int, store: str, redis_url: str = "") -> WSGIApp:
 def rw_flask(limit: int, store: str, redis_url: str = "") -> WSGIApp:
     """Flask + the ``ratewarden.flask`` extension, ``@limiter.limit("N/hour")`` on the view."""
     from flask import Flask
+
     from ratewarden.flask import RateLimiter  # type: ignore[import-not-found,unused-ignore]
 
     app = Flask(_uid("bench"))
@@ -324,13 +347,65 @@ def use_django_cache(name: str) -> None:
 
 
 def rw_django(limit: int, store: str, redis_url: str = "") -> tuple[WSGIApp, str]:
-    """Django + ``ratewarden.django``: its decorator on the view (the middleware variant: ``rw_django_mw``)."""
-    from ratewarden import django as rwd  # type: ignore[attr-defined,unused-ignore]
+    """Django + ``ratewarden.django``: ``@limit("N/hour", key="ip")`` on the view (the middleware
+    variant: ``rw_django_mw``)."""
+    from ratewarden.django import limit as rw_limit
 
     handler, _ = django_bare(redis_url)
-    decorator = rwd.limit  # resolved when the module lands; see scripts/bench_wsgi.py
-    view = decorator(f"{limit}/hour", limiter=_rw_limiter(store, redis_url))(_plain_view)
+    view = rw_limit(f"{limit}/hour", key="ip", limiter=_rw_limiter(store, redis_url))(_plain_view)
     return handler, _django_route(_uid("rwd"), view)
+
+
+_RW_DJANGO_PHASE: list[str] = []
+_RW_DJANGO_EXACT = 4  # exactness paths per phase (one per burst)
+
+
+def _rw_django_settings(store: str, redis_url: str) -> None:
+    """``settings.RATEWARDEN`` for ``ratewarden.django.RateLimitMiddleware`` in this phase: one rule per
+    path (``/rwmw-<store>-allow``, ``-deny``, ``-exact<i>``), on this phase's store (rebuilt through
+    Django's ``setting_changed`` signal, as ``override_settings`` does)."""
+    if _RW_DJANGO_PHASE and _RW_DJANGO_PHASE[-1] == store:
+        return
+    from django.conf import settings
+    from django.test.signals import setting_changed
+    from django.urls import path as route
+
+    value = {
+        "STORE": _rw_limiter(store, redis_url).store,
+        "ON_ERROR": "closed",
+        "RULES": [
+            {"path": f"/rwmw-{store}-allow", "rate": f"{ALLOW}/hour"},
+            {"path": f"/rwmw-{store}-deny", "rate": "1/hour"},
+            *({"path": f"/rwmw-{store}-exact{i}", "rate": f"{EXACT_LIMIT}/hour"} for i in range(_RW_DJANGO_EXACT)),
+        ],
+    }
+    settings.RATEWARDEN = value
+    setting_changed.send(sender=None, setting="RATEWARDEN", value=value, enter=True)
+    for name in ("allow", "deny", *(f"exact{i}" for i in range(_RW_DJANGO_EXACT))):
+        urlpatterns.insert(0, route(f"rwmw-{store}-{name}", _plain_view))
+    _clear_url_caches()
+    _RW_DJANGO_PHASE.append(store)
+
+
+_rw_django_exact_used: dict[str, int] = {}
+
+
+def rw_django_mw(limit: int, store: str, redis_url: str = "") -> tuple[WSGIApp, str]:
+    """Django + ``ratewarden.django.RateLimitMiddleware`` (rules from ``settings.RATEWARDEN``)."""
+    import ratewarden.django  # noqa: F401 - missing row if it does not import
+
+    django_bare(redis_url)
+    _rw_django_settings(store, redis_url)
+    handler = _django_handler(["ratewarden.django.RateLimitMiddleware"])
+    if limit == ALLOW:
+        which = "allow"
+    elif limit == 1:
+        which = "deny"
+    else:
+        used = _rw_django_exact_used.get(store, 0)
+        _rw_django_exact_used[store] = used + 1
+        which = f"exact{used}"
+    return handler, f"/rwmw-{store}-{which}"
 
 
 # ---------------------------------------------------------------------------------------------- variants
@@ -391,7 +466,11 @@ def variants(store: str, redis_url: str = "", django: bool = True, flask: bool =
                         _flask(lambda _: Floor429(flask_bare())), exact=False),
             ]
         else:
-            out.append(Variant("flask bare", "flask", "-", "bare", _flask(lambda _: flask_bare()), exact=False))
+            out += [
+                Variant("flask bare", "flask", "-", "bare", _flask(lambda _: flask_bare()), exact=False),
+                Variant("floor: 1 redis round trip + 5 headers", "flask", "redis", "floor-allowed",
+                        _flask(lambda _: FloorRedis(flask_bare(), redis_url)), exact=False),
+            ]
         out += [
             Variant("flask-limiter", "flask", store, "allowed", _flask(lambda n: flask_limiter_app(n, fl_uri)),
                     note="no rate-limit headers (its default)"),
@@ -424,6 +503,10 @@ def variants(store: str, redis_url: str = "", django: bool = True, flask: bool =
                     note="block=True: Ratelimited -> 403 (its default), not 429", before=before),
             Variant("ratewarden.django", "django", store, "allowed", lambda n: rw_django(n, store, redis_url)),
             Variant("ratewarden.django", "django", store, "429", lambda n: rw_django(n, store, redis_url)),
+            Variant("ratewarden.django middleware", "django", store, "allowed",
+                    lambda n: rw_django_mw(n, store, redis_url), note="settings.RATEWARDEN rules"),
+            Variant("ratewarden.django middleware", "django", store, "429",
+                    lambda n: rw_django_mw(n, store, redis_url)),
         ]
     return out
 
@@ -539,10 +622,12 @@ def targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
     * Django: ratewarden.django below django-ratelimit on every row (allowed; 429 vs its 403).
     """
     out: list[dict[str, Any]] = []
-    floor_h = _find(rows, "floor: +5 fixed headers", "-", "floor-allowed")
+    floors_h = {"memory": _find(rows, "floor: +5 fixed headers", "-", "floor-allowed"),
+                "redis": _find(rows, "floor: 1 redis round trip + 5 headers", "redis", "floor-allowed")}
     floor_429 = _find(rows, "floor: fixed 429", "-", "floor-429")
     for store, factor in (("memory", 0.05), ("redis", 0.25)):
         fl = _find(rows, "flask-limiter", store, "allowed")
+        floor_h = floors_h[store]
         for ours_name in ("ratewarden.flask", "ratewarden.wsgi middleware"):
             ours = _find(rows, ours_name, store, "allowed")
             out.append(_target(f"{ours_name} allowed extra ({store})", f"<= {factor}x flask-limiter's extra",
@@ -558,12 +643,13 @@ def targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
                                None if floor_429 is None else floor_429.us_median))
         for kind, theirs_kind, what in (("allowed", "allowed", "extra"), ("429", "403", "total")):
             drl = _find(rows, "django-ratelimit", store, theirs_kind)
-            ours = _find(rows, "ratewarden.django", store, kind)
-            pick = (lambda r: r.extra_median) if what == "extra" else (lambda r: r.us_median)
-            out.append(_target(f"ratewarden.django {kind} {what} ({store})",
-                               f"< django-ratelimit {theirs_kind} {what}",
-                               None if drl is None else pick(drl), None if ours is None else pick(ours), None,
-                               strict=True))
+            for ours_name in ("ratewarden.django", "ratewarden.django middleware"):
+                ours = _find(rows, ours_name, store, kind)
+                pick = (lambda r: r.extra_median) if what == "extra" else (lambda r: r.us_median)
+                out.append(_target(f"{ours_name} {kind} {what} ({store})",
+                                   f"< django-ratelimit {theirs_kind} {what}",
+                                   None if drl is None else pick(drl), None if ours is None else pick(ours),
+                                   None, strict=True))
     return out
 
 
