@@ -15,7 +15,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 LAYERS = {
     "integrations": (
         "ratewarden.asgi", "ratewarden.fastapi", "ratewarden.starlette", "ratewarden.policy",
-        "ratewarden.cli", "ratewarden.bench", "ratewarden.metrics", "ratewarden.wsgi", "ratewarden.flask",
+        "ratewarden.cli", "ratewarden.bench", "ratewarden.metrics", "ratewarden.wsgi", "ratewarden.django", "ratewarden.flask",
     ),
     "check and answer": ("ratewarden.enforcement",),
 }
