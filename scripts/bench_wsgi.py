@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+try:  # the installed ratewarden (a compiled wheel's venv, or the editable install) ...
+    import ratewarden
+except ImportError:  # ... else this checkout's source tree
+    sys.path.insert(0, str(ROOT / "src"))
+    import ratewarden
+# gunicorn's children import the same ratewarden as this process.
+PACKAGE_ROOT = str(Path(ratewarden.__file__).resolve().parents[1])
 
 from ratewarden.bench import wsgi as bw  # noqa: E402
 from ratewarden.bench.services import BenchError, StoreService, free_port  # noqa: E402
@@ -84,7 +90,7 @@ def gunicorn(app: str, *, threads: int, worker_class: str, env: dict[str, str]) 
             "--threads", str(threads), "--worker-class", worker_class, "--log-level", "warning",
             "--graceful-timeout", "2", "--backlog", "2048"]
     child_env = {**os.environ, **env}
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), child_env.get("PYTHONPATH", "")) if p)
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, child_env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(argv, cwd=ROOT, env=child_env, start_new_session=True)
     try:
         deadline = time.monotonic() + 20
@@ -192,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     want_redis = (not args.no_redis and not args.live_only) or (args.live_only and args.live_store == "redis")
     result: dict[str, Any] = {
-        "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "ratewarden_from": PACKAGE_ROOT, "platform": platform.platform(), "cpus": os.cpu_count(),
         "argv": sys.argv, "requests": args.requests, "rounds": args.rounds,
         "exact": {"limit": bw.EXACT_LIMIT, "calls": bw.EXACT_CALLS, "threads": bw.EXACT_THREADS},
         "versions": _versions(), "rows": [], "targets": [], "live": [],
