@@ -42,22 +42,23 @@ from ...errors import StoreError
 from ...limits import Limit
 from ..base import client_error, combine, no_reply
 from ..urls import StoreURL
-from ._redis import MISSING, NoScriptError, RedisError, ResponseError
+from ._redis import (
+    NoBackoff,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    RedisTimeoutError,
+    ResponseError,
+    SyncClusterNode,
+    SyncRedisCluster,
+    SyncRetry,
+    SyncSentinel,
+    syncredis,
+)
 from .clock import ScriptClock
 from .errors import RESENDS, bad_reply, pool_busy, refused_as_late, store_name
 from .protocol import SCRIPT, SCRIPT_SHA, Reply, ScriptArgs, decision_at, key_bytes
 from .topology import pool_limit, slot_groups, spans_slots
-
-try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.cluster import ClusterNode, RedisCluster
-    from redis.exceptions import RedisClusterException
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-    from redis.retry import Retry
-    from redis.sentinel import Sentinel
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(MISSING) from exc
 
 __all__ = ["BlockingClient"]
 
@@ -246,11 +247,11 @@ class BlockingClient:
                     tls[name] = cfg.options[name]
             if "ssl_check_hostname" in cfg.options:
                 tls["ssl_check_hostname"] = bool(cfg.options["ssl_check_hostname"])
-        no_retry = Retry(NoBackoff(), 0)
+        no_retry = SyncRetry(NoBackoff(), 0)
         if cfg.kind == "cluster":
-            cluster: Any = RedisCluster(
+            cluster: Any = SyncRedisCluster(
                 startup_nodes=[
-                    ClusterNode(host, port)  # type: ignore[no-untyped-call, unused-ignore]
+                    SyncClusterNode(host, port)  # type: ignore[no-untyped-call, unused-ignore]
                     for host, port in cfg.hosts
                 ],
                 max_connections=self.size, retry=no_retry, ssl=cfg.tls, **tls, **common,
@@ -267,7 +268,7 @@ class BlockingClient:
                 sentinel_kwargs["username"] = cfg.options.get("sentinel_username")
             if cfg.tls:
                 sentinel_kwargs.update({"ssl": True, **tls})
-            sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
+            sentinel = SyncSentinel(  # type: ignore[no-untyped-call, unused-ignore]
                 cfg.hosts, sentinel_kwargs=sentinel_kwargs, ssl=cfg.tls, **tls, **common
             )
             primary = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
@@ -275,11 +276,11 @@ class BlockingClient:
             )
             return primary, list(sentinel.sentinels)
         host, port = cfg.hosts[0]
-        pool = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call, unused-ignore]
+        pool = syncredis.BlockingConnectionPool(  # type: ignore[no-untyped-call, unused-ignore]
             host=host, port=port, db=cfg.db, max_connections=self.size, timeout=self.timeout, retry=no_retry,
-            connection_class=redis.SSLConnection if cfg.tls else redis.Connection, **tls, **common,
+            connection_class=syncredis.SSLConnection if cfg.tls else syncredis.Connection, **tls, **common,
         )
-        return redis.Redis(connection_pool=pool), []
+        return syncredis.Redis(connection_pool=pool), []
 
     def _on_connect(self, conn: Any) -> None:
         """A new connection (maybe to a new server: restarted, failed over): set up as redis-py
@@ -333,7 +334,7 @@ class BlockingClient:
             if each is None:
                 continue
             with contextlib.suppress(*FAILURES):
-                if isinstance(each, RedisCluster):
+                if isinstance(each, SyncRedisCluster):
                     each.close()
                 else:
                     each.connection_pool.disconnect()
