@@ -76,6 +76,9 @@ HOT_MODULES = [
     "src/ratewarden/asgi/middleware.py",
     "src/ratewarden/asgi/websocket.py",
     "src/ratewarden/fastapi/edge.py",
+    "src/ratewarden/enforcement/blocking.py",
+    "src/ratewarden/wsgi/scope.py",
+    "src/ratewarden/wsgi/middleware.py",
 ]
 
 # Hand-written C built next to the mypyc modules (Linux only: process-shared robust mutexes). The
