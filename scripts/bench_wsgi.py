@@ -12,7 +12,7 @@ threads against a fresh limit of 100: admitted must be 100). Memory rows, then R
     .venv/bin/python scripts/bench_wsgi.py --live                # + gunicorn/wrk rows (< 2 minutes)
     .venv/bin/python scripts/bench_wsgi.py --live-only
 
-Writes JSON to ``--json`` (default ``bench-wsgi.json``). The module behind it is ``ratewarden.bench.wsgi``.
+Writes JSON to ``--json`` (default ``bench-wsgi.json``). The modules behind it are ``ratewarden.bench.wsgi`` and ``wsgi_apps``.
 """
 
 from __future__ import annotations
@@ -50,34 +50,8 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def table(rows: Sequence[bw.Row]) -> str:
-    head = ("variant", "fw", "store", "row", "status", "min µs", "median µs", "extra min", "extra med",
-            "admitted/limit")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        if r.missing:
-            cells = (r.name, r.framework, r.store, r.kind, "-", "-", "-", "-", "-", f"MISSING: {r.missing}")
-        else:
-            exact = "-" if r.admitted is None else f"{r.admitted}/{r.limit} (of {r.calls})"
-            cells = (r.name, r.framework, r.store, r.kind, str(r.status), _fmt(r.us_min), _fmt(r.us_median),
-                     _fmt(r.extra_min), _fmt(r.extra_median), exact)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def target_table(ts: Sequence[dict[str, Any]]) -> str:
-    def met(value: bool | None) -> str:
-        return "n/a (row missing)" if value is None else ("yes" if value else "NO")
-
-    lines = ["| target | rule | target µs (med / min) | ours µs (med / min) | floor µs (med / min) | met (med / min) |",
-             "|---|---|---|---|---|---|"]
-    for t in ts:
-        lines.append(
-            f"| {t['target']} | {t['rule']} | {_fmt(t['target_us'])} / {_fmt(t['target_us_min'])} | "
-            f"{_fmt(t['ours_us'])} / {_fmt(t['ours_us_min'])} | {_fmt(t['floor_us'])} / {_fmt(t['floor_us_min'])} | "
-            f"{met(t['met'])} / {met(t['met_min'])} |"
-        )
-    return "\n".join(lines)
+table = bw.row_table
+target_table = bw.target_table
 
 
 # ---------------------------------------------------------------------------------------------- live
@@ -141,7 +115,7 @@ def live(seconds: int, exact_seconds: int, limit: int, store: str, redis_url: st
             row: dict[str, Any] = {"server": f"gunicorn {worker_class}" + (f" x{threads}" if threads > 1 else ""),
                                    "variant": variant, "store": "-" if variant == "bare" else store}
             try:
-                app = f'ratewarden.bench.wsgi:gunicorn_app("{variant}", "allow", "{store}")'
+                app = f'ratewarden.bench.wsgi_apps:gunicorn_app("{variant}", "allow", "{store}")'
                 with gunicorn(app, threads=threads, worker_class=worker_class, env=env) as port:
                     subprocess.run(["wrk", "-t1", "-c4", "-d1s", f"http://127.0.0.1:{port}{bw.PATH}"],
                                    capture_output=True, timeout=30)  # warm-up
@@ -149,7 +123,7 @@ def live(seconds: int, exact_seconds: int, limit: int, store: str, redis_url: st
                 row.update(rps=allowed["rps"], requests=allowed["requests"], non2xx=allowed["non2xx"],
                            socket_errors=allowed["socket_errors"])
                 if variant != "bare":
-                    app = f'ratewarden.bench.wsgi:gunicorn_app("{variant}", "exact", "{store}")'
+                    app = f'ratewarden.bench.wsgi_apps:gunicorn_app("{variant}", "exact", "{store}")'
                     with gunicorn(app, threads=threads, worker_class=worker_class, env=env) as port:
                         ex = _wrk(port, exact_seconds)
                     row.update(admitted=ex["admitted"], limit=limit, exact_requests=ex["requests"],
