@@ -1,6 +1,9 @@
 """Settings of the Django app that tests/django/test_servers.py serves with gunicorn: one middleware
-rule, ``/burst`` at 100 a day per client (token bucket: no window boundary mid-test), on the store
-``RW_DJANGO_STORE`` names (``memory://`` or ``shm://name?directory=...``)."""
+rule, ``/burst`` at ``RW_LIMIT`` (default 100) a day per client (token bucket: no window boundary
+mid-test), on the store ``RW_DJANGO_STORE`` names (``memory://``, ``shm://name?...`` as the README's
+deploy paragraph sets it, ``redis://...``, ``memcached://...``) with the storage-key prefix
+``RW_DJANGO_PREFIX`` (a fresh one per test on a shared server). ``RW_SLEEP`` and ``RW_PIDS``: see
+``server_urls``."""
 
 from __future__ import annotations
 
@@ -15,5 +18,6 @@ DATABASES: dict[str, object] = {}
 MIDDLEWARE = ["ratewarden.django.RateLimitMiddleware"]
 RATEWARDEN = {
     "STORE": os.environ.get("RW_DJANGO_STORE", "memory://"),
-    "RULES": [{"path": "/burst", "rate": "100/day", "algorithm": "token_bucket"}],
+    "PREFIX": os.environ.get("RW_DJANGO_PREFIX", "rw"),
+    "RULES": [{"path": "/burst", "rate": f"{os.environ.get('RW_LIMIT', '100')}/day", "algorithm": "token_bucket"}],
 }
