@@ -53,7 +53,7 @@ from .wsgi_apps import (
 
 __all__ = [
     "EXACT_CALLS", "EXACT_LIMIT", "EXACT_THREADS", "PATH", "Row", "Variant", "measure", "row_table",
-    "target_table", "targets", "variants",
+    "run", "target_table", "targets", "variants", "write",
 ]
 
 
@@ -349,3 +349,39 @@ def target_table(ts: Sequence[dict[str, Any]]) -> str:
             f"{met(t['met'])} / {met(t['met_min'])} |"
         )
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- ratewarden bench --wsgi
+
+def run(stores: Sequence[str], *, redis_url: str = "", rounds: int = 5, requests: int = 1000,
+        log: Callable[[str], None] = print) -> tuple[list[Row], list[dict[str, Any]]]:
+    """The in-process rows on each of ``stores`` (``memory``, ``redis``: a private ``redis-server``
+    unless ``redis_url``), and the targets. Raises ``BenchError`` when Redis cannot be had."""
+    import contextlib
+
+    from .services import StoreService
+
+    rows: list[Row] = []
+    with contextlib.ExitStack() as stack:
+        if "redis" in stores:
+            redis_url = stack.enter_context(StoreService("redis", redis_url)).url
+        for store in stores:
+            log(f"WSGI rows, {store}: {rounds} rounds x {requests} requests")
+            rows += measure(variants(store, redis_url), requests=requests, rounds=rounds, log=lambda _: None)
+    return rows, targets(rows)
+
+
+def write(out: Any, rows: Sequence[Row], ts: Sequence[dict[str, Any]]) -> str:
+    """``wsgi.md`` and ``wsgi.json`` in the directory ``out``; returns the Markdown."""
+    import json
+    from pathlib import Path
+
+    md = (f"# WSGI rows\n\nIn-process, µs per request (min and median of the rounds; extra over the bare app "
+          f"of the same framework); exactness: {EXACT_CALLS} requests from {EXACT_THREADS} threads against a "
+          f"limit of {EXACT_LIMIT}.\n\n{row_table(rows)}\n\n## Targets\n\n{target_table(ts)}\n")
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "wsgi.md").write_text(md, encoding="utf-8")
+    data = {"rows": [r.as_dict() for r in rows], "targets": list(ts)}
+    (path / "wsgi.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return md

@@ -70,6 +70,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--warmup", type=int, default=1, help="discarded warm-up iterations per configuration")
     p.add_argument("--out", default="bench-results", help="directory for the reports")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.add_argument("--wsgi", action="store_true",
+                   help="run the WSGI rows instead: bare Flask and Django, flask-limiter, django-ratelimit and "
+                        "ratewarden's WSGI integrations, in-process, on --store memory and/or redis, "
+                        "--iterations rounds (at least 3); writes wsgi.md and wsgi.json in --out "
+                        "(scripts/bench_wsgi.py adds gunicorn + wrk rows)")
     p.set_defaults(func=run)
 
 
@@ -83,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         for sc in SCENARIOS.values():
             print(f"{sc.key:22} {sc.group:12} {sc.title}")
         return 0
+    if args.wsgi:
+        return _run_wsgi(args)
     planned = _plan(args)
     if isinstance(planned, str):
         return _fail(planned)
@@ -108,6 +115,27 @@ def run(args: argparse.Namespace) -> int:
     _summary(results, load)
     print(f"reports: {out / 'report.html'}, {out / 'report.md'}, {out / 'summary.csv'}, {out / 'results.json'} "
           f"({len(paths)} files) in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+def _run_wsgi(args: argparse.Namespace) -> int:
+    """``--wsgi``: the in-process WSGI rows (``bench.wsgi``) and their targets."""
+    from ..bench import wsgi
+    from ..bench.services import BenchError
+
+    stores = _csv(args.store or "memory")
+    if not stores or any(s not in ("memory", "redis") for s in stores):
+        return _fail(f"--wsgi runs on --store memory and/or redis, got {args.store!r}")
+    out = Path(args.out)
+    problem = _unwritable(out)
+    if problem:
+        return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
+    try:
+        rows, targets = wsgi.run(stores, redis_url=args.redis_url, rounds=max(3, args.iterations))
+    except BenchError as exc:
+        return _fail(str(exc))
+    print(wsgi.write(out, rows, targets))
+    print(f"reports: {out / 'wsgi.md'}, {out / 'wsgi.json'}")
     return 0
 
 
