@@ -12,9 +12,15 @@ from ..decision import Decision
 from ..errors import ConfigurationError, StoreError
 from ..limits import Limit
 
-__all__ = ["Capability", "Store", "StoreError", "client_error", "combine", "failure_reason", "no_reply"]
+__all__ = [
+    "BlockingOperation", "Capability", "Store", "StoreError", "client_error", "combine", "failure_reason", "no_reply",
+]
 
 Capability = Literal["local", "adjust", "server_clock"]
+#: What ``Store.can_block`` is asked about: ``hit_blocking``, ``peek_blocking``, ``reset_blocking``,
+#: ``adjust_blocking``.
+BlockingOperation = Literal["hit", "peek", "reset", "adjust"]
+_NOW = {"hit": "hit_now", "peek": "peek_now", "reset": "reset_now", "adjust": "adjust_now"}
 _ABILITIES = {
     "local": "answer without I/O",
     "adjust": "refund and penalise (adjust)",
@@ -164,6 +170,59 @@ class Store(ABC):
             return self.hit_now(keys, limits, costs)
         raise NotImplementedError(f"{type(self).__name__} has no synchronous client")
 
+    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """``peek`` for synchronous code (WSGI apps, threads), as ``hit_blocking`` checks: a local
+        store answers with ``peek_now``; a remote store overrides it with its synchronous client.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+        """
+        if self.local:
+            return self.peek_now(keys, limits)
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous peek")
+
+    def reset_blocking(self, keys: Sequence[str]) -> None:
+        """``reset`` for synchronous code (WSGI apps, threads), as ``hit_blocking`` checks: a local
+        store answers with ``reset_now``; a remote store overrides it with its synchronous client.
+
+        Args:
+            keys: The storage keys to forget.
+        """
+        if not self.local:
+            raise NotImplementedError(f"{type(self).__name__} has no synchronous reset")
+        self.reset_now(keys)
+
+    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """``adjust`` for synchronous code (WSGI apps, threads), as ``hit_blocking`` checks: a local
+        store answers with ``adjust_now``; a remote store that can adjust overrides it.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units to charge to each key; negative gives them back (a refund).
+        """
+        if self.local:
+            return self.adjust_now(keys, limits, amounts)
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous adjust")
+
+    def can_block(self, *operations: BlockingOperation) -> bool:
+        """Whether each of ``operations`` works without an event loop (``<operation>_blocking``):
+        a local store's own ``*_now`` method answers it, or the store overrides the ``*_blocking``
+        method with a synchronous client of its own; ``"adjust"`` also needs ``supports("adjust")``.
+        A wrapper answers for what it wraps (``Breaker``: its store and its fallback). Options that
+        need it refuse a store that cannot at start-up.
+
+        Args:
+            operations: ``"hit"``, ``"peek"``, ``"reset"``, ``"adjust"``.
+        """
+        for operation in operations:
+            if operation == "adjust" and not self.supports("adjust"):
+                return False
+            if not _overrides(self, f"{operation}_blocking") and not (self.local and _overrides(self, _NOW[operation])):
+                return False
+        return True
+
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """Synchronous ``peek`` for local stores.
 
@@ -172,6 +231,14 @@ class Store(ABC):
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
         """
         raise NotImplementedError(f"{type(self).__name__} has no synchronous peek")
+
+    def reset_now(self, keys: Sequence[str]) -> None:
+        """Synchronous ``reset`` for local stores.
+
+        Args:
+            keys: The storage keys to forget.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous reset")
 
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Synchronous ``adjust`` for local stores that can adjust.
@@ -201,6 +268,12 @@ class Store(ABC):
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
         return None
+
+
+def _overrides(store: Store, method: str) -> bool:
+    """Whether ``store``'s class implements ``method`` itself (not ``Store``'s refusing default)."""
+    found = getattr(type(store), method, None)
+    return callable(found) and found is not getattr(Store, method, None)
 
 
 def client_error(store: str, operation: str, exc: BaseException) -> StoreError:

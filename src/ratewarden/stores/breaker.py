@@ -25,7 +25,7 @@ from ..charges import adjust
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limits import Limit
-from .base import Capability, Store, StoreError
+from .base import BlockingOperation, Capability, Store, StoreError
 from .deadline import wait_for_store
 
 __all__ = ["Breaker"]
@@ -185,6 +185,44 @@ class Breaker(Store):
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         """The wrapped store's ``hit_blocking`` through the breaker (its fallback's while open)."""
         return self._guard_blocking(lambda s: s.hit_blocking(keys, limits, costs))
+
+    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """The wrapped store's ``peek_blocking`` through the breaker (its fallback's while open).
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+        """
+        return self._guard_blocking(lambda s: s.peek_blocking(keys, limits))
+
+    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """The wrapped store's ``adjust_blocking`` through the breaker (its fallback's while open),
+        as ``adjust`` goes through it.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units per key: positive charges, negative refunds.
+        """
+        return self._guard_blocking(lambda s: s.adjust_blocking(keys, limits, amounts))
+
+    def reset_blocking(self, keys: Sequence[str]) -> None:
+        """Forget ``keys`` on the fallback and on the wrapped store (``reset_blocking``), as ``reset``.
+
+        Args:
+            keys: The storage keys to forget.
+        """
+        if self.fallback is not None:
+            self.fallback.reset_blocking(keys)
+        self.store.reset_blocking(keys)
+
+    def can_block(self, *operations: BlockingOperation) -> bool:
+        """Whether the store and its fallback can both do ``operations`` without an event loop.
+
+        Args:
+            operations: ``"hit"``, ``"peek"``, ``"reset"``, ``"adjust"``.
+        """
+        return self.store.can_block(*operations) and (self.fallback is None or self.fallback.can_block(*operations))
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         return await self._guard(lambda s: s.peek(keys, limits))

@@ -1,5 +1,6 @@
-"""``MemcachedStore.hit_blocking``: the check for synchronous code (WSGI apps, threads), on a
-synchronous client of its own (pymemcache), never on an event loop.
+"""``MemcachedStore.hit_blocking`` (and ``peek_blocking``, ``adjust_blocking``, ``reset_blocking``):
+the store's operations for synchronous code (WSGI apps, threads), on a synchronous client of its
+own (pymemcache), never on an event loop.
 
 It is the multi-key check of ``cas`` run in the calling thread, on the same stored state and
 encoding, so the synchronous and asynchronous paths share keys:
@@ -24,8 +25,12 @@ while memcached stays silent. A command fails after ``timeout`` with no byte fro
 ``timeout``, one waiting for it within about twice that. Failures are ``StoreError`` with the
 async path's reasons: ``timeout`` (no reply), ``unreachable`` (refused, reset, closed), ``error``.
 
+``peek_blocking``, ``reset_blocking`` and ``adjust_blocking`` are the async ones in the calling
+thread (``adjust`` holding its keys), on the same pure steps (``peek_decisions``, ``adjusted_write``).
+
 The rejection cache is the event loop's and is not consulted here (a denial always costs a
-round trip); a synchronous charge only adds usage, so what the cache remembers stays true.
+round trip); a synchronous charge only adds usage, so what the cache remembers stays true, and
+a synchronous adjust or reset makes it forget the keys, as the async ones do.
 """
 
 from __future__ import annotations
@@ -36,12 +41,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ...algorithms import State
+from ...charges import adjusted_state
 from ...decision import Decision
 from ...limits import Limit
 from ..base import Store, StoreError, combine, no_reply
+from ..rejections import RejectionCache
 from .cas import backoff
 from .encoding import decode, encode, expiry, memcached_key
 from .protocol import Read
@@ -56,9 +63,51 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("MemcachedStore.hit_blocking needs pymemcache: pip install 'ratewarden[memcached]'") from exc
 
-__all__ = ["Blocking"]
+__all__ = ["Blocking", "adjusted_write", "peek_decisions"]
 
+_T = TypeVar("_T")
 _POLL = 0.01  # seconds between looks at a write that got no answer, to see whether it landed
+
+
+def peek_decisions(values: Sequence[bytes | None], limits: Sequence[Limit], now: float) -> list[Decision]:
+    """Each limit's decision for a zero-cost request on its key's stored value (``None``: no key).
+
+    Args:
+        values: Each key's stored value, as read.
+        limits: The limit of each key.
+        now: The time to read the states at (``MemcachedStore.clock``).
+    """
+    out = [limit.fn(decode(v) if v is not None else None, now, 0.0, limit.rate)[1] for v, limit in zip(values, limits, strict=False)]
+    for decision, limit in zip(out, limits, strict=False):
+        decision.policy = limit.name
+    return out
+
+
+def adjusted_write(
+    limit: Limit, value: bytes | None, token: int | None, now: float, amount: float
+) -> tuple[bytes | None, float, Decision]:
+    """What ``adjust`` writes on a key read as ``(value, token)``: ``(data, seconds, decision)``; ``data``
+    is ``None`` when nothing changes. A whole limit available again is written as the algorithm's
+    "nothing used" state (memcached has no compare-and-delete), which reads as no key.
+
+    Args:
+        limit: The key's limit.
+        value: Its stored value (``None``: no key).
+        token: Its CAS token (``None``: no key).
+        now: The time (``MemcachedStore.clock``).
+        amount: Units to charge; negative refunds.
+    """
+    state = decode(value) if value is not None else None
+    new_state, decision = adjusted_state(limit, state, now, amount)
+    decision.policy = limit.name
+    if new_state is state or (new_state is None and token is None):
+        return None, 0.0, decision  # nothing changes
+    ttl = decision.reset_after
+    if new_state is None:
+        new_state, empty = limit.fn(None, now, 0.0, limit.rate)
+        assert new_state is not None  # a zero-cost request is always allowed
+        ttl = empty.reset_after
+    return encode(new_state), ttl, decision
 
 
 class _Interrupted(Exception):
@@ -81,6 +130,7 @@ class Blocking(Store):
     clock: Callable[[], float]
     cas_conflicts: int
     _client: Any  # the async client: ``closed`` once the store is closed
+    _rejections: RejectionCache
 
     def _init_blocking(self, host: str, port: int, size: int) -> None:
         """Remember where the synchronous connections go; nothing is opened before a check."""
@@ -117,13 +167,88 @@ class Blocking(Store):
         finally:
             self._sync_give(held, client, handed)
 
-    def _sync_failed(self, exc: BaseException) -> StoreError:
+    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """``peek`` in the calling thread: one ``get`` of every key, charging nothing.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+        """
+        mkeys = [memcached_key(k) for k in keys]
+        if not mkeys:
+            return []
+        found = self._sync_run("peek", mkeys, False, lambda client: client.get_many(list(dict.fromkeys(mkeys))))
+        return peek_decisions([found.get(k) for k in mkeys], limits, self.clock())
+
+    def reset_blocking(self, keys: Sequence[str]) -> None:
+        """``reset`` in the calling thread: a ``delete`` per key.
+
+        Args:
+            keys: The storage keys to forget.
+        """
+        self._rejections.forget(keys)
+        mkeys = [memcached_key(k) for k in keys]
+        if mkeys:
+            self._sync_run("reset", mkeys, False, lambda client: [self._sync_heard(client.delete(k, noreply=False)) for k in mkeys])
+
+    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """``adjust`` in the calling thread, holding its keys: ``cas``'s loop, one key at a time.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units per key: positive charges, negative refunds.
+        """
+        if not len(keys) == len(limits) == len(amounts):
+            raise ValueError("adjust: keys, limits and amounts must have the same length")
+        self._rejections.forget(keys)
+        mkeys = [memcached_key(k) for k in keys]
+        try:
+            return self._sync_run("adjust", mkeys, True, lambda client: self._sync_adjust(client, mkeys, limits, amounts))
+        finally:
+            self._rejections.forget(keys)
+
+    def _sync_adjust(self, client: Any, mkeys: list[bytes], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        out: list[Decision] = []
+        for key, limit, amount in zip(mkeys, limits, amounts, strict=True):
+            for attempt in range(self.retries):
+                ((value, token),) = self._sync_read(client, [key])
+                data, ttl, decision = adjusted_write(limit, value, token, self.clock(), amount)
+                if data is None:
+                    break
+                exptime = expiry(ttl, time.time())  # then add (a new key) or compare and swap
+                if token is None:
+                    done = client.add(key, data, expire=exptime, noreply=False, flags=0)
+                else:
+                    done = client.cas(key, data, token, expire=exptime, noreply=False, flags=0)
+                if self._sync_heard(done) is True:
+                    break
+                with self._sync_cond:
+                    self.cas_conflicts += 1
+                time.sleep(backoff(attempt))
+            else:
+                raise StoreError(f"{self!r}: adjust: gave up after {self.retries} compare-and-swap conflicts")
+            out.append(decision)
+        return out
+
+    def _sync_run(self, operation: str, mkeys: list[bytes], hold: bool, command: Callable[[Any], _T]) -> _T:
+        """``command(client)`` on a connection (holding ``mkeys`` if ``hold``), failing as ``StoreError``."""
+        held = set(mkeys) if hold else set()
+        client = self._sync_take(held, operation)
+        try:
+            return command(client)
+        except (OSError, MemcacheError) as exc:
+            raise self._sync_failed(exc, operation) from exc
+        finally:
+            self._sync_give(held, client, None)
+
+    def _sync_failed(self, exc: BaseException, operation: str = "hit") -> StoreError:
         if isinstance(exc, TimeoutError):  # memcached went silent: wake the waiters (they fail)
             with self._sync_cond:
                 self._sync_silent = True
                 self._sync_silences += 1
                 self._sync_cond.notify_all()
-        return self._sync_mapped(exc, "hit")
+        return self._sync_mapped(exc, operation)
 
     def _sync_mapped(self, exc: BaseException, operation: str) -> StoreError:
         """``exc`` as the async path reports it: a timeout is ``no reply within ...``, a closed
@@ -246,7 +371,7 @@ class Blocking(Store):
             no_delay=True, default_noreply=False,
         )
 
-    def _sync_take(self, keys: set[bytes]) -> Any:
+    def _sync_take(self, keys: set[bytes], operation: str = "hit") -> Any:
         """Hold ``keys`` and a connection (see the module docstring)."""
         cond = self._sync_cond
         with cond:
@@ -254,11 +379,11 @@ class Blocking(Store):
             since = time.monotonic()
             while self._sync_held & keys or (not self._sync_free and self._sync_out >= self._sync_size):
                 if self._sync_silences != silences:
-                    raise no_reply(repr(self), "hit", self.timeout)
+                    raise no_reply(repr(self), operation, self.timeout)
                 left = since + self.timeout - time.monotonic()
                 if left <= 0:
                     if self._sync_silent or self._sync_settling & keys:
-                        raise no_reply(repr(self), "hit", self.timeout)
+                        raise no_reply(repr(self), operation, self.timeout)
                     since, left = time.monotonic(), self.timeout
                 cond.wait(left)
             self._sync_held |= keys

@@ -21,9 +21,9 @@ from ..rejections import RejectionCache
 from ..urls import parse_store_url
 from ._aiomcache import ClientException
 from .batches import Batches
-from .blocking import Blocking
+from .blocking import Blocking, peek_decisions
 from .connections import Client, Heard, Pool
-from .encoding import decode, memcached_key
+from .encoding import memcached_key
 from .protocol import deleted, ok, values_reader
 
 _T = TypeVar("_T")
@@ -140,13 +140,7 @@ class MemcachedStore(Batches, Blocking):
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         values = await self._mapped(self._get_all([memcached_key(k) for k in keys]), "peek")
-        now = self.clock()
-        out = []
-        for value, limit in zip(values, limits, strict=False):
-            _, decision = limit.fn(decode(value) if value is not None else None, now, 0.0, limit.rate)
-            decision.policy = limit.name
-            out.append(decision)
-        return out
+        return peek_decisions(values, limits, self.clock())  # as peek_blocking reads them
 
     async def _get_all(self, mkeys: list[bytes]) -> list[bytes | None]:
         if not mkeys:

@@ -1,5 +1,6 @@
-"""``RedisStore.hit_blocking``: the check for synchronous code (WSGI apps, threads), on redis-py's
-synchronous client, in the calling thread, never on an event loop.
+"""``RedisStore.hit_blocking`` (and ``peek_blocking``, ``adjust_blocking``, ``reset_blocking``): the
+store's operations for synchronous code (WSGI apps, threads), on redis-py's synchronous client, in
+the calling thread, never on an event loop.
 
 * The client is built on the first check, from the store's URL and options: ``redis.Redis`` on a
   ``BlockingConnectionPool`` (standalone), ``Sentinel(...).master_for`` (Sentinel) or
@@ -8,7 +9,8 @@ synchronous client, in the calling thread, never on an event loop.
   no retries of redis-py's own: a check is sent once (a resend could charge twice).
 * Each check is the async path's script call, all its keys in one ``EVALSHA``: one round trip.
   A cluster check whose keys span slots peeks every slot and charges only when all allow, as
-  ``RedisStore.hit`` does (``slot_groups``).
+  ``RedisStore.hit`` does (``slot_groups``). A peek and an adjust are the same script in its
+  ``p`` and ``a`` modes, a reset one ``DEL``: one round trip each (per slot on a cluster).
 * Each new connection measures the server clock (``TIME``) and loads the script, as the async
   path's own connections do; every script then carries its caller's deadline (``clock``): a
   check that timed out here and runs later (a paused server resuming) charges nothing. A script
@@ -24,18 +26,20 @@ synchronous client, in the calling thread, never on an event loop.
   on an open connection (its handshake first on a new one: about twice that).
 
 The rejection cache is the event loop's and is not consulted here (a denial always costs a round
-trip); a synchronous charge only adds usage, so what the cache remembers stays true.
+trip); a synchronous charge only adds usage, so what the cache remembers stays true, and a
+synchronous adjust or reset makes it forget the keys, as the async ones do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ...decision import Decision
 from ...errors import StoreError
@@ -65,7 +69,8 @@ __all__ = ["BlockingClient"]
 #: What the synchronous client raises when the store cannot answer (RedisClusterException: no
 #: node of a cluster reachable, no node for a slot; it is no RedisError).
 FAILURES = (RedisError, OSError, RedisClusterException)
-_OPERATIONS = {"h": "hit", "p": "peek"}
+_OPERATIONS = {"h": "hit", "p": "peek", "a": "adjust"}
+_T = TypeVar("_T")
 
 
 class _Args(ScriptArgs):
@@ -145,11 +150,40 @@ class BlockingClient:
             for idx in slot_groups(keys, True)
         ])
 
-    def peek_at(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> list[Decision]:
-        """Every limit's decision for these costs, charging nothing: one script call per slot."""
+    def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """``RedisStore.peek`` in the calling thread: one script call (per slot), charging nothing."""
+        return self.peek_at(keys, limits, [0.0] * len(keys))
+
+    def adjust(
+        self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float], cached: dict[str, Any]
+    ) -> list[Decision]:
+        """``RedisStore.adjust`` in the calling thread: one script call (per slot); ``cached`` (the
+        store's rejection cache) forgets the keys, as the async path's does."""
+        if not keys:
+            return []
+        if not len(keys) == len(limits) == len(amounts):
+            raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
+        decisions = self.peek_at(keys, limits, amounts, "a")
+        for key in keys:  # a cached rejection may no longer hold
+            cached.pop(key, None)
+        return decisions
+
+    def reset(self, keys: Sequence[str], cached: dict[str, Any]) -> None:
+        """``RedisStore.reset`` in the calling thread: one ``DEL`` (per slot); ``cached`` (the
+        store's rejection cache) forgets the keys."""
+        for key in keys:
+            cached.pop(key, None)
+        for idx in slot_groups(keys, self.cluster) if keys else ():
+            self._turn("reset", functools.partial(_delete, [key_bytes(keys[i]) for i in idx]))
+
+    def peek_at(
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], mode: str = "p"
+    ) -> list[Decision]:
+        """Every limit's decision for these costs: without charging (``"p"``), or after adjusting by
+        them (``"a"``). One script call per slot."""
         out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
         for idx in slot_groups(keys, self.cluster):
-            reply = self._call("p", [keys[i] for i in idx], [limits[i] for i in idx], [costs[i] for i in idx])
+            reply = self._call(mode, [keys[i] for i in idx], [limits[i] for i in idx], [costs[i] for i in idx])
             for j, i in enumerate(idx):
                 try:
                     out[i] = decision_at(reply, 5 * j, limits[i])
@@ -159,14 +193,18 @@ class BlockingClient:
 
     def _call(self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Reply:
         """One script call in a turn of the pool, its failures as ``StoreError``."""
-        operation = _OPERATIONS[mode]
+        names = [key_bytes(k) for k in keys]
+        return self._turn(_OPERATIONS[mode], lambda client: self._eval(client, mode, names, limits, costs))
+
+    def _turn(self, operation: str, command: Callable[[Any], _T]) -> _T:
+        """``command(client)`` in a turn of the pool, its failures as ``StoreError`` naming ``operation``."""
         turns = self._turns
         if not turns.acquire(timeout=self.timeout):
             raise pool_busy(self.url, operation, self.timeout, self.size, self.pool_size)
         client = None
         try:
             client = self._connected(operation)
-            return self._eval(client, mode, [key_bytes(k) for k in keys], limits, costs)
+            return command(client)
         except RedisTimeoutError as exc:
             if "connect" in str(exc):  # redis-py's "Timeout connecting to server": connect_timeout
                 raise client_error(self.name, operation, exc) from exc
@@ -339,6 +377,10 @@ class BlockingClient:
                 else:
                     each.connection_pool.disconnect()
                     each.close()
+
+
+def _delete(names: list[bytes], client: Any) -> Any:
+    return client.delete(*names)
 
 
 def _reset_in_child(ref: weakref.ReferenceType[BlockingClient]) -> None:

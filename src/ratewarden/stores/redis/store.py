@@ -163,6 +163,18 @@ class RedisStore(Store):
         same script, keys, deadline and failures; see ``blocking``)."""
         return self._blocking.hit(keys, limits, costs)
 
+    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """``peek`` on the synchronous client (``blocking``): one script call (per slot)."""
+        return self._blocking.peek(keys, limits)
+
+    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """``adjust`` on the synchronous client: one script call (per slot); the keys' cached rejections go."""
+        return self._blocking.adjust(keys, limits, amounts, self._rejected)
+
+    def reset_blocking(self, keys: Sequence[str]) -> None:
+        """``reset`` on the synchronous client: one ``DEL`` (per slot); the keys' cached rejections go."""
+        self._blocking.reset(keys, self._rejected)
+
     def _now(self) -> float:
         return time.monotonic() if self.clock is None else self.clock()
 
