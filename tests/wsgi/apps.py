@@ -4,8 +4,8 @@
   worker opens by name) or a store URL for ``open_store`` (``redis://...``, ``memcached://...``);
 * ``RW_LIMIT``: requests per hour on ``/limited``, all charged to one key (default 100);
 * ``RW_PREFIX``: the limiter's storage-key prefix (a fresh one per test on a shared server);
-* ``RW_PIDS``: a directory where each admitted request leaves a file named after its worker's pid
-  (which workers took part);
+* ``RW_PIDS``: a directory where each answer (admitted or not) leaves a file named after its
+  worker's pid (which workers took part);
 * ``RW_SLEEP``: seconds an admitted request takes (so one worker cannot take them all).
 
 Local stores run on a frozen clock, so the expected count is exact whatever the time.
@@ -43,17 +43,22 @@ SLEEP = float(os.environ.get("RW_SLEEP", "0"))
 
 
 def limited(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-    if PIDS:
-        Path(PIDS, str(os.getpid())).touch()
     if SLEEP:
         time.sleep(SLEEP)
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
     return [b"ok"]
 
 
-app = RateLimitMiddleware(
+limited_app = RateLimitMiddleware(
     limited,
     Limiter(make_store(os.environ.get("RW_STORE", "memory")), prefix=os.environ.get("RW_PREFIX", "rw")),
     [Rule("/limited", f"{os.environ.get('RW_LIMIT', '100')}/hour", key=lambda scope: "everyone",
           algorithm="sliding_window")],
 )
+
+
+def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    """``limited_app``, leaving this worker's pid file (``RW_PIDS``) whatever the answer."""
+    if PIDS:
+        Path(PIDS, str(os.getpid())).touch()
+    return limited_app(environ, start_response)

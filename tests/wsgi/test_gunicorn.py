@@ -5,6 +5,7 @@ one table, and the remote stores' synchronous clients."""
 from __future__ import annotations
 
 import importlib.util
+import time
 import uuid
 from pathlib import Path
 
@@ -20,12 +21,25 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("gunicorn") is None, re
 APP = "tests.wsgi.apps:app"
 
 
+def wait_for_workers(port: int, workers: int, pids: Path, timeout: float = 15.0) -> None:
+    """Unlimited requests until each of the ``workers`` has answered one (a worker still importing
+    the app cannot take part in the burst), then forget who answered them."""
+    deadline = time.monotonic() + timeout
+    while len(list(pids.iterdir())) < workers:
+        assert time.monotonic() < deadline, f"{len(list(pids.iterdir()))} of {workers} workers answered"
+        http_burst(port, "/warm-up", 4 * workers, concurrency=4 * workers)
+    for pid in pids.iterdir():
+        pid.unlink()
+
+
 def burst(
     env: dict[str, str], workers: int = 1, threads: int = 1, worker_class: str = "sync", preload: bool = False
 ) -> list[int]:
     with gunicorn_server(
         APP, workers=workers, threads=threads, worker_class=worker_class, env=env, preload=preload
     ) as port:
+        if workers > 1 and "RW_PIDS" in env:
+            wait_for_workers(port, workers, Path(env["RW_PIDS"]))
         return http_burst(port, "/limited", 150, concurrency=150)
 
 
