@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ def gunicorn(app: str, *, threads: int, worker_class: str, env: dict[str, str]) 
     argv = [sys.executable, "-m", "gunicorn", app, "--bind", f"127.0.0.1:{port}", "--workers", "1",
             "--threads", str(threads), "--worker-class", worker_class, "--log-level", "warning",
             "--graceful-timeout", "2", "--backlog", "2048"]
-    child_env = {**os.environ, **env}
+    child_env = {**os.environ, **env, "RW_BENCH_RUN": uuid.uuid4().hex[:8]}  # fresh counters per server
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, child_env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(argv, cwd=ROOT, env=child_env, start_new_session=True)
     try:

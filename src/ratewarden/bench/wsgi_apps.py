@@ -12,6 +12,7 @@ import io
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -166,11 +167,14 @@ class FloorRedis:
 # ---------------------------------------------------------------------------------------------- Flask
 
 _counter = [0]
+# Names and key prefixes differ per run (``RW_BENCH_RUN``, set per gunicorn server; else per process), so
+# a shared Redis never hands one run the counters an earlier run used up.
+_RUN = os.environ.get("RW_BENCH_RUN") or uuid.uuid4().hex[:8]
 
 
 def _uid(tag: str) -> str:
     _counter[0] += 1
-    return f"{tag}{_counter[0]}"
+    return f"{tag}{_RUN}-{_counter[0]}"
 
 
 def flask_bare() -> WSGIApp:
@@ -362,15 +366,15 @@ def _rw_django_settings(store: str, redis_url: str) -> None:
         "STORE": _rw_limiter(store, redis_url).store,
         "ON_ERROR": "closed",
         "RULES": [
-            {"path": f"/rwmw-{store}-allow", "rate": f"{ALLOW}/hour"},
-            {"path": f"/rwmw-{store}-deny", "rate": "1/hour"},
-            *({"path": f"/rwmw-{store}-exact{i}", "rate": f"{EXACT_LIMIT}/hour"} for i in range(_RW_DJANGO_EXACT)),
+            {"path": f"/rwmw-{store}-{_RUN}-allow", "rate": f"{ALLOW}/hour"},
+            {"path": f"/rwmw-{store}-{_RUN}-deny", "rate": "1/hour"},
+            *({"path": f"/rwmw-{store}-{_RUN}-exact{i}", "rate": f"{EXACT_LIMIT}/hour"} for i in range(_RW_DJANGO_EXACT)),
         ],
     }
     settings.RATEWARDEN = value
     setting_changed.send(sender=None, setting="RATEWARDEN", value=value, enter=True)
     for name in ("allow", "deny", *(f"exact{i}" for i in range(_RW_DJANGO_EXACT))):
-        urlpatterns.insert(0, route(f"rwmw-{store}-{name}", _plain_view))
+        urlpatterns.insert(0, route(f"rwmw-{store}-{_RUN}-{name}", _plain_view))
     _clear_url_caches()
     _RW_DJANGO_PHASE.append(store)
 
@@ -393,7 +397,7 @@ def rw_django_mw(limit: int, store: str, redis_url: str = "") -> tuple[WSGIApp, 
         used = _rw_django_exact_used.get(store, 0)
         _rw_django_exact_used[store] = used + 1
         which = f"exact{used}"
-    return handler, f"/rwmw-{store}-{which}"
+    return handler, f"/rwmw-{store}-{_RUN}-{which}"
 
 
 # ---------------------------------------------------------------------------------------------- gunicorn
