@@ -29,7 +29,7 @@ from ..keys import KeyFunc, client_ip
 from ..limiter import storage_key
 from ..limits import Limit
 from ..rates import Rate
-from ..stores.base import Store
+from ..stores.base import BlockingOperation
 
 if TYPE_CHECKING:
     from ..limiter import Limiter
@@ -49,6 +49,8 @@ _LEVELS = 1000  # offences a key can accumulate (far past max_duration anyway)
 # Longer keys are not cached (their bans are read from the store each time): the cache's memory
 # stays bounded by entries x this, whatever keys clients make the key function return.
 _MAX_CACHED_KEY = 1024
+# What bans do synchronously (WSGI): strike (hit), read (peek), lift or replace (reset).
+_BAN_OPERATIONS: tuple[BlockingOperation, ...] = ("hit", "peek", "reset")
 
 
 class Bans:
@@ -173,8 +175,8 @@ class Bans:
         return self._read(key, decision.reset_after, entry, now)
 
     def check_blocking(self, limiter: Limiter, key: str) -> float:
-        """``check`` for synchronous code (WSGI): the store is read with ``peek_now``, so it must be
-        a local store (``require_blocking`` says so at start-up).
+        """``check`` for synchronous code (WSGI): the store is read with ``peek_blocking``, so it must
+        answer without an event loop (``require_blocking`` says so at start-up).
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
@@ -185,7 +187,7 @@ class Bans:
         if entry is not None and now < entry[1] and now < entry[0]:
             return entry[0] - now
         try:
-            decision = limiter.store.peek_now([self._storage(limiter, key, "until")], _UNTIL_LIST)[0]
+            decision = limiter.store.peek_blocking([self._storage(limiter, key, "until")], _UNTIL_LIST)[0]
         except Exception as exc:
             return self._read_failed(exc, entry, now)
         return self._read(key, decision.reset_after, entry, now)
@@ -269,13 +271,14 @@ class Bans:
         offence, this one included."""
         return max(0, math.ceil(offence.reset_after / self.max_duration - 1e-6) - offence.allowed)
 
-    # -- synchronous code (WSGI): the same steps on a local store's ``*_now`` methods ---------
+    # -- synchronous code (WSGI): the same steps on the store's ``*_blocking`` methods ---------
 
     @staticmethod
     def require_blocking(limiter: Limiter, needed_by: str) -> None:
         """Raise ``ConfigurationError`` at start-up unless bans can be read and written on
-        ``limiter``'s store without an event loop: a local store with ``peek_now`` and ``reset_now``
-        (``MemoryStore``, ``SharedMemoryStore``). No remote store has synchronous ones.
+        ``limiter``'s store (and its insurance limiter's) without an event loop: ``hit_blocking``,
+        ``peek_blocking`` and ``reset_blocking`` (``Store.can_block``: the local stores, ``RedisStore``,
+        ``MemcachedStore``, a ``Breaker`` over them).
 
         Args:
             limiter: Whose store would hold the bans.
@@ -283,17 +286,18 @@ class Bans:
         """
         stores = [limiter.store] if limiter.fallback is None else [limiter.store, limiter.fallback]
         for store in stores:
-            missing = [m for m in ("peek_now", "reset_now") if not _has_own(store, m)]
-            if not store.local or missing:
-                what = ", ".join(missing) if store.local else "a synchronous peek and reset"
+            missing = [f"{op}_blocking" for op in _BAN_OPERATIONS if not store.can_block(op)]
+            if missing:
                 raise ConfigurationError(
-                    f"{needed_by}: bans are read and written synchronously, which needs {what}; "
+                    f"{needed_by}: bans are read and written synchronously, which needs {', '.join(missing)}; "
                     f"{type(store).__name__} has no such method (stores that do: MemoryStore, "
-                    "SharedMemoryStore). Use one of them, drop the bans, or serve the app over ASGI."
+                    "SharedMemoryStore, RedisStore, MemcachedStore, a Breaker over them). Use one of them, "
+                    "drop the bans, or serve the app over ASGI."
                 )
 
     def strike_blocking(self, limiter: Limiter, key: str) -> float:
-        """``strike`` for synchronous code, on a store ``require_blocking`` accepted.
+        """``strike`` for synchronous code (``hit_blocking``, ``reset_blocking``), on a store
+        ``require_blocking`` accepted.
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
@@ -315,7 +319,8 @@ class Bans:
         return seconds
 
     def block_blocking(self, limiter: Limiter, key: str, seconds: float) -> float:
-        """``block`` for synchronous code, on a store ``require_blocking`` accepted.
+        """``block`` for synchronous code (``peek_blocking``, ``reset_blocking``, ``hit_blocking``), on
+        a store ``require_blocking`` accepted.
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
@@ -326,7 +331,7 @@ class Bans:
             raise ConfigurationError(f"block: seconds must be positive and finite, got {seconds!r}")
         store = limiter.store
         until_key = self._storage(limiter, key, "until")
-        left = store.peek_now([until_key], [_UNTIL])[0].reset_after
+        left = store.peek_blocking([until_key], [_UNTIL])[0].reset_after
         if left < seconds:
             _reset_blocking(limiter, [until_key], fallback=False)
             store.hit_blocking([until_key], [Limit(Rate(1, float(seconds)), "gcra", "ban")], [1.0])
@@ -342,14 +347,8 @@ class Bans:
             self._cache = dict(keep)
 
 
-def _has_own(store: Store, method: str) -> bool:
-    """Whether ``store`` implements ``method`` itself (not ``Store``'s refusing default)."""
-    found = getattr(type(store), method, None)
-    return callable(found) and found is not getattr(Store, method, None)
-
-
 def _reset_blocking(limiter: Limiter, keys: list[str], fallback: bool = True) -> None:
     """Forget ``keys`` on the store (and the insurance limiter's, as ``Limiter.reset`` does)."""
     if fallback and limiter.fallback is not None:
-        getattr(limiter.fallback, "reset_now")(keys)  # noqa: B009 - not every Store has it (require_blocking)
-    getattr(limiter.store, "reset_now")(keys)  # noqa: B009
+        limiter.fallback.reset_blocking(keys)
+    limiter.store.reset_blocking(keys)

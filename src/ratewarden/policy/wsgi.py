@@ -5,11 +5,13 @@ metrics, hot reload and 429/403 bytes, checked synchronously.
 The request enters as the scope ``ratewarden.wsgi.scope_of`` builds from the environ, goes through
 the stages of the ASGI middleware (``core.PolicyCore``: group choice, record, shadow header, ban
 answer) and is checked with ``enforcement.blocking.check_blocking``. Where the ASGI middleware
-awaits, this one blocks the server thread: bans are read and written with the store's synchronous
-methods, and a delayed request sleeps (``time.sleep``, at most the rule's ``max_wait``). What cannot
-be done without an event loop is refused at start-up (and a reload that needs it is refused too):
-a store without a synchronous client, bans or ``charge`` on a store without synchronous
-``peek``/``reset``/``adjust``, and async key functions.
+awaits, this one blocks the server thread: bans are read and written with the store's ``*_blocking``
+methods (``peek_blocking``, ``hit_blocking``, ``reset_blocking``), refunds made with ``adjust_blocking``
+(local stores, ``RedisStore`` and ``MemcachedStore`` have them all), and a delayed request sleeps
+(``time.sleep``, at most the rule's ``max_wait``). What cannot be done without an event loop is
+refused at start-up (and a reload that needs it is refused too), as ``Store.can_block`` tells: a
+store without a synchronous client, bans or ``charge`` on a store without a synchronous
+peek/reset/adjust, and async key functions.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
-from ..stores.base import Store
 from ..types import Scope
 from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans
@@ -77,11 +78,6 @@ def _is_async(func: object) -> bool:
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004
 
 
-def _has_own(store: Store, method: str) -> bool:
-    found = getattr(type(store), method, None)
-    return callable(found) and found is not getattr(Store, method, None)
-
-
 class _Start:
     """The app's ``start_response``, adding ``extra`` headers and settling after-response charges
     once the status is known (at the first call)."""
@@ -118,8 +114,9 @@ class WSGIPolicyMiddleware(PolicyCore):
     Args:
         app: The WSGI app to protect.
         limiter: Checks the limits on its store; the store must answer synchronously
-            (``Store.hit_blocking``: every local store), and with bans or ``charge`` rules it must be a
-            local store (``MemoryStore``, ``SharedMemoryStore``).
+            (``Store.hit_blocking``: every local store, ``RedisStore``, ``MemcachedStore``, a ``Breaker``
+            over them), and with bans or ``charge`` rules peek, reset and adjust too (``Store.can_block``:
+            the same stores).
         rules: The rules, when no ``policy`` gives them.
         policy: A TOML/YAML policy file's path (or a loaded ``Policy``); its rules replace ``rules``.
         watch: Poll the file every this many seconds and reload it on change; ``None`` disables
@@ -158,7 +155,7 @@ class WSGIPolicyMiddleware(PolicyCore):
         if header_style not in ("ietf", "legacy", "both"):
             raise ConfigurationError(f"header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
         store = limiter.store
-        if not store.local and not _has_own(store, "hit_blocking"):
+        if not store.can_block("hit"):
             raise ConfigurationError(
                 f"{_WHO} checks synchronously (Store.hit_blocking); {type(store).__name__} has no synchronous "
                 "client. Use a local store (MemoryStore, SharedMemoryStore) or serve the app over ASGI."
@@ -177,10 +174,11 @@ class WSGIPolicyMiddleware(PolicyCore):
         require_sync_keys([CompiledRule(r, self.limiter.prefix) for r in rules if not r.bypass and not r.websocket], _WHO)
         store = self.limiter.store
         for rule in rules:
-            if getattr(rule, "charge", None) is not None and not (store.local and _has_own(store, "adjust_now")):
+            if getattr(rule, "charge", None) is not None and not store.can_block("adjust"):
                 raise ConfigurationError(
                     f"{_WHO}: rule {rule.name!r} (charge: counting only some statuses) refunds synchronously, "
-                    f"which needs adjust_now; {type(store).__name__} has none (stores that do: MemoryStore, SharedMemoryStore)"
+                    f"which needs adjust_blocking; {type(store).__name__} has none (stores that do: MemoryStore, "
+                    "SharedMemoryStore, RedisStore, MemcachedStore, a Breaker over them)"
                 )
         if bans is not None:
             Bans.require_blocking(self.limiter, _WHO)
@@ -309,6 +307,6 @@ class WSGIPolicyMiddleware(PolicyCore):
             try:
                 key = _key(rule, scope)
                 costs = rule.costs if rule.cost_fn is None else [float(rule.cost_fn(scope))] * len(rule.limits)
-                self.limiter.store.adjust_now(rule.storage_keys(key), rule.limits, [-c for c in costs])
+                self.limiter.store.adjust_blocking(rule.storage_keys(key), rule.limits, [-c for c in costs])
             except Exception as exc:
                 log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
