@@ -1,6 +1,7 @@
 """The URLconf of tests/django/server_settings.py: ``/burst`` takes ``RW_SLEEP`` seconds (so one
 worker cannot take every request) and, with ``RW_PIDS``, leaves a file named after its worker's pid
-in that directory (which workers took part); every answer it sends says so in ``x-pid`` too."""
+in that directory (which workers took part); every answer it sends says so in ``x-pid`` too.
+``/warm-up`` is not limited: it only leaves the pid file."""
 
 from __future__ import annotations
 
@@ -26,4 +27,11 @@ def burst(request: Any) -> HttpResponse:
     return response
 
 
-urlpatterns = [path("burst", burst)]
+def warm_up(request: Any) -> HttpResponse:
+    """Unlimited: which workers are up (``RW_PIDS``)."""
+    if PIDS:
+        Path(PIDS, str(os.getpid())).touch()
+    return HttpResponse("up")
+
+
+urlpatterns = [path("burst", burst), path("warm-up", warm_up)]
