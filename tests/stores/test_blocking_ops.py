@@ -183,3 +183,11 @@ def test_an_open_breaker_answers_from_its_fallback() -> None:
     with pytest.raises(StoreError):
         breaker.reset_blocking(["k"])  # the fallback's, then the store's (as reset)
     assert _left(fallback.peek_now(["k"], [limit])) == [(True, 10)]
+
+
+async def test_keys_limits_and_amounts_of_different_lengths_are_refused(store: Store) -> None:
+    limits = make_limits("10/hour", "gcra")
+    with pytest.raises(ValueError):
+        await store.adjust(["a", "b"], limits, [1.0, 1.0])
+    with pytest.raises(ValueError):
+        store.adjust_blocking(["a", "b"], limits, [1.0, 1.0])

@@ -199,10 +199,8 @@ class Blocking(Store):
             limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units per key: positive charges, negative refunds.
         """
-        if not len(keys) == len(limits) == len(amounts):
-            raise ValueError("adjust: keys, limits and amounts must have the same length")
         self._rejections.forget(keys)
-        mkeys = [memcached_key(k) for k in keys]
+        mkeys = [memcached_key(k) for k, _, _ in zip(keys, limits, amounts, strict=True)]  # ValueError, as adjust
         try:
             return self._sync_run("adjust", mkeys, True, lambda client: self._sync_adjust(client, mkeys, limits, amounts))
         finally:

@@ -161,8 +161,8 @@ class BlockingClient:
         store's rejection cache) forgets the keys, as the async path's does."""
         if not keys:
             return []
-        if not len(keys) == len(limits) == len(amounts):
-            raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
+        for _ in zip(keys, limits, amounts, strict=True):  # lengths that differ: ValueError, as ``adjust``
+            pass
         decisions = self.peek_at(keys, limits, amounts, "a")
         for key in keys:  # a cached rejection may no longer hold
             cached.pop(key, None)
