@@ -1,0 +1,166 @@
+"""WSGI apps (the Flask extension and the plain WSGI middleware) on Redis and Memcached whose
+server is killed, then paused (SIGSTOP), under ``on_error="open"`` and ``"closed"``, with direct WSGI
+calls: never a 500, every request answered within 2 x the store timeout + slack; open → the app's
+200 (or the insurance limiter's 429: it enforces the same limit), closed → the shared 503 with
+``Retry-After``; once the server is back, exact limiting resumes (a new client gets exactly the
+limit, from the store).
+
+Each test has servers of its own (module-scoped, not the session's: they are killed here)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ratewarden import Limiter, Rule
+from ratewarden.enforcement.answers import UNAVAILABLE_BODY
+from ratewarden.stores import open_store
+from ratewarden.wsgi import RateLimitMiddleware
+from tests.servers import Memcached, RedisStandalone, Server, have
+from tests.wsgi.wsgi import Reply, WSGIApp, request
+
+TIMEOUT = 0.1
+BOUND = 2 * TIMEOUT + 0.5  # seconds a request may take while the store is down
+LIMIT = 5
+_clients = itertools.count(1)
+
+
+class Backend:
+    def __init__(self, kind: str, url: str, server: Server) -> None:
+        self.kind = kind
+        self.url = url
+        self.server = server
+
+    def down(self, how: str) -> None:
+        if how == "killed":
+            self.server.stop()
+        else:
+            self.server.pause()
+
+    def up(self, how: str) -> None:
+        if how == "killed":
+            self.server.start()
+        else:
+            self.server.resume()
+
+
+@pytest.fixture(scope="module", params=["redis", "memcached"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    if request.param == "redis":
+        if not have("redis-server"):
+            pytest.fail("redis-server is not installed: run scripts/install-system-deps.sh")
+        redis = RedisStandalone().start()
+        try:
+            yield Backend("redis", f"{redis.url}?timeout={TIMEOUT}&connect_timeout={TIMEOUT}", redis.server)
+        finally:
+            redis.server.resume()
+            redis.close()
+    else:
+        if not have("memcached"):
+            pytest.fail("memcached is not installed: run scripts/install-system-deps.sh")
+        memcached = Memcached().start()
+        try:
+            yield Backend(
+                "memcached", f"{memcached.url}?timeout={TIMEOUT}&connect_timeout={TIMEOUT}", memcached.server
+            )
+        finally:
+            memcached.server.resume()
+            memcached.close()
+
+
+def flask_app(url: str, on_error: str, prefix: str) -> tuple[WSGIApp, Limiter]:
+    from flask import Flask
+
+    from ratewarden.flask import RateLimiter
+
+    app = Flask(__name__)
+    app.config.update(
+        RATEWARDEN_STORAGE_URL=url, RATEWARDEN_ON_ERROR=on_error, RATEWARDEN_KEY_PREFIX=prefix,
+        RATEWARDEN_ALGORITHM="gcra",
+    )
+    extension = RateLimiter(app)
+
+    @app.get("/limited")
+    @extension.limit(f"{LIMIT}/day")
+    def limited() -> str:
+        return "ok"
+
+    with app.app_context():
+        limiter = extension.limiter
+    return app, limiter
+
+
+def wsgi_app(url: str, on_error: str, prefix: str) -> tuple[WSGIApp, Limiter]:
+    def ok(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+        return [b"ok"]
+
+    limiter = Limiter(open_store(url), prefix=prefix, on_error=on_error)  # type: ignore[arg-type]
+    app = RateLimitMiddleware(ok, limiter, [Rule("/limited", f"{LIMIT}/day", algorithm="gcra")])
+    return app, limiter
+
+
+APPS = {"flask": flask_app, "wsgi": wsgi_app}
+
+
+def failed(limiter: Limiter) -> int:
+    """How many checks the store failed (timed out, unreachable, an error reply)."""
+    counts = limiter.without_store()
+    return counts["timeout"] + counts["unreachable"] + counts["error"]
+
+
+def new_client() -> str:
+    n = next(_clients)
+    return f"198.51.{n // 250}.{n % 250 + 1}"
+
+
+def timed(app: WSGIApp, client: str) -> tuple[Reply, float]:
+    started = time.monotonic()
+    reply = request(app, "/limited", remote=client)
+    return reply, time.monotonic() - started
+
+
+def exact_limit(app: WSGIApp) -> None:
+    """A new client gets exactly ``LIMIT`` 200s, then 429s, every one decided by the store."""
+    client = new_client()
+    replies = [request(app, "/limited", remote=client) for _ in range(LIMIT + 2)]
+    assert [r.status for r in replies] == [200] * LIMIT + [429, 429]
+    assert [r.header("x-ratelimit-remaining") for r in replies[:LIMIT]] == [str(LIMIT - 1 - i) for i in range(LIMIT)]
+
+
+@pytest.mark.parametrize("how", ["killed", "paused"])
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+@pytest.mark.parametrize("framework", ["flask", "wsgi"])
+def test_store_failure(backend: Backend, framework: str, on_error: str, how: str) -> None:
+    app, limiter = APPS[framework](backend.url, on_error, f"fail-{uuid.uuid4().hex[:12]}")
+    try:
+        exact_limit(app)
+        assert failed(limiter) == 0
+        backend.down(how)
+        try:
+            client = new_client()
+            answers = [timed(app, client) for _ in range(LIMIT + 2)]
+        finally:
+            backend.up(how)
+        codes = [reply.status for reply, _ in answers]
+        slowest = max(elapsed for _, elapsed in answers)
+        assert 500 not in codes
+        assert failed(limiter) == len(answers), limiter.without_store()  # each one: the store failed it
+        assert slowest < BOUND, f"a request took {slowest:.2f} s with the store {how} (bound {BOUND:.2f} s)"
+        if on_error == "open":  # the insurance limiter: the same limit, counted in this process
+            assert codes == [200] * LIMIT + [429, 429], codes
+            assert answers[0][0].body == b"ok"
+        else:
+            assert codes == [503] * len(codes), codes
+            for reply, _ in answers:
+                assert reply.header("retry-after") == "1"
+                assert reply.body == UNAVAILABLE_BODY
+        exact_limit(app)
+        assert failed(limiter) == len(answers), limiter.without_store()  # the store decided them all
+    finally:
+        limiter.close_sync()
