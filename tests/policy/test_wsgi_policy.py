@@ -245,13 +245,16 @@ def test_a_store_without_a_synchronous_client_is_refused_at_start_up() -> None:
         WSGIPolicyMiddleware(hello, Limiter(_RemoteWithoutSync(), fallback=None), [PolicyRule("/api/**", "1/min")])
 
 
-def test_a_redis_store_with_bans_is_refused_naming_it(tmp_path: Path) -> None:
+def test_a_redis_store_with_bans_is_accepted_at_start_up(tmp_path: Path) -> None:
+    """Redis answers bans without an event loop (``peek_blocking``/``reset_blocking``): no refusal,
+    and nothing is asked of the (unreachable) server until a request comes."""
     from ratewarden.stores import RedisStore
 
     path = tmp_path / "p.toml"
     path.write_text('version = 1\n[[rules]]\npath = "/api/**"\nrate = "1/min"\n[bans]\nafter = 3\n')
-    with pytest.raises(ConfigurationError, match="RedisStore"):
-        WSGIPolicyMiddleware(hello, Limiter(RedisStore("redis://127.0.0.1:1/0")), policy=path)
+    store = RedisStore("redis://127.0.0.1:1/0")
+    assert store.can_block("hit", "peek", "reset")
+    WSGIPolicyMiddleware(hello, Limiter(store), policy=path)
 
 
 def test_async_key_functions_are_refused() -> None:
