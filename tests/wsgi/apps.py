@@ -2,7 +2,9 @@
 
 * ``RW_STORE``: ``memory`` (the default), ``shm:<name>:<directory>`` (a ``SharedMemoryStore`` every
   worker opens by name) or a store URL for ``open_store`` (``redis://...``, ``memcached://...``);
-* ``RW_LIMIT``: requests per hour on ``/limited``, all charged to one key (default 100);
+* ``RW_LIMIT``: requests per hour on ``/limited``, all charged to one key (default 100), or to the
+  ``X-Client`` request header's value when there is one;
+* ``RW_ON_ERROR``: the limiter's failure policy, ``open`` (the default) or ``closed``;
 * ``RW_PREFIX``: the limiter's storage-key prefix (a fresh one per test on a shared server);
 * ``RW_PIDS``: a directory where each answer (admitted or not) leaves a file named after its
   worker's pid (which workers took part);
@@ -49,11 +51,21 @@ def limited(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iter
     return [b"ok"]
 
 
+def client(scope: dict[str, Any]) -> str:
+    """Who is charged: the ``X-Client`` header's value, else one key for everyone."""
+    for name, value in scope["headers"]:
+        if name == b"x-client":
+            return value.decode("latin-1")
+    return "everyone"
+
+
 limited_app = RateLimitMiddleware(
     limited,
-    Limiter(make_store(os.environ.get("RW_STORE", "memory")), prefix=os.environ.get("RW_PREFIX", "rw")),
-    [Rule("/limited", f"{os.environ.get('RW_LIMIT', '100')}/hour", key=lambda scope: "everyone",
-          algorithm="sliding_window")],
+    Limiter(
+        make_store(os.environ.get("RW_STORE", "memory")), prefix=os.environ.get("RW_PREFIX", "rw"),
+        on_error=os.environ.get("RW_ON_ERROR", "open"),  # type: ignore[arg-type]
+    ),
+    [Rule("/limited", f"{os.environ.get('RW_LIMIT', '100')}/hour", key=client, algorithm="sliding_window")],
 )
 
 

@@ -3,7 +3,8 @@ server is killed, then paused (SIGSTOP), under ``on_error="open"`` and ``"closed
 calls: never a 500, every request answered within 2 x the store timeout + slack; open → the app's
 200 (or the insurance limiter's 429: it enforces the same limit), closed → the shared 503 with
 ``Retry-After``; once the server is back, exact limiting resumes (a new client gets exactly the
-limit, from the store).
+limit, from the store). One gunicorn ``gthread`` server per store and policy does the same with
+8 threads sharing the store's client while the server is paused.
 
 Each test has servers of its own (module-scoped, not the session's: they are killed here)."""
 
@@ -21,7 +22,7 @@ from ratewarden import Limiter, Rule
 from ratewarden.enforcement.answers import UNAVAILABLE_BODY
 from ratewarden.stores import open_store
 from ratewarden.wsgi import RateLimitMiddleware
-from tests.servers import Memcached, RedisStandalone, Server, have
+from tests.servers import Memcached, RedisStandalone, Server, gunicorn_server, have, http_burst
 from tests.wsgi.wsgi import Reply, WSGIApp, request
 
 TIMEOUT = 0.1
@@ -164,3 +165,22 @@ def test_store_failure(backend: Backend, framework: str, on_error: str, how: str
         assert failed(limiter) == len(answers), limiter.without_store()  # the store decided them all
     finally:
         limiter.close_sync()
+
+
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+def test_gunicorn_gthread_with_the_store_paused(backend: Backend, on_error: str) -> None:
+    """The same under one gunicorn ``gthread`` worker with 8 threads sharing the store's client
+    (``tests/wsgi/apps.py``): 40 concurrent requests while the server is paused, then exactness."""
+    env = {"RW_STORE": backend.url, "RW_LIMIT": "100", "RW_ON_ERROR": on_error,
+           "RW_PREFIX": f"fail-{uuid.uuid4().hex[:12]}"}
+    with gunicorn_server("tests.wsgi.apps:app", threads=8, worker_class="gthread", env=env) as port:
+        assert sorted(http_burst(port, "/limited", 150, 150, {"x-client": "a"})).count(200) == 100
+        with backend.server.paused():
+            started = time.monotonic()
+            codes = http_burst(port, "/limited", 40, 40, {"x-client": "b"})
+            took = time.monotonic() - started
+        assert 500 not in codes
+        assert codes == [200 if on_error == "open" else 503] * 40, codes  # open: the insurance limiter admits
+        assert took < 40 / 8 * BOUND, f"40 requests on 8 threads took {took:.2f} s with the store paused"
+        codes = http_burst(port, "/limited", 150, 150, {"x-client": "c"})
+        assert set(codes) <= {200, 429} and codes.count(200) == 100, sorted(set(codes))
