@@ -2,8 +2,9 @@
 rule, ``/burst`` at ``RW_LIMIT`` (default 100) a day per client (token bucket: no window boundary
 mid-test), on the store ``RW_DJANGO_STORE`` names (``memory://``, ``shm://name?...`` as the README's
 deploy paragraph sets it, ``redis://...``, ``memcached://...``) with the storage-key prefix
-``RW_DJANGO_PREFIX`` (a fresh one per test on a shared server). ``RW_SLEEP`` and ``RW_PIDS``: see
-``server_urls``."""
+``RW_DJANGO_PREFIX`` (a fresh one per test on a shared server), the failure policy
+``RW_DJANGO_ON_ERROR`` and the rule's key ``RW_DJANGO_KEY`` (default ``ip``). ``RW_SLEEP`` and
+``RW_PIDS``: see ``server_urls``."""
 
 from __future__ import annotations
 
@@ -19,5 +20,9 @@ MIDDLEWARE = ["ratewarden.django.RateLimitMiddleware"]
 RATEWARDEN = {
     "STORE": os.environ.get("RW_DJANGO_STORE", "memory://"),
     "PREFIX": os.environ.get("RW_DJANGO_PREFIX", "rw"),
-    "RULES": [{"path": "/burst", "rate": f"{os.environ.get('RW_LIMIT', '100')}/day", "algorithm": "token_bucket"}],
+    "ON_ERROR": os.environ.get("RW_DJANGO_ON_ERROR", "open"),
+    "RULES": [{
+        "path": "/burst", "rate": f"{os.environ.get('RW_LIMIT', '100')}/day", "algorithm": "token_bucket",
+        "key": os.environ.get("RW_DJANGO_KEY", "ip"),
+    }],
 }

@@ -18,7 +18,7 @@ import pytest
 
 from ratewarden.stores.shared_memory.segment import segment_path
 from tests.readme import README
-from tests.servers import Memcached, RedisStandalone, gunicorn_server, http_burst, uvicorn_in_thread
+from tests.servers import Memcached, RedisStandalone, gunicorn_server, have, http_burst, uvicorn_in_thread
 from tests.shm import unique_name
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("gunicorn") is None, reason="gunicorn is not installed")
@@ -95,6 +95,43 @@ def test_readme_deploy_four_workers_share_the_shared_memory_store(tmp_path: Path
         exactly_100((4, 1, "sync"), {"RW_DJANGO_STORE": url.replace(f"shm://{name}", f"shm://{fresh}")}, tmp_path)
     finally:
         segment_path(fresh).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("how", ["killed", "paused"])
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+def test_gunicorn_gthread_with_the_store_down(on_error: str, how: str) -> None:
+    """A Redis of the test's own (0.1 s timeout) killed or paused under a ``gthread`` worker with 8
+    threads: 40 concurrent requests get no 500, the app's 200 (open: the insurance limiter admits)
+    or the 503 (closed), in bounded time; once the server is back a new
+    client gets exactly the limit."""
+    if not have("redis-server"):
+        pytest.fail("redis-server is not installed: run scripts/install-system-deps.sh")
+    redis = RedisStandalone().start()
+    env = {"RW_DJANGO_STORE": f"{redis.url}?timeout=0.1&connect_timeout=0.1", "RW_DJANGO_ON_ERROR": on_error,
+           "RW_DJANGO_KEY": "header:x-client"}
+    try:
+        with gunicorn_server(APP, threads=8, worker_class="gthread", env=env) as port:
+            assert http_burst(port, "/burst", 150, 150, {"x-client": "a"}).count(200) == 100
+            if how == "killed":
+                redis.server.stop()
+            else:
+                redis.server.pause()
+            try:
+                started = time.monotonic()
+                codes = http_burst(port, "/burst", 40, 40, {"x-client": "b"})
+                took = time.monotonic() - started
+            finally:
+                if how == "killed":
+                    redis.server.start()
+                else:
+                    redis.server.resume()
+            assert codes == [200 if on_error == "open" else 503] * 40, codes
+            assert took < 40 / 8 * (2 * 0.1 + 0.5), f"40 requests on 8 threads took {took:.2f} s"
+            codes = http_burst(port, "/burst", 150, 150, {"x-client": "c"})
+            assert set(codes) <= {200, 429} and codes.count(200) == 100, sorted(set(codes))
+    finally:
+        redis.server.resume()
+        redis.close()
 
 
 def test_async_view_under_uvicorn() -> None:
