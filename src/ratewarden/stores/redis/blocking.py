@@ -64,13 +64,32 @@ from .errors import RESENDS, bad_reply, pool_busy, refused_as_late, store_name
 from .protocol import SCRIPT, SCRIPT_SHA, Reply, ScriptArgs, decision_at, key_bytes
 from .topology import pool_limit, slot_groups, spans_slots
 
-__all__ = ["BlockingClient"]
+__all__ = ["BlockingClient", "read_decisions"]
 
 #: What the synchronous client raises when the store cannot answer (RedisClusterException: no
 #: node of a cluster reachable, no node for a slot; it is no RedisError).
 FAILURES = (RedisError, OSError, RedisClusterException)
 _OPERATIONS = {"h": "hit", "p": "peek", "a": "adjust"}
 _T = TypeVar("_T")
+
+
+def read_decisions(out: list[Decision], idx: Sequence[int], reply: Reply, limits: Sequence[Limit], url: str) -> None:
+    """Put the decisions of one slot's script reply at their keys' places in ``out`` (``idx``: the
+    indexes of that slot's keys); a reply that cannot be read is ``bad_reply``. The async path's
+    ``RedisStore._peek_at`` reads its replies the same way.
+
+    Args:
+        out: One decision per key of the whole call, filled in place.
+        idx: Where the keys of this reply stand in ``out`` (and in ``limits``).
+        reply: The script's reply for those keys, five items a key.
+        limits: The limit on each key of the whole call.
+        url: The store's URL, for the error.
+    """
+    for j, i in enumerate(idx):
+        try:
+            out[i] = decision_at(reply, 5 * j, limits[i])
+        except (TypeError, ValueError, IndexError) as exc:
+            raise bad_reply(url, reply) from exc
 
 
 class _Args(ScriptArgs):
@@ -184,11 +203,7 @@ class BlockingClient:
         out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
         for idx in slot_groups(keys, self.cluster):
             reply = self._call(mode, [keys[i] for i in idx], [limits[i] for i in idx], [costs[i] for i in idx])
-            for j, i in enumerate(idx):
-                try:
-                    out[i] = decision_at(reply, 5 * j, limits[i])
-                except (TypeError, ValueError, IndexError) as exc:
-                    raise bad_reply(self.url, reply) from exc
+            read_decisions(out, idx, reply, limits, self.url)
         return out
 
     def _call(self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Reply:

@@ -18,7 +18,7 @@ from ...limits import Limit
 from ..base import Store, combine, no_reply
 from ..deadline import wait_for_store
 from ..urls import parse_store_url
-from .blocking import BlockingClient
+from .blocking import BlockingClient, read_decisions
 from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
 from .errors import (
@@ -32,7 +32,7 @@ from .errors import (
 )
 from .gate import ConnectionGate, Turn
 from .pipeline import Exchange, Pipeline
-from .protocol import PackedCommands, Reply, ScriptArgs, decision_at
+from .protocol import PackedCommands, Reply, ScriptArgs
 from .topology import close_client, make_client, pool_limit, slot_groups, spans_slots
 
 __all__ = ["RedisStore"]
@@ -235,11 +235,7 @@ class RedisStore(Store):
             replies = await self._call(self._eval_per_slot(turn, mode, groups, keys, limits, costs), turn, mode)
         out: list[Decision] = [None] * len(keys)  # type: ignore[list-item]
         for idx, reply in zip(groups, replies, strict=False):
-            for j, i in enumerate(idx):
-                try:
-                    out[i] = decision_at(reply, 5 * j, limits[i])
-                except (TypeError, ValueError, IndexError) as exc:
-                    raise bad_reply(self.url, reply) from exc
+            read_decisions(out, idx, reply, limits, self.url)
         return out
 
     # -- sending ---------------------------------------------------------------------------
