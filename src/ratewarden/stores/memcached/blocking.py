@@ -43,14 +43,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ...algorithms import State
-from ...charges import adjusted_state
 from ...decision import Decision
 from ...limits import Limit
 from ..base import Store, StoreError, combine, no_reply
 from ..rejections import RejectionCache
-from .cas import backoff
-from .encoding import decode, encode, expiry, memcached_key
+from .cas import adjusted_write, backoff, evaluate, peek_decisions, writes
+from .encoding import decode, expiry, memcached_key
 from .protocol import Read
 from .putbacks import UNDO_TIMEOUT, Undo
 
@@ -67,47 +65,6 @@ __all__ = ["Blocking", "adjusted_write", "peek_decisions"]
 
 _T = TypeVar("_T")
 _POLL = 0.01  # seconds between looks at a write that got no answer, to see whether it landed
-
-
-def peek_decisions(values: Sequence[bytes | None], limits: Sequence[Limit], now: float) -> list[Decision]:
-    """Each limit's decision for a zero-cost request on its key's stored value (``None``: no key).
-
-    Args:
-        values: Each key's stored value, as read.
-        limits: The limit of each key.
-        now: The time to read the states at (``MemcachedStore.clock``).
-    """
-    out = [limit.fn(decode(v) if v is not None else None, now, 0.0, limit.rate)[1] for v, limit in zip(values, limits, strict=False)]
-    for decision, limit in zip(out, limits, strict=False):
-        decision.policy = limit.name
-    return out
-
-
-def adjusted_write(
-    limit: Limit, value: bytes | None, token: int | None, now: float, amount: float
-) -> tuple[bytes | None, float, Decision]:
-    """What ``adjust`` writes on a key read as ``(value, token)``: ``(data, seconds, decision)``; ``data``
-    is ``None`` when nothing changes. A whole limit available again is written as the algorithm's
-    "nothing used" state (memcached has no compare-and-delete), which reads as no key.
-
-    Args:
-        limit: The key's limit.
-        value: Its stored value (``None``: no key).
-        token: Its CAS token (``None``: no key).
-        now: The time (``MemcachedStore.clock``).
-        amount: Units to charge; negative refunds.
-    """
-    state = decode(value) if value is not None else None
-    new_state, decision = adjusted_state(limit, state, now, amount)
-    decision.policy = limit.name
-    if new_state is state or (new_state is None and token is None):
-        return None, 0.0, decision  # nothing changes
-    ttl = decision.reset_after
-    if new_state is None:
-        new_state, empty = limit.fn(None, now, 0.0, limit.rate)
-        assert new_state is not None  # a zero-cost request is always allowed
-        ttl = empty.reset_after
-    return encode(new_state), ttl, decision
 
 
 class _Interrupted(Exception):
@@ -264,26 +221,14 @@ class Blocking(Store):
     def _sync_check(self, client: Any, mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         for attempt in range(self.retries):
             read = self._sync_read(client, mkeys)
-            now = self.clock()
-            decisions: list[Decision] = []
-            states: list[State | None] = []
-            for (value, _token), limit, cost in zip(read, limits, costs, strict=False):
-                new_state, decision = limit.fn(decode(value) if value is not None else None, now, cost, limit.rate)
-                decision.policy = limit.name
-                decisions.append(decision)
-                states.append(new_state)
+            decisions, _, states = evaluate(read, limits, costs, self.clock())
             if not all(d.allowed for d in decisions):
                 return combine(decisions)
-            wall = time.time()
             written: list[Undo] = []
-            for i, mkey in enumerate(mkeys):
-                new_state = states[i]
-                if new_state is None:
-                    continue
-                value, token = read[i]
-                data = encode(new_state)
-                written.append((mkey, value, data, limits[i]))
-                if not self._sync_write(client, mkey, data, token, expiry(decisions[i].reset_after, wall), written):
+            for undo, token, exptime in writes(mkeys, read, states, decisions, limits):
+                mkey, _, data, _ = undo
+                written.append(undo)
+                if not self._sync_write(client, mkey, data, token, exptime, written):
                     with self._sync_cond:
                         self.cas_conflicts += 1
                     written.pop()

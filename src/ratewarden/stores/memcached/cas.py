@@ -16,7 +16,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ...algorithms import State
 from ...charges import adjusted_state
@@ -25,8 +25,10 @@ from ...limits import Limit
 from ..base import StoreError, combine
 from ..rejections import RejectionCache
 from .encoding import decode, encode, expiry
-from .protocol import Read, deleted, stored, values_reader, write_command
+from .protocol import Read, stored, values_reader, write_command
 from .putbacks import PutBacks, Undo
+
+__all__ = ["CasChecks", "adjusted_write", "backoff", "evaluate", "peek_decisions", "writes"]
 
 BACKOFF = 0.0005  # seconds: the first CAS-conflict backoff's upper bound, doubled per conflict
 BACKOFF_MAX = 0.02
@@ -35,6 +37,97 @@ BACKOFF_MAX = 0.02
 def backoff(attempt: int) -> float:
     """Seconds to wait after the ``attempt``-th lost compare-and-swap race (jittered)."""
     return random.uniform(0.0, min(BACKOFF_MAX, BACKOFF * 2.0**attempt))
+
+
+def peek_decisions(values: Sequence[bytes | None], limits: Sequence[Limit], now: float) -> list[Decision]:
+    """Each limit's decision for a zero-cost request on its key's stored value (``None``: no key).
+
+    Args:
+        values: Each key's stored value, as read.
+        limits: The limit of each key.
+        now: The time to read the states at (``MemcachedStore.clock``).
+    """
+    out = [limit.fn(decode(v) if v is not None else None, now, 0.0, limit.rate)[1] for v, limit in zip(values, limits, strict=False)]
+    for decision, limit in zip(out, limits, strict=False):
+        decision.policy = limit.name
+    return out
+
+
+def adjusted_write(
+    limit: Limit, value: bytes | None, token: int | None, now: float, amount: float
+) -> tuple[bytes | None, float, Decision]:
+    """What ``adjust`` writes on a key read as ``(value, token)``: ``(data, seconds, decision)``; ``data``
+    is ``None`` when nothing changes. A whole limit available again is written as the algorithm's
+    "nothing used" state (memcached has no compare-and-delete), which reads as no key.
+
+    Args:
+        limit: The key's limit.
+        value: Its stored value (``None``: no key).
+        token: Its CAS token (``None``: no key).
+        now: The time (``MemcachedStore.clock``).
+        amount: Units to charge; negative refunds.
+    """
+    state = decode(value) if value is not None else None
+    new_state, decision = adjusted_state(limit, state, now, amount)
+    decision.policy = limit.name
+    if new_state is state or (new_state is None and token is None):
+        return None, 0.0, decision  # nothing changes
+    ttl = decision.reset_after
+    if new_state is None:
+        new_state, empty = limit.fn(None, now, 0.0, limit.rate)
+        assert new_state is not None  # a zero-cost request is always allowed
+        ttl = empty.reset_after
+    return encode(new_state), ttl, decision
+
+
+def evaluate(
+    read: Sequence[Read], limits: Sequence[Limit], costs: Sequence[float], now: float
+) -> tuple[list[Decision], list[State | None], list[State | None]]:
+    """A multi-key check's step between its read and its writes: each limit's algorithm on its
+    key's state as read, charging its cost at ``now``. Returns the decisions, the states read
+    (``None``: no key) and the states to write (``None``: nothing to write).
+
+    Args:
+        read: Each key's ``(value, token)``, as read.
+        limits: The limit of each key.
+        costs: What the request costs under each limit.
+        now: The time to check at (``MemcachedStore.clock``).
+    """
+    decisions: list[Decision] = []
+    befores: list[State | None] = []
+    states: list[State | None] = []
+    for (value, _token), limit, cost in zip(read, limits, costs, strict=False):
+        state = decode(value) if value is not None else None
+        new_state, decision = limit.fn(state, now, cost, limit.rate)
+        decision.policy = limit.name
+        decisions.append(decision)
+        befores.append(state)
+        states.append(new_state)
+    return decisions, befores, states
+
+
+def writes(
+    mkeys: Sequence[bytes], read: Sequence[Read], states: Sequence[State | None], decisions: Sequence[Decision],
+    limits: Sequence[Limit],
+) -> Iterator[tuple[Undo, int | None, int]]:
+    """The writes of an allowed multi-key check, key by key (those with a state to write): what
+    puts it back (``Undo``: key, value read, data to write, limit), the key's CAS token (``None``:
+    ``add``) and the expiry to write it with (from one wall-clock reading, at the first write).
+
+    Args:
+        mkeys: The memcached keys.
+        read: Each key's ``(value, token)``, as read.
+        states: Each key's new state (``evaluate``; ``None``: nothing to write).
+        decisions: Each key's decision (its ``reset_after`` sets the expiry).
+        limits: The limit of each key.
+    """
+    wall = time.time()
+    for i, mkey in enumerate(mkeys):
+        new_state = states[i]
+        if new_state is None:
+            continue
+        value, token = read[i]
+        yield (mkey, value, encode(new_state), limits[i]), token, expiry(decisions[i].reset_after, wall)
 
 
 class CasChecks(PutBacks):
@@ -57,16 +150,7 @@ class CasChecks(PutBacks):
         for attempt in range(self.retries):
             read = await self._read_all(mkeys)
             now = self.clock()
-            decisions: list[Decision] = []
-            befores: list[State | None] = []
-            states: list[State | None] = []
-            for (value, _token), limit, cost in zip(read, limits, costs, strict=False):
-                state = decode(value) if value is not None else None
-                new_state, decision = limit.fn(state, now, cost, limit.rate)
-                decision.policy = limit.name
-                decisions.append(decision)
-                befores.append(state)
-                states.append(new_state)
+            decisions, befores, states = evaluate(read, limits, costs, now)
             if not all(d.allowed for d in decisions):
                 decided = combine(decisions)
                 if self.cache_rejections and 0 < decided.retry_after < math.inf:
@@ -75,16 +159,11 @@ class CasChecks(PutBacks):
                         self._rejections.remember(key, costs[i], until, decisions[i], befores[i], limits[i], now)
                 return decided
             self._rejections.forget(keys)
-            wall = time.time()
             written: list[Undo] = []
-            for i, mkey in enumerate(mkeys):
-                new_state = states[i]
-                if new_state is None:
-                    continue
-                value, token = read[i]
-                data = encode(new_state)
-                payload = write_command(mkey, data, token, expiry(decisions[i].reset_after, wall))
-                written.append((mkey, value, data, limits[i]))
+            for undo, token, exptime in writes(mkeys, read, states, decisions, limits):
+                mkey, _, data, _ = undo
+                payload = write_command(mkey, data, token, exptime)
+                written.append(undo)
                 if not await self._write(payload, written, None):
                     self.cas_conflicts += 1
                     written.pop()
@@ -102,21 +181,9 @@ class CasChecks(PutBacks):
         for key, limit, amount in zip(mkeys, limits, amounts, strict=True):
             for attempt in range(self.retries):
                 ((value, token),) = await self._command(b"gets " + key + b"\r\n", values_reader((key,)))
-                state = decode(value) if value is not None else None
-                now = self.clock()
-                new_state, decision = adjusted_state(limit, state, now, amount)
-                decision.policy = limit.name
-                if new_state is state or (new_state is None and token is None):
+                data, ttl, decision = adjusted_write(limit, value, token, self.clock(), amount)
+                if data is None:
                     break  # nothing changes
-                ttl = decision.reset_after
-                if new_state is None:
-                    # Whole limit available: write the algorithm's empty state (reads as no key).
-                    new_state, empty = limit.fn(None, now, 0.0, limit.rate)
-                    if new_state is None:  # pragma: no cover - a zero-cost request is always allowed
-                        await self._command(b"delete " + key + b"\r\n", deleted)
-                        break
-                    ttl = empty.reset_after
-                data = encode(new_state)
                 if await self._command(write_command(key, data, token, expiry(ttl, time.time())), stored):
                     break
                 self.cas_conflicts += 1
