@@ -19,7 +19,7 @@ from ..limits import Limit
 from ..rules import CompiledRule
 from ..stores.base import StoreError
 from ..types import Scope
-from .check import log_failure, report_failure, store_failed
+from .check import add_charge, log_failure, report_failure, store_failed
 
 __all__ = ["check_blocking", "require_sync_keys"]
 
@@ -78,12 +78,7 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
             if rule.shadow:
                 shadow.append(rule)
                 continue
-            keys.extend(rule.storage_keys(_key_of(rule, scope)))
-            limits.extend(rule.limits)
-            if rule.cost_fn is None:
-                costs.extend(rule.costs)
-            else:
-                costs.extend([float(rule.cost_fn(scope))] * len(rule.limits))
+            add_charge(keys, limits, costs, rule, _key_of(rule, scope), scope)
     except Exception as exc:
         report_failure(limiter, "key function", exc)
         return None

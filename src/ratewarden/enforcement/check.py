@@ -21,7 +21,8 @@ from ..stores.base import StoreError
 from ..types import Scope
 
 __all__ = [
-    "Checked", "LimitUnavailable", "check", "check_rules", "decided", "log_failure", "report_failure", "store_failed",
+    "Checked", "LimitUnavailable", "add_charge", "check", "check_rules", "decided", "log_failure", "report_failure",
+    "rule_costs", "store_failed",
 ]
 
 log = logging.getLogger("ratewarden")
@@ -203,13 +204,7 @@ async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Sco
                 limits.extend(rule.message_limits)
                 costs.extend(rule.message_costs)
                 continue
-            keys.extend(rule.storage_keys(key))
-            limits.extend(rule.limits)
-            if rule.cost_fn is None:
-                costs.extend(rule.costs)
-            else:
-                cost = float(rule.cost_fn(scope))
-                costs.extend([cost] * len(rule.limits))
+            add_charge(keys, limits, costs, rule, key, scope)
     except Exception as exc:
         report_failure(limiter, "key function", exc)
         return None
@@ -218,6 +213,38 @@ async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Sco
     if not keys:
         return None
     return await _hit(limiter, keys, limits, costs, "store")
+
+
+def rule_costs(rule: CompiledRule, scope: Scope) -> Sequence[float]:
+    """What the request costs under each of ``rule``'s limits (its cost function's answer, when it
+    has one).
+
+    Args:
+        rule: A rule the request matched.
+        scope: The request's scope, for a cost function.
+    """
+    if rule.cost_fn is None:
+        return rule.costs
+    return [float(rule.cost_fn(scope))] * len(rule.limits)
+
+
+def add_charge(
+    keys: list[str], limits: list[Limit], costs: list[float], rule: CompiledRule, key: str, scope: Scope
+) -> None:
+    """Add ``rule``'s charge of client ``key`` to a check of several rules: its storage keys, its
+    limits and their costs (the async and the blocking check build their lists alike).
+
+    Args:
+        keys: The check's storage keys, extended.
+        limits: The limit on each key, extended.
+        costs: The cost under each limit, extended.
+        rule: An enforced rule the request matched.
+        key: The client's key (the rule's key function's answer).
+        scope: The request's scope, for a cost function.
+    """
+    keys.extend(rule.storage_keys(key))
+    limits.extend(rule.limits)
+    costs.extend(rule_costs(rule, scope))
 
 
 async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> None:
