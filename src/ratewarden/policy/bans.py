@@ -222,8 +222,7 @@ class Bans:
             key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
             seconds: How long the ban lasts.
         """
-        if not seconds > 0 or math.isinf(seconds):
-            raise ConfigurationError(f"block: seconds must be positive and finite, got {seconds!r}")
+        _check_length(seconds)
         store = limiter.store
         until_key = self._storage(limiter, key, "until")
         left = (await store.peek([until_key], [_UNTIL]))[0].reset_after
@@ -260,9 +259,17 @@ class Bans:
         if self.growth > 1:
             offence = await limiter.store.hit([self._storage(limiter, key, "level")], [self._level_limit], [1.0])
             level = self._level(offence)
-        seconds = min(self.max_duration, self.duration * self.growth**level)
+        seconds = self._ban_length(level)
         await self.block(limiter, key, seconds)
         await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
+        return self._banned(key, seconds, level)
+
+    def _ban_length(self, level: int) -> float:
+        """How long a ban at offence ``level`` lasts (0: the first offence)."""
+        return min(self.max_duration, self.duration * self.growth**level)
+
+    def _banned(self, key: str, seconds: float, level: int) -> float:
+        """Log the ban ``strike`` just set; its length."""
         log.warning("banned key=%s for %.0fs after %d rejections (offence %d)", key, seconds, self.after, level + 1)
         return seconds
 
@@ -312,11 +319,10 @@ class Bans:
         level = 0
         if self.growth > 1:
             level = self._level(store.hit_blocking([self._storage(limiter, key, "level")], [self._level_limit], [1.0]))
-        seconds = min(self.max_duration, self.duration * self.growth**level)
+        seconds = self._ban_length(level)
         self.block_blocking(limiter, key, seconds)
         _reset_blocking(limiter, strikes)
-        log.warning("banned key=%s for %.0fs after %d rejections (offence %d)", key, seconds, self.after, level + 1)
-        return seconds
+        return self._banned(key, seconds, level)
 
     def block_blocking(self, limiter: Limiter, key: str, seconds: float) -> float:
         """``block`` for synchronous code (``peek_blocking``, ``reset_blocking``, ``hit_blocking``), on
@@ -327,8 +333,7 @@ class Bans:
             key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
             seconds: How long the ban lasts.
         """
-        if not seconds > 0 or math.isinf(seconds):
-            raise ConfigurationError(f"block: seconds must be positive and finite, got {seconds!r}")
+        _check_length(seconds)
         store = limiter.store
         until_key = self._storage(limiter, key, "until")
         left = store.peek_blocking([until_key], [_UNTIL])[0].reset_after
@@ -345,6 +350,12 @@ class Bans:
             # Still full of live bans: drop the ones closest to expiry (the store still has them).
             keep = sorted(self._cache.items(), key=lambda kv: kv[1][0])[len(self._cache) // 10 :]
             self._cache = dict(keep)
+
+
+def _check_length(seconds: float) -> None:
+    """Refuse a ban length that is not positive and finite (``block``'s ``seconds``)."""
+    if not seconds > 0 or math.isinf(seconds):
+        raise ConfigurationError(f"block: seconds must be positive and finite, got {seconds!r}")
 
 
 def _reset_blocking(limiter: Limiter, keys: list[str], fallback: bool = True) -> None:
