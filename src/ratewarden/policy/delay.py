@@ -59,20 +59,15 @@ class Delay:
             recheck: Checks the request again (charging it when allowed); ``None`` when the check could
                 not decide.
         """
-        if not self._enter(key, decision):
+        deadline = self._enter(key, decision)
+        if deadline is None:
             return decision
-        deadline = time.monotonic() + self.max_wait
         current: Decision | None = decision
         try:
-            while current is not None and not current.allowed:
-                pause = _pause(current, deadline)
-                if pause is None:
-                    return current
+            while (pause := _pause(current, deadline)) is not None:
                 await asyncio.sleep(pause)
                 current = await recheck()
-            if current is not None:
-                self._served()
-            return current
+            return self._done(current)
         finally:
             self._leave(key)
 
@@ -87,39 +82,38 @@ class Delay:
             recheck: Checks the request again (charging it when allowed); ``None`` when the check could
                 not decide.
         """
-        if not self._enter(key, decision):
+        deadline = self._enter(key, decision)
+        if deadline is None:
             return decision
-        deadline = time.monotonic() + self.max_wait
         current: Decision | None = decision
         try:
-            while current is not None and not current.allowed:
-                pause = _pause(current, deadline)
-                if pause is None:
-                    return current
+            while (pause := _pause(current, deadline)) is not None:
                 time.sleep(pause)
                 current = recheck()
-            if current is not None:
-                self._served()
-            return current
+            return self._done(current)
         finally:
             self._leave(key)
 
-    def _enter(self, key: str, decision: Decision) -> bool:
-        """Take a waiting place for ``key`` (``False``: the request cannot wait; refuse it now)."""
+    def _enter(self, key: str, decision: Decision) -> float | None:
+        """Take a waiting place for ``key``; the deadline of the wait (``time.monotonic``), or
+        ``None``: the request cannot wait, refuse it now."""
         retry = decision.retry_after
         with self._lock:
             if math.isinf(retry) or retry > self.max_wait or self.waiting >= self.max_waiting:
-                return False
+                return None
             queued = self._per_key.get(key, 0)
             if queued >= self.burst:
-                return False
+                return None
             self._per_key[key] = queued + 1
             self.waiting += 1
-            return True
+        return time.monotonic() + self.max_wait
 
-    def _served(self) -> None:
-        with self._lock:
-            self.delayed += 1
+    def _done(self, current: Decision | None) -> Decision | None:
+        """The wait's answer, ``current``; counted as delayed when it was allowed."""
+        if current is not None and current.allowed:
+            with self._lock:
+                self.delayed += 1
+        return current
 
     def _leave(self, key: str) -> None:
         with self._lock:
@@ -131,8 +125,11 @@ class Delay:
                 del self._per_key[key]
 
 
-def _pause(decision: Decision, deadline: float) -> float | None:
-    """How long to sleep before re-checking ``decision`` (``None``: the turn comes too late)."""
+def _pause(decision: Decision | None, deadline: float) -> float | None:
+    """How long to sleep before re-checking ``decision`` (``None``: the wait is over: decided,
+    undecided, or the turn comes too late)."""
+    if decision is None or decision.allowed:
+        return None
     retry = decision.retry_after
     if math.isinf(retry) or time.monotonic() + retry > deadline:
         return None
