@@ -21,15 +21,13 @@ from ..charges import adjust
 from ..context import STATE_KEY
 from ..decision import Decision
 from ..enforcement.check import LimitUnavailable, check_rules, report_failure
-from ..headers import rate_limit_headers
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .bans import Bans
-from .core import PolicyCore, ban_answer, owner
-from .delay import Delay
+from .core import PolicyCore, refund_amounts, refunded
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -130,22 +128,20 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         except Exception as exc:
             report_failure(self.limiter, "ban key function", exc)
             return False
-        left = await bans.check(self.limiter, ctx.ban_key)
-        if left <= 0:
+        answer = self._banned(bans, await bans.check(self.limiter, ctx.ban_key))
+        if answer is None:
             return False
-        if self.metrics is not None:
-            self.metrics.observe_banned(bans.status)
-        status, body, headers = ban_answer(bans, left)
+        status, body, headers = answer
         await send_problem(send, status, body, headers)
         return True
 
     async def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
         """Hold a refused request for its turn when its rule has a ``delay``; ``None`` when the
         re-check could not decide (fail-open: served as for any failed check)."""
-        decider = owner(ctx.rules, decision)
-        delay: Delay | None = getattr(decider.rule, "delay", None)
-        if delay is None:
+        delayer = self._delayer(ctx, decision)
+        if delayer is None:
             return decision
+        decider, delay = delayer
         try:
             client = await _key(decider, scope)
             waited = await delay.wait(client, decision, lambda: check_rules(self.limiter, ctx.rules, scope))
@@ -154,9 +150,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         except Exception as exc:  # the delay key could not be computed: refuse as without a delay
             log.warning("delay skipped rule=%s: %s: %s", decider.rule.name, type(exc).__name__, exc)
             return decision
-        if waited is not None and waited.allowed and self.metrics is not None:
-            self.metrics.observe_delayed(decider.rule.name, ctx.group)
-        return waited
+        return self._delayed(ctx, decider, waited)
 
     async def _refuse(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
         """Answer 429 (or ``on_limit``), counting the refusal toward a ban."""
@@ -177,11 +171,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
 
     async def _serve(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app, adding rate-limit and shadow headers, then settle after-response charges."""
-        decision = ctx.decision
-        extra = rate_limit_headers(decision, self.header_style) if decision is not None and self.headers == "always" else []
-        if ctx.would_deny is not None or ctx.shadow:
-            extra = [*extra, *self._shadow_headers(ctx)]
-        settle = ctx.plan.charged and decision is not None and ctx.would_deny is None
+        extra, settle = self._answer_headers(ctx)
         if not extra and not ctx.plan.charged:
             await self.app(scope, receive, send)
             return
@@ -203,14 +193,10 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
 
     async def _settle(self, scope: Scope, rules: Sequence[CompiledRule], status: int) -> None:
         """Refund the charge of rules whose ``charge`` says this status does not count."""
-        for rule in rules:
-            charge = getattr(rule.rule, "charge", None)
-            if charge is None or charge.counts(status):
-                continue
+        for rule in refunded(rules, status):
             try:
                 key = await _key(rule, scope)
-                costs = rule.costs if rule.cost_fn is None else [float(rule.cost_fn(scope))] * len(rule.limits)
-                await adjust(self.limiter.store, rule.storage_keys(key), rule.limits, [-c for c in costs])
+                await adjust(self.limiter.store, rule.storage_keys(key), rule.limits, refund_amounts(rule, scope))
             except NotImplementedError as exc:
                 name = type(self.limiter.store).__name__
                 if name not in _refund_warned:

@@ -11,24 +11,27 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..decision import Decision
 from ..enforcement.answers import problem_body
+from ..enforcement.check import rule_costs
+from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import Scope
 from .admin import Operations
 from .bans import Bans
+from .delay import Delay
 from .reload import PolicyReloader
 from .request_context import PolicyContext
 from .runtime import Plan, Runtime
 from .schema import Policy
 from .tiers import PolicyRule
 
-__all__ = ["PolicyCore", "ban_answer", "owner"]
+__all__ = ["PolicyCore", "ban_answer", "owner", "refund_amounts", "refunded"]
 
 log = logging.getLogger("ratewarden")
 _PLAN_CACHE_LIMIT = 4096
@@ -62,12 +65,37 @@ def ban_answer(bans: Bans, left: float) -> tuple[int, bytes, list[tuple[bytes, b
     return bans.status, body, [(b"retry-after", b"%d" % seconds)]
 
 
+def refunded(rules: Sequence[CompiledRule], status: int) -> Iterator[CompiledRule]:
+    """The rules whose ``charge`` says a response of ``status`` does not count (to refund).
+
+    Args:
+        rules: The rules the request was charged to.
+        status: The response's status.
+    """
+    for rule in rules:
+        charge = getattr(rule.rule, "charge", None)
+        if charge is not None and not charge.counts(status):
+            yield rule
+
+
+def refund_amounts(rule: CompiledRule, scope: Scope) -> list[float]:
+    """What refunding ``rule``'s charge of this request adjusts each of its limits by.
+
+    Args:
+        rule: A rule the request was charged to.
+        scope: The request's scope, for a cost function.
+    """
+    return [-c for c in rule_costs(rule, scope)]
+
+
 class PolicyCore(Operations):
     """The policy state and the interface-neutral stages of a policy middleware (a mixin: the
     middleware sets ``limiter`` and ``rules``, then calls ``_start_policy``)."""
 
     limiter: Limiter
     rules: RuleSet
+    headers: HeaderMode
+    header_style: HeaderStyle
     metrics: Metrics | None
     shadow_header: bool
     reloader: PolicyReloader | None
@@ -223,3 +251,33 @@ class PolicyCore(Operations):
             retry = "inf" if math.isinf(d.retry_after) else str(max(1, math.ceil(d.retry_after)))
             return [(b"ratelimit-shadow", f'"{d.policy}";deny;r={d.remaining};t={retry}'.encode("latin-1", "replace"))]
         return []
+
+    def _banned(self, bans: Bans, left: float) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+        """A banned request's answer (``ban_answer``), counted; ``None`` when ``left`` says no ban."""
+        if left <= 0:
+            return None
+        if self.metrics is not None:
+            self.metrics.observe_banned(bans.status)
+        return ban_answer(bans, left)
+
+    @staticmethod
+    def _delayer(ctx: PolicyContext, decision: Decision) -> tuple[CompiledRule, Delay] | None:
+        """The rule that refused (``owner``) and its ``delay``; ``None`` when it has none."""
+        decider = owner(ctx.rules, decision)
+        delay: Delay | None = getattr(decider.rule, "delay", None)
+        return None if delay is None else (decider, delay)
+
+    def _delayed(self, ctx: PolicyContext, decider: CompiledRule, waited: Decision | None) -> Decision | None:
+        """The answer of a wait, counted as delayed when it was allowed."""
+        if waited is not None and waited.allowed and self.metrics is not None:
+            self.metrics.observe_delayed(decider.rule.name, ctx.group)
+        return waited
+
+    def _answer_headers(self, ctx: PolicyContext) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """What serving adds: the rate-limit and shadow headers, and whether after-response charges
+        are to be settled."""
+        decision = ctx.decision
+        extra = rate_limit_headers(decision, self.header_style) if decision is not None and self.headers == "always" else []
+        if ctx.would_deny is not None or ctx.shadow:
+            extra = [*extra, *self._shadow_headers(ctx)]
+        return extra, ctx.plan.charged and decision is not None and ctx.would_deny is None

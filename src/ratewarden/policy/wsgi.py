@@ -28,7 +28,7 @@ from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, problem
 from ..enforcement.blocking import check_blocking, require_sync_keys
 from ..enforcement.check import LimitUnavailable, report_failure
 from ..errors import ConfigurationError
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..headers import HeaderMode, HeaderStyle
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
@@ -36,8 +36,7 @@ from ..rules import CompiledRule, Rule, RuleSet
 from ..types import Scope
 from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans
-from .core import PolicyCore, ban_answer, owner
-from .delay import Delay
+from .core import PolicyCore, refund_amounts, refunded
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -48,7 +47,6 @@ log = logging.getLogger("ratewarden")
 Environ = dict[str, Any]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
-_Headers = list[tuple[bytes, bytes]]
 
 _WHO = "WSGIPolicyMiddleware"
 # Where the request's context is left in the environ, as ``ratewarden.wsgi.RateLimitMiddleware`` does.
@@ -239,22 +237,20 @@ class WSGIPolicyMiddleware(PolicyCore):
         except Exception as exc:
             report_failure(self.limiter, "ban key function", exc)
             return None
-        left = bans.check_blocking(self.limiter, ctx.ban_key)
-        if left <= 0:
+        answer = self._banned(bans, bans.check_blocking(self.limiter, ctx.ban_key))
+        if answer is None:
             return None
-        if self.metrics is not None:
-            self.metrics.observe_banned(bans.status)
-        status, body, headers = ban_answer(bans, left)
+        status, body, headers = answer
         start_response(_STATUS_LINES[status], _text(problem_headers(body, headers)))
         return [body]
 
     def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
         """Hold a refused request (this thread sleeps) for its turn when its rule has a ``delay``;
         ``None`` when the re-check could not decide (fail-open: served as for any failed check)."""
-        decider = owner(ctx.rules, decision)
-        delay: Delay | None = getattr(decider.rule, "delay", None)
-        if delay is None:
+        delayer = self._delayer(ctx, decision)
+        if delayer is None:
             return decision
+        decider, delay = delayer
         try:
             client = _key(decider, scope)
             waited = delay.wait_blocking(client, decision, lambda: check_blocking(self.limiter, ctx.rules, scope))
@@ -263,9 +259,7 @@ class WSGIPolicyMiddleware(PolicyCore):
         except Exception as exc:  # the delay key could not be computed: refuse as without a delay
             log.warning("delay skipped rule=%s: %s: %s", decider.rule.name, type(exc).__name__, exc)
             return decision
-        if waited is not None and waited.allowed and self.metrics is not None:
-            self.metrics.observe_delayed(decider.rule.name, ctx.group)
-        return waited
+        return self._delayed(ctx, decider, waited)
 
     def _refuse(self, ctx: PolicyContext, start_response: StartResponse, decision: Decision) -> list[bytes]:
         """Answer 429 (the ASGI middleware's bytes), counting the refusal toward a ban."""
@@ -283,11 +277,7 @@ class WSGIPolicyMiddleware(PolicyCore):
     def _serve(self, ctx: PolicyContext, scope: Scope, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Run the app, adding rate-limit and shadow headers; after-response charges are settled
         when the app gives its status (or 500 if it raises first). The body passes untouched."""
-        decision = ctx.decision
-        extra: _Headers = rate_limit_headers(decision, self.header_style) if decision is not None and self.headers == "always" else []
-        if ctx.would_deny is not None or ctx.shadow:
-            extra = [*extra, *self._shadow_headers(ctx)]
-        settle = ctx.plan.charged and decision is not None and ctx.would_deny is None
+        extra, settle = self._answer_headers(ctx)
         if not extra and not settle:
             return self.app(environ, start_response)
         rules = ctx.rules
@@ -300,13 +290,9 @@ class WSGIPolicyMiddleware(PolicyCore):
 
     def _settle(self, scope: Scope, rules: Sequence[CompiledRule], status: int) -> None:
         """Refund the charge of rules whose ``charge`` says this status does not count."""
-        for rule in rules:
-            charge = getattr(rule.rule, "charge", None)
-            if charge is None or charge.counts(status):
-                continue
+        for rule in refunded(rules, status):
             try:
                 key = _key(rule, scope)
-                costs = rule.costs if rule.cost_fn is None else [float(rule.cost_fn(scope))] * len(rule.limits)
-                self.limiter.store.adjust_blocking(rule.storage_keys(key), rule.limits, [-c for c in costs])
+                self.limiter.store.adjust_blocking(rule.storage_keys(key), rule.limits, refund_amounts(rule, scope))
             except Exception as exc:
                 log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
