@@ -12,7 +12,7 @@ from .._mypyc import mypyc_attr
 from ..context import context_for
 from ..decision import Decision
 from ..enforcement.check import LimitUnavailable, check
-from ..errors import ConfigurationError
+from ..enforcement.options import check_header_options
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
@@ -56,10 +56,7 @@ class RateLimitMiddleware:
         websocket_deny: WebSocketDeny = "auto",
         websocket_on_message_limit: MessageLimitAction = "notify",
     ) -> None:
-        if headers not in ("always", "on_limit", "off"):
-            raise ConfigurationError(f"headers must be 'always', 'on_limit' or 'off', got {headers!r}")
-        if header_style not in ("ietf", "legacy", "both"):
-            raise ConfigurationError(f"header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
+        check_header_options(headers, header_style)
         self.app = app
         self.limiter = limiter
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, limiter.prefix)

@@ -27,6 +27,7 @@ from ..decision import Decision
 from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, problem_headers, rejection
 from ..enforcement.blocking import check_blocking, require_sync_keys
 from ..enforcement.check import LimitUnavailable, report_failure
+from ..enforcement.options import check_header_options
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import key_text
@@ -148,10 +149,7 @@ class WSGIPolicyMiddleware(PolicyCore):
         headers: HeaderMode = "always",
         header_style: HeaderStyle = "both",
     ) -> None:
-        if headers not in ("always", "on_limit", "off"):
-            raise ConfigurationError(f"headers must be 'always', 'on_limit' or 'off', got {headers!r}")
-        if header_style not in ("ietf", "legacy", "both"):
-            raise ConfigurationError(f"header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
+        check_header_options(headers, header_style)
         store = limiter.store
         if not store.can_block("hit"):
             raise ConfigurationError(

@@ -15,7 +15,8 @@ from ..context import context_for, context_of
 from ..decision import Decision
 from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, limited_headers, rejection
 from ..enforcement.blocking import check_blocking, require_sync_keys
-from ..errors import ConfigurationError, LimitUnavailable
+from ..enforcement.options import check_header_options
+from ..errors import LimitUnavailable
 from ..headers import HeaderMode, HeaderStyle, add_rate_limit_headers
 from ..limiter import Limiter
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
@@ -120,10 +121,7 @@ class RateLimitMiddleware:
         header_style: HeaderStyle = "both",
         on_limit: LimitHandler | None = None,
     ) -> None:
-        if headers not in ("always", "on_limit", "off"):
-            raise ConfigurationError(f"headers must be 'always', 'on_limit' or 'off', got {headers!r}")
-        if header_style not in ("ietf", "legacy", "both"):
-            raise ConfigurationError(f"header_style must be 'ietf', 'legacy' or 'both', got {header_style!r}")
+        check_header_options(headers, header_style)
         self.app = app
         self.limiter = limiter
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, limiter.prefix)
