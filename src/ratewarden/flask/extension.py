@@ -1,7 +1,8 @@
 """``RateLimiter``: the Flask extension. Limits are declared with decorators (``limit``,
-``shared_limit``, ``exempt``, ``request_filter``); a ``before_request`` hook charges each request
-once, all or nothing, to every limit that applies (``enforcement.blocking.check_blocking``), and an
-``after_request`` hook adds the rate-limit headers."""
+``shared_limit``, ``exempt``, ``request_filter``); each request is charged once, all or nothing, to
+every limit that applies (``enforcement.blocking.check_blocking``): before Flask's dispatch by the
+WSGI layer ``fast.FastCheck`` where it can decide alone, else by a ``before_request`` hook; the
+rate-limit headers are added by that layer's ``start_response`` or by an ``after_request`` hook."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ..rules import CostFunc, policy_of
 from ..wsgi.scope import scope_of
 from .applicable import AppState
 from .declared import Declared, Registry, ScopeTest
+from .fast import CHECKED_KEY, UNAVAILABLE, Checked, FastCheck
 from .responses import RateLimitExceeded, add_headers, allowed_headers, denied_headers, unavailable_response
 from .settings import RateSpec, read_settings
 
@@ -33,21 +35,9 @@ __all__ = ["EXTENSION_KEY", "RateLimiter"]
 EXTENSION_KEY = "ratewarden"
 """The extension's state in ``app.extensions``."""
 
-_CHECKED_KEY = "ratewarden.flask"
 _T = TypeVar("_T")
 OnLimit = Callable[[Decision], "ResponseReturnValue | None"]
 Methods = str | list[str] | tuple[str, ...] | frozenset[str] | None
-
-
-class _Checked:
-    """What was decided about the current request (kept in its environ)."""
-
-    __slots__ = ("answer", "decision", "policy")
-
-    def __init__(self, decision: Decision, policy: bytes) -> None:
-        self.decision = decision
-        self.policy = policy
-        self.answer: object = None  # the extension's own 429, sent as it is
 
 
 class RateLimiter:
@@ -106,9 +96,11 @@ class RateLimiter:
         """
         if EXTENSION_KEY in app.extensions:
             raise ConfigurationError(f"RateLimiter: init_app was already called for the app {app.name!r}")
-        app.extensions[EXTENSION_KEY] = AppState(read_settings(app.config, **self._options), self.registry)
+        state = AppState(read_settings(app.config, **self._options), self.registry)
+        app.extensions[EXTENSION_KEY] = state
         app.before_request(self._check)
         app.after_request(self._add_headers)
+        app.wsgi_app = FastCheck(app, app.wsgi_app, self, state)  # type: ignore[method-assign]
 
     # --- declarations ------------------------------------------------------------------------------
 
@@ -212,10 +204,17 @@ class RateLimiter:
     @property
     def current_decision(self) -> Decision | None:
         """The current request's decision (``None``: no limit applied, or the check failed open)."""
-        checked = request.environ.get(_CHECKED_KEY)
-        return checked.decision if isinstance(checked, _Checked) else None
+        checked = request.environ.get(CHECKED_KEY)
+        return checked.decision if isinstance(checked, Checked) else None
 
     def _check(self) -> ResponseReturnValue | None:
+        decided = request.environ.get(CHECKED_KEY)
+        if decided is not None:  # charged before Flask's dispatch (FastCheck): never twice
+            if decided is UNAVAILABLE:
+                return unavailable_response()
+            if isinstance(decided, Checked) and not decided.decision.allowed:
+                return self._refuse(_state(), decided)
+            return None
         state = _state()
         if not state.settings.enabled or not state.limiter.enabled:
             return None
@@ -240,10 +239,14 @@ class RateLimiter:
         if decision is None:
             return None
         context_for(scope).decision = decision
-        checked = _Checked(decision, policy_of(rules))
-        request.environ[_CHECKED_KEY] = checked
+        checked = Checked(decision, policy_of(rules))
+        request.environ[CHECKED_KEY] = checked
         if decision.allowed:
             return None
+        return self._refuse(state, checked)
+
+    def _refuse(self, state: AppState, checked: Checked) -> ResponseReturnValue | None:
+        decision = checked.decision
         if self.on_limit is not None:
             answer = self.on_limit(decision)
             if answer is not None:
@@ -259,8 +262,8 @@ class RateLimiter:
         raise error
 
     def _add_headers(self, response: BaseResponse) -> BaseResponse:
-        checked = request.environ.get(_CHECKED_KEY)
-        if not isinstance(checked, _Checked) or response is checked.answer:
+        checked = request.environ.get(CHECKED_KEY)
+        if not isinstance(checked, Checked) or response is checked.answer or checked.at_wsgi:
             return response
         settings = _state().settings
         decision = checked.decision

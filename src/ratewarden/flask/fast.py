@@ -1,0 +1,263 @@
+"""The check before Flask's request machinery: ``init_app`` wraps ``app.wsgi_app`` in a
+``FastCheck``, which matches the endpoint with Flask's own router, charges the request once
+(``check_blocking``) and leaves the decision in the environ, where the ``before_request`` hook finds
+it instead of checking again. An allowed request gets its rate-limit headers through a wrapped
+``start_response``; a 429 (or fail-closed 503) nobody in the app could see or change is answered
+here, as raw WSGI, with the bytes the hook's answer would have had.
+
+Anything it cannot decide alone is left to the hook, unchanged: a route that does not match (404,
+405, redirects), a ``key``/``cost``/``exempt_when``/``request_filter`` that is not one of
+ratewarden's own scope functions (it may read ``flask.request``), hooks or signals of the app that
+run before the extension's check. A denial is answered by Flask when an ``on_limit``, an
+error handler for the 429, another ``after_request``/``teardown_request`` function, a signal
+receiver, a custom ``response_class`` or a session cookie could see it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from flask import Flask, Response
+from flask import signals as flask_signals
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import RequestRedirect
+
+from ..context import context_for
+from ..decision import Decision
+from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection
+from ..enforcement.blocking import check_blocking
+from ..errors import LimitUnavailable
+from ..rules import CompiledRule, policy_of
+from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHeaders, _text_headers
+from ..wsgi.scope import scope_of
+from .applicable import Applicable, AppState
+from .responses import RateLimitExceeded
+
+if TYPE_CHECKING:
+    from .extension import RateLimiter
+
+__all__ = ["CHECKED_KEY", "NOTHING", "UNAVAILABLE", "Checked", "FastCheck"]
+
+CHECKED_KEY = "ratewarden.flask"
+"""The environ key of what was decided about the request (a ``Checked`` or a marker)."""
+
+NOTHING = "ratewarden.flask:nothing"
+"""Marker: checked, no limit applied (or the check failed open)."""
+UNAVAILABLE = "ratewarden.flask:unavailable"
+"""Marker: the check failed closed; the hook answers the 503."""
+
+# Flask's status lines (werkzeug upper-cases the reason), so a raw answer is the hook's, byte for byte.
+_TOO_MANY = "429 TOO MANY REQUESTS"
+_UNAVAILABLE_STATUS = "503 SERVICE UNAVAILABLE"
+_UNAVAILABLE_TEXT = tuple(_text_headers(UNAVAILABLE_HEADERS))
+_ROUTES = 4096  # routes remembered (then forgotten at once: paths with variable parts are unbounded)
+_PROBE = RateLimitExceeded.__new__(RateLimitExceeded)  # only its type is read by _find_error_handler
+_SIGNALS = (
+    flask_signals.request_started, flask_signals.request_finished, flask_signals.request_tearing_down,
+    flask_signals.got_request_exception, flask_signals.appcontext_pushed, flask_signals.appcontext_popped,
+    flask_signals.appcontext_tearing_down,
+)
+
+
+class Checked:
+    """What was decided about the current request (kept in its environ)."""
+
+    __slots__ = ("answer", "at_wsgi", "decision", "policy")
+
+    def __init__(self, decision: Decision, policy: bytes) -> None:
+        self.decision = decision
+        self.policy = policy
+        self.answer: object = None  # the extension's own 429, sent as it is
+        self.at_wsgi = False  # the rate-limit headers are added by FastCheck's start_response
+
+
+def scope_only(function: object) -> bool:
+    """Whether ``function`` (a key, cost or scope test) is known to read only the scope: a number,
+    or one of ratewarden's own functions (``client_ip``, ``header(...)``...)."""
+    if not callable(function):
+        return True
+    module = getattr(function, "__module__", None) or type(function).__module__
+    return isinstance(module, str) and (module == "ratewarden" or module.startswith("ratewarden."))
+
+
+def _rules_scope_only(applicable: Applicable) -> bool:
+    rules: list[CompiledRule] = [*applicable.always, *(rule for rule, _ in applicable.conditional)]
+    return all(scope_only(rule.key) and scope_only(rule.rule.cost) for rule in rules) and all(
+        scope_only(test) for _, test in applicable.conditional
+    )
+
+
+def _blueprint_names(endpoint: str) -> list[str]:
+    """The blueprints of ``endpoint``, innermost first (Flask's ``request.blueprints``)."""
+    names: list[str] = []
+    name = endpoint
+    while "." in name:
+        name = name.rpartition(".")[0]
+        names.append(name)
+    return names
+
+
+class _Plan:
+    """What ``FastCheck`` does for one (endpoint, method)."""
+
+    __slots__ = ("answers", "applicable")
+
+    def __init__(self, applicable: Applicable, answers: bool) -> None:
+        self.applicable = applicable
+        self.answers = answers  # a denial can be answered here
+
+
+class FastCheck:
+    """The WSGI layer ``init_app`` puts around ``app.wsgi_app`` (see the module's docstring).
+
+    Args:
+        app: The Flask app.
+        inner: The app's previous ``wsgi_app``.
+        extension: The extension.
+        state: The extension's state in the app.
+    """
+
+    __slots__ = ("_filters", "_filters_ok", "_generation", "_plans", "_routes", "app", "extension", "inner", "state")
+
+    def __init__(self, app: Flask, inner: WSGIApp, extension: RateLimiter, state: AppState) -> None:
+        self.app = app
+        self.inner = inner
+        self.extension = extension
+        self.state = state
+        self._plans: dict[tuple[str, str], _Plan | None] = {}
+        self._routes: dict[tuple[object, ...], _Plan | None] = {}  # the environ's routing inputs -> plan
+        self._generation = -1
+        self._filters = -1
+        self._filters_ok = False
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        state = self.state
+        settings = state.settings
+        if not settings.enabled or not state.limiter.enabled or CHECKED_KEY in environ:
+            return self.inner(environ, start_response)
+        filters = self.extension.registry.filters
+        if len(filters) != self._filters:
+            self._filters_ok = all(scope_only(test) for test in filters)
+            self._filters = len(filters)
+        if not self._filters_ok:
+            return self.inner(environ, start_response)
+        plan = self._plan(environ)
+        if plan is None:
+            return self.inner(environ, start_response)
+        scope = scope_of(environ)
+        for test in filters:
+            if test(scope):
+                environ[CHECKED_KEY] = NOTHING
+                return self.inner(environ, start_response)
+        rules = plan.applicable.rules(scope)
+        if not rules:
+            environ[CHECKED_KEY] = NOTHING
+            return self.inner(environ, start_response)
+        try:
+            decision = check_blocking(state.limiter, rules, scope)
+        except LimitUnavailable:
+            if plan.answers and self._answerable(environ):
+                start_response(_UNAVAILABLE_STATUS, list(_UNAVAILABLE_TEXT))
+                return [UNAVAILABLE_BODY]
+            environ[CHECKED_KEY] = UNAVAILABLE
+            return self.inner(environ, start_response)
+        if decision is None:
+            environ[CHECKED_KEY] = NOTHING
+            return self.inner(environ, start_response)
+        context_for(scope).decision = decision
+        checked = Checked(decision, policy_of(rules))
+        environ[CHECKED_KEY] = checked
+        if decision.allowed:
+            checked.at_wsgi = True
+            if settings.headers != "always":
+                return self.inner(environ, start_response)
+            wrapped = _StartWithRateHeaders(start_response, decision, settings.header_style, checked.policy)
+            return self.inner(environ, wrapped)
+        if plan.answers and self.extension.on_limit is None and self._answerable(environ):
+            body, headers = rejection(decision, settings.header_style, settings.headers != "off", checked.policy)
+            start_response(_TOO_MANY, _text_headers(headers))
+            return [body]
+        return self.inner(environ, start_response)  # the hook answers from checked
+
+    def _plan(self, environ: Environ) -> _Plan | None:
+        app = self.app
+        config = app.config
+        if config.get("TRUSTED_HOSTS") is not None:
+            return None
+        registry = self.extension.registry
+        if self._generation != registry.generation:
+            self._plans = {}
+            self._routes = {}
+            self._generation = registry.generation
+        configured = config.get("SERVER_NAME")
+        route: tuple[object, ...] | None = None
+        if "HTTP_UPGRADE" not in environ:  # what Flask's routing reads of the environ (not the query)
+            route = (
+                environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), environ.get("SCRIPT_NAME"),
+                environ.get("HTTP_HOST"), environ.get("SERVER_NAME"), environ.get("SERVER_PORT"),
+                environ.get("wsgi.url_scheme"), configured,
+            )
+            if route in self._routes:
+                return self._routes[route]
+        plan = self._route(environ, configured)
+        if route is not None and getattr(app, "_got_first_request", False):  # routes and hooks are final now
+            if len(self._routes) >= _ROUTES:
+                self._routes = {}
+            self._routes[route] = plan
+        return plan
+
+    def _route(self, environ: Environ, configured: object) -> _Plan | None:
+        app = self.app
+        url_map = app.url_map
+        server_name = None if url_map.host_matching or configured is None else str(configured)
+        subdomain = None
+        if not url_map.host_matching and not app.subdomain_matching:
+            subdomain = url_map.default_subdomain or ""
+        try:
+            rule, _ = url_map.bind_to_environ(environ, server_name=server_name, subdomain=subdomain).match(
+                return_rule=True
+            )
+        except (HTTPException, RequestRedirect):
+            return None  # Flask answers it (404, 405, redirect); the hook checks it
+        endpoint = rule.endpoint
+        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        key = (endpoint, method)
+        if key in self._plans:
+            return self._plans[key]
+        plan = self._resolve(endpoint, method)
+        if getattr(app, "_got_first_request", False):  # the app's hooks and handlers are final now
+            self._plans[key] = plan
+        return plan
+
+    def _resolve(self, endpoint: str, method: str) -> _Plan | None:
+        app = self.app
+        extension = self.extension
+        names = _blueprint_names(endpoint)
+        if any(app.url_value_preprocessors.values()):
+            return None
+        before = app.before_request_funcs.get(None, [])
+        if not before or before[0] != extension._check:
+            return None  # another hook of the app's runs first (and may answer without a charge)
+        blueprints = [app.blueprints[name] for name in names if name in app.blueprints]
+        applicable = self.state.applicable(endpoint, app.view_functions.get(endpoint), lambda: blueprints, method)
+        if not _rules_scope_only(applicable):
+            return None
+        scopes: list[str | None] = [None, *names]
+        find_handler = getattr(app, "_find_error_handler", None)
+        answers = (
+            app.response_class is Response
+            and find_handler is not None
+            and find_handler(_PROBE, names) is None
+            and list(app.after_request_funcs.get(None, [])) == [extension._add_headers]
+            and not any(app.after_request_funcs.get(name) for name in names)
+            and not any(app.teardown_request_funcs.get(name) for name in scopes)
+        )
+        return _Plan(applicable, answers)
+
+    def _answerable(self, environ: Environ) -> bool:
+        """Per request: nobody but the extension would see this request's denial."""
+        if any(signal.receivers for signal in _SIGNALS):
+            return False
+        cookie = environ.get("HTTP_COOKIE")
+        return not cookie or str(self.app.config.get("SESSION_COOKIE_NAME") or "session") not in cookie
+
