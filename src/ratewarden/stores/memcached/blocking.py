@@ -28,14 +28,17 @@ async path's reasons: ``timeout`` (no reply), ``unreachable`` (refused, reset, c
 ``peek_blocking``, ``reset_blocking`` and ``adjust_blocking`` are the async ones in the calling
 thread (``adjust`` holding its keys), on the same pure steps (``peek_decisions``, ``adjusted_write``).
 
-The rejection cache is the event loop's and is not consulted here (a denial always costs a
-round trip); a synchronous charge only adds usage, so what the cache remembers stays true, and
-a synchronous adjust or reset makes it forget the keys, as the async ones do.
+The store's rejection cache (``RejectionCache``, safe from threads and the event loop at once)
+answers a check first, as ``MemcachedStore.hit`` does (``cached_rejections`` counts it), and a
+denial read here fills it as ``cas`` fills it (each key's state before the check, until the retry
+time). An adjust or a reset invalidates the keys before and after its commands, so no denial read
+before it survives it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -84,6 +87,7 @@ class Blocking(Store):
 
     timeout: float
     retries: int
+    cache_rejections: bool
     clock: Callable[[], float]
     cas_conflicts: int
     _client: Any  # the async client: ``closed`` once the store is closed
@@ -110,12 +114,19 @@ class Blocking(Store):
         self._sync_undoing: set[threading.Thread] = set()
 
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        rejections = self._rejections
+        if len(rejections):
+            cached = rejections.lookup(keys, costs, self.clock())
+            if cached is not None:
+                rejections.counted()
+                return cached
+        epoch = rejections.epoch  # before the round trip: an invalidation meanwhile keeps its denial out
         mkeys = [memcached_key(k) for k in keys]
         held = set(mkeys)
         client = self._sync_take(held)
         handed: _Interrupted | None = None
         try:
-            return self._sync_check(client, mkeys, limits, costs)
+            return self._sync_check(client, keys, mkeys, limits, costs, epoch)
         except _Interrupted as exc:
             handed = exc
             raise self._sync_failed(exc.__cause__ or exc) from exc.__cause__
@@ -143,10 +154,13 @@ class Blocking(Store):
         Args:
             keys: The storage keys to forget.
         """
-        self._rejections.forget(keys)
+        self._rejections.invalidate(keys)
         mkeys = [memcached_key(k) for k in keys]
-        if mkeys:
-            self._sync_run("reset", mkeys, False, lambda client: [self._sync_heard(client.delete(k, noreply=False)) for k in mkeys])
+        try:
+            if mkeys:
+                self._sync_run("reset", mkeys, False, lambda client: [self._sync_heard(client.delete(k, noreply=False)) for k in mkeys])
+        finally:  # nor a denial read while it was under way
+            self._rejections.invalidate(keys)
 
     def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """``adjust`` in the calling thread, holding its keys: ``cas``'s loop, one key at a time.
@@ -156,12 +170,12 @@ class Blocking(Store):
             limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units per key: positive charges, negative refunds.
         """
-        self._rejections.forget(keys)
+        self._rejections.invalidate(keys)
         mkeys = [memcached_key(k) for k, _, _ in zip(keys, limits, amounts, strict=True)]  # ValueError, as adjust
         try:
             return self._sync_run("adjust", mkeys, True, lambda client: self._sync_adjust(client, mkeys, limits, amounts))
         finally:
-            self._rejections.forget(keys)
+            self._rejections.invalidate(keys)
 
     def _sync_adjust(self, client: Any, mkeys: list[bytes], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         out: list[Decision] = []
@@ -218,12 +232,21 @@ class Blocking(Store):
 
     # -- the check ---------------------------------------------------------------------------
 
-    def _sync_check(self, client: Any, mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+    def _sync_check(
+        self, client: Any, keys: Sequence[str], mkeys: list[bytes], limits: Sequence[Limit], costs: Sequence[float],
+        epoch: int,
+    ) -> Decision:
         for attempt in range(self.retries):
             read = self._sync_read(client, mkeys)
-            decisions, _, states = evaluate(read, limits, costs, self.clock())
+            now = self.clock()
+            decisions, befores, states = evaluate(read, limits, costs, now)
             if not all(d.allowed for d in decisions):
-                return combine(decisions)
+                decided = combine(decisions)
+                if self.cache_rejections and 0 < decided.retry_after < math.inf:  # as ``cas`` fills it
+                    until = now + decided.retry_after
+                    for i, key in enumerate(keys):
+                        self._rejections.remember(key, costs[i], until, decisions[i], befores[i], limits[i], now, epoch)
+                return decided
             written: list[Undo] = []
             for undo, token, exptime in writes(mkeys, read, states, decisions, limits):
                 mkey, _, data, _ = undo

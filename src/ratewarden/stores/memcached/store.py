@@ -83,7 +83,7 @@ class MemcachedStore(Batches, Blocking):
         self._leaders = set()  # tasks running batches
         self._undoing = set()  # put-backs of interrupted checks
         self._rejections = RejectionCache()
-        self.cached_rejections = 0  # checks answered from the rejection cache
+        self._loop_hits = 0  # checks the event loop answered from the cache (threads: _rejections.thread_hits)
         self._heard = Heard()  # data arrivals on every connection
         self._silent_at = -1  # ``_heard.count`` when a command last timed out (-1: not silent)
         self._silence = None  # resolved when a command times out
@@ -98,14 +98,22 @@ class MemcachedStore(Batches, Blocking):
             return None
         cached = self._rejections.lookup(keys, costs, self.clock())
         if cached is not None:
-            self.cached_rejections += 1
+            self._loop_hits += 1
         return cached
+
+    @property
+    def cached_rejections(self) -> int:
+        """Checks answered from the rejection cache: by the event loop and by threads."""
+        return self._loop_hits + self._rejections.thread_hits
+
+    @cached_rejections.setter
+    def cached_rejections(self, value: int) -> None:
+        self._loop_hits = value - self._rejections.thread_hits
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         if len(self._rejections):
-            cached = self._rejections.lookup(keys, costs, self.clock())
+            cached = self.cached_rejection(keys, costs)
             if cached is not None:
-                self.cached_rejections += 1
                 return cached
         if len(keys) == 1:
             return await self._coalesced(keys[0], limits[0], costs[0])
@@ -117,12 +125,12 @@ class MemcachedStore(Batches, Blocking):
         check, exactly as ``ratewarden.charges.adjusted_state`` computes it."""
         if not len(keys) == len(limits) == len(amounts):
             raise ValueError("adjust: keys, limits and amounts must have the same length")
-        self._rejections.forget(keys)
+        self._rejections.invalidate(keys)
         mkeys = [memcached_key(k) for k in keys]
         try:
             return await self._run(mkeys, lambda: self._cas_adjust(mkeys, limits, amounts), "adjust")
         finally:
-            self._rejections.forget(keys)
+            self._rejections.invalidate(keys)
 
     async def _run(self, mkeys: list[bytes], operation: Callable[[], Awaitable[_T]], name: str) -> _T:
         """``operation`` (called ``name`` in errors) under this process's per-key locks, with the
@@ -151,8 +159,11 @@ class MemcachedStore(Batches, Blocking):
         return [found[k] for k in mkeys]
 
     async def reset(self, keys: Sequence[str]) -> None:
-        self._rejections.forget(keys)
-        await self._mapped(self._delete_all([memcached_key(k) for k in keys]), "reset")
+        self._rejections.invalidate(keys)
+        try:
+            await self._mapped(self._delete_all([memcached_key(k) for k in keys]), "reset")
+        finally:  # nor a denial read while it was under way
+            self._rejections.invalidate(keys)
 
     async def _delete_all(self, mkeys: list[bytes]) -> None:
         for key in mkeys:

@@ -25,15 +25,17 @@ the calling thread, never on an event loop.
   (an error reply, a broken reply). So a silent server fails a check within about ``timeout``
   on an open connection (its handshake first on a new one: about twice that).
 
-The rejection cache is the event loop's and is not consulted here (a denial always costs a round
-trip); a synchronous charge only adds usage, so what the cache remembers stays true, and a
-synchronous adjust or reset makes it forget the keys, as the async ones do.
+The store's rejection cache (``rejections.Denials``, safe from threads and the event loop at once)
+answers a check first, as ``RedisStore.hit`` does: a key known to deny this cost costs no round
+trip until its retry time (counted in ``cached_rejections``); a denying reply fills it. An adjust
+or a reset invalidates the keys before and after its call, so no denial read before it survives it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import threading
 import time
@@ -45,6 +47,7 @@ from ...decision import Decision
 from ...errors import StoreError
 from ...limits import Limit
 from ..base import client_error, combine, no_reply
+from ..rejections import Denials
 from ..urls import StoreURL
 from ._redis import (
     NoBackoff,
@@ -116,9 +119,13 @@ class BlockingClient:
     closes what it opened again."""
 
     def __init__(
-        self, cfg: StoreURL, *, timeout: float, connect_timeout: float, pool_size: int, clock: Any
+        self, cfg: StoreURL, *, timeout: float, connect_timeout: float, pool_size: int, clock: Any,
+        store: Any, rejected: Denials,
     ) -> None:
         self.cfg = cfg
+        self.store = store  # its ``cache_rejections``
+        self.rejected = rejected
+        self.clock = clock
         self.url = cfg.text
         self.name = store_name(cfg.text)
         self.timeout = timeout
@@ -146,17 +153,30 @@ class BlockingClient:
     # -- the check ---------------------------------------------------------------------------
 
     def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        """``RedisStore.hit`` in the calling thread: all or nothing, the deciding decision."""
+        """``RedisStore.hit`` in the calling thread: all or nothing, the deciding decision; a
+        rejection the cache knows to hold first, without a round trip."""
+        rejected = self.rejected
+        if rejected.entries:
+            cached = rejected.lookup(keys, costs, time.monotonic() if self.clock is None else self.clock())
+            if cached is not None:
+                rejected.counted()
+                return cached
         if self.cluster and len(keys) > 1 and spans_slots(keys):
             return self._hit_across_slots(keys, limits, costs)
+        epoch = rejected.epoch  # before the round trip: an invalidation meanwhile keeps its denial out
+        sent_at = time.monotonic() if self.clock is None else self.clock()
         reply = self._call("h", keys, limits, costs)
         try:
-            limit = limits[reply[5]]
-            return Decision(
+            index = reply[5]
+            limit = limits[index]
+            decision = Decision(
                 reply[0] == 1, reply[1], reply[2], float(reply[3]), float(reply[4]), limit.rate.period, limit.name
             )
         except (TypeError, ValueError, IndexError) as exc:
             raise bad_reply(self.url, reply) from exc
+        if not decision.allowed and self.store.cache_rejections and 0 < decision.retry_after < math.inf:
+            rejected.remember(keys[index], costs[index], sent_at + decision.retry_after, decision, epoch, sent_at)
+        return decision
 
     def _hit_across_slots(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         """A cluster check whose keys live in several slots: ask every slot whether it would allow
@@ -173,27 +193,28 @@ class BlockingClient:
         """``RedisStore.peek`` in the calling thread: one script call (per slot), charging nothing."""
         return self.peek_at(keys, limits, [0.0] * len(keys))
 
-    def adjust(
-        self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float], cached: dict[str, Any]
-    ) -> list[Decision]:
-        """``RedisStore.adjust`` in the calling thread: one script call (per slot); ``cached`` (the
-        store's rejection cache) forgets the keys, as the async path's does."""
+    def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """``RedisStore.adjust`` in the calling thread: one script call (per slot); the rejection
+        cache forgets the keys before and after it, as the async path's does."""
         if not keys:
             return []
         for _ in zip(keys, limits, amounts, strict=True):  # lengths that differ: ValueError, as ``adjust``
             pass
-        decisions = self.peek_at(keys, limits, amounts, "a")
-        for key in keys:  # a cached rejection may no longer hold
-            cached.pop(key, None)
-        return decisions
+        self.rejected.invalidate(keys)
+        try:
+            return self.peek_at(keys, limits, amounts, "a")
+        finally:  # a cached rejection may no longer hold (nor one read meanwhile)
+            self.rejected.invalidate(keys)
 
-    def reset(self, keys: Sequence[str], cached: dict[str, Any]) -> None:
-        """``RedisStore.reset`` in the calling thread: one ``DEL`` (per slot); ``cached`` (the
-        store's rejection cache) forgets the keys."""
-        for key in keys:
-            cached.pop(key, None)
-        for idx in slot_groups(keys, self.cluster) if keys else ():
-            self._turn("reset", functools.partial(_delete, [key_bytes(keys[i]) for i in idx]))
+    def reset(self, keys: Sequence[str]) -> None:
+        """``RedisStore.reset`` in the calling thread: one ``DEL`` (per slot); the rejection cache
+        forgets the keys before and after it."""
+        self.rejected.invalidate(keys)
+        try:
+            for idx in slot_groups(keys, self.cluster) if keys else ():
+                self._turn("reset", functools.partial(_delete, [key_bytes(keys[i]) for i in idx]))
+        finally:
+            self.rejected.invalidate(keys)
 
     def peek_at(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], mode: str = "p"

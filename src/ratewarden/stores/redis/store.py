@@ -17,6 +17,7 @@ from ...errors import ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine, no_reply
 from ..deadline import wait_for_store
+from ..rejections import Denials
 from ..urls import parse_store_url
 from .blocking import BlockingClient, read_decisions
 from .clock import ScriptClock
@@ -37,7 +38,6 @@ from .topology import close_client, make_client, pool_limit, slot_groups, spans_
 
 __all__ = ["RedisStore"]
 
-_CACHE_MAX = 100_000  # rejections remembered at most; expired ones are pruned first when full
 _OPERATIONS = {"h": "hit", "p": "peek", "a": "adjust"}  # script modes, as error messages name them
 
 
@@ -121,10 +121,14 @@ class RedisStore(Store):
         self._closing: set[asyncio.Future[None]] = set()  # closes started by a measurement's end
         self._closed = False  # then the last one in flight closes every connection again: a retry
         # reconnects what close cut under a call, and a later call connects (Sentinel: to a Sentinel)
-        self._rejected: dict[str, tuple[float, float, Decision]] = {}  # key: (until, cost, decision)
-        self.cached_rejections = 0  # checks answered from the rejection cache
+        # key: (until, cost, decision), shared with hit_blocking's threads (``rejections.Denials``)
+        self._rejected = Denials()
+        self._loop_hits = 0  # checks the event loop answered from the cache (threads: _rejected.thread_hits)
         # hit_blocking's synchronous client (redis-py's), built on its first check
-        self._blocking = BlockingClient(cfg, timeout=self.timeout, connect_timeout=connect, pool_size=self.pool_size, clock=clock)
+        self._blocking = BlockingClient(
+            cfg, timeout=self.timeout, connect_timeout=connect, pool_size=self.pool_size, clock=clock,
+            store=self, rejected=self._rejected,
+        )
 
     def __repr__(self) -> str:
         return store_name(self.url)
@@ -132,16 +136,17 @@ class RedisStore(Store):
     # -- the check -------------------------------------------------------------------------
 
     def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
-        return self._cached(keys, costs) if self._rejected else None
+        return self._cached(keys, costs) if self._rejected.entries else None
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         rejected = self._rejected
-        if rejected:
+        if rejected.entries:
             cached = self._cached(keys, costs)
             if cached is not None:
                 return cached
         if self._cluster and len(keys) > 1 and spans_slots(keys):
             return await self._hit_across_slots(keys, limits, costs)
+        epoch = rejected.epoch
         sent_at = self._now()
         reply = await self._request("h", keys, limits, costs)
         try:
@@ -153,14 +158,13 @@ class RedisStore(Store):
         except (TypeError, ValueError, IndexError) as exc:
             raise bad_reply(self.url, reply) from exc
         if not decision.allowed and self.cache_rejections and 0 < decision.retry_after < math.inf:
-            if len(rejected) >= _CACHE_MAX:
-                self._prune(sent_at)
-            rejected[keys[index]] = (sent_at + decision.retry_after, costs[index], decision)
+            rejected.remember(keys[index], costs[index], sent_at + decision.retry_after, decision, epoch, sent_at)
         return decision
 
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         """``hit`` for synchronous code, on redis-py's synchronous client in the calling thread (the
-        same script, keys, deadline and failures; see ``blocking``)."""
+        same script, keys, deadline and failures; see ``blocking``), answering from the rejection
+        cache first and filling it, as ``hit`` does."""
         return self._blocking.hit(keys, limits, costs)
 
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
@@ -169,11 +173,11 @@ class RedisStore(Store):
 
     def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """``adjust`` on the synchronous client: one script call (per slot); the keys' cached rejections go."""
-        return self._blocking.adjust(keys, limits, amounts, self._rejected)
+        return self._blocking.adjust(keys, limits, amounts)
 
     def reset_blocking(self, keys: Sequence[str]) -> None:
         """``reset`` on the synchronous client: one ``DEL`` (per slot); the keys' cached rejections go."""
-        self._blocking.reset(keys, self._rejected)
+        self._blocking.reset(keys)
 
     def _now(self) -> float:
         return time.monotonic() if self.clock is None else self.clock()
@@ -181,29 +185,19 @@ class RedisStore(Store):
     def _cached(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
         """A remembered rejection that still holds for one of these keys at this same cost.
         Only denials are remembered, so the cache never allows what the server would deny."""
-        rejected = self._rejected
-        now = self._now()
-        for key, cost in zip(keys, costs, strict=False):
-            entry = rejected.get(key)
-            if entry is None:
-                continue
-            until, cached_cost, d = entry
-            if now >= until:
-                del rejected[key]
-            elif cost == cached_cost:  # another cost may have another retry time
-                self.cached_rejections += 1
-                left = until - now
-                return Decision(
-                    False, d.limit, d.remaining, max(0.0, d.reset_after - (d.retry_after - left)), left,
-                    d.period, d.policy,
-                )
-        return None
+        cached = self._rejected.lookup(keys, costs, self._now())
+        if cached is not None:
+            self._loop_hits += 1
+        return cached
 
-    def _prune(self, now: float) -> None:
-        for key in [k for k, v in self._rejected.items() if v[0] <= now]:
-            del self._rejected[key]
-        if len(self._rejected) >= _CACHE_MAX:
-            self._rejected.clear()
+    @property
+    def cached_rejections(self) -> int:
+        """Checks answered from the rejection cache: by the event loop and by threads."""
+        return self._loop_hits + self._rejected.thread_hits
+
+    @cached_rejections.setter
+    def cached_rejections(self, value: int) -> None:
+        self._loop_hits = value - self._rejected.thread_hits
 
     async def _hit_across_slots(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
@@ -367,23 +361,26 @@ class RedisStore(Store):
             return []
         if not len(keys) == len(limits) == len(amounts):
             raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
-        decisions = await self._peek_at(keys, limits, amounts, "a")
-        for key in keys:  # a cached rejection may no longer hold
-            self._rejected.pop(key, None)
-        return decisions
+        self._rejected.invalidate(keys)
+        try:
+            return await self._peek_at(keys, limits, amounts, "a")
+        finally:  # a cached rejection may no longer hold (nor one read meanwhile)
+            self._rejected.invalidate(keys)
 
     async def reset(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            self._rejected.pop(key, None)
+        self._rejected.invalidate(keys)
         if not keys:
             return
         turn = Turn()
-        if self._cluster:
-            await self._call(
-                asyncio.gather(*(self._gate.run(turn, self._client.delete, key) for key in keys)), turn, "reset"
-            )
-        else:
-            await self._call(self._gate.run(turn, self._client.delete, *keys), turn, "reset")
+        try:
+            if self._cluster:
+                await self._call(
+                    asyncio.gather(*(self._gate.run(turn, self._client.delete, key) for key in keys)), turn, "reset"
+                )
+            else:
+                await self._call(self._gate.run(turn, self._client.delete, *keys), turn, "reset")
+        finally:  # nor a denial read while it was under way
+            self._rejected.invalidate(keys)
 
     async def clear(self) -> None:
         """Delete every ``<prefix>:*`` key (on every primary of a cluster)."""
