@@ -14,8 +14,8 @@ receiver, a custom ``response_class`` or a session cookie could see it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from flask import Flask, Response
 from flask import signals as flask_signals
@@ -31,10 +31,20 @@ from ..rules import CompiledRule, policy_of
 from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHeaders, _text_headers
 from ..wsgi.scope import scope_of
 from .applicable import Applicable, AppState
+from .declared import Registry
 from .responses import RateLimitExceeded
 
-if TYPE_CHECKING:
-    from .extension import RateLimiter
+
+class RateLimiter(Protocol):
+    """What ``FastCheck`` reads of the extension it serves (``extension.RateLimiter``), named here
+    so that this module does not import the extension back."""
+
+    registry: Registry
+    on_limit: Callable[[Decision], Any] | None
+
+    def _check(self) -> Any: ...
+
+    def _add_headers(self, response: Any) -> Any: ...
 
 __all__ = ["CHECKED_KEY", "NOTHING", "UNAVAILABLE", "Checked", "FastCheck"]
 
