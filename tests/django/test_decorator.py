@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import django
 import pytest
 from django.test import AsyncClient, Client, RequestFactory
 
@@ -51,7 +52,8 @@ def test_class_based_view() -> None:
 async def test_async_class_based_views() -> None:
     client = AsyncClient()
     assert await acodes(client, "/acbv", 3) == [200, 200, 429]
-    assert await acodes(client, "/method", 3) == [200, 200, 429]
+    if django.VERSION >= (5, 0):  # Django 4.2's method_decorator makes an async handler sync
+        assert await acodes(client, "/method", 3) == [200, 200, 429]
 
 
 def test_async_class_based_view_under_wsgi() -> None:

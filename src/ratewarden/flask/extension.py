@@ -27,7 +27,14 @@ from ..wsgi.scope import scope_of
 from .applicable import AppState
 from .declared import Declared, Registry, ScopeTest
 from .fast import CHECKED_KEY, UNAVAILABLE, Checked, FastCheck
-from .responses import RateLimitExceeded, add_headers, allowed_headers, denied_headers, unavailable_response
+from .responses import (
+    RateLimitExceeded,
+    add_headers,
+    allowed_headers,
+    denied_headers,
+    unavailable_response,
+    unhandled,
+)
 from .settings import RateSpec, read_settings
 
 __all__ = ["EXTENSION_KEY", "RateLimiter"]
@@ -254,8 +261,7 @@ class RateLimiter:
         settings = state.settings
         error = RateLimitExceeded(decision, settings.header_style, settings.headers != "off", checked.policy)
         checked.answer = error.response
-        find_handler = getattr(current_app, "_find_error_handler", None)
-        if find_handler is not None and find_handler(error, request.blueprints) is None:
+        if unhandled(current_app, error, request.blueprints, in_request=True):
             # No handler of the app's would see it: answer the 429 as it is. Raising it makes Flask
             # build the response again (measured: a 429 cost 101.7 µs raised, 68.2 returned).
             return error.response

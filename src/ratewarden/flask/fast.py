@@ -32,7 +32,7 @@ from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHea
 from ..wsgi.scope import scope_of
 from .applicable import Applicable, AppState
 from .declared import Registry
-from .responses import RateLimitExceeded
+from .responses import RateLimitExceeded, unhandled
 
 
 class RateLimiter(Protocol):
@@ -253,11 +253,9 @@ class FastCheck:
         if not _rules_scope_only(applicable):
             return None
         scopes: list[str | None] = [None, *names]
-        find_handler = getattr(app, "_find_error_handler", None)
         answers = (
             app.response_class is Response
-            and find_handler is not None
-            and find_handler(_PROBE, names) is None
+            and unhandled(app, _PROBE, names, in_request=False)
             and list(app.after_request_funcs.get(None, [])) == [extension._add_headers]
             and not any(app.after_request_funcs.get(name) for name in names)
             and not any(app.teardown_request_funcs.get(name) for name in scopes)

@@ -4,7 +4,10 @@ the rate-limit headers added to a response."""
 
 from __future__ import annotations
 
-from flask import Response, current_app
+import inspect
+from typing import Any
+
+from flask import Flask, Response, current_app
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import TooManyRequests
 from werkzeug.wrappers import Response as BaseResponse
@@ -89,3 +92,26 @@ def denied_headers(decision: Decision, style: HeaderStyle, with_rate_headers: bo
         policy: The ``RateLimit-Policy`` value.
     """
     return limited_headers(decision, style, with_rate_headers, policy)
+
+
+# Flask 3 looks an error handler up with the blueprints given; Flask 2 reads them from the request
+# being handled, so it can only be asked inside a request context.
+_FIND_TAKES_BLUEPRINTS = len(inspect.signature(Flask._find_error_handler).parameters) >= 3
+
+
+def unhandled(app: Flask, error: Exception, blueprints: list[str], in_request: bool) -> bool:
+    """Whether no error handler of ``app`` or of ``blueprints`` would receive ``error`` (Flask's own
+    lookup). ``False`` when that cannot be told here (Flask 2 outside a request): Flask decides.
+
+    Args:
+        app: The Flask app.
+        error: The error that would be raised.
+        blueprints: The names of the blueprints handling the request, innermost first.
+        in_request: Whether this runs inside the request's context.
+    """
+    find: Any = getattr(app, "_find_error_handler", None)
+    if find is None:
+        return False
+    if _FIND_TAKES_BLUEPRINTS:
+        return find(error, blueprints) is None
+    return in_request and find(error) is None

@@ -42,7 +42,6 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -98,9 +97,6 @@ class Blocking(Store):
         self._sync_server = (host, port)
         self._sync_size = size
         self._sync_reset()
-        if hasattr(os, "register_at_fork"):  # a forked worker (gunicorn --preload) starts afresh
-            ref = weakref.ref(self)
-            os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
 
     def _sync_reset(self) -> None:
         """No connection, no key held (also in a forked child: its parent's sockets are not its own)."""
@@ -112,6 +108,7 @@ class Blocking(Store):
         self._sync_silent = False  # a command timed out and nothing was heard since
         self._sync_silences = 0  # commands that timed out
         self._sync_undoing: set[threading.Thread] = set()
+        self._sync_forks = _forks
 
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         rejections = self._rejections
@@ -339,6 +336,8 @@ class Blocking(Store):
 
     def _sync_take(self, keys: set[bytes], operation: str = "hit") -> Any:
         """Hold ``keys`` and a connection (see the module docstring)."""
+        if self._sync_forks != _forks:  # a forked worker (gunicorn --preload) starts afresh
+            self._sync_reset()
         cond = self._sync_cond
         with cond:
             silences = self._sync_silences
@@ -409,7 +408,17 @@ class Blocking(Store):
             self.close_blocking()
 
 
-def _reset_in_child(ref: weakref.ReferenceType[Blocking]) -> None:
-    store = ref()
-    if store is not None:
-        store._sync_reset()
+# Forks of this process so far (counted in the child). A store compares it with the count at its
+# last reset instead of registering a fork hook of its own: a hook per store would pile up, and a
+# weak reference to a store (an interpreted subclass of the compiled ``Store``) crashed the
+# garbage collector of Python 3.10 in the compiled wheel.
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork)
