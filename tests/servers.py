@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from ratewarden.bench.services import free_cluster_port, free_port
 
 HOST = "127.0.0.1"
@@ -353,3 +355,42 @@ def http_burst(port: int, path: str, total: int, concurrency: int = 150,
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, range(total)))
+
+
+#: The gunicorn rows of the WSGI exactness tests, (workers, threads, worker class): one sync worker,
+#: one gthread worker of 8 threads, four sync workers.
+GUNICORN_ROWS = (
+    pytest.param((1, 1, "sync"), id="1-sync"),
+    pytest.param((1, 8, "gthread"), id="gthread-8"),
+    pytest.param((4, 1, "sync"), id="4-sync"),
+)
+
+
+def wait_for_workers(port: int, workers: int, pids: Path, timeout: float = 15.0) -> None:
+    """Unlimited requests until each of the ``workers`` has answered one (a worker still importing
+    the app cannot take part in the burst), then forget who answered them."""
+    deadline = time.monotonic() + timeout
+    while len(list(pids.iterdir())) < workers:
+        assert time.monotonic() < deadline, f"{len(list(pids.iterdir()))} of {workers} workers answered"
+        http_burst(port, "/warm-up", 4 * workers, concurrency=4 * workers)
+    for pid in pids.iterdir():
+        pid.unlink()
+
+
+def gunicorn_exactly_100(app: str, path: str, server: tuple[int, int, str], env: dict[str, str], tmp_path: Path) -> None:
+    """``app`` under gunicorn as ``server`` says, with ``env``: 150 concurrent requests of ``path``
+    against a limit of 100 admit exactly 100 (and, with several workers, more than one answered)."""
+    workers, threads, worker_class = server
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {"RW_LIMIT": "100", "RW_PIDS": str(pids), **env}
+    if workers > 1:
+        env.setdefault("RW_SLEEP", "0.005")  # an admitted request takes a while: every worker gets some
+    with gunicorn_server(app, workers=workers, threads=threads, worker_class=worker_class, env=env) as port:
+        if workers > 1:
+            wait_for_workers(port, workers, pids)
+        codes = http_burst(port, path, 150, concurrency=150)
+    assert set(codes) <= {200, 429}, sorted(set(codes))
+    assert codes.count(200) == 100, f"{codes.count(200)} admitted of 150 against 100"
+    if workers > 1:
+        assert len(list(pids.iterdir())) > 1, "one worker answered every request: nothing was shared"

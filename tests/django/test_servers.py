@@ -18,45 +18,27 @@ import pytest
 
 from ratewarden.stores.shared_memory.segment import segment_path
 from tests.readme import README
-from tests.servers import Memcached, RedisStandalone, gunicorn_server, have, http_burst, uvicorn_in_thread
+from tests.servers import (
+    GUNICORN_ROWS,
+    Memcached,
+    RedisStandalone,
+    gunicorn_exactly_100,
+    gunicorn_server,
+    have,
+    http_burst,
+    uvicorn_in_thread,
+)
 from tests.shm import unique_name
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("gunicorn") is None, reason="gunicorn is not installed")
 
 APP = "tests.django.server_app:application"
 
-# (workers, threads, worker class)
-SYNC = pytest.param((1, 1, "sync"), id="1-sync")
-GTHREAD = pytest.param((1, 8, "gthread"), id="gthread-8")
-FOUR = pytest.param((4, 1, "sync"), id="4-sync")
-
-
-def wait_for_workers(port: int, workers: int, pids: Path, timeout: float = 15.0) -> None:
-    """Unlimited requests until each of the ``workers`` has answered one (a worker still importing
-    the app cannot take part in the burst), then forget who answered them."""
-    deadline = time.monotonic() + timeout
-    while len(list(pids.iterdir())) < workers:
-        assert time.monotonic() < deadline, f"{len(list(pids.iterdir()))} of {workers} workers answered"
-        http_burst(port, "/warm-up", 4 * workers, concurrency=4 * workers)
-    for pid in pids.iterdir():
-        pid.unlink()
+SYNC, GTHREAD, FOUR = GUNICORN_ROWS
 
 
 def exactly_100(server: tuple[int, int, str], env: dict[str, str], tmp_path: Path) -> None:
-    workers, threads, worker_class = server
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    env = {"RW_LIMIT": "100", "RW_PIDS": str(pids), **env}
-    if workers > 1:
-        env.setdefault("RW_SLEEP", "0.005")  # an admitted request takes a while: every worker gets some
-    with gunicorn_server(APP, workers=workers, threads=threads, worker_class=worker_class, env=env) as port:
-        if workers > 1:
-            wait_for_workers(port, workers, pids)
-        codes = http_burst(port, "/burst", 150, concurrency=150)
-    assert set(codes) <= {200, 429}, sorted(set(codes))
-    assert codes.count(200) == 100, f"{codes.count(200)} admitted of 150 against 100"
-    if workers > 1:
-        assert len(list(pids.iterdir())) > 1, "one worker answered every request: nothing was shared"
+    gunicorn_exactly_100(APP, "/burst", server, env, tmp_path)
 
 
 @pytest.mark.parametrize("server", [SYNC, GTHREAD])
