@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the servers and tools the tests and benchmarks drive (Debian packages), when missing.
+# Installs the servers and tools the tests and benchmarks drive (Debian packages), when missing:
+# Redis, Memcached, wrk, and the gateways `ratewarden serve` is tested behind (HAProxy, nginx).
 set -euo pipefail
 need=()
-for pair in redis-server:redis-server redis-cli:redis-tools memcached:memcached wrk:wrk; do
+for pair in redis-server:redis-server redis-cli:redis-tools memcached:memcached wrk:wrk haproxy:haproxy nginx:nginx; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
@@ -18,7 +19,7 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # The Debian packages start system-wide daemons; the tests start their own on free ports.
-for svc in redis-server memcached; do
+for svc in redis-server memcached haproxy nginx; do
   (command -v systemctl >/dev/null && $sudo systemctl disable --now "$svc" >/dev/null 2>&1) || true
   (command -v service >/dev/null && $sudo service "$svc" stop >/dev/null 2>&1) || true
 done

@@ -33,7 +33,7 @@ echo "   $(basename "$wheel")"
 
 echo "== installing it with the test extras${constraints:+ (constraints: ${constraints[1]})}"
 "$venv/bin/python" -m pip install -q "${constraints[@]}" \
-  "ratewarden[dev,fastapi,flask,django,redis,memcached,policy,metrics,bench] @ file://$wheel"
+  "ratewarden[dev,fastapi,flask,django,redis,memcached,policy,metrics,serve,bench] @ file://$wheel"
 "$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(redis|hiredis|aiomcache|fastapi|starlette|flask|werkzeug|django|prometheus.client|pyyaml) ' \
   | tr -s ' ' | tr '\n' ' '; echo
 

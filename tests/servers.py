@@ -73,7 +73,20 @@ class Server:
 
     def start(self, timeout: float = 10.0) -> None:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: _ask(self.port, self._probe).startswith(self._ready), timeout, f"{self.argv[0]}:{self.port}")
+        wait_until(lambda: self._answers(self.proc), timeout, f"{self.argv[0]}:{self.port}")
+        if self.argv[0] == "redis-server":
+            # The answer must come from this process: a free port taken meanwhile by another server
+            # would pass the probe while ours exits on "address in use" (a Sentinel set-up then
+            # waits forever for its missing member).
+            pid = redis_cmd(self.port, "INFO", "server").partition("process_id:")[2].split()[0:1]
+            if pid != [str(self.proc.pid)]:
+                self.stop()
+                raise RuntimeError(f"port {self.port} is answered by another process (pid {pid}), not ours")
+
+    def _answers(self, proc: subprocess.Popen[bytes]) -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{self.argv[0]} on port {self.port} exited with {proc.returncode} at start")
+        return _ask(self.port, self._probe).startswith(self._ready)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -192,6 +205,9 @@ class RedisSentinel:
 
     def __init__(self, down_after_ms: int = 400) -> None:
         self.down_after_ms = down_after_ms
+        self._build()
+
+    def _build(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rw-sentinel-"))
         (self.dir / "p").mkdir()
         (self.dir / "r").mkdir()
@@ -208,7 +224,31 @@ class RedisSentinel:
             )
         self.url = f"redis+sentinel://{','.join(f'{HOST}:{s.port}' for s in self.sentinels)}/{self.service}"
 
-    def start(self) -> RedisSentinel:
+    def start(self, attempts: int = 3) -> RedisSentinel:
+        """Starts the set-up; one that does not come together (a port taken between its choice and
+        its use, or discovery stalled on a loaded machine) is torn down and built again on fresh
+        ports, up to ``attempts`` times, and the last failure says what each Sentinel saw."""
+        for attempt in range(attempts):
+            try:
+                return self._start()
+            except RuntimeError as exc:
+                seen = "; ".join(self._view(s.port) for s in self.sentinels)
+                self.close()
+                if attempt == attempts - 1:
+                    raise RuntimeError(f"{exc} (after {attempts} attempts; sentinels saw: {seen})") from exc
+                self._build()
+        raise AssertionError("unreachable")
+
+    def _view(self, port: int) -> str:
+        try:
+            fields = redis_cmd(port, "SENTINEL", "MASTER", self.service).split("\n")
+        except (OSError, subprocess.SubprocessError):
+            return f"{port}: no answer"
+        pairs = dict(zip(fields[::2], fields[1::2], strict=False))
+        wanted = ("flags", "num-slaves", "num-other-sentinels", "port")
+        return f"{port}: " + ",".join(f"{k}={pairs.get(k)}" for k in wanted)
+
+    def _start(self) -> RedisSentinel:
         self.replica.argv[self.replica.argv.index("--replicaof") + 2] = str(self.primary.port)
         self.primary.start()
         self.replica.start()
