@@ -1,0 +1,409 @@
+"""The HTTP check API of ``ratewarden serve``, a pure ASGI app (no framework).
+
+``/check`` answers a gateway's sub-request (nginx ``auth_request``, Traefik ForwardAuth, HAProxy):
+the original request is described by headers (``X-Original-Method``/``X-Forwarded-Method``,
+``X-Original-URI``/``X-Forwarded-Uri``, ``X-Real-IP``/``X-Forwarded-For`` from trusted proxies
+only), rewritten into an ASGI scope and run through ``PolicyMiddleware`` in front of an app that
+answers 200: tiers, API keys, bans and shadow mode are the policy file's, exactly as in-app.
+``/v1/check`` takes the same description as JSON, ``/json`` is Envoy's rate limit API as JSON,
+``/healthz`` and ``/metrics`` are for operators.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import ipaddress
+import json
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from ..context import STATE_KEY
+from ..errors import ConfigurationError
+from ..headers import HeaderStyle
+from ..limiter import Limiter
+from ..metrics import Metrics
+from ..policy.asgi import PolicyMiddleware
+from ..policy.schema import Policy
+from ..store_health import innermost, probe_store, store_problem
+from ..types import Message, Receive, Scope, Send
+
+__all__ = ["DEFAULT_TRUSTED", "MAX_BODY", "ServeApp", "parse_networks"]
+
+log = logging.getLogger("ratewarden.serve")
+
+#: Callers whose ``X-Real-IP``/``X-Forwarded-For`` (and JSON ``client``) are believed by default.
+DEFAULT_TRUSTED: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
+#: The largest request body read (``/v1/check``, ``/json``); more is answered 413.
+MAX_BODY = 64 * 1024
+_DENY_STATUSES = {401, 403, 429}
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_Headers = list[tuple[bytes, bytes]]
+
+
+def parse_networks(cidrs: Iterable[str]) -> tuple[_Network, ...]:
+    """Parse CIDRs (or plain addresses) into networks; a bad one raises ``ConfigurationError``.
+
+    Args:
+        cidrs: E.g. ``["127.0.0.1/32", "10.0.0.0/8", "::1"]``.
+    """
+    networks: list[_Network] = []
+    for cidr in cidrs:
+        try:
+            networks.append(ipaddress.ip_network(cidr.strip(), strict=False))
+        except ValueError:
+            raise ConfigurationError(f"--trusted-proxy {cidr!r} is not an address or CIDR (e.g. 10.0.0.0/8)") from None
+    return tuple(networks)
+
+
+def _address(text: str) -> str | None:
+    """``text`` as a normalised IP address (IPv4-mapped IPv6 as IPv4), ``None`` if it is not one."""
+    text = text.strip()
+    if text.startswith("[") and "]" in text:  # "[::1]:443"
+        text = text[1 : text.index("]")]
+    elif text.count(":") == 1:  # "1.2.3.4:5678"
+        text = text.partition(":")[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+async def _allow(scope: Scope, receive: Receive, send: Send) -> None:
+    """The app behind the policy: every request that gets here is allowed."""
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServeApp:
+    """The ASGI app of ``ratewarden serve``.
+
+    Args:
+        limiter: Checks the limits (its store and ``on_error`` decide outages).
+        policy: The ratewarden policy that ``/check`` and ``/v1/check`` enforce; ``None`` for none.
+        trusted_proxies: CIDRs of callers whose client-address headers are believed.
+        metrics: Decision metrics, shown at ``/metrics``; ``None`` for none.
+        rls: Envoy's ``RateLimitService`` behind ``/json``; ``None`` for none.
+        header_style: Which rate-limit headers answers carry (``"both"``, ``"ietf"``, ``"legacy"``).
+    """
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        policy: Policy | None = None,
+        *,
+        trusted_proxies: Sequence[str] = DEFAULT_TRUSTED,
+        metrics: Metrics | None = None,
+        rls: Any = None,
+        header_style: HeaderStyle = "both",
+    ) -> None:
+        self.limiter = limiter
+        self.metrics = metrics
+        self.rls = rls
+        self.trusted = parse_networks(trusted_proxies)
+        self._trust_cache: dict[str, bool] = {}
+        self.policy_app: PolicyMiddleware | None = None
+        self._header_style: HeaderStyle = header_style
+        if policy is not None:
+            self.apply_policy(policy)
+
+    def apply_policy(self, policy: Policy) -> None:
+        """Enforce ``policy`` from now on (an atomic swap; ban lists carry over).
+
+        Args:
+            policy: A validated policy.
+        """
+        if self.policy_app is None:
+            self.policy_app = PolicyMiddleware(
+                _allow, self.limiter, policy=policy, metrics=self.metrics, header_style=self._header_style
+            )
+        else:
+            self.policy_app.apply(policy)
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":  # a WebSocket: refuse the handshake
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if path == "/check":
+                await self._check(scope, send)
+            elif path == "/v1/check":
+                self._need(method, "POST")
+                await self._check_json(scope, receive, send)
+            elif path == "/json":
+                self._need(method, "POST")
+                await self._rls_json(receive, send)
+            elif path == "/healthz":
+                self._need(method, "GET", "HEAD")
+                await self._healthz(send)
+            elif path == "/metrics":
+                self._need(method, "GET", "HEAD")
+                await self._metrics(send)
+            else:
+                raise _BadRequest(404, f"no such endpoint {path!r}: use /check, /v1/check, /json, /healthz or /metrics")
+        except _BadRequest as exc:
+            await _send_error(send, exc.status, str(exc))
+
+    @staticmethod
+    def _need(method: str, *allowed: str) -> None:
+        if method not in allowed:
+            raise _BadRequest(405, f"method {method} not allowed here: use {' or '.join(allowed)}")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.limiter.check_store()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- the client address --------------------------------------------------------------------
+
+    def _is_trusted(self, caller: str | None) -> bool:
+        if caller is None:
+            return False
+        found = self._trust_cache.get(caller)
+        if found is None:
+            address = _address(caller)
+            found = address is not None and any(ipaddress.ip_address(address) in n for n in self.trusted)
+            if len(self._trust_cache) >= 4096:
+                self._trust_cache.clear()
+            self._trust_cache[caller] = found
+        return found
+
+    def _client(self, scope: Scope, headers: dict[bytes, bytes], stated: str | None = None) -> str | None:
+        """The original client's address: what a trusted caller says (``stated``, ``X-Real-IP``, the
+        last ``X-Forwarded-For`` entry), else the caller's own address."""
+        peer = scope.get("client")
+        caller: str | None = peer[0] if peer else None
+        if not self._is_trusted(caller):
+            return caller
+        candidates = [stated] if stated is not None else []
+        real = headers.get(b"x-real-ip")
+        if real is not None:
+            candidates.append(real.decode("latin-1"))
+        forwarded = headers.get(b"x-forwarded-for")
+        if forwarded is not None:
+            candidates.append(forwarded.decode("latin-1").rpartition(",")[2])
+        for candidate in candidates:
+            address = _address(candidate)
+            if address is not None:
+                return address
+        return caller
+
+    # -- running the policy --------------------------------------------------------------------
+
+    async def _decide(
+        self, scope: Scope, method: str, uri: str, headers: _Headers, client: str | None, scheme: str
+    ) -> tuple[int, _Headers, bytes, Any]:
+        """Run the policy on the described request: its status, headers, body and context."""
+        policy_app = self.policy_app
+        if policy_app is None:
+            raise _BadRequest(404, "no ratewarden policy file is loaded: start ratewarden serve with one")
+        if not uri.startswith("/"):
+            raise _BadRequest(400, f"the original URI must start with '/', got {uri[:100]!r}")
+        raw_path, _, query = uri.partition("?")
+        if not method or not method.isascii() or not method.isalpha():
+            raise _BadRequest(400, f"the original method must be a word such as GET, got {method[:20]!r}")
+        inner: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method.upper(),
+            "scheme": scheme,
+            "path": unquote(raw_path),
+            "raw_path": raw_path.encode("latin-1", "replace"),
+            "query_string": query.encode("latin-1", "replace"),
+            "root_path": "",
+            "headers": headers,
+            "client": (client, 0) if client is not None else None,
+            "server": scope.get("server"),
+            "state": {},
+        }
+        answer: dict[str, Any] = {"status": 500, "headers": [], "body": b""}
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                answer["status"] = int(message["status"])
+                answer["headers"] = list(message.get("headers", ()))
+            elif message["type"] == "http.response.body":
+                answer["body"] += bytes(message.get("body", b""))
+
+        await policy_app(inner, _no_body, capture)
+        headers_out = [(k, v) for k, v in answer["headers"] if k.lower() != b"content-length"]
+        return answer["status"], headers_out, answer["body"], inner["state"].get(STATE_KEY)
+
+    async def _check(self, scope: Scope, send: Send) -> None:
+        """The gateway check: 200 (allowed) or 429/403 (refused), with the rate-limit headers."""
+        deny = 429
+        for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+            if name == "deny_status":
+                if not value.isdigit() or int(value) not in _DENY_STATUSES:
+                    raise _BadRequest(400, f"deny_status must be 401, 403 or 429, got {value[:20]!r}")
+                deny = int(value)
+        raw: _Headers = list(scope.get("headers", ()))
+        headers = dict(raw)
+        method = headers.get(b"x-original-method") or headers.get(b"x-forwarded-method") or b"GET"
+        uri = headers.get(b"x-original-uri") or headers.get(b"x-forwarded-uri") or b"/"
+        scheme = (headers.get(b"x-forwarded-proto") or b"http").decode("latin-1")
+        status, out, body, _ = await self._decide(
+            scope, method.decode("latin-1"), uri.decode("latin-1"), raw, self._client(scope, headers), scheme
+        )
+        if status == 429:
+            status = deny
+        await _send(send, status, out, body)
+
+    async def _check_json(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/check``: the decision for a request described as JSON."""
+        data = _json_object(await _read_body(receive))
+        method = _field(data, "method", str, "GET")
+        path = data.get("path")
+        if not isinstance(path, str):
+            raise _BadRequest(400, "'path' is required: the original request's path, e.g. \"/api/items?page=2\"")
+        raw_headers = _field(data, "headers", dict, {})
+        stated = _field(data, "client", str, None)
+        cost = data.get("cost", 1)
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost != 1:
+            raise _BadRequest(400, "'cost' must be 1 (set a rule's cost in the policy file)")
+        headers: _Headers = []
+        for name, value in raw_headers.items():
+            if not isinstance(value, str):
+                raise _BadRequest(400, f"header {name!r} must be a string, got {type(value).__name__}")
+            headers.append((name.lower().encode("latin-1", "replace"), value.encode("latin-1", "replace")))
+        if stated is not None and _address(stated) is None:
+            raise _BadRequest(400, f"'client' must be an IP address, got {stated[:60]!r}")
+        client = self._client(scope, {}, stated)
+        status, out, _, ctx = await self._decide(scope, method, path, headers, client, "http")
+        decision = getattr(ctx, "decision", None)
+        result: dict[str, Any] = {
+            "allowed": status < 400,
+            "status": status,
+            "limit": None,
+            "remaining": None,
+            "reset": None,
+            "retry_after": None,
+            "group": getattr(ctx, "group", None) or None,
+            "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in out if k.lower() != b"content-type"},
+        }
+        if decision is not None:
+            result.update(
+                limit=decision.limit,
+                remaining=decision.remaining,
+                reset=_seconds(decision.reset_after),
+                retry_after=_seconds(decision.retry_after) if not decision.allowed else 0,
+            )
+        body = json.dumps(result).encode()
+        await _send(send, 200, [(b"content-type", b"application/json")], body)
+
+    async def _rls_json(self, receive: Receive, send: Send) -> None:
+        """``POST /json``: Envoy's ``ShouldRateLimit`` as JSON (``serve.grpc.rls_json``)."""
+        if self.rls is None:
+            raise _BadRequest(404, "no envoy rate limit configuration is loaded: give ratewarden serve one")
+        body = await _read_body(receive)
+        # Imported on first use: it needs grpcio and the generated Envoy API (the ``serve`` extra).
+        rls_json = importlib.import_module(f"{__package__}.grpc").rls_json
+        result: Any = rls_json(self.rls, body)
+        if inspect.isawaitable(result):
+            result = await result
+        status, payload = result
+        await _send(send, int(status), [(b"content-type", b"application/json")], bytes(payload))
+
+    async def _healthz(self, send: Send) -> None:
+        """200 ``ok`` when a configuration is loaded and the store answers, else 503 and why."""
+        if self.policy_app is None and self.rls is None:
+            await _send_text(send, 503, "no configuration loaded\n")
+            return
+        store = innermost(self.limiter.store)
+        if not store.local:
+            limits = self.limiter.limits("1/s")
+            error = await probe_store(store, self.limiter.keys_for("ratewarden:healthz", limits), limits, 2.0)
+            if error is not None:
+                await _send_text(send, 503, f"store unavailable: {store_problem(error)}\n")
+                return
+        await _send_text(send, 200, "ok\n")
+
+    async def _metrics(self, send: Send) -> None:
+        if self.metrics is None:
+            raise _BadRequest(404, "metrics need prometheus-client: pip install 'ratewarden[metrics]'")
+        body = self.metrics.exposition()
+        await _send(send, 200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
+
+
+def _seconds(value: float) -> float | None:
+    return None if math.isinf(value) else round(value, 3)
+
+
+def _field(data: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = data.get(name, default)
+    if value is not None and not isinstance(value, kind):
+        raise _BadRequest(400, f"{name!r} must be a {'object' if kind is dict else 'string'}, got {type(value).__name__}")
+    return value
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _BadRequest(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _BadRequest(400, f"the body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = bytes(message.get("body", b""))
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise _BadRequest(413, f"the body is larger than {MAX_BODY} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _send(send: Send, status: int, headers: _Headers, body: bytes) -> None:
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", b"%d" % len(body))]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_text(send: Send, status: int, text: str) -> None:
+    await _send(send, status, [(b"content-type", b"text/plain; charset=utf-8")], text.encode())
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"status": status, "error": message}).encode()
+    await _send(send, status, [(b"content-type", b"application/json")], body)
