@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("ratewarden.cli.bench:register", "benchmark ratewarden against traffik, slowapi and no limiter"),
     "check": ("ratewarden.cli.policy:register_check", "validate a policy file and print its effective rules"),
     "explain": ("ratewarden.cli.policy:register_explain", "show which rules and limits a request would get"),
+    "serve": ("ratewarden.cli.serve:register", "run the decision service for gateways (Envoy gRPC, nginx, HAProxy, Traefik)"),
 }
 
 Subparsers = Any  # argparse's _SubParsersAction is private

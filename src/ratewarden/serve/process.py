@@ -1,0 +1,467 @@
+"""Running ``ratewarden serve``: uvicorn for HTTP (and gRPC in the same event loop when Envoy
+configurations are given), ``--workers N`` forked processes on one listening socket, hot reload
+(``SIGHUP`` and file changes), graceful shutdown and structured logs.
+
+The parent validates the configuration, binds the socket and forks the workers before anything
+imports grpc, then only supervises: it forwards ``SIGHUP`` and ``SIGTERM``/``SIGINT``, restarts a
+worker that died, and removes the shared-memory table it created when it exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..limiter import FailurePolicy, Limiter
+from ..policy.loader import load_policy
+from ..policy.reload import PolicyReloader
+from ..policy.schema import Policy
+from ..stores import open_store
+from .http import DEFAULT_TRUSTED, ServeApp, parse_networks
+
+__all__ = ["ServeConfig", "configure_logging", "envoy_files", "run"]
+
+log = logging.getLogger("ratewarden.serve")
+_YAML = (".yaml", ".yml")
+#: Seconds a worker waits for in-flight requests (HTTP and gRPC) when asked to stop.
+GRACE = 10
+#: A worker that exits this soon (seconds) after its start is not restarted: the service stops.
+_CRASH_LOOP = 2.0
+
+
+@dataclass
+class ServeConfig:
+    """What ``ratewarden serve`` runs (its command-line options)."""
+
+    policy: Path | None = None
+    envoy: list[Path] = field(default_factory=list)
+    http: tuple[str, int] = ("127.0.0.1", 8080)
+    grpc: tuple[str, int] | None = None
+    workers: int = 1
+    store: str | None = None
+    trusted_proxies: Sequence[str] = DEFAULT_TRUSTED
+    log_format: str = "json"
+    log_level: str = "info"
+    watch: float = 1.0
+    on_error: FailurePolicy = "open"
+
+
+# -- logs ------------------------------------------------------------------------------------------
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``event``, ``logger``, ``pid``, then the fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "event": getattr(record, "event", "log"),
+            "logger": record.name,
+            "pid": record.process,
+        }
+        message = record.getMessage()
+        if message != out["event"]:
+            out["message"] = message
+        out.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``ts level [pid] event message key=value...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds")
+        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
+        event = getattr(record, "event", "log")
+        text = f"{ts} {record.levelname.lower()} [{record.process}] {event}: {record.getMessage()}"
+        if fields:
+            text += f" {fields}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure_logging(format: str = "json", level: str = "info") -> None:
+    """Send the ``ratewarden`` and ``uvicorn`` logs to stderr in ``format`` (``json`` or ``text``).
+
+    Args:
+        format: ``"json"`` (one object per line) or ``"text"``.
+        level: The least severe level logged (``debug``, ``info``, ``warning``, ``error``).
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JSONFormatter() if format == "json" else TextFormatter())
+    for name in ("ratewarden", "uvicorn", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False
+
+
+def _event(level: int, event: str, message: str = "", **fields: Any) -> None:
+    log.log(level, message or event, extra={"event": event, "fields": fields})
+
+
+# -- configuration files ---------------------------------------------------------------------------
+
+
+def envoy_files(paths: Sequence[Path]) -> tuple[Path | None, list[Path]]:
+    """Sort ``paths`` into the ratewarden policy file (at most one) and Envoy ratelimit YAML files
+    (a directory is read for ``*.yaml``/``*.yml``; a YAML file with a top-level ``domain`` is Envoy's).
+
+    Args:
+        paths: The command line's files and directories.
+    """
+    policy: Path | None = None
+    envoy: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in _YAML and p.is_file())
+            if not found:
+                raise ConfigurationError(f"{path}: no .yaml or .yml file in this directory")
+            envoy.extend(found)
+            continue
+        if not path.is_file():
+            raise ConfigurationError(f"{path}: no such file")
+        if path.suffix.lower() in _YAML and _is_envoy(path):
+            envoy.append(path)
+            continue
+        if policy is not None:
+            raise ConfigurationError(f"{path}: only one ratewarden policy file is served (already {policy})")
+        policy = path
+    return policy, envoy
+
+
+def _is_envoy(path: Path) -> bool:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return False  # the policy loader reports it, naming the line
+    return isinstance(data, dict) and "domain" in data
+
+
+def _load_envoy(paths: Sequence[Path]) -> Any:
+    """The Envoy domains of ``paths`` (``serve.envoy_config``); raises on a broken file."""
+    from .envoy_config import load_envoy_configs
+
+    return load_envoy_configs(paths)
+
+
+def _rate_limit_service(domains: Any, limiter: Limiter) -> Any:
+    rls: Any = importlib.import_module(f"{__package__}.rls")
+    return rls.RateLimitService(domains, limiter)
+
+
+# -- one worker ------------------------------------------------------------------------------------
+
+
+def _uvicorn_server(app: ServeApp, sock: socket.socket) -> Any:
+    """A uvicorn server for ``app`` that leaves the signals to us."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+            pass
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:  # uvicorn >= 0.29
+            yield
+
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    config = uvicorn.Config(
+        app, lifespan="off", log_config=None, access_log=False, http=http,
+        timeout_graceful_shutdown=GRACE, server_header=False, date_header=False,
+    )
+    return Server(config)
+
+
+def _metrics() -> Any:
+    if importlib.util.find_spec("prometheus_client") is None:
+        return None
+    from ..metrics import Metrics
+
+    return Metrics()
+
+
+class Worker:
+    """One worker process: the app, its reloads and its servers."""
+
+    def __init__(self, config: ServeConfig, store_url: str) -> None:
+        self.config = config
+        self.limiter = Limiter(open_store(store_url), on_error=config.on_error)
+        self.metrics = _metrics()
+        policy = load_policy(config.policy) if config.policy is not None else None
+        self.rls = _rate_limit_service(_load_envoy(config.envoy), self.limiter) if config.envoy else None
+        self.app = ServeApp(
+            self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls
+        )
+        self.reloader = PolicyReloader(config.policy, self._apply, interval=config.watch) if config.policy else None
+        self._envoy_signature = self._signature()
+
+    def _apply(self, policy: Policy) -> None:
+        self.app.apply_policy(policy)
+
+    def _signature(self) -> tuple[tuple[int, int, int], ...]:
+        out = []
+        for path in self.config.envoy:
+            try:
+                st = path.stat()
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append((0, 0, 0))
+        return tuple(out)
+
+    def reload(self, reason: str) -> None:
+        """Reload every file now (``SIGHUP``); a broken one keeps what is in force."""
+        if self.reloader is not None:
+            ok = self.reloader.reload()
+            self._report(ok, "policy", self.config.policy, reason, self.reloader.last_error)
+        if self.config.envoy:
+            self._reload_envoy(reason)
+
+    def poll(self) -> None:
+        """Reload the files that changed."""
+        if self.reloader is not None:
+            changed = self.reloader.check()
+            if changed is not None:
+                self._report(changed, "policy", self.config.policy, "file changed", self.reloader.last_error)
+        if self.config.envoy and self._signature() != self._envoy_signature:
+            self._reload_envoy("file changed")
+
+    def _reload_envoy(self, reason: str) -> None:
+        self._envoy_signature = self._signature()
+        try:
+            domains = _load_envoy(self.config.envoy)
+        except Exception as exc:
+            self._report(False, "envoy", self.config.envoy, reason, exc)
+            return
+        if self.rls is not None:
+            self.rls.replace(domains)
+        self._report(True, "envoy", self.config.envoy, reason, None)
+
+    @staticmethod
+    def _report(ok: bool, kind: str, path: object, reason: str, error: BaseException | None) -> None:
+        if ok:
+            _event(logging.INFO, "reloaded", f"{kind} configuration reloaded", kind=kind, path=path, reason=reason)
+        else:
+            _event(
+                logging.ERROR, "reload_rejected", f"{kind} reload rejected, keeping the previous configuration",
+                kind=kind, path=path, reason=reason, error=str(error),
+            )
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.watch)
+            try:
+                await asyncio.to_thread(self.poll)
+            except Exception:
+                log.exception("watching the configuration failed; will retry", extra={"event": "watch_failed"})
+
+    async def serve(self, sock: socket.socket) -> None:
+        """Serve on ``sock`` (and gRPC when configured) until ``SIGTERM``/``SIGINT``."""
+        loop = asyncio.get_running_loop()
+        server = _uvicorn_server(self.app, sock)
+
+        def stop(signum: int) -> None:
+            _event(logging.INFO, "stopping", "stopping: finishing in-flight requests", signal=signal.Signals(signum).name)
+            server.should_exit = True
+
+        def hup() -> None:
+            loop.run_in_executor(None, self.reload, "SIGHUP")
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop, signum)
+        loop.add_signal_handler(signal.SIGHUP, hup)
+        grpc_server: Any = None
+        if self.rls is not None and self.config.grpc is not None:
+            grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
+            started = await grpc_module.start_grpc(self.rls, *self.config.grpc)
+            grpc_server = started[0] if isinstance(started, tuple) else started
+        watcher = asyncio.create_task(self._watch()) if self.config.watch > 0 else None
+        await self.limiter.check_store()
+        _event(logging.INFO, "worker_started", "worker serving", http="{}:{}".format(*sock.getsockname()[:2]))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if grpc_server is not None:
+                await grpc_server.stop(GRACE)
+            if self.metrics is not None:
+                self.metrics.close()
+            await self.limiter.close()
+            _event(logging.INFO, "worker_stopped", "worker stopped")
+
+
+def _run_worker(config: ServeConfig, sock: socket.socket, store_url: str) -> int:
+    try:
+        worker = Worker(config, store_url)
+    except Exception as exc:
+        _event(logging.ERROR, "worker_failed", f"the worker could not start: {exc}", error=type(exc).__name__)
+        return 1
+    asyncio.run(worker.serve(sock))
+    return 0
+
+
+# -- the parent ------------------------------------------------------------------------------------
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _check(config: ServeConfig) -> None:
+    """Validate everything before binding or forking: a broken file is an error at start-up."""
+    if config.policy is None and not config.envoy:
+        raise ConfigurationError("nothing to serve: give a ratewarden policy file and/or Envoy ratelimit YAML")
+    if config.workers < 1:
+        raise ConfigurationError(f"--workers must be at least 1, got {config.workers}")
+    parse_networks(config.trusted_proxies)
+    if config.policy is not None:
+        load_policy(config.policy)
+    if config.envoy:
+        _load_envoy(config.envoy)
+
+
+def run(config: ServeConfig) -> int:
+    """Run the service until ``SIGTERM``/``SIGINT``; the exit status (0 after a clean stop).
+
+    Args:
+        config: What to serve and how.
+    """
+    configure_logging(config.log_format, config.log_level)
+    try:
+        _check(config)
+        sock = _bind(*config.http)
+    except (ConfigurationError, OSError, ImportError) as exc:
+        _event(logging.ERROR, "config_error", str(exc))
+        return 2
+    shm: Any = None
+    store_url = config.store
+    if store_url is None:
+        if config.workers == 1:
+            store_url = "memory://"
+        else:  # one table for the workers of this run, removed when it ends
+            store_url = f"shm://ratewarden-serve-{os.getpid()}"
+            shm = open_store(store_url)
+    host, port = sock.getsockname()[:2]
+    _event(
+        logging.INFO, "started", "ratewarden serve started", http=f"{host}:{port}",
+        grpc="{}:{}".format(*config.grpc) if config.grpc and config.envoy else None, workers=config.workers,
+        store=_redacted(store_url), policy=config.policy, envoy=[str(p) for p in config.envoy],
+    )
+    try:
+        if config.workers == 1:
+            return _run_worker(config, sock, store_url)
+        return _supervise(config, sock, store_url)
+    finally:
+        sock.close()
+        if shm is not None:
+            asyncio.run(shm.close())
+            shm.unlink()
+        _event(logging.INFO, "exited", "ratewarden serve exited")
+
+
+def _redacted(url: str) -> str:
+    from ..stores.urls import redact
+
+    return redact(url)
+
+
+def _supervise(config: ServeConfig, sock: socket.socket, store_url: str) -> int:
+    """Fork the workers and watch them until told to stop."""
+    pending: list[int] = []
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in handled}
+    children: dict[int, tuple[int, float]] = {}  # pid -> (worker index, start time)
+
+    def spawn(index: int) -> None:
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                for s in handled:
+                    signal.signal(s, signal.SIG_DFL)
+                status = _run_worker(config, sock, store_url)
+            finally:
+                logging.shutdown()
+                os._exit(status)
+        children[pid] = (index, time.monotonic())
+
+    for index in range(config.workers):
+        spawn(index)
+    stopping = failed = False
+    try:
+        while children:
+            while pending:
+                signum = pending.pop(0)
+                if signum in (signal.SIGTERM, signal.SIGINT):
+                    stopping = True
+                _signal_all(children, signal.SIGTERM if signum == signal.SIGINT else signum)
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.05)
+                continue
+            index, started = children.pop(pid)
+            if stopping:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            if time.monotonic() - started < _CRASH_LOOP:  # it failed at start-up: it would again
+                _event(logging.ERROR, "worker_failed", "a worker failed at start-up; stopping", worker=index, code=code)
+                failed = stopping = True
+                _signal_all(children, signal.SIGTERM)
+                continue
+            _event(logging.ERROR, "worker_exited", "a worker exited; starting another", worker=index, pid=pid, code=code)
+            spawn(index)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 1 if failed else 0
+
+
+def _signal_all(children: dict[int, tuple[int, float]], signum: int) -> None:
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080``, ``:8080`` for all interfaces) into ``(host, port)``.
+
+    Args:
+        text: The address.
+        what: The option's name, for the error.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigurationError(f"{what} {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
