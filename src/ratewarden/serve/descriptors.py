@@ -1,0 +1,95 @@
+"""Matching a request's descriptor against a domain's tree, as envoyproxy/ratelimit does.
+
+At each level of the tree, an entry ``(key, value)`` matches, in order: the child ``key_value``,
+else the first wildcard child (in file order) whose ``key_value`` pattern matches (each ``*``
+matches zero or more characters), else the child ``key`` (any value). The limit applies only when
+the request's last entry lands on a descriptor with a ``rate_limit``: a request with more
+entries than the tree is deep matches nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .envoy_config import EnvoyDescriptor, EnvoyDomain, EnvoyRateLimit
+
+__all__ = ["Match", "match_descriptor", "wildcard_match"]
+
+
+@dataclass(frozen=True)
+class Match:
+    """A matched limit.
+
+    Args:
+        rate_limit: The configured limit.
+        shared: ``{entry index: wildcard value pattern}`` for entries matched by a wildcard with
+            ``share_threshold`` (their counter uses the pattern, not the request's value).
+    """
+
+    rate_limit: EnvoyRateLimit
+    shared: dict[int, str]
+
+
+def wildcard_match(parts: Sequence[str], value: str) -> bool:
+    """Whether ``value`` matches a pattern split at its ``*`` (the Go service's ``wildcardMatch``).
+
+    Args:
+        parts: The pattern split on ``*``.
+        value: The request's ``key_value``.
+    """
+    if len(parts) == 1:
+        return parts[0] == value
+    first, last = parts[0], parts[-1]
+    if not value.startswith(first) or not value.endswith(last):
+        return False
+    if len(value) < sum(len(part) for part in parts):
+        return False
+    remaining = value[len(first):]
+    if last:
+        remaining = remaining[: len(remaining) - len(last)]
+    for part in parts[1:-1]:
+        found = remaining.find(part)
+        if found < 0:
+            return False
+        remaining = remaining[found + len(part):]
+    return True
+
+
+def match_descriptor(domain: EnvoyDomain, entries: Sequence[tuple[str, str]]) -> Match | None:
+    """The limit a request descriptor selects in ``domain``, or ``None``.
+
+    Args:
+        domain: The loaded configuration.
+        entries: The descriptor's ``(key, value)`` entries, in order.
+    """
+    children = domain.root.children
+    previous: EnvoyDescriptor = domain.root
+    found: EnvoyRateLimit | None = None
+    shared: dict[int, str] = {}
+    last = len(entries) - 1
+    for index, (key, value) in enumerate(entries):
+        final_key = f"{key}_{value}"
+        node = children.get(final_key)
+        wildcard = ""
+        if node is None and previous.wildcards:
+            for pattern, parts in previous.wildcards:
+                if wildcard_match(parts, final_key):
+                    node = children.get(pattern)
+                    wildcard = pattern
+                    break
+        if node is None:
+            node = children.get(key)
+        if node is None:
+            break
+        if wildcard and node.share_threshold:
+            shared[index] = wildcard[len(key) + 1:] if wildcard.startswith(key + "_") else wildcard
+        if node.rate_limit is not None and index == last:
+            found = node.rate_limit
+        if not node.children:
+            break
+        children = node.children
+        previous = node
+    if found is None:
+        return None
+    return Match(found, shared)

@@ -1,0 +1,461 @@
+"""envoyproxy/ratelimit's YAML configuration, loaded as it is, plus ratewarden's ``algorithm``.
+
+One file is one domain::
+
+    domain: messaging
+    algorithm: sliding_window       # ratewarden: the domain's default algorithm (optional)
+    descriptors:
+      - key: message_type
+        value: marketing
+        descriptors:
+          - key: to_number
+            algorithm: token_bucket  # ratewarden: this descriptor's algorithm (optional)
+            rate_limit: {unit: day, requests_per_unit: 5, name: marketing}
+
+Everything the Go service accepts loads (``shadow_mode``, ``unlimited``, ``replaces``,
+``detailed_metric``, ``value_to_metric``, ``share_threshold``, ``metadata``, wildcards ``*`` in
+values); an unknown field or a bad value is an ``EnvoyConfigError`` naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..algorithms import ALGORITHMS, AlgorithmName, algorithm_name
+from ..limits import DEFAULT_ALGORITHM, Limit
+from ..policy.schema import PolicyError, Problem
+from ..rates import Rate
+
+if TYPE_CHECKING:
+    import yaml
+
+__all__ = [
+    "UNIT_SECONDS",
+    "EnvoyConfigError",
+    "EnvoyDescriptor",
+    "EnvoyDomain",
+    "EnvoyRateLimit",
+    "is_envoy_config",
+    "load_envoy_config",
+    "load_envoy_configs",
+    "parse_envoy_config",
+]
+
+#: Seconds per unit, as envoyproxy/ratelimit counts them (a month is 30 days, a year 365).
+UNIT_SECONDS: dict[str, int] = {
+    "second": 1,
+    "minute": 60,
+    "hour": 3600,
+    "day": 86400,
+    "week": 604800,
+    "month": 2592000,
+    "year": 31536000,
+}
+
+_ROOT_FIELDS = ("domain", "descriptors", "algorithm")
+_DESCRIPTOR_FIELDS = (
+    "key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
+    "value_to_metric", "share_threshold", "metadata", "algorithm",
+)
+_RATE_LIMIT_FIELDS = ("unit", "requests_per_unit", "unlimited", "name", "replaces")
+_UINT32_MAX = 2**32 - 1
+
+
+class EnvoyConfigError(PolicyError):
+    """An envoyproxy/ratelimit configuration that cannot be used; each problem names file:line and field."""
+
+
+@dataclass(frozen=True)
+class EnvoyRateLimit:
+    """A descriptor's ``rate_limit`` block.
+
+    Args:
+        requests_per_unit: Requests allowed per unit (0: every request is over the limit).
+        unit: ``second``, ``minute``, ``hour``, ``day``, ``week``, ``month`` or ``year``
+            (``""`` when unlimited).
+        name: The limit's name (``replaces`` refers to it).
+        replaces: Names of the limits this one replaces in a request.
+        unlimited: Always OK, nothing counted.
+        shadow_mode: Counted, but never limits.
+        algorithm: The ratewarden algorithm counting it.
+        full_key: ``domain.key_value.key`` (the Go service's stats key).
+    """
+
+    requests_per_unit: int
+    unit: str
+    name: str = ""
+    replaces: tuple[str, ...] = ()
+    unlimited: bool = False
+    shadow_mode: bool = False
+    algorithm: AlgorithmName = DEFAULT_ALGORITHM
+    full_key: str = ""
+    limit: Limit | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def period(self) -> int:
+        """The unit in seconds."""
+        return UNIT_SECONDS[self.unit]
+
+
+@dataclass
+class EnvoyDescriptor:
+    """One node of a domain's descriptor tree (the domain itself is the root).
+
+    Args:
+        key: The descriptor's key (``""`` for the root).
+        value: Its value, ``""`` for any; ``*`` is a wildcard.
+        rate_limit: The limit applied when a request's descriptor ends here.
+        children: Nested descriptors by ``key`` or ``key_value``, in file order.
+        wildcards: ``(key_value pattern, its parts split at *)`` of the children with a wildcard.
+        share_threshold: Every value matching this wildcard shares one counter.
+        detailed_metric: Accepted (the Go service's metrics option).
+        value_to_metric: Accepted (the Go service's metrics option).
+        line: Where it is defined.
+    """
+
+    key: str = ""
+    value: str = ""
+    rate_limit: EnvoyRateLimit | None = None
+    children: dict[str, EnvoyDescriptor] = field(default_factory=dict)
+    wildcards: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    share_threshold: bool = False
+    detailed_metric: bool = False
+    value_to_metric: bool = False
+    line: int = 0
+
+
+@dataclass
+class EnvoyDomain:
+    """One loaded configuration file: a domain and its descriptor tree.
+
+    Args:
+        domain: The domain's name.
+        root: The top-level descriptors (``root.children``).
+        source: The file it came from.
+        algorithm: The domain's default algorithm.
+    """
+
+    domain: str
+    root: EnvoyDescriptor
+    source: str = "<envoy config>"
+    algorithm: AlgorithmName = DEFAULT_ALGORITHM
+
+
+def is_envoy_config(document: object) -> bool:
+    """Whether a parsed YAML document is an envoyproxy/ratelimit configuration (a top-level ``domain``).
+
+    Args:
+        document: What ``yaml.safe_load`` returned.
+    """
+    return isinstance(document, Mapping) and "domain" in document
+
+
+class _Reader:
+    """Walks the composed YAML nodes, collecting every problem with its line."""
+
+    def __init__(self, source: str) -> None:
+        import yaml
+
+        self.yaml = yaml
+        self.source = source
+        self.problems: list[Problem] = []
+
+    def error(self, path: str, node: yaml.Node | None, message: str) -> None:
+        line = int(node.start_mark.line) + 1 if node is not None else None
+        self.problems.append(Problem(path, message, line, self.source))
+
+    def mapping(self, node: yaml.Node, path: str, allowed: Sequence[str]) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """The mapping's fields by name; unknown and repeated fields are problems."""
+        if not isinstance(node, self.yaml.MappingNode):
+            self.error(path, node, f"expected a mapping of fields ({', '.join(allowed)}), got {_kind(node)}")
+            return {}
+        found: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            name = str(key_node.value) if isinstance(key_node, self.yaml.ScalarNode) else "?"
+            where = f"{path}.{name}" if path else name
+            if name not in allowed:
+                hint = _close(name, allowed)
+                self.error(where, key_node, f"unknown field {name!r}{hint}; allowed here: {', '.join(allowed)}")
+            elif name in found:
+                self.error(where, key_node, f"field {name!r} is given twice")
+            else:
+                found[name] = (key_node, value_node)
+        return found
+
+    def string(self, node: yaml.Node, path: str) -> str:
+        if isinstance(node, self.yaml.ScalarNode) and node.tag != "tag:yaml.org,2002:null":
+            return str(node.value)
+        if isinstance(node, self.yaml.ScalarNode):
+            return ""
+        self.error(path, node, f"expected a string, got {_kind(node)}")
+        return ""
+
+    def boolean(self, node: yaml.Node, path: str) -> bool:
+        if isinstance(node, self.yaml.ScalarNode):
+            if node.tag == "tag:yaml.org,2002:bool":
+                return str(node.value).lower() in ("true", "yes", "on", "y")
+            if node.tag == "tag:yaml.org,2002:null":
+                return False
+        self.error(path, node, f"expected true or false, got {_describe(node)}")
+        return False
+
+    def uint32(self, node: yaml.Node, path: str) -> int:
+        if isinstance(node, self.yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int":
+            try:
+                number = int(str(node.value).replace("_", ""), 0)
+            except ValueError:
+                number = -1
+            if 0 <= number <= _UINT32_MAX:
+                return number
+        self.error(path, node, f"expected a whole number from 0 to {_UINT32_MAX}, got {_describe(node)}")
+        return 0
+
+    def sequence(self, node: yaml.Node, path: str) -> list[yaml.Node]:
+        if isinstance(node, self.yaml.SequenceNode):
+            return list(node.value)
+        if isinstance(node, self.yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return []
+        self.error(path, node, f"expected a list, got {_kind(node)}")
+        return []
+
+    def algorithm(self, node: yaml.Node, path: str) -> AlgorithmName | None:
+        name = self.string(node, path)
+        if name in ALGORITHMS:
+            return algorithm_name(name)
+        self.error(path, node, f"unknown algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}")
+        return None
+
+
+def _kind(node: yaml.Node) -> str:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return _describe(node)
+
+
+def _describe(node: yaml.Node) -> str:
+    import yaml
+
+    if isinstance(node, yaml.ScalarNode):
+        return repr(node.value)
+    return _kind(node)
+
+
+def _close(name: str, allowed: Sequence[str]) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(name, allowed, n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def parse_envoy_config(text: str, source: str = "<envoy config>") -> EnvoyDomain:
+    """Parse one envoyproxy/ratelimit configuration; every problem raises ``EnvoyConfigError``.
+
+    Args:
+        text: The YAML text.
+        source: Its name, for messages.
+    """
+    import yaml
+
+    reader = _Reader(source)
+    try:
+        document = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = int(mark.line) + 1 if mark is not None else None
+        raise EnvoyConfigError([Problem("", f"not valid YAML: {exc}", line, source)]) from None
+    if document is None:
+        raise EnvoyConfigError([Problem("", "empty file: expected 'domain:' and 'descriptors:'", None, source)])
+    fields = reader.mapping(document, "", _ROOT_FIELDS)
+    domain = ""
+    before = len(reader.problems)
+    if "domain" in fields:
+        domain = reader.string(fields["domain"][1], "domain")
+    if not domain and len(reader.problems) == before:
+        reader.error("domain", fields["domain"][1] if "domain" in fields else document, "config file cannot have empty domain")
+    default: AlgorithmName = DEFAULT_ALGORITHM
+    if "algorithm" in fields:
+        default = reader.algorithm(fields["algorithm"][1], "algorithm") or DEFAULT_ALGORITHM
+    root = EnvoyDescriptor(line=1)
+    if "descriptors" in fields:
+        nodes = reader.sequence(fields["descriptors"][1], "descriptors")
+        _load_descriptors(reader, root, nodes, "descriptors", domain + ".", default)
+    if reader.problems:
+        raise EnvoyConfigError(reader.problems)
+    return EnvoyDomain(domain, root, source, default)
+
+
+def _load_descriptors(
+    reader: _Reader, parent: EnvoyDescriptor, nodes: Sequence[yaml.Node], path: str, parent_key: str,
+    default: AlgorithmName,
+) -> None:
+    """Load ``nodes`` as ``parent``'s children (the Go service's ``loadDescriptors``)."""
+    for index, node in enumerate(nodes):
+        _load_descriptor(reader, parent, node, f"{path}[{index}]", parent_key, default)
+
+
+def _load_descriptor(
+    reader: _Reader, parent: EnvoyDescriptor, node: yaml.Node, where: str, parent_key: str, default: AlgorithmName
+) -> None:
+    """Load one descriptor into ``parent.children``."""
+    fields = reader.mapping(node, where, _DESCRIPTOR_FIELDS)
+    if not fields and not isinstance(node, reader.yaml.MappingNode):
+        return
+    line = int(node.start_mark.line) + 1
+
+    def value_of(name: str) -> yaml.Node | None:
+        found = fields.get(name)
+        return found[1] if found is not None else None
+
+    def flag(name: str) -> bool:
+        found = value_of(name)
+        return reader.boolean(found, f"{where}.{name}") if found is not None else False
+
+    key_node = value_of("key")
+    key = reader.string(key_node, f"{where}.key") if key_node is not None else ""
+    if not key:
+        reader.error(f"{where}.key", key_node or node, "descriptor has empty key")
+        return
+    value_node = value_of("value")
+    value = reader.string(value_node, f"{where}.value") if value_node is not None else ""
+    final_key = f"{key}_{value}" if value else key
+    full_key = parent_key + final_key
+    if final_key in parent.children:
+        reader.error(where, node, f"duplicate descriptor composite key '{full_key}'")
+        return
+    algorithm = default
+    algorithm_node = value_of("algorithm")
+    if algorithm_node is not None:
+        algorithm = reader.algorithm(algorithm_node, f"{where}.algorithm") or default
+    shadow = flag("shadow_mode")
+    if flag("quota_mode"):
+        reader.error(f"{where}.quota_mode", value_of("quota_mode"), "quota_mode is not supported by ratewarden serve")
+    share = flag("share_threshold")
+    if share and "*" not in final_key:
+        reader.error(
+            f"{where}.share_threshold", value_of("share_threshold"),
+            f"share_threshold can only be used with wildcard values (containing '*'), but found key '{final_key}'",
+        )
+    metadata = value_of("metadata")
+    if metadata is not None and not isinstance(metadata, reader.yaml.MappingNode):
+        reader.error(f"{where}.metadata", metadata, f"expected a mapping, got {_kind(metadata)}")
+    rate_limit = None
+    rate_node = value_of("rate_limit")
+    if rate_node is not None:
+        rate_limit = _load_rate_limit(reader, rate_node, f"{where}.rate_limit", full_key, shadow, algorithm)
+    elif algorithm_node is not None:
+        reader.error(f"{where}.algorithm", algorithm_node, "algorithm needs a rate_limit on the same descriptor")
+    descriptor = EnvoyDescriptor(
+        key, value, rate_limit, share_threshold=share, detailed_metric=flag("detailed_metric"),
+        value_to_metric=flag("value_to_metric"), line=line,
+    )
+    if "*" in final_key:
+        parent.wildcards.append((final_key, tuple(final_key.split("*"))))
+    children = value_of("descriptors")
+    if children is not None:
+        nested = reader.sequence(children, f"{where}.descriptors")
+        _load_descriptors(reader, descriptor, nested, f"{where}.descriptors", full_key + ".", default)
+    parent.children[final_key] = descriptor
+
+
+def _load_rate_limit(
+    reader: _Reader, node: yaml.Node, path: str, full_key: str, shadow: bool, algorithm: AlgorithmName
+) -> EnvoyRateLimit | None:
+    fields = reader.mapping(node, path, _RATE_LIMIT_FIELDS)
+    before = len(reader.problems)
+
+    def value_of(name: str) -> yaml.Node | None:
+        found = fields.get(name)
+        return found[1] if found is not None else None
+
+    unlimited_node = value_of("unlimited")
+    unlimited = reader.boolean(unlimited_node, f"{path}.unlimited") if unlimited_node is not None else False
+    unit_node = value_of("unit")
+    unit = reader.string(unit_node, f"{path}.unit").lower() if unit_node is not None else ""
+    valid_unit = unit in UNIT_SECONDS
+    if unlimited:
+        if valid_unit:
+            reader.error(f"{path}.unit", unit_node, "should not specify rate limit unit when unlimited")
+    elif not valid_unit:
+        reader.error(
+            f"{path}.unit", unit_node or node,
+            f"invalid rate limit unit '{unit}'; use one of: {', '.join(UNIT_SECONDS)}",
+        )
+    rpu_node = value_of("requests_per_unit")
+    requests = reader.uint32(rpu_node, f"{path}.requests_per_unit") if rpu_node is not None else 0
+    name_node = value_of("name")
+    name = reader.string(name_node, f"{path}.name") if name_node is not None else ""
+    replaces: list[str] = []
+    replaces_node = value_of("replaces")
+    if replaces_node is not None:
+        for index, item in enumerate(reader.sequence(replaces_node, f"{path}.replaces")):
+            where = f"{path}.replaces[{index}]"
+            item_fields = reader.mapping(item, where, ("name",))
+            replaced = reader.string(item_fields["name"][1], f"{where}.name") if "name" in item_fields else ""
+            if not replaced:
+                reader.error(where, item, "should not have an empty replaces entry")
+            elif replaced == name:
+                reader.error(where, item, "replaces should not contain name of same descriptor")
+            replaces.append(replaced)
+    if len(reader.problems) > before:
+        return None
+    limit = None
+    if not unlimited and requests > 0:
+        limit = Limit(Rate(requests, float(UNIT_SECONDS[unit])), algorithm, name or full_key)
+    return EnvoyRateLimit(
+        requests, unit if not unlimited else "", name, tuple(replaces), unlimited, shadow, algorithm, full_key, limit
+    )
+
+
+def load_envoy_config(path: str | os.PathLike[str]) -> EnvoyDomain:
+    """Load one envoyproxy/ratelimit configuration file.
+
+    Args:
+        path: The YAML file.
+    """
+    source = os.fspath(path)
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EnvoyConfigError([Problem("", f"cannot read the file: {exc.strerror or exc}", None, source)]) from None
+    return parse_envoy_config(text, source)
+
+
+def load_envoy_configs(paths: Iterable[str | os.PathLike[str]]) -> dict[str, EnvoyDomain]:
+    """Load files and directories of configurations (``*.yaml``/``*.yml``, sorted) into domains by name.
+
+    A domain defined twice is an error, as in the Go service.
+
+    Args:
+        paths: Files, or directories whose YAML files are read.
+    """
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()))
+        else:
+            files.append(path)
+    domains: dict[str, EnvoyDomain] = {}
+    problems: list[Problem] = []
+    for file in files:
+        try:
+            loaded = load_envoy_config(file)
+        except EnvoyConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if loaded.domain in domains:
+            first = domains[loaded.domain].source
+            problems.append(Problem("domain", f"duplicate domain '{loaded.domain}' (first in {first})", None, loaded.source))
+            continue
+        domains[loaded.domain] = loaded
+    if problems:
+        raise EnvoyConfigError(problems)
+    return domains

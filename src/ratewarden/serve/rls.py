@@ -1,0 +1,418 @@
+"""Envoy's global rate limit service, framework-free: ``RateLimitService.should_rate_limit``.
+
+It answers what ``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`` answers
+(``serve.grpc`` translates the protobuf), with envoyproxy/ratelimit's semantics and ratewarden's
+counting:
+
+- each request descriptor selects a limit (``serve.descriptors``) or, with a ``limit`` override,
+  that rate (in the domain, with the matched descriptor's algorithm);
+- the cost is the descriptor's ``hits_addend`` when given, else the request's (0 counts as 1);
+- every enforced descriptor of a request is charged all or nothing in one store call, so N
+  concurrent requests against a limit L get exactly L through; ``shadow_mode`` descriptors are
+  counted on their own and never limit; ``unlimited`` ones touch no store; ``replaces`` drops the
+  limits it names;
+- a descriptor's counter is ``domain`` + its entries (the request's values, or the wildcard
+  pattern under ``share_threshold``) + the limit's algorithm and rate, so an override of another
+  rate counts apart;
+- a store failure follows the limiter's ``on_error``: decided by its insurance limiter, or
+  ``LimitUnavailable`` (fail-closed), never let through unlimited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import quote
+
+from ..caches import remember
+from ..decision import Decision
+from ..errors import LimitUnavailable
+from ..headers import policy_value, rate_limit_headers, retry_after_header
+from ..limiter import Limiter
+from ..limits import DEFAULT_ALGORITHM, Limit
+from ..rates import Rate
+from ..storage_keys import storage_key
+from ..stores.base import StoreError
+from .descriptors import match_descriptor
+from .envoy_config import UNIT_SECONDS, EnvoyDomain, EnvoyRateLimit
+
+__all__ = [
+    "UINT32_MAX",
+    "CurrentLimit",
+    "DescriptorStatus",
+    "RateLimitService",
+    "RequestDescriptor",
+    "RlsAnswer",
+    "RlsRequestError",
+]
+
+UINT32_MAX = 2**32 - 1
+Code = Literal["OK", "OVER_LIMIT"]
+
+
+class RlsRequestError(ValueError):
+    """A request the service cannot answer (empty domain, no descriptors, an empty entry...)."""
+
+
+@dataclass(frozen=True)
+class RequestDescriptor:
+    """One descriptor of a request.
+
+    Args:
+        entries: ``(key, value)`` pairs, in order.
+        limit: The per-descriptor override ``(requests_per_unit, unit)`` (``unit`` as in the
+            configuration: ``"second"`` ... ``"year"``), or ``None``.
+        hits_addend: This descriptor's cost (0 only checks); ``None`` uses the request's.
+    """
+
+    entries: tuple[tuple[str, str], ...]
+    limit: tuple[int, str] | None = None
+    hits_addend: int | None = None
+
+
+@dataclass(frozen=True)
+class CurrentLimit:
+    """The limit a status reports (``RateLimitResponse.RateLimit``)."""
+
+    name: str
+    requests_per_unit: int
+    unit: str
+
+
+@dataclass
+class DescriptorStatus:
+    """The answer for one descriptor.
+
+    Args:
+        code: ``"OK"`` or ``"OVER_LIMIT"``.
+        current_limit: The limit applied; ``None`` when none (no match, unlimited, replaced).
+        limit_remaining: Units left (``UINT32_MAX`` for unlimited).
+        duration_until_reset: Seconds until the limit is fully restored.
+        shadowed: A ``shadow_mode`` limit that was over (its code stays ``"OK"``, as in the Go service).
+    """
+
+    code: Code
+    current_limit: CurrentLimit | None = None
+    limit_remaining: int = 0
+    duration_until_reset: float = 0.0
+    shadowed: bool = False
+
+
+@dataclass
+class RlsAnswer:
+    """A ``ShouldRateLimit`` answer.
+
+    Args:
+        overall_ok: ``False`` when an enforced descriptor is over its limit.
+        statuses: One per request descriptor, in order.
+        headers: ``RateLimit``/``RateLimit-Policy`` and ``X-RateLimit-*`` (plus ``Retry-After``
+            when over) for the descriptor closest to its limit; empty when nothing was limited.
+    """
+
+    overall_ok: bool
+    statuses: list[DescriptorStatus]
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    """How one descriptor is decided."""
+
+    index: int
+    kind: Literal["none", "unlimited", "zero", "counted"]
+    current: CurrentLimit | None = None
+    limit: Limit | None = None
+    key: str = ""
+    cost: float = 1.0
+    shadow: bool = False
+    period: int = 1
+    decision: Decision | None = None
+
+
+class RateLimitService:
+    """Envoy's rate limit service over a ``Limiter``.
+
+    Args:
+        domains: The loaded configurations by domain (``load_envoy_configs``).
+        limiter: Where the counts live (its store, prefix and ``on_error``).
+        headers: Add the rate-limit headers to each answer (default ``True``).
+    """
+
+    def __init__(self, domains: Mapping[str, EnvoyDomain], limiter: Limiter, *, headers: bool = True) -> None:
+        self._domains: Mapping[str, EnvoyDomain] = dict(domains)
+        self.limiter = limiter
+        self.headers = headers
+        self._overrides: dict[tuple[int, str, str], Limit] = {}
+        self._policies: dict[tuple[Limit, ...], bytes] = {}
+        self._namespaces: dict[str, str] = {}
+
+    @property
+    def domains(self) -> Mapping[str, EnvoyDomain]:
+        """The configurations in use."""
+        return self._domains
+
+    def replace(self, domains: Mapping[str, EnvoyDomain]) -> None:
+        """Use new configurations from the next request on (an atomic swap, for reloads).
+
+        Args:
+            domains: The new configurations by domain.
+        """
+        self._domains = dict(domains)
+
+    async def should_rate_limit(
+        self, domain: str, descriptors: Sequence[RequestDescriptor], hits_addend: int = 1
+    ) -> RlsAnswer:
+        """Decide a request; raises ``RlsRequestError`` for a malformed one and ``LimitUnavailable``
+        when the store failed and the limiter is fail-closed.
+
+        Args:
+            domain: The request's domain.
+            descriptors: Its descriptors.
+            hits_addend: The request's cost (0 counts as 1).
+        """
+        if not domain:
+            raise RlsRequestError("rate limit domain must not be empty")
+        if not descriptors:
+            raise RlsRequestError("rate limit descriptor list must not be empty")
+        if hits_addend < 0:
+            raise RlsRequestError(f"hits_addend must not be negative, got {hits_addend}")
+        config = self._domains.get(domain)
+        default_cost = max(1, hits_addend)
+        plans: list[_Plan] = []
+        replacing: set[str] = set()
+        names: list[str] = []
+        for index, descriptor in enumerate(descriptors):
+            plan, name = self._plan(config, domain, index, descriptor, default_cost, replacing)
+            plans.append(plan)
+            names.append(name)
+        if replacing:
+            for plan, name in zip(plans, names, strict=True):
+                if name and name in replacing and plan.kind != "none":
+                    plan.kind = "none"
+                    plan.current = None
+        await self._decide(plans)
+        return self._answer(plans)
+
+    def _plan(
+        self, config: EnvoyDomain | None, domain: str, index: int, descriptor: RequestDescriptor,
+        default_cost: int, replacing: set[str],
+    ) -> tuple[_Plan, str]:
+        """What deciding ``descriptor`` takes, and its limit's name (for ``replaces``)."""
+        entries = descriptor.entries
+        if not entries:
+            raise RlsRequestError(f"descriptor {index} has no entries")
+        for key, _value in entries:
+            if not key:
+                raise RlsRequestError(f"descriptor {index} has an entry with an empty key")
+        cost = descriptor.hits_addend if descriptor.hits_addend is not None else default_cost
+        if cost < 0:
+            raise RlsRequestError(f"descriptor {index}: hits_addend must not be negative, got {cost}")
+        override = descriptor.limit
+        if override is not None and override[1] not in UNIT_SECONDS:
+            raise RlsRequestError(
+                f"descriptor {index}: limit override unit must be one of {', '.join(u.upper() for u in UNIT_SECONDS)}, "
+                f"got {override[1]!r}"
+            )
+        if config is None:
+            return _Plan(index, "none"), ""
+        match = match_descriptor(config, entries)
+        shared: dict[int, str] = {}
+        if override is not None:
+            algorithm = match.rate_limit.algorithm if match is not None else config.algorithm
+            requests, unit = override
+            current = CurrentLimit("", requests, unit)
+            limit = self._override_limit(requests, unit, algorithm) if requests > 0 else None
+            shadow, name = False, ""
+        elif match is None:
+            return _Plan(index, "none"), ""
+        else:
+            rate_limit: EnvoyRateLimit = match.rate_limit
+            replacing.update(rate_limit.replaces)
+            name = rate_limit.name
+            if rate_limit.unlimited:
+                return _Plan(index, "unlimited"), name
+            shared = match.shared
+            unit = rate_limit.unit
+            current = CurrentLimit(rate_limit.name, rate_limit.requests_per_unit, unit)
+            limit = rate_limit.limit
+            shadow = rate_limit.shadow_mode
+        period = UNIT_SECONDS[unit]
+        if limit is None:  # requests_per_unit 0: every request is over
+            return _Plan(index, "zero", current, cost=cost, shadow=shadow, period=period), name
+        key = storage_key(self.limiter.prefix, self._namespace(domain), _entries_key(entries, shared), limit.suffix)
+        return _Plan(index, "counted", current, limit, key, float(cost), shadow, period), name
+
+    def _namespace(self, domain: str) -> str:
+        found = self._namespaces.get(domain)
+        if found is None:
+            found = "envoy:" + quote(domain, safe="")
+            remember(self._namespaces, domain, found, 1024)
+        return found
+
+    def _override_limit(self, requests: int, unit: str, algorithm: str) -> Limit:
+        cache_key = (requests, unit, algorithm)
+        found = self._overrides.get(cache_key)
+        if found is None:
+            from ..algorithms import algorithm_name
+
+            found = Limit(Rate(requests, float(UNIT_SECONDS[unit])), algorithm_name(algorithm or DEFAULT_ALGORITHM))
+            remember(self._overrides, cache_key, found, 1024)
+        return found
+
+    async def _decide(self, plans: list[_Plan]) -> None:
+        """Charge the counted plans: enforced ones all or nothing, shadow ones each on its own."""
+        enforced = [p for p in plans if p.kind == "counted" and not p.shadow]
+        shadows = [p for p in plans if p.kind == "counted" and p.shadow]
+        blocked = any(p.kind == "zero" and not p.shadow for p in plans)
+        if not shadows:
+            if enforced:
+                await self._charge(enforced, blocked)
+            return
+        jobs = [self._charge([p], False) for p in shadows]
+        if enforced:
+            jobs.append(self._charge(enforced, blocked))
+        await asyncio.gather(*jobs)
+
+    async def _charge(self, plans: list[_Plan], blocked: bool) -> None:
+        """One all-or-nothing check of ``plans`` (``blocked``: another enforced descriptor is
+        always over, so nothing is charged, only read); sets each plan's decision."""
+        by_key: dict[str, int] = {}
+        keys: list[str] = []
+        limits: list[Limit] = []
+        costs: list[float] = []
+        for plan in plans:
+            assert plan.limit is not None
+            at = by_key.get(plan.key)
+            if at is None:  # the same counter twice in one request: charged once, for both costs
+                by_key[plan.key] = len(keys)
+                keys.append(plan.key)
+                limits.append(plan.limit)
+                costs.append(0.0 if blocked else plan.cost)
+            elif not blocked:
+                costs[at] += plan.cost
+        limiter = self.limiter
+        try:
+            decision = await limiter.check(keys, limits, costs)
+        except StoreError as exc:
+            if limiter.on_error == "closed":
+                raise LimitUnavailable(f"the rate limit store failed: {exc}") from exc
+            for plan in plans:  # fail-open without an insurance limiter, as every integration does
+                assert plan.limit is not None
+                plan.decision = Decision(True, plan.limit.quota, plan.limit.quota, 0.0, 0.0, plan.limit.period)
+            return
+        if len(keys) == 1:
+            for plan in plans:
+                plan.decision = decision
+            return
+        try:
+            each = await limiter.store.peek(keys, limits)
+        except (StoreError, NotImplementedError):
+            each = [decision] * len(keys)
+        for plan in plans:
+            found = each[by_key[plan.key]]
+            if blocked:
+                found = _copy(found, True)
+            elif not decision.allowed:
+                over = found.remaining < costs[by_key[plan.key]] or not found.allowed
+                found = _copy(found, not over, decision.retry_after if over else 0.0)
+            plan.decision = found
+        if not blocked and not decision.allowed and all(p.decision is not None and p.decision.allowed for p in plans):
+            for plan in plans:  # a race moved the counts: the store said no, so the request is denied
+                assert plan.decision is not None
+                plan.decision = _copy(plan.decision, False, decision.retry_after)
+
+    def _answer(self, plans: list[_Plan]) -> RlsAnswer:
+        statuses: list[DescriptorStatus] = []
+        overall_ok = True
+        closest: _Plan | None = None
+        shown: list[Limit] = []
+        for plan in plans:
+            kind = plan.kind
+            if kind == "none":
+                statuses.append(DescriptorStatus("OK"))
+                continue
+            if kind == "unlimited":
+                statuses.append(DescriptorStatus("OK", None, UINT32_MAX))
+                continue
+            if kind == "zero":
+                over = True
+                remaining = 0
+                reset = _window_left(plan.period)
+            else:
+                decision = plan.decision
+                assert decision is not None
+                over = not decision.allowed
+                remaining = min(max(0, decision.remaining), UINT32_MAX)
+                reset = decision.reset_after
+                if not plan.shadow:
+                    assert plan.limit is not None
+                    shown.append(plan.limit)
+                    if closest is None or _closer(plan, closest):
+                        closest = plan
+            if plan.shadow:
+                statuses.append(DescriptorStatus("OK", plan.current, remaining, reset, shadowed=over))
+                continue
+            if over:
+                overall_ok = False
+            statuses.append(DescriptorStatus("OVER_LIMIT" if over else "OK", plan.current, remaining, reset))
+        headers: list[tuple[str, str]] = []
+        if self.headers and closest is not None and closest.decision is not None:
+            headers = self._headers(closest, shown, not overall_ok)
+        return RlsAnswer(overall_ok, statuses, headers)
+
+    def _headers(self, plan: _Plan, shown: list[Limit], over: bool) -> list[tuple[str, str]]:
+        limit = plan.limit
+        assert plan.decision is not None and limit is not None
+        decision = _copy(plan.decision, plan.decision.allowed)  # the store's may be shared (its caches)
+        decision.policy = limit.name
+        if not decision.period:
+            decision.period = limit.period
+        policies = tuple(dict.fromkeys(shown))
+        policy = self._policies.get(policies)
+        if policy is None:
+            policy = policy_value(policies)
+            remember(self._policies, policies, policy, 1024)
+        raw = rate_limit_headers(decision, "both", policy)
+        if over and not decision.allowed:
+            retry = retry_after_header(decision)
+            if retry is not None:
+                raw.append(retry)
+        return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw]
+
+
+def _copy(decision: Decision, allowed: bool, retry_after: float | None = None) -> Decision:
+    """A new decision like ``decision`` (a store's decisions are never changed in place)."""
+    retry = decision.retry_after if retry_after is None else retry_after
+    return Decision(
+        allowed, decision.limit, decision.remaining, decision.reset_after, retry, decision.period, decision.policy
+    )
+
+
+def _closer(plan: _Plan, other: _Plan) -> bool:
+    """Whether ``plan`` is closer to its limit than ``other`` (a denial first)."""
+    mine, theirs = plan.decision, other.decision
+    assert mine is not None and theirs is not None
+    if mine.allowed != theirs.allowed:
+        return not mine.allowed
+    return mine.remaining < theirs.remaining
+
+
+def _window_left(period: int) -> float:
+    """Seconds to the end of the current epoch-aligned window of ``period`` seconds."""
+    import time
+
+    now = time.time()
+    return period - math.fmod(now, period)
+
+
+def _entries_key(entries: Sequence[tuple[str, str]], shared: Mapping[int, str]) -> str:
+    """The descriptor's part of its storage key: ``key=value&key=value``, each part escaped, with the
+    wildcard pattern in place of the value for a ``share_threshold`` entry."""
+    if shared:
+        return "&".join(
+            f"{quote(k, safe='')}={quote(shared.get(i, v), safe='')}" for i, (k, v) in enumerate(entries)
+        )
+    return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in entries)
