@@ -293,7 +293,7 @@ class Worker:
         grpc_server: Any = None
         if self.rls is not None and self.config.grpc is not None:
             grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
-            started = await grpc_module.start_grpc(self.rls, *self.config.grpc)
+            started = await grpc_module.start_grpc(self.rls, *self.config.grpc, reuse_port=self.config.workers > 1)
             grpc_server = started[0] if isinstance(started, tuple) else started
         watcher = asyncio.create_task(self._watch()) if self.config.watch > 0 else None
         await self.limiter.check_store()
