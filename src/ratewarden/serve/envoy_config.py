@@ -270,7 +270,8 @@ def parse_envoy_config(text: str, source: str = "<envoy config>") -> EnvoyDomain
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = int(mark.line) + 1 if mark is not None else None
-        raise EnvoyConfigError([Problem("", f"not valid YAML: {exc}", line, source)]) from None
+        what = " ".join(str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part)
+        raise EnvoyConfigError([Problem("", f"not valid YAML: {what or exc}", line, source)]) from None
     if document is None:
         raise EnvoyConfigError([Problem("", "empty file: expected 'domain:' and 'descriptors:'", None, source)])
     fields = reader.mapping(document, "", _ROOT_FIELDS)

@@ -1,0 +1,158 @@
+"""Envoy's ``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`` over gRPC (grpc.aio), and
+its JSON form (``POST /json``, as envoyproxy/ratelimit serves it).
+
+Needs the ``serve`` extra (grpcio and xds-protos, the generated Envoy API); imported only by
+``ratewarden serve``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+from envoy.config.core.v3 import base_pb2  # type: ignore[import-untyped]
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[import-untyped]
+from google.protobuf import json_format  # type: ignore[import-untyped]
+
+from ..errors import LimitUnavailable
+from .rls import UINT32_MAX, RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
+
+__all__ = ["RlsServicer", "answer_to_proto", "request_from_proto", "rls_json", "start_grpc"]
+
+log = logging.getLogger("ratewarden.serve")
+
+_UNIT_NAMES: dict[int, str] = {
+    number: name.lower()
+    for name, number in rls_pb2.RateLimitResponse.RateLimit.Unit.items()
+    if name != "UNKNOWN"
+}
+_UNIT_NUMBERS: dict[str, int] = {name: number for number, name in _UNIT_NAMES.items()}
+_OK: int = rls_pb2.RateLimitResponse.OK
+_OVER_LIMIT: int = rls_pb2.RateLimitResponse.OVER_LIMIT
+
+
+def request_from_proto(request: Any) -> tuple[str, list[RequestDescriptor], int]:
+    """``(domain, descriptors, hits_addend)`` of a ``RateLimitRequest``; ``RlsRequestError`` when malformed.
+
+    Args:
+        request: The ``rls_pb2.RateLimitRequest``.
+    """
+    descriptors: list[RequestDescriptor] = []
+    for index, descriptor in enumerate(request.descriptors):
+        entries = tuple((entry.key, entry.value) for entry in descriptor.entries)
+        limit: tuple[int, str] | None = None
+        if descriptor.HasField("limit"):
+            unit = _UNIT_NAMES.get(int(descriptor.limit.unit))
+            if unit is None:
+                raise RlsRequestError(
+                    f"descriptor {index}: limit override unit must be one of "
+                    f"{', '.join(u.upper() for u in _UNIT_NUMBERS)}, got {descriptor.limit.unit}"
+                )
+            limit = (int(descriptor.limit.requests_per_unit), unit)
+        hits = int(descriptor.hits_addend.value) if descriptor.HasField("hits_addend") else None
+        descriptors.append(RequestDescriptor(entries, limit, hits))
+    return str(request.domain), descriptors, int(request.hits_addend)
+
+
+def answer_to_proto(answer: RlsAnswer) -> Any:
+    """The ``rls_pb2.RateLimitResponse`` of an answer.
+
+    Args:
+        answer: What ``RateLimitService.should_rate_limit`` returned.
+    """
+    response = rls_pb2.RateLimitResponse(overall_code=_OK if answer.overall_ok else _OVER_LIMIT)
+    for status in answer.statuses:
+        item = response.statuses.add(
+            code=_OK if status.code == "OK" else _OVER_LIMIT,
+            limit_remaining=min(status.limit_remaining, UINT32_MAX),
+        )
+        current = status.current_limit
+        if current is not None:
+            item.current_limit.name = current.name
+            item.current_limit.requests_per_unit = current.requests_per_unit
+            item.current_limit.unit = _UNIT_NUMBERS[current.unit]
+            item.duration_until_reset.seconds = max(0, math.ceil(status.duration_until_reset))
+    for name, value in answer.headers:
+        response.response_headers_to_add.append(base_pb2.HeaderValue(key=name, value=value))
+    return response
+
+
+class RlsServicer:
+    """The ``RateLimitService`` servicer (grpc.aio) over a ``RateLimitService``.
+
+    Args:
+        service: What decides.
+    """
+
+    def __init__(self, service: RateLimitService) -> None:
+        self.service = service
+
+    async def ShouldRateLimit(self, request: Any, context: Any) -> Any:
+        """Decide one request: INVALID_ARGUMENT when malformed, UNAVAILABLE when the store failed
+        fail-closed, INTERNAL (logged) for anything unexpected."""
+        try:
+            domain, descriptors, hits = request_from_proto(request)
+            answer = await self.service.should_rate_limit(domain, descriptors, hits)
+        except RlsRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except LimitUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except Exception as exc:
+            log.exception("ShouldRateLimit failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        return answer_to_proto(answer)
+
+
+async def start_grpc(
+    service: RateLimitService, host: str = "127.0.0.1", port: int = 8081, *, reuse_port: bool = False
+) -> tuple[grpc.aio.Server, int]:
+    """Start Envoy's rate limit service on ``host:port`` (port 0: any free port); returns the
+    started server and its port. Stop it with ``await server.stop(grace)``.
+
+    Args:
+        service: What decides.
+        host: The address to listen on.
+        port: The port; 0 picks a free one.
+        reuse_port: Let several processes listen on the port (``SO_REUSEPORT``, for workers); off,
+            a port in use is an error.
+    """
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0)])
+    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RlsServicer(service), server)
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        bound = int(server.add_insecure_port(address))
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {address} (in use?)")
+    await server.start()
+    return server, bound
+
+
+async def rls_json(service: RateLimitService, body: bytes) -> tuple[int, bytes]:
+    """``ShouldRateLimit`` with a JSON ``RateLimitRequest`` (proto3 JSON mapping): 200 and the JSON
+    ``RateLimitResponse`` when OK, 429 when over the limit, 400 for a bad request, 503 when the
+    store failed fail-closed.
+
+    Args:
+        service: What decides.
+        body: The request body.
+    """
+    request = rls_pb2.RateLimitRequest()
+    try:
+        json_format.Parse(body.decode("utf-8"), request)
+        domain, descriptors, hits = request_from_proto(request)
+        answer = await service.should_rate_limit(domain, descriptors, hits)
+    except (json_format.ParseError, UnicodeDecodeError, RlsRequestError) as exc:
+        return 400, _error(f"bad request: {exc}")
+    except LimitUnavailable as exc:
+        return 503, _error(str(exc))
+    text = json_format.MessageToJson(answer_to_proto(answer), indent=None)
+    return (200 if answer.overall_ok else 429), text.encode()
+
+
+def _error(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
