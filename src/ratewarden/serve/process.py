@@ -213,7 +213,7 @@ class Worker:
         self.app = ServeApp(
             self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls
         )
-        self.reloader = PolicyReloader(config.policy, self._apply, interval=config.watch) if config.policy else None
+        self.reloader = PolicyReloader(config.policy, self._apply, interval=config.watch or 1.0) if config.policy else None
         self._envoy_signature = self._signature()
 
     def _apply(self, policy: Policy) -> None:

@@ -1,0 +1,231 @@
+"""``ratewarden serve`` as a real process on free loopback ports: workers exact on the shared-memory
+default, SIGHUP and file-change reloads (a broken file keeps the old policy), graceful SIGTERM
+(exit 0), /healthz, /metrics, start-up errors, and the gRPC server beside HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ratewarden.bench.services import free_port
+from tests.servers import wait_until
+
+POLICY = """
+version = 1
+
+[identity]
+sources = ["header:X-API-Key"]
+unknown_group = "basic"
+anonymous_group = "basic"
+
+[identity.keys]
+"pk-alice" = "premium"
+
+[groups.premium]
+limits = "100/hour"
+
+[groups.basic]
+limits = "{basic}"
+
+[[rules]]
+name = "api"
+path = "/api/**"
+tiered = true
+"""
+
+ENVOY = """
+domain: cli_test
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+"""
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")  # write then rename, as deploy tools do
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Serve:
+    """One ``ratewarden serve`` process; its JSON log lines are read from a file."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp_path / f"serve-{self.port}.log"
+        argv = [sys.executable, "-m", "ratewarden.cli", "serve", *args, "--http", f"127.0.0.1:{self.port}"]
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if name is None or event.get("event") == name:
+                out.append(event)
+        return out
+
+    def wait_for(self, name: str, count: int = 1, timeout: float = 20.0) -> list[dict[str, Any]]:
+        def seen() -> bool:
+            assert self.proc.poll() is None, f"serve exited early:\n{self.log.read_text()}"
+            return len(self.events(name)) >= count
+
+        wait_until(seen, timeout, f"{count} {name!r} log events")
+        return self.events(name)
+
+    def ready(self, workers: int = 1) -> Serve:
+        self.wait_for("worker_started", workers)
+        wait_until(lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200, 20, "/healthz")
+        return self
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+            raise AssertionError(f"serve did not stop on SIGTERM:\n{self.log.read_text()}") from None
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Any]:
+    started: list[Serve] = []
+
+    def start(*args: str) -> Serve:
+        server = Serve(tmp_path, *args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait(10)
+
+
+async def _checks(url: str, n: int, key: str) -> Counter[int]:
+    """``n`` concurrent checks, each on a new connection (so every worker takes some)."""
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=20) as client:
+        headers = {"X-Original-URI": "/api/items", "X-API-Key": key}
+        answers = await asyncio.gather(*(client.get("/check", headers=headers) for _ in range(n)))
+    return Counter(a.status_code for a in answers)
+
+
+def test_two_workers_exact_on_the_shared_memory_default(tmp_path: Path, serve: Any) -> None:
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    server = serve(str(policy), "--workers", "2").ready(workers=2)
+    started = server.events("started")[0]
+    assert started["workers"] == 2 and started["store"].startswith("shm://")
+    assert len({e["pid"] for e in server.events("worker_started")}) == 2
+    assert asyncio.run(_checks(server.url, 150, "pk-alice")) == {200: 100, 429: 50}
+    assert asyncio.run(_checks(server.url, 12, "trial-1")) == {200: 5, 429: 7}
+    assert server.stop() == 0
+    assert server.events("exited")
+    table = Path("/dev/shm") / f"ratewarden-{started['store'].removeprefix('shm://')}.shm"
+    assert not table.exists()  # the run's table is removed with it
+
+
+def test_sighup_reloads_every_worker(tmp_path: Path, serve: Any) -> None:
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    server = serve(str(policy), "--workers", "2", "--watch", "0").ready(workers=2)
+    assert asyncio.run(_checks(server.url, 8, "k1")) == {200: 5, 429: 3}
+    _write(policy, POLICY.replace("{basic}", "2/hour"))
+    os.kill(server.proc.pid, signal.SIGHUP)
+    reloads = server.wait_for("reloaded", 2)
+    assert {e["reason"] for e in reloads} == {"SIGHUP"} and len({e["pid"] for e in reloads}) == 2
+    assert asyncio.run(_checks(server.url, 8, "k2")) == {200: 2, 429: 6}
+    assert server.stop() == 0
+
+
+def test_file_change_reload_and_a_broken_file_keeps_the_policy(tmp_path: Path, serve: Any) -> None:
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    server = serve(str(policy), "--watch", "0.1").ready()
+    _write(policy, POLICY.replace("{basic}", "3/hour"))
+    assert server.wait_for("reloaded")[0]["reason"] == "file changed"
+    assert asyncio.run(_checks(server.url, 6, "k1")) == {200: 3, 429: 3}
+    _write(policy, POLICY.replace("{basic}", "three per hour"))
+    rejected = server.wait_for("reload_rejected")[0]
+    assert rejected["level"] == "error" and "policy.toml:16: groups.basic.limits" in rejected["error"]
+    assert asyncio.run(_checks(server.url, 6, "k2")) == {200: 3, 429: 3}  # the previous policy
+    assert httpx.get(f"{server.url}/healthz").text == "ok\n"
+    assert server.stop() == 0
+
+
+def test_healthz_metrics_and_graceful_sigterm(tmp_path: Path, serve: Any) -> None:
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    server = serve(str(policy), "--log-format", "json").ready()
+    assert asyncio.run(_checks(server.url, 7, "m1")) == {200: 5, 429: 2}
+    health = httpx.get(f"{server.url}/healthz")
+    assert health.status_code == 200 and health.text == "ok\n"
+    metrics = httpx.get(f"{server.url}/metrics")
+    assert metrics.status_code == 200
+    assert 'ratewarden_requests_limited_total{group="basic",rule="api.basic"} 2.0' in metrics.text
+    assert httpx.get(f"{server.url}/nope").status_code == 404
+    assert server.stop() == 0
+    names = [e["event"] for e in server.events()]
+    assert names.index("stopping") < names.index("worker_stopped") < names.index("exited")
+    assert all({"ts", "level", "event", "pid"} <= e.keys() for e in server.events())
+
+
+def test_start_up_errors_exit_2(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text(POLICY.replace("{basic}", "lots"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "ratewarden.cli", "serve", *args, "--http", f"127.0.0.1:{free_port()}"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+    bad_policy = run(str(broken))
+    assert bad_policy.returncode == 2 and "broken.toml:16: groups.basic.limits" in bad_policy.stderr
+    missing = run(str(tmp_path / "missing.toml"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    zero = run(str(broken), "--workers", "0")
+    assert zero.returncode == 2
+    address = run(str(broken), "--grpc", "nowhere")
+    assert address.returncode == 2 and "HOST:PORT" in address.stderr
+
+
+def test_envoy_config_serves_grpc_and_json(tmp_path: Path, serve: Any) -> None:
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("ratewarden.serve.grpc")
+    from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+    from google.protobuf import json_format
+
+    config = tmp_path / "envoy"
+    config.mkdir()
+    (config / "config.yaml").write_text(ENVOY)
+    grpc_port = free_port()
+    server = serve(str(config), "--workers", "2", "--grpc", f"127.0.0.1:{grpc_port}").ready(workers=2)
+    request = {"domain": "cli_test", "descriptors": [{"entries": [{"key": "api_key", "value": "k1"}]}]}
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        message = json_format.ParseDict(request, rls_pb2.RateLimitRequest())
+        codes = Counter(stub.ShouldRateLimit(message, timeout=10).overall_code for _ in range(8))
+    assert codes == {rls_pb2.RateLimitResponse.OK: 8}
+    answers = [httpx.post(f"{server.url}/json", json=request).status_code for _ in range(4)]
+    assert Counter(answers) == {200: 2, 429: 2}  # one count shared by gRPC, HTTP and both workers
+    assert server.stop() == 0
