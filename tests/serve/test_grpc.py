@@ -1,0 +1,206 @@
+"""Envoy's rate limit service over real gRPC: the generated Envoy API's client (xds-protos'
+``rls_pb2_grpc.RateLimitServiceStub`` on a ``grpc.aio`` channel) against ``start_grpc`` on a free
+loopback port, with a configuration copied from envoyproxy/ratelimit's README; memory and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2  # type: ignore[import-untyped]
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[import-untyped]
+from google.protobuf import wrappers_pb2  # type: ignore[import-untyped]
+
+from ratewarden.algorithms import ALGORITHMS
+from ratewarden.limiter import Limiter
+from ratewarden.serve.envoy_config import parse_envoy_config
+from ratewarden.serve.grpc import rls_json, start_grpc
+from ratewarden.serve.rls import RateLimitService
+from ratewarden.stores import MemoryStore, RedisStore, Store
+
+from .readme_examples import EXAMPLE_2, EXAMPLE_3, EXAMPLE_5, EXAMPLE_6, EXAMPLE_7, EXAMPLE_9_TRAILING
+
+OK = rls_pb2.RateLimitResponse.OK
+OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
+Unit = rls_pb2.RateLimitResponse.RateLimit.Unit
+ALGORITHM_CONFIG = "domain: algorithms\ndescriptors:\n" + "".join(
+    f"  - key: {name}\n    algorithm: {name}\n    rate_limit: {{unit: hour, requests_per_unit: 7}}\n" for name in ALGORITHMS
+)
+CONFIGS = (EXAMPLE_2, EXAMPLE_3, EXAMPLE_5, EXAMPLE_6, EXAMPLE_7, EXAMPLE_9_TRAILING, ALGORITHM_CONFIG)
+
+
+class Rls:
+    """A started service and a real client of it."""
+
+    def __init__(self, service: RateLimitService, stub: Any) -> None:
+        self.service = service
+        self.stub = stub
+
+    async def call(self, domain: str, *descriptors: Any, hits: int = 0) -> Any:
+        request = rls_pb2.RateLimitRequest(domain=domain, descriptors=list(descriptors), hits_addend=hits)
+        return await self.stub.ShouldRateLimit(request, timeout=10)
+
+    async def ok_count(self, n: int, domain: str, *descriptors: Any) -> int:
+        answers = await asyncio.gather(*(self.call(domain, *descriptors) for _ in range(n)))
+        return sum(a.overall_code == OK for a in answers)
+
+
+def desc(*entries: tuple[str, str], limit: tuple[int, int] | None = None, hits: int | None = None) -> Any:
+    descriptor = ratelimit_pb2.RateLimitDescriptor(
+        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+    )
+    if limit is not None:
+        descriptor.limit.requests_per_unit, descriptor.limit.unit = limit
+    if hits is not None:
+        descriptor.hits_addend.CopyFrom(wrappers_pb2.UInt64Value(value=hits))
+    return descriptor
+
+
+#: Every store reads this clock: mid-second, mid-hour, mid-day, so no window ends during a test and no
+#: bucket refills (the README's per-second limits stay exact however long a test takes).
+NOW = 1_000.5  # (at wall-clock magnitudes GCRA's float residue refuses the last unit: reported)
+
+
+def frozen() -> float:
+    return NOW
+
+
+def memory_store() -> Store:
+    return MemoryStore(clock=frozen)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request: pytest.FixtureRequest) -> Callable[[], Store]:
+    if request.param == "memory":
+        return memory_store
+    url = request.getfixturevalue("redis_standalone").url
+    return lambda: RedisStore(url, clock=frozen)
+
+
+@pytest.fixture
+async def rls(make_store: Callable[[], Store]) -> AsyncIterator[Rls]:
+    domains = {d.domain: d for d in (parse_envoy_config(text) for text in CONFIGS)}
+    limiter = Limiter(make_store(), prefix=f"t{uuid.uuid4().hex[:12]}")  # fresh counters on a shared Redis
+    service = RateLimitService(domains, limiter)
+    server, port = await start_grpc(service, "127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield Rls(service, rls_pb2_grpc.RateLimitServiceStub(channel))
+    finally:
+        await channel.close()
+        await server.stop(None)
+        await limiter.close()
+
+
+async def test_exactly_100_of_150_concurrent(rls: Rls) -> None:
+    assert await rls.ok_count(150, "messaging", desc(("to_number", "2061111111"))) == 100
+    answer = await rls.call("messaging", desc(("to_number", "2061111111")))
+    assert answer.overall_code == OVER
+    status = answer.statuses[0]
+    assert status.code == OVER and status.limit_remaining == 0
+    assert (status.current_limit.requests_per_unit, status.current_limit.unit) == (100, Unit.Value("DAY"))
+    assert 0 < status.duration_until_reset.seconds <= 86400
+    headers = {h.key: h.value for h in answer.response_headers_to_add}
+    assert headers["x-ratelimit-limit"] == "100" and headers["x-ratelimit-remaining"] == "0"
+    assert headers["ratelimit-policy"] == '"messaging.to_number";q=100;w=86400'
+    assert int(headers["retry-after"]) >= 1
+
+
+async def test_readme_request_with_two_descriptors(rls: Rls) -> None:
+    """Example 2's request: both descriptors, the aggregate answer, all or nothing."""
+    marketing = desc(("message_type", "marketing"), ("to_number", "2061111111"))
+    number = desc(("to_number", "2061111111"))
+    assert await rls.ok_count(20, "messaging", marketing, number) == 5
+    answer = await rls.call("messaging", marketing, number)
+    assert [s.code for s in answer.statuses] == [OVER, OK]
+    assert answer.statuses[1].limit_remaining == 95
+
+
+async def test_hits_addend(rls: Rls) -> None:
+    answer = await rls.call("messaging", desc(("to_number", "1")), hits=40)
+    assert answer.statuses[0].limit_remaining == 60
+    answer = await rls.call("messaging", desc(("to_number", "1"), hits=0))  # per descriptor, 0 only checks
+    assert answer.overall_code == OK and answer.statuses[0].limit_remaining == 60
+    assert (await rls.call("messaging", desc(("to_number", "1")), hits=61)).overall_code == OVER
+
+
+async def test_override(rls: Rls) -> None:
+    five = desc(("to_number", "9"), limit=(5, Unit.Value("MINUTE")))
+    assert await rls.ok_count(12, "messaging", five) == 5
+    status = (await rls.call("messaging", five)).statuses[0]
+    assert (status.current_limit.requests_per_unit, status.current_limit.unit) == (5, Unit.Value("MINUTE"))
+    assert await rls.ok_count(12, "messaging", desc(("to_number", "9"), limit=(8, Unit.Value("MINUTE")))) == 8
+
+
+async def test_shadow_and_unlimited(rls: Rls) -> None:
+    user_a = desc(("service", "auth"), ("user", "user-a"))
+    assert await rls.ok_count(30, "example6", user_a) == 30  # shadow_mode: never limited
+    assert await rls.ok_count(30, "example6", desc(("service", "auth"), ("user", "user-b"))) == 20
+    answer = await rls.call("internal", desc(("ldap", "x")))
+    assert answer.overall_code == OK and answer.statuses[0].limit_remaining == 2**32 - 1
+    assert await rls.ok_count(120, "internal", desc(("azure", "x"))) == 100
+
+
+async def test_replaces_and_wildcard(rls: Rls) -> None:
+    first = desc(("key_1", "value_1"), ("user", "bkthomps"))
+    second = desc(("key_2", "value_2"), ("user", "bkthomps"))
+    assert await rls.ok_count(15, "example7", first, second) == 10
+    assert await rls.ok_count(30, "example9", desc(("key1", "value1"))) == 20
+    assert await rls.ok_count(30, "example9", desc(("key1", "valueXYZ"))) == 20  # its own counter
+    assert (await rls.call("example9", desc(("key1", "other")))).statuses[0].HasField("current_limit") is False
+
+
+async def test_blacklisted_ip(rls: Rls) -> None:
+    assert (await rls.call("edge_proxy_per_ip", desc(("remote_address", "50.0.0.5")))).overall_code == OVER
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+async def test_every_algorithm(rls: Rls, algorithm: str) -> None:
+    assert await rls.ok_count(20, "algorithms", desc((algorithm, "client"))) == 7
+
+
+@pytest.mark.parametrize(
+    ("domain", "descriptors", "says"),
+    [
+        ("", [desc(("a", "b"))], "domain must not be empty"),
+        ("messaging", [], "descriptor list must not be empty"),
+        ("messaging", [desc()], "has no entries"),
+        ("messaging", [desc(("", "b"))], "empty key"),
+        ("messaging", [desc(("a", "b"), limit=(1, 0))], "limit override unit"),
+    ],
+)
+async def test_bad_requests_are_invalid_argument(rls: Rls, domain: str, descriptors: Sequence[Any], says: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await rls.call(domain, *descriptors)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in raised.value.details()
+    assert (await rls.call("messaging", desc(("to_number", "1")))).overall_code == OK  # still serving
+
+
+async def test_json_form(rls: Rls) -> None:
+    body = json.dumps({"domain": "messaging", "descriptors": [{"entries": [{"key": "to_number", "value": "j"}]}],
+                       "hitsAddend": 100}).encode()
+    status, payload = await rls_json(rls.service, body)
+    assert status == 200
+    answer = json.loads(payload)
+    assert answer["overallCode"] == "OK" and answer["statuses"][0]["currentLimit"]["unit"] == "DAY"
+    status, payload = await rls_json(rls.service, body)
+    assert status == 429 and json.loads(payload)["overallCode"] == "OVER_LIMIT"
+    assert (await rls_json(rls.service, b"{not json"))[0] == 400
+    status, payload = await rls_json(rls.service, b'{"domain": "", "descriptors": []}')
+    assert status == 400 and "domain must not be empty" in json.loads(payload)["error"]
+
+
+async def test_port_in_use_is_an_error() -> None:
+    service = RateLimitService({}, Limiter(MemoryStore()))
+    server, port = await start_grpc(service, "127.0.0.1", 0)
+    try:
+        with pytest.raises(OSError, match="cannot listen for gRPC"):
+            await start_grpc(service, "127.0.0.1", port)
+    finally:
+        await server.stop(None)
