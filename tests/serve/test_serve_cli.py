@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -229,3 +230,48 @@ def test_envoy_config_serves_grpc_and_json(tmp_path: Path, serve: Any) -> None:
     answers = [httpx.post(f"{server.url}/json", json=request).status_code for _ in range(4)]
     assert Counter(answers) == {200: 2, 429: 2}  # one count shared by gRPC, HTTP and both workers
     assert server.stop() == 0
+
+
+# -- docs/serve.md: its examples run as written ------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def test_docs_python_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(DOC.parents[1])
+    blocks = _blocks("python")
+    assert blocks
+    for code in blocks:
+        exec(compile(code, str(DOC), "exec"), {"__name__": "__main__"})
+
+
+def _shell(script: str, cwd: Path) -> str:
+    """A docs shell block with its ports replaced by free ones, run with the venv's commands."""
+    http, grpc_port = free_port(), free_port()
+    script = script.replace("127.0.0.1:8080", f"127.0.0.1:{http}").replace("127.0.0.1:8081", f"127.0.0.1:{grpc_port}")
+    script = script.replace("sleep 2", f"for i in $(seq 100); do curl -sf http://127.0.0.1:{http}/healthz >/dev/null && break; sleep 0.1; done")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-e", "-c", script + "\nwait\n"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_docs_try_it_runs() -> None:
+    script = next(b for b in _blocks("bash") if "examples/policy.toml" in b)
+    out = _shell(script, DOC.parents[1]).splitlines()
+    assert out[0] == "ok" and out[1] == "200"
+    answer = json.loads(out[2])
+    assert answer["allowed"] is True and answer["group"] == "basic" and answer["limit"] == 5
+
+
+def test_docs_envoy_json_runs(tmp_path: Path) -> None:
+    pytest.importorskip("ratewarden.serve.grpc")
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "mongo.yaml").write_text(_blocks("yaml")[0])
+    script = next(b for b in _blocks("bash") if "/json" in b)
+    answer = json.loads(_shell(script, tmp_path).splitlines()[0])
+    assert answer["overallCode"] == "OK"

@@ -101,16 +101,22 @@ class TextFormatter(logging.Formatter):
 def configure_logging(format: str = "json", level: str = "info") -> None:
     """Send the ``ratewarden`` and ``uvicorn`` logs to stderr in ``format`` (``json`` or ``text``).
 
+    The service's events (``ratewarden.serve``) are logged from ``level``; the library's own lines
+    (a refusal each, at INFO) only from WARNING unless ``level`` is ``debug``, so a flood of refusals
+    does not become a flood of log lines.
+
     Args:
         format: ``"json"`` (one object per line) or ``"text"``.
         level: The least severe level logged (``debug``, ``info``, ``warning``, ``error``).
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter() if format == "json" else TextFormatter())
-    for name in ("ratewarden", "uvicorn", "uvicorn.error"):
+    chosen = logging.getLevelName(level.upper())
+    quiet = chosen if chosen <= logging.DEBUG else max(chosen, logging.WARNING)
+    for name, least in (("ratewarden.serve", chosen), ("ratewarden", quiet), ("uvicorn", quiet), ("uvicorn.error", quiet)):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
-        logger.setLevel(level.upper())
+        logger.setLevel(least)
         logger.propagate = False
 
 
