@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
@@ -203,4 +205,68 @@ async def test_port_in_use_is_an_error() -> None:
         with pytest.raises(OSError, match="cannot listen for gRPC"):
             await start_grpc(service, "127.0.0.1", port)
     finally:
+        await server.stop(None)
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "gateways" / "envoy.md"
+
+
+def doc_yaml(marker: str) -> str:
+    """The YAML block of docs/gateways/envoy.md that holds ``marker``."""
+    blocks = re.findall(r"^```yaml\n(.*?)^```", DOC.read_text(encoding="utf-8"), re.S | re.M)
+    found = [block for block in blocks if marker in block]
+    assert len(found) == 1, f"{marker!r} in {len(found)} blocks"
+    return str(found[0])
+
+
+def test_docs_envoy_yaml_is_a_valid_envoy_v3_bootstrap() -> None:
+    """Envoy is not installed here: its configuration is checked against Envoy's v3 API instead
+    (every field and typed_config parses with the generated Envoy API)."""
+    import yaml
+    from envoy.config.bootstrap.v3 import bootstrap_pb2  # type: ignore[import-untyped]
+    from envoy.extensions.filters.http.ratelimit.v3 import rate_limit_pb2  # type: ignore[import-untyped]
+    from envoy.extensions.filters.http.router.v3 import router_pb2  # type: ignore[import-untyped]  # noqa: F401
+    from envoy.extensions.filters.network.http_connection_manager.v3 import (  # type: ignore[import-untyped]
+        http_connection_manager_pb2,
+    )
+    from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # type: ignore[import-untyped]  # noqa: F401
+    from google.protobuf import json_format
+
+    bootstrap = json_format.ParseDict(yaml.safe_load(doc_yaml("static_resources")), bootstrap_pb2.Bootstrap())
+    clusters = {c.name: c for c in bootstrap.static_resources.clusters}
+    address = clusters["ratelimit"].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
+    assert (address.address, address.port_value) == ("127.0.0.1", 8081)
+    manager = http_connection_manager_pb2.HttpConnectionManager()
+    bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(manager)
+    ratelimit = rate_limit_pb2.RateLimit()
+    manager.http_filters[0].typed_config.Unpack(ratelimit)
+    assert ratelimit.domain == "edge" and ratelimit.failure_mode_deny
+    assert ratelimit.rate_limit_service.grpc_service.envoy_grpc.cluster_name == "ratelimit"
+
+
+async def test_docs_config_yaml_answers_what_envoy_yaml_asks() -> None:
+    """The docs' config.yaml, served over gRPC, with the descriptors the docs' envoy.yaml sends
+    (remote_address always, api_key from x-api-key)."""
+    config = parse_envoy_config(doc_yaml("descriptors:\n"), "config.yaml")
+    assert "remote_address" in doc_yaml("static_resources") and "descriptor_key: api_key" in doc_yaml("static_resources")
+    service = RateLimitService({config.domain: config}, Limiter(MemoryStore(clock=frozen)))
+    server, port = await start_grpc(service, "127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        client = Rls(service, rls_pb2_grpc.RateLimitServiceStub(channel))
+
+        def request(ip: str, key: str | None = None) -> list[Any]:
+            found = [desc(("remote_address", ip))]
+            return found if key is None else [*found, desc(("api_key", key))]
+
+        assert await client.ok_count(30, "edge", *request("10.0.0.1")) == 10
+        assert await client.ok_count(150, "edge", desc(("api_key", "k1"))) == 100
+        # two bursts of 550 (one channel: grpc's HTTP/2 transport resets bursts of well over 1000 streams)
+        premium = desc(("api_key", "premium-7"))
+        assert [await client.ok_count(550, "edge", premium) for _ in range(2)] == [550, 450]
+        assert await client.ok_count(50, "edge", desc(("api_key", "internal-ci"))) == 50
+        assert await client.ok_count(3, "edge", *request("10.0.0.2", "revoked-4711")) == 0
+        assert await client.ok_count(3, "edge", *request("10.0.0.2", "k2")) == 3
+    finally:
+        await channel.close()
         await server.stop(None)
