@@ -121,6 +121,8 @@ def serve(tmp_path: Path) -> Iterator[Any]:
         if server.proc.poll() is None:
             os.killpg(server.proc.pid, signal.SIGKILL)
             server.proc.wait(10)
+        # a supervisor killed in a test leaves its run's shared-memory table behind
+        (Path("/dev/shm") / f"ratewarden-serve-{server.proc.pid}.shm").unlink(missing_ok=True)
 
 
 async def _checks(url: str, n: int, key: str) -> Counter[int]:
@@ -190,6 +192,67 @@ def test_healthz_metrics_and_graceful_sigterm(tmp_path: Path, serve: Any) -> Non
     names = [e["event"] for e in server.events()]
     assert names.index("stopping") < names.index("worker_stopped") < names.index("exited")
     assert all({"ts", "level", "event", "pid"} <= e.keys() for e in server.events())
+
+
+SLOW = """
+version = 1
+
+[[rules]]
+name = "slow"
+path = "/slow"
+rate = "1/2s"
+algorithm = "gcra"
+key = "ip"
+delay = { max_wait = "5s" }
+"""
+
+
+def test_sigterm_finishes_in_flight_checks(tmp_path: Path, serve: Any) -> None:
+    """A check held by a ``delay`` (about 2 s for its turn) is answered 200 after SIGTERM, then exit 0."""
+    policy = tmp_path / "slow.toml"
+    _write(policy, SLOW)
+    server = serve(str(policy)).ready()
+    headers = {"X-Original-URI": "/slow"}
+    assert httpx.get(f"{server.url}/check", headers=headers).status_code == 200
+
+    async def held_then_term() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            pending = asyncio.create_task(client.get("/check", headers=headers))
+            await asyncio.sleep(0.5)  # it is waiting for its turn now
+            server.proc.send_signal(signal.SIGTERM)
+            return await pending
+
+    answer = asyncio.run(held_then_term())
+    assert answer.status_code == 200
+    assert server.proc.wait(30) == 0
+    names = [e["event"] for e in server.events()]
+    assert names.index("stopping") < names.index("worker_stopped")
+
+
+def test_a_killed_worker_is_replaced_and_counts_survive(tmp_path: Path, serve: Any) -> None:
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    server = serve(str(policy), "--workers", "2").ready(workers=2)
+    assert asyncio.run(_checks(server.url, 3, "k1")) == {200: 3}
+    victim = server.events("worker_started")[0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    exited = server.wait_for("worker_exited")[0]
+    assert exited["pid"] == victim and exited["code"] == -signal.SIGKILL
+    server.wait_for("worker_started", 3)
+    assert asyncio.run(_checks(server.url, 6, "k1")) == {200: 2, 429: 4}  # the shared table kept k1's 3
+    assert server.stop() == 0
+
+
+def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path, serve: Any) -> None:
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    server = serve(str(policy), "--workers", "2").ready(workers=2)
+    workers = [e["pid"] for e in server.events("worker_started")]
+    server.proc.kill()
+    server.proc.wait(10)
+    wait_until(lambda: len(server.events("worker_stopped")) == 2, 20, "orphaned workers to stop")
+    assert {e["pid"] for e in server.events("worker_stopped")} == set(workers)
+    assert all(e["reason"] == "supervisor gone" for e in server.events("stopping"))
 
 
 def test_start_up_errors_exit_2(tmp_path: Path) -> None:

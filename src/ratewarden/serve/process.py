@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,8 @@ log = logging.getLogger("ratewarden.serve")
 _YAML = (".yaml", ".yml")
 #: Seconds a worker waits for in-flight requests (HTTP and gRPC) when asked to stop.
 GRACE = 10
-#: A worker that exits this soon (seconds) after its start is not restarted: the service stops.
+#: A worker that exits with status 1 this soon (seconds) after its start could not start: the service stops
+#: (a worker that dies later, or of a signal, is replaced).
 _CRASH_LOOP = 2.0
 
 
@@ -281,49 +282,64 @@ class Worker:
             except Exception:
                 log.exception("watching the configuration failed; will retry", extra={"event": "watch_failed"})
 
-    async def serve(self, sock: socket.socket) -> None:
-        """Serve on ``sock`` (and gRPC when configured) until ``SIGTERM``/``SIGINT``."""
+    async def serve(self, sock: socket.socket, parent: int | None = None) -> None:
+        """Serve on ``sock`` (and gRPC when configured) until ``SIGTERM``/``SIGINT`` (or, for a forked
+        worker, until its ``parent`` is gone)."""
         loop = asyncio.get_running_loop()
         server = _uvicorn_server(self.app, sock)
+        grpc_server: Any = None
+        stopping: list[asyncio.Task[Any]] = []
 
-        def stop(signum: int) -> None:
-            _event(logging.INFO, "stopping", "stopping: finishing in-flight requests", signal=signal.Signals(signum).name)
+        def stop(reason: str) -> None:
+            if server.should_exit:
+                return
+            _event(logging.INFO, "stopping", "stopping: finishing in-flight requests", reason=reason)
             server.should_exit = True
+            if grpc_server is not None:  # both servers drain at once
+                stopping.append(loop.create_task(grpc_server.stop(GRACE)))
 
         def hup() -> None:
             loop.run_in_executor(None, self.reload, "SIGHUP")
 
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop, signum)
+            loop.add_signal_handler(signum, stop, signal.Signals(signum).name)
         loop.add_signal_handler(signal.SIGHUP, hup)
-        grpc_server: Any = None
         if self.rls is not None and self.config.grpc is not None:
             grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
             started = await grpc_module.start_grpc(self.rls, *self.config.grpc, reuse_port=self.config.workers > 1)
             grpc_server = started[0] if isinstance(started, tuple) else started
-        watcher = asyncio.create_task(self._watch()) if self.config.watch > 0 else None
+        tasks = [asyncio.create_task(self._watch())] if self.config.watch > 0 else []
+        if parent is not None:
+            tasks.append(asyncio.create_task(_orphaned(parent, stop)))
         await self.limiter.check_store()
         _event(logging.INFO, "worker_started", "worker serving", http="{}:{}".format(*sock.getsockname()[:2]))
         try:
             await server.serve(sockets=[sock])
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            for task in tasks:
+                task.cancel()
             if grpc_server is not None:
-                await grpc_server.stop(GRACE)
+                await (stopping[0] if stopping else grpc_server.stop(GRACE))
             if self.metrics is not None:
                 self.metrics.close()
             await self.limiter.close()
             _event(logging.INFO, "worker_stopped", "worker stopped")
 
 
-def _run_worker(config: ServeConfig, sock: socket.socket, store_url: str) -> int:
+async def _orphaned(parent: int, stop: Callable[[str], None]) -> None:
+    """Stop a forked worker whose supervisor died (it was killed: it could not pass the signal on)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    stop("supervisor gone")
+
+
+def _run_worker(config: ServeConfig, sock: socket.socket, store_url: str, parent: int | None = None) -> int:
     try:
         worker = Worker(config, store_url)
     except Exception as exc:
         _event(logging.ERROR, "worker_failed", f"the worker could not start: {exc}", error=type(exc).__name__)
         return 1
-    asyncio.run(worker.serve(sock))
+    asyncio.run(worker.serve(sock, parent))
     return 0
 
 
@@ -372,7 +388,7 @@ def run(config: ServeConfig) -> int:
         if config.workers == 1:
             store_url = "memory://"
         else:  # one table for the workers of this run, removed when it ends
-            store_url = f"shm://ratewarden-serve-{os.getpid()}"
+            store_url = f"shm://serve-{os.getpid()}"
             shm = open_store(store_url)
     host, port = sock.getsockname()[:2]
     _event(
@@ -404,6 +420,7 @@ def _supervise(config: ServeConfig, sock: socket.socket, store_url: str) -> int:
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in handled}
     children: dict[int, tuple[int, float]] = {}  # pid -> (worker index, start time)
+    parent = os.getpid()
 
     def spawn(index: int) -> None:
         pid = os.fork()
@@ -412,7 +429,7 @@ def _supervise(config: ServeConfig, sock: socket.socket, store_url: str) -> int:
             try:
                 for s in handled:
                     signal.signal(s, signal.SIG_DFL)
-                status = _run_worker(config, sock, store_url)
+                status = _run_worker(config, sock, store_url, parent)
             finally:
                 logging.shutdown()
                 os._exit(status)
@@ -439,7 +456,7 @@ def _supervise(config: ServeConfig, sock: socket.socket, store_url: str) -> int:
             if stopping:
                 continue
             code = os.waitstatus_to_exitcode(status)
-            if time.monotonic() - started < _CRASH_LOOP:  # it failed at start-up: it would again
+            if code == 1 and time.monotonic() - started < _CRASH_LOOP:  # it could not start: it would not again
                 _event(logging.ERROR, "worker_failed", "a worker failed at start-up; stopping", worker=index, code=code)
                 failed = stopping = True
                 _signal_all(children, signal.SIGTERM)
