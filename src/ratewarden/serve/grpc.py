@@ -32,6 +32,9 @@ _UNIT_NAMES: dict[int, str] = {
 _UNIT_NUMBERS: dict[str, int] = {name: number for number, name in _UNIT_NAMES.items()}
 _OK: int = rls_pb2.RateLimitResponse.OK
 _OVER_LIMIT: int = rls_pb2.RateLimitResponse.OVER_LIMIT
+_Status = rls_pb2.RateLimitResponse.DescriptorStatus
+_RateLimit = rls_pb2.RateLimitResponse.RateLimit
+_HeaderValue = base_pb2.HeaderValue
 
 
 def request_from_proto(request: Any) -> tuple[str, list[RequestDescriptor], int]:
@@ -63,20 +66,27 @@ def answer_to_proto(answer: RlsAnswer) -> Any:
     Args:
         answer: What ``RateLimitService.should_rate_limit`` returned.
     """
-    response = rls_pb2.RateLimitResponse(overall_code=_OK if answer.overall_ok else _OVER_LIMIT)
+    statuses = []
     for status in answer.statuses:
-        item = response.statuses.add(
-            code=_OK if status.code == "OK" else _OVER_LIMIT,
-            limit_remaining=min(status.limit_remaining, UINT32_MAX),
-        )
+        code = _OK if status.code == "OK" else _OVER_LIMIT
+        remaining = min(status.limit_remaining, UINT32_MAX)
         current = status.current_limit
-        if current is not None:
-            item.current_limit.name = current.name
-            item.current_limit.requests_per_unit = current.requests_per_unit
-            item.current_limit.unit = _UNIT_NUMBERS[current.unit]
-            item.duration_until_reset.seconds = max(0, math.ceil(status.duration_until_reset))
-    for name, value in answer.headers:
-        response.response_headers_to_add.append(base_pb2.HeaderValue(key=name, value=value))
+        if current is None:
+            statuses.append(_Status(code=code, limit_remaining=remaining))
+            continue
+        statuses.append(_Status(
+            code=code,
+            current_limit=_RateLimit(
+                name=current.name, requests_per_unit=current.requests_per_unit, unit=_UNIT_NUMBERS[current.unit]
+            ),
+            limit_remaining=remaining,
+            duration_until_reset={"seconds": max(0, math.ceil(status.duration_until_reset))},
+        ))
+    response = rls_pb2.RateLimitResponse(
+        overall_code=_OK if answer.overall_ok else _OVER_LIMIT,
+        statuses=statuses,
+        response_headers_to_add=[_HeaderValue(key=name, value=value) for name, value in answer.headers],
+    )
     return response
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -248,7 +249,7 @@ class RateLimitService:
     def _namespace(self, domain: str) -> str:
         found = self._namespaces.get(domain)
         if found is None:
-            found = "envoy:" + quote(domain, safe="")
+            found = "envoy:" + _escape(domain)
             remember(self._namespaces, domain, found, 1024)
         return found
 
@@ -412,7 +413,13 @@ def _entries_key(entries: Sequence[tuple[str, str]], shared: Mapping[int, str]) 
     """The descriptor's part of its storage key: ``key=value&key=value``, each part escaped, with the
     wildcard pattern in place of the value for a ``share_threshold`` entry."""
     if shared:
-        return "&".join(
-            f"{quote(k, safe='')}={quote(shared.get(i, v), safe='')}" for i, (k, v) in enumerate(entries)
-        )
-    return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in entries)
+        return "&".join(f"{_escape(k)}={_escape(shared.get(i, v))}" for i, (k, v) in enumerate(entries))
+    return "&".join(f"{_escape(k)}={_escape(v)}" for k, v in entries)
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_.~-]*")
+
+
+def _escape(text: str) -> str:
+    """``text`` percent-escaped (``&``, ``=``, ``%`` and braces included); plain text as it is."""
+    return text if _PLAIN.fullmatch(text) else quote(text, safe="")
