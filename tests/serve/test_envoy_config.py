@@ -3,6 +3,8 @@ bad values name file, line and field, and descriptors match as the Go service ma
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -210,3 +212,13 @@ def test_is_envoy_config() -> None:
     assert is_envoy_config({"domain": "x", "descriptors": []})
     assert not is_envoy_config({"rules": []})
     assert not is_envoy_config(["domain"])
+
+
+def test_importing_the_service_imports_neither_yaml_nor_grpc() -> None:
+    code = (
+        "import sys, ratewarden, ratewarden.serve.rls, ratewarden.serve.envoy_config, ratewarden.serve.descriptors\n"
+        "loaded = sorted(m for m in ('yaml', 'grpc', 'google.protobuf') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[imp
 from google.protobuf import wrappers_pb2  # type: ignore[import-untyped]
 
 from ratewarden.algorithms import ALGORITHMS
-from ratewarden.limiter import Limiter
+from ratewarden.limiter import FailurePolicy, Limiter
 from ratewarden.serve.envoy_config import parse_envoy_config
 from ratewarden.serve.grpc import rls_json, start_grpc
 from ratewarden.serve.rls import RateLimitService
@@ -267,6 +268,63 @@ async def test_docs_config_yaml_answers_what_envoy_yaml_asks() -> None:
         assert await client.ok_count(50, "edge", desc(("api_key", "internal-ci"))) == 50
         assert await client.ok_count(3, "edge", *request("10.0.0.2", "revoked-4711")) == 0
         assert await client.ok_count(3, "edge", *request("10.0.0.2", "k2")) == 3
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("on_error", ["closed", "open"])
+async def test_store_down(on_error: FailurePolicy) -> None:
+    """Redis unreachable: fail-closed answers UNAVAILABLE (Envoy's failure_mode_deny then refuses);
+    fail-open limits on the service's own memory, exactly, never unlimited."""
+    store = RedisStore(f"redis://127.0.0.1:{closed_port()}/0", timeout=0.5, connect_timeout=0.5)
+    limiter = Limiter(store, on_error=on_error)
+    config = parse_envoy_config(EXAMPLE_2)
+    service = RateLimitService({config.domain: config}, limiter)
+    server, port = await start_grpc(service, "127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        client = Rls(service, rls_pb2_grpc.RateLimitServiceStub(channel))
+        if on_error == "closed":
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await client.call("messaging", desc(("to_number", "1")))
+            assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "store failed" in raised.value.details()
+        else:
+            assert await client.ok_count(150, "messaging", desc(("to_number", "1"))) == 100
+    finally:
+        await channel.close()
+        await server.stop(None)
+        await limiter.close()
+
+
+async def test_an_unexpected_error_is_internal_and_the_server_keeps_serving() -> None:
+    class Failing(RateLimitService):
+        calls = 0
+
+        async def should_rate_limit(self, *args: Any, **kwargs: Any) -> Any:
+            Failing.calls += 1
+            if Failing.calls == 1:
+                raise RuntimeError("boom")
+            return await super().should_rate_limit(*args, **kwargs)
+
+    config = parse_envoy_config(EXAMPLE_2)
+    service = Failing({config.domain: config}, Limiter(MemoryStore(clock=frozen)))
+    server, port = await start_grpc(service, "127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        client = Rls(service, rls_pb2_grpc.RateLimitServiceStub(channel))
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await client.call("messaging", desc(("to_number", "1")))
+        assert raised.value.code() == grpc.StatusCode.INTERNAL and "RuntimeError: boom" in raised.value.details()
+        assert (await client.call("messaging", desc(("to_number", "1")))).overall_code == OK
     finally:
         await channel.close()
         await server.stop(None)
