@@ -262,7 +262,8 @@ class ServeApp:
     async def _check(self, scope: Scope, send: Send) -> None:
         """The gateway check: 200 (allowed) or 429/403 (refused), with the rate-limit headers."""
         deny = 429
-        for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+        query: bytes = scope.get("query_string", b"")
+        for name, value in parse_qsl(query.decode("latin-1")) if query else ():
             if name == "deny_status":
                 if not value.isdigit() or int(value) not in _DENY_STATUSES:
                     raise _BadRequest(400, f"deny_status must be 401, 403 or 429, got {value[:20]!r}")
