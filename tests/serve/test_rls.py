@@ -8,7 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from ratewarden.algorithms import ALGORITHMS
+from ratewarden.decision import Decision
 from ratewarden.errors import LimitUnavailable, StoreError
+from ratewarden.headers import policy_value, rate_limit_headers, retry_after_header
 from ratewarden.limiter import Limiter
 from ratewarden.serve.envoy_config import parse_envoy_config
 from ratewarden.serve.rls import UINT32_MAX, RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
@@ -230,3 +232,20 @@ async def test_replace_swaps_the_configuration() -> None:
     rls.replace({"example6": parse_envoy_config(EXAMPLE_6)})
     assert (await rls.should_rate_limit("messaging", [d(("to_number", "1"))])).statuses[0].current_limit is None
     assert "example6" in rls.domains
+
+
+async def test_headers_are_the_librarys_headers() -> None:
+    """The answer's headers are ``headers.rate_limit_headers`` (both styles) and ``Retry-After``, as text."""
+    rls = service(EXAMPLE_2)
+    limit = rls.domains["messaging"].root.children["to_number"].rate_limit
+    assert limit is not None and limit.limit is not None
+    answer = await rls.should_rate_limit("messaging", [d(("to_number", "h"))], hits_addend=99)
+    decision = Decision(True, 100, 1, 86400 - 1000.5, 0.0, 86400.0, limit.limit.name)
+    expected = rate_limit_headers(decision, "both", policy_value([limit.limit]))
+    assert answer.headers == [(k.decode(), v.decode()) for k, v in expected]
+    over = await rls.should_rate_limit("messaging", [d(("to_number", "h"))], hits_addend=2)
+    denied = Decision(False, 100, 1, 86400 - 1000.5, 86400 - 1000.5, 86400.0, limit.limit.name)
+    retry = retry_after_header(denied)
+    assert retry is not None
+    expected = [*rate_limit_headers(denied, "both", policy_value([limit.limit])), retry]
+    assert over.headers == [(k.decode(), v.decode()) for k, v in expected]

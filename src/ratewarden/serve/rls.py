@@ -31,7 +31,7 @@ from urllib.parse import quote
 from ..caches import remember
 from ..decision import Decision
 from ..errors import LimitUnavailable
-from ..headers import policy_value, rate_limit_headers, retry_after_header
+from ..headers import policy_value, retry_after_header
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM, Limit
 from ..rates import Rate
@@ -147,7 +147,8 @@ class RateLimitService:
         self.limiter = limiter
         self.headers = headers
         self._overrides: dict[tuple[int, str, str], Limit] = {}
-        self._policies: dict[tuple[Limit, ...], bytes] = {}
+        self._policies: dict[tuple[Limit, ...], str] = {}
+        self._keys: dict[tuple[object, ...], str] = {}
         self._namespaces: dict[str, str] = {}
 
     @property
@@ -243,7 +244,11 @@ class RateLimitService:
         period = UNIT_SECONDS[unit]
         if limit is None:  # requests_per_unit 0: every request is over
             return _Plan(index, "zero", current, cost=cost, shadow=shadow, period=period), name
-        key = storage_key(self.limiter.prefix, self._namespace(domain), _entries_key(entries, shared), limit.suffix)
+        cache_key = (domain, entries, limit.suffix, tuple(shared.items()) if shared else ())
+        key = self._keys.get(cache_key, "")
+        if not key:
+            key = storage_key(self.limiter.prefix, self._namespace(domain), _entries_key(entries, shared), limit.suffix)
+            remember(self._keys, cache_key, key, 65536)
         return _Plan(index, "counted", current, limit, key, float(cost), shadow, period), name
 
     def _namespace(self, domain: str) -> str:
@@ -365,23 +370,31 @@ class RateLimitService:
         return RlsAnswer(overall_ok, statuses, headers)
 
     def _headers(self, plan: _Plan, shown: list[Limit], over: bool) -> list[tuple[str, str]]:
+        """``headers.rate_limit_headers`` (both styles) of the plan's decision, as text, listing every
+        enforced limit in ``RateLimit-Policy``; ``Retry-After`` when the request is over."""
         limit = plan.limit
-        assert plan.decision is not None and limit is not None
-        decision = _copy(plan.decision, plan.decision.allowed)  # the store's may be shared (its caches)
-        decision.policy = limit.name
-        if not decision.period:
-            decision.period = limit.period
+        decision = plan.decision
+        assert decision is not None and limit is not None
         policies = tuple(dict.fromkeys(shown))
         policy = self._policies.get(policies)
         if policy is None:
-            policy = policy_value(policies)
+            policy = policy_value(policies).decode("latin-1")
             remember(self._policies, policies, policy, 1024)
-        raw = rate_limit_headers(decision, "both", policy)
+        name = limit.name.encode("latin-1", "replace").decode("latin-1")
+        remaining = str(decision.remaining)
+        reset = str(math.ceil(decision.reset_after))
+        headers = [
+            ("ratelimit-policy", policy),
+            ("ratelimit", f'"{name}";r={remaining};t={reset}'),
+            ("x-ratelimit-limit", str(decision.limit)),
+            ("x-ratelimit-remaining", remaining),
+            ("x-ratelimit-reset", reset),
+        ]
         if over and not decision.allowed:
             retry = retry_after_header(decision)
             if retry is not None:
-                raw.append(retry)
-        return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw]
+                headers.append(("retry-after", retry[1].decode("latin-1")))
+        return headers
 
 
 def _copy(decision: Decision, allowed: bool, retry_after: float | None = None) -> Decision:
