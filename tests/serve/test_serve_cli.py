@@ -295,6 +295,29 @@ def test_envoy_config_serves_grpc_and_json(tmp_path: Path, serve: Any) -> None:
     assert server.stop() == 0
 
 
+def test_envoy_config_reloads_on_sighup_and_keeps_a_broken_one(tmp_path: Path, serve: Any) -> None:
+    pytest.importorskip("ratewarden.serve.grpc")
+    config = tmp_path / "envoy.yaml"
+    _write(config, ENVOY)
+    server = serve(str(config), "--watch", "0", "--grpc", f"127.0.0.1:{free_port()}").ready()
+
+    def json_checks(value: str, n: int) -> Counter[int]:
+        request = {"domain": "cli_test", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]}
+        return Counter(httpx.post(f"{server.url}/json", json=request).status_code for _ in range(n))
+
+    assert json_checks("a", 12) == {200: 10, 429: 2}
+    _write(config, ENVOY.replace("requests_per_unit: 10", "requests_per_unit: 3"))
+    os.kill(server.proc.pid, signal.SIGHUP)
+    assert server.wait_for("reloaded")[0]["kind"] == "envoy"
+    assert json_checks("b", 5) == {200: 3, 429: 2}
+    _write(config, ENVOY.replace("requests_per_unit: 10", "requests_per_unit: 3\n      burst: 9"))
+    os.kill(server.proc.pid, signal.SIGHUP)
+    rejected = server.wait_for("reload_rejected")[0]
+    assert rejected["kind"] == "envoy" and "envoy.yaml:" in rejected["error"] and "burst" in rejected["error"]
+    assert json_checks("c", 5) == {200: 3, 429: 2}  # the previous configuration
+    assert server.stop() == 0
+
+
 # -- docs/serve.md: its examples run as written ------------------------------------------------------
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serve.md"

@@ -390,6 +390,8 @@ def run(config: ServeConfig) -> int:
         else:  # one table for the workers of this run, removed when it ends
             store_url = f"shm://serve-{os.getpid()}"
             shm = open_store(store_url)
+    elif config.workers > 1 and store_url.lower().startswith("memory:"):
+        _event(logging.WARNING, "store_per_worker", "memory:// counts per worker: each admits the whole limit")
     host, port = sock.getsockname()[:2]
     _event(
         logging.INFO, "started", "ratewarden serve started", http=f"{host}:{port}",
