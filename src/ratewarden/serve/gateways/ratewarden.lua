@@ -3,7 +3,7 @@
 -- haproxy.cfg loads this file and calls it first in a frontend:
 --
 --   global
---       lua-load ratewarden.lua
+--       lua-load-per-thread ratewarden.lua
 --   frontend api
 --       http-request lua.ratewarden_check http://127.0.0.1:8080/check closed
 --

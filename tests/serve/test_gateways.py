@@ -1,0 +1,373 @@
+"""Real nginx and HAProxy, run from the shipped configurations, limiting through a real
+``ratewarden serve`` in front of a small backend, all on free loopback ports.
+
+Seed 003's tiers are held exactly per API key, with the rate-limit headers on every answer, and
+the service going down mid-traffic gives each gateway's documented answer (503, fail closed).
+The docs show the shipped files as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ratewarden.bench.services import free_port
+from ratewarden.serve.gateways import DEFAULT_PORTS, config_text, names, write_configs
+from tests.servers import HOST, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "gateways"
+RATEWARDEN = [sys.executable, "-m", "ratewarden.cli"]
+
+# Seed 003's groups, with limits low enough that basic and standard are limited by one burst.
+POLICY = """\
+version = 1
+
+[identity]
+sources = ["header:X-API-Key", "bearer", "query:api_key"]
+unknown_group = "basic"
+anonymous_group = "basic"
+
+[identity.keys]
+"pk-premium" = "premium"
+"sk-standard" = "standard"
+"bk-basic" = "basic"
+
+[groups.premium]
+limits = "40/day"
+
+[groups.standard]
+limits = "20/day"
+
+[groups.basic]
+limits = "8/day"
+
+[[rules]]
+name = "api"
+path = "/api/**"
+tiered = true
+"""
+
+#: API key (sent as the policy reads it) -> (group, limit). "trial-7" is unknown: basic, on its own count.
+KEYS = {
+    "pk-premium": ("premium", 40),
+    "sk-standard": ("standard", 20),
+    "bk-basic": ("basic", 8),
+    "trial-7": ("basic", 8),
+}
+PER_KEY = 30  # concurrent requests per key: premium passes, standard and basic are limited
+
+GATEWAYS = ("nginx", "haproxy")
+
+
+# --- the pieces --------------------------------------------------------------------------------
+
+
+class _Backend(BaseHTTPRequestHandler):
+    """The app behind the gateway: 200 and the request line, for any method."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = f"backend {self.command} {self.path}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_HEAD = _answer
+
+
+@contextlib.contextmanager
+def backend() -> Iterator[int]:
+    server = ThreadingHTTPServer((HOST, 0), _Backend)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _get(port: int, path: str, timeout: float = 2.0) -> int:
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+class Process:
+    """A child process in its own session, its output in ``log``."""
+
+    def __init__(self, argv: list[str], log: Path, cwd: Path) -> None:
+        self.argv = argv
+        self.log = log
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def alive(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise RuntimeError(f"{self.argv[0]} exited ({code}):\n{self.log.read_text(errors='replace')[-3000:]}")
+        return True
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+
+class Stack:
+    """backend <- gateway (shipped configuration) -> ``ratewarden serve POLICY``, on free ports."""
+
+    def __init__(self, gateway: str, directory: Path, backend_port: int) -> None:
+        self.gateway = gateway
+        self.dir = directory
+        self.ports = {"gateway": free_port(), "service": free_port(), "backend": backend_port}
+        (directory / "policy.toml").write_text(POLICY, encoding="utf-8")
+        self.service = Process(
+            [*RATEWARDEN, "serve", "policy.toml", "--http", f"{HOST}:{self.ports['service']}", "--log-format", "text"],
+            directory / "serve.log", directory,
+        )
+        if gateway == "nginx":
+            conf = write_configs(directory, "nginx.conf", **self.ports)["nginx.conf"]
+            prefix = directory / "nginx"
+            prefix.mkdir()
+            argv = ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
+        else:
+            conf = write_configs(directory, "haproxy.cfg", "ratewarden.lua", **self.ports)["haproxy.cfg"]
+            argv = ["haproxy", "-f", str(conf), "-db"]
+        self.proxy = Process(argv, directory / f"{gateway}.log", directory)
+
+    @property
+    def port(self) -> int:
+        return self.ports["gateway"]
+
+    def start_service(self) -> None:
+        self.service.start()
+        wait_until(
+            lambda: self.service.alive() and _get(self.ports["service"], "/healthz") == 200, 20, "ratewarden serve"
+        )
+
+    def start(self) -> Stack:
+        self.start_service()
+        self.proxy.start()
+        # An unlimited path (no rule) answered 200 through the gateway: everything is up.
+        wait_until(lambda: self.proxy.alive() and _get(self.port, "/ready") == 200, 20, f"{self.gateway} up")
+        return self
+
+    def close(self) -> None:
+        self.proxy.stop()
+        self.service.stop()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.dir.glob("*.log"))
+        )
+
+
+@pytest.fixture(scope="module")
+def backend_port() -> Iterator[int]:
+    with backend() as port:
+        yield port
+
+
+@pytest.fixture(params=GATEWAYS)
+def stack(request: pytest.FixtureRequest, backend_port: int) -> Iterator[Stack]:
+    gateway = request.param
+    if shutil.which(gateway) is None:
+        pytest.skip(f"{gateway} is not installed (scripts/install-system-deps.sh installs it)")
+    directory = Path(tempfile.mkdtemp(prefix=f"rw-{gateway}-"))
+    built = Stack(gateway, directory, backend_port)
+    try:
+        built.start()
+        yield built
+    except BaseException:
+        print(built.logs())
+        raise
+    finally:
+        built.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+Answer = tuple[int, dict[str, str], bytes]
+
+
+def request(port: int, method: str, path: str, headers: dict[str, str], timeout: float = 20.0) -> Answer:
+    """One request on its own connection: status, headers (lower-case names), body."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        body = b"payload" if method == "PUT" else None
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+# --- tiers, exactly ----------------------------------------------------------------------------
+
+
+def test_tiers_are_held_exactly_per_api_key(stack: Stack) -> None:
+    """30 concurrent requests for each key (mixed PUT and GET, as seed 003), all at once: exactly
+    each key's group limit is admitted, the rest get 429, and every answer has the headers."""
+    jobs = [(key, i) for i in range(PER_KEY) for key in KEYS]
+
+    def one(job: tuple[str, int]) -> tuple[str, Answer]:
+        key, i = job
+        method = "PUT" if i % 2 else "GET"
+        return key, request(stack.port, method, f"/api/objects/{i}", {"X-API-Key": key})
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(one, jobs))
+
+    for key, (group, limit) in KEYS.items():
+        answers = [answer for k, answer in results if k == key]
+        statuses = [status for status, _, _ in answers]
+        assert set(statuses) <= {200, 429}, (key, sorted(set(statuses)), stack.logs())
+        assert statuses.count(200) == min(limit, PER_KEY), (key, group, statuses.count(200))
+        for status, headers, body in answers:
+            assert headers.get("x-ratelimit-limit") == str(limit), (key, status, headers)
+            assert f'"api.{group}";q={limit};' in headers.get("ratelimit-policy", ""), (key, status, headers)
+            assert re.fullmatch(rf'"api\.{group}";r=\d+;t=\d+', headers.get("ratelimit", "")), (key, headers)
+            if status == 200:
+                assert body.startswith(b"backend "), body
+            else:
+                assert int(headers["retry-after"]) >= 1, headers
+                assert headers["content-type"] == "application/problem+json", headers
+                assert headers["x-ratelimit-remaining"] == "0", headers
+    # A key in the query string counts as the same key (seed 003 reads it from either place).
+    status, headers, _ = request(stack.port, "GET", "/api/objects/q?api_key=bk-basic", {})
+    assert (status, headers["x-ratelimit-remaining"]) == (429, "0")
+
+
+# --- the service goes down ---------------------------------------------------------------------
+
+
+def test_service_down_mid_traffic_answers_503(stack: Stack) -> None:
+    """Traffic flows; the service is killed: every request sent after that is answered 503 with
+    Retry-After (both gateways fail closed, as documented), none is let through, none is a 500
+    or 502; back up, requests are checked again."""
+    stop = threading.Event()
+    killed = threading.Event()
+    seen: list[tuple[bool, int, dict[str, str]]] = []  # (sent after the kill, status, headers)
+
+    def traffic() -> None:
+        while not stop.is_set():
+            after = killed.is_set()
+            status, headers, _ = request(stack.port, "GET", "/api/objects", {"X-API-Key": "pk-premium"})
+            seen.append((after, status, headers))
+
+    threads = [threading.Thread(target=traffic, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(seen) >= 12, 20, "traffic through the gateway")
+        stack.service.stop(signal.SIGKILL)
+        killed.set()
+        wait_until(lambda: sum(after for after, _, _ in seen) >= 20, 30, "answers after the kill")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+
+    before = [status for after, status, _ in seen if not after]
+    after = [(status, headers) for was_after, status, headers in seen if was_after]
+    assert set(before) <= {200, 503}, sorted(set(before))
+    assert before.count(200) >= 12 - 4, before  # the first ones, at least, went through
+    assert {status for status, _ in after} == {503}, sorted({status for status, _ in after})
+    for _, headers in after:
+        assert headers.get("retry-after") == "1", headers
+        assert headers.get("content-type") == "application/problem+json", headers
+
+    # Back up (a fresh count): checked and admitted again.
+    stack.start_service()
+    wait_until(lambda: _get(stack.port, "/ready") == 200, 20, f"{stack.gateway} to see the service back")
+    status, headers, _ = request(stack.port, "GET", "/api/objects", {"X-API-Key": "bk-basic"})
+    assert (status, headers["x-ratelimit-remaining"]) == (200, "7")
+
+
+# --- the shipped files and the docs ------------------------------------------------------------
+
+
+def _code_blocks(markdown: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^```[a-z]*\n(.*?)^```$", markdown, re.MULTILINE | re.DOTALL)]
+
+
+@pytest.mark.parametrize(
+    ("page", "files"),
+    [("nginx.md", ["nginx.conf"]), ("haproxy.md", ["haproxy.cfg", "ratewarden.lua"]), ("traefik.md", ["traefik.yml"])],
+)
+def test_docs_show_the_shipped_files(page: str, files: list[str]) -> None:
+    blocks = _code_blocks((DOCS / page).read_text(encoding="utf-8"))
+    for name in files:
+        assert config_text(name) in blocks, f"docs/gateways/{page} does not show {name} as shipped"
+
+
+def test_config_text_substitutes_the_documented_ports() -> None:
+    assert {"haproxy.cfg", "nginx.conf", "ratewarden.lua", "traefik.yml"} <= set(names())
+    for name in ("haproxy.cfg", "nginx.conf", "traefik.yml"):
+        text = config_text(name)
+        for role in ("gateway", "service", "backend"):
+            assert f"127.0.0.1:{DEFAULT_PORTS[role]}" in text, (name, role)
+    swapped = config_text("nginx.conf", gateway=8080, service=8000, backend=19000)
+    assert "listen 127.0.0.1:8080;" in swapped
+    assert "server 127.0.0.1:8000;" in swapped and "server 127.0.0.1:19000;" in swapped
+    assert "127.0.0.1:9000" not in swapped
+    with pytest.raises(TypeError, match="unknown port role"):
+        config_text("nginx.conf", admin=1)
+    with pytest.raises(KeyError, match="no gateway configuration"):
+        config_text("caddy.json")
+
+
+def test_traefik_configuration_is_forward_auth_to_the_check_api() -> None:
+    """Traefik is not installable here: the file is checked against Traefik's documented schema."""
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load(config_text("traefik.yml", service=18080, backend=19000))
+    http_config = config["http"]
+    auth = http_config["middlewares"]["ratewarden"]["forwardAuth"]
+    assert auth["address"] == "http://127.0.0.1:18080/check"
+    assert {"RateLimit", "RateLimit-Policy", "X-RateLimit-Remaining"} <= set(auth["authResponseHeaders"])
+    assert http_config["routers"]["api"]["middlewares"] == ["ratewarden"]
+    assert http_config["services"]["app"]["loadBalancer"]["servers"] == [{"url": "http://127.0.0.1:19000"}]
