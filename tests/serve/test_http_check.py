@@ -242,6 +242,19 @@ async def test_without_a_policy_check_says_so() -> None:
         assert (await c.get("/healthz")).status_code == 503
 
 
+async def test_an_unexpected_error_is_a_500_answer_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    app = _app()
+
+    async def broken(scope: object, receive: object, send: object) -> None:
+        raise RuntimeError("boom")
+
+    app.policy_app = broken  # type: ignore[assignment]
+    async with await _client(app) as c:
+        answer = await c.get("/check", headers=_original("/api/a"))
+    assert answer.status_code == 500 and "RuntimeError" in answer.json()["error"]
+    assert any(getattr(r, "event", None) == "check_failed" for r in caplog.records)
+
+
 # -- reload, health, metrics ---------------------------------------------------------------------
 
 

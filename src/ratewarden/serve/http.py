@@ -167,6 +167,9 @@ class ServeApp:
                 raise _BadRequest(404, f"no such endpoint {path!r}: use /check, /v1/check, /json, /healthz or /metrics")
         except _BadRequest as exc:
             await _send_error(send, exc.status, str(exc))
+        except Exception as exc:  # a bug or a broken store client: answered, logged, never a dropped connection
+            log.exception("check failed: %s: %s", type(exc).__name__, exc, extra={"event": "check_failed"})
+            await _send_error(send, 500, f"the check failed: {type(exc).__name__} (see the service's log)")
 
     @staticmethod
     def _need(method: str, *allowed: str) -> None:
