@@ -75,7 +75,28 @@ def register(subparsers: Any) -> None:
                         "ratewarden's WSGI integrations, in-process, on --store memory and/or redis, "
                         "--iterations rounds (at least 3); writes wsgi.md and wsgi.json in --out "
                         "(scripts/bench_wsgi.py adds gunicorn + wrk rows)")
+    p.add_argument("--gateway", action="store_true",
+                   help="run the gateway bench instead (seed 003 with its peers): HAProxy and nginx in front of a "
+                        "fast backend, without limiting, with their own limiting and with `ratewarden serve`, "
+                        "interleaved --iterations rounds (default 5); then the service's capacity over HTTP and "
+                        "gRPC against a fixed-answer floor; writes gateway.{md,html,json,csv} in --out "
+                        "(needs haproxy, nginx, wrk and the serve extra)")
+    p.add_argument("--gateway-requests", type=int, default=300, metavar="N",
+                   help="--gateway: requests per variant per round (15 workers)")
+    p.add_argument("--gateway-rate", type=float, default=750.0, metavar="REQ_PER_S",
+                   help="--gateway: pace of those requests (the seed measured ~750 req/s); 0 = as fast as they go")
+    p.add_argument("--gateway-variants", default="", metavar="NAMES",
+                   help="--gateway: comma-separated variants (default all): " + ", ".join(_gateway_variants()))
+    p.add_argument("--capacity-seconds", type=float, default=2.0, metavar="SECONDS",
+                   help="--gateway: seconds per capacity run (HTTP /check with wrk, gRPC ShouldRateLimit)")
+    p.add_argument("--no-capacity", action="store_true", help="--gateway: skip the service capacity runs")
     p.set_defaults(func=run)
+
+
+def _gateway_variants() -> list[str]:
+    from ..bench.gateway import VARIANTS
+
+    return list(VARIANTS)
 
 
 def _fail(message: str) -> int:
@@ -90,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.wsgi:
         return _run_wsgi(args)
+    if args.gateway:
+        return _run_gateway(args)
     planned = _plan(args)
     if isinstance(planned, str):
         return _fail(planned)
@@ -136,6 +159,41 @@ def _run_wsgi(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     print(wsgi.write(out, rows, targets))
     print(f"reports: {out / 'wsgi.md'}, {out / 'wsgi.json'}")
+    return 0
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    """``--gateway``: seed 003's scenario through HAProxy and nginx, and the service's capacity (``bench.gateway``)."""
+    from ..bench import gateway
+    from ..bench.services import BenchError
+
+    variants = _csv(args.gateway_variants) or list(gateway.VARIANTS)
+    unknown = [v for v in variants if v not in gateway.VARIANTS]
+    if unknown:
+        return _fail(f"unknown --gateway-variants {', '.join(unknown)}; choose from {', '.join(gateway.VARIANTS)}")
+    rounds = 5 if args.iterations == 3 else args.iterations
+    if rounds < 1 or args.warmup < 0 or args.gateway_requests < 1 or args.gateway_rate < 0 \
+            or args.capacity_seconds <= 0:
+        return _fail("--iterations, --gateway-requests and --capacity-seconds must be positive "
+                     "(--warmup and --gateway-rate >= 0)")
+    out = Path(args.out)
+    problem = _unwritable(out)
+    if problem:
+        return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
+    opts = gateway.GatewayOptions(rounds=rounds, warmup=args.warmup, requests=args.gateway_requests,
+                                  rate=args.gateway_rate, variants=variants, capacity=not args.no_capacity,
+                                  capacity_seconds=args.capacity_seconds, capacity_rounds=rounds)
+    before = os.getloadavg()
+    t0 = time.monotonic()
+    try:
+        report = gateway.run(opts, log=lambda line: print(line, file=sys.stderr))
+    except BenchError as exc:
+        return _fail(str(exc))
+    report.meta = {"command": "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+                   "load": _load_line(before, os.getloadavg()), "seconds": round(time.monotonic() - t0, 1)}
+    paths = gateway.write(out, report)
+    print(gateway.summary(report))
+    print(f"reports: {', '.join(str(p) for p in paths)}")
     return 0
 
 

@@ -1,0 +1,92 @@
+"""The gateway bench's floor service: ``ratewarden serve``'s own stack answering a fixed OK.
+
+Run as ``python -m ratewarden.bench.gateway_floor --http PORT [--grpc PORT]``. It serves exactly as a
+``ratewarden serve`` worker does (``serve.process``: uvicorn on asyncio's loop with httptools, no
+lifespan, access log, server or date header; a pre-bound listening socket; ``grpc.aio`` in the same
+event loop), but the HTTP app answers every request with a fixed ``200`` and an empty body and the
+gRPC servicer every ``ShouldRateLimit`` with a fixed ``OK``, checking nothing. The capacity ratio
+ours / floor is then the cost of deciding, nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import socket
+from typing import Any
+
+from ..types import Receive, Scope, Send
+
+__all__ = ["floor_app", "floor_servicer", "main"]
+
+
+async def floor_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """ASGI: a fixed ``200`` with an empty body for every HTTP request, checking nothing."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def floor_servicer() -> Any:
+    """An Envoy ``RateLimitService`` servicer answering every ``ShouldRateLimit`` with a fixed ``OK``
+    (one ``OK`` status per descriptor), checking nothing. Needs the ``serve`` extra."""
+    from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
+
+    ok = rls_pb2.RateLimitResponse.Code.OK
+
+    class Floor(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]
+        async def ShouldRateLimit(self, request: Any, context: Any) -> Any:
+            return rls_pb2.RateLimitResponse(
+                overall_code=ok,
+                statuses=[rls_pb2.RateLimitResponse.DescriptorStatus(code=ok) for _ in request.descriptors])
+
+    return Floor()
+
+
+def _server(sock: socket.socket) -> Any:
+    """The uvicorn server ``ratewarden serve`` builds (``serve.process._uvicorn_server``), for the floor app."""
+    from ..serve import process
+
+    make: Any = process._uvicorn_server
+    return make(floor_app, sock)
+
+
+async def _serve(http_port: int, grpc_port: int) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", http_port))
+    sock.listen(2048)
+    server = _server(sock)
+    grpc_server: Any = None
+    if grpc_port:
+        import grpc  # type: ignore[import-untyped, unused-ignore]
+        from envoy.service.ratelimit.v3 import rls_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
+
+        grpc_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(floor_servicer(), grpc_server)
+        grpc_server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+        await grpc_server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if grpc_server is not None:
+            await grpc_server.stop(0.5)
+        sock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ratewarden.bench.gateway_floor")
+    parser.add_argument("--http", type=int, required=True, help="HTTP port")
+    parser.add_argument("--grpc", type=int, default=0, help="gRPC port (none when 0)")
+    args = parser.parse_args(argv)
+    asyncio.run(_serve(args.http, args.grpc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
