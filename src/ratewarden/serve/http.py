@@ -40,6 +40,10 @@ DEFAULT_TRUSTED: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
 #: The largest request body read (``/v1/check``, ``/json``); more is answered 413.
 MAX_BODY = 64 * 1024
 _DENY_STATUSES = {401, 403, 429}
+_CACHE_LIMIT = 4096  # entries in each per-app cache of parsed addresses (cleared when full)
+_MISSING = ""  # not cached (no address is the empty string)
+_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Headers = list[tuple[bytes, bytes]]
 
@@ -118,6 +122,7 @@ class ServeApp:
         self.rls = rls
         self.trusted = parse_networks(trusted_proxies)
         self._trust_cache: dict[str, bool] = {}
+        self._address_cache: dict[str, str | None] = {}  # header value -> its address (None: not one)
         self.policy_app: PolicyMiddleware | None = None
         self._header_style: HeaderStyle = header_style
         if policy is not None:
@@ -195,7 +200,7 @@ class ServeApp:
         if found is None:
             address = _address(caller)
             found = address is not None and any(ipaddress.ip_address(address) in n for n in self.trusted)
-            if len(self._trust_cache) >= 4096:
+            if len(self._trust_cache) >= _CACHE_LIMIT:
                 self._trust_cache.clear()
             self._trust_cache[caller] = found
         return found
@@ -214,8 +219,14 @@ class ServeApp:
         forwarded = headers.get(b"x-forwarded-for")
         if forwarded is not None:
             candidates.append(forwarded.decode("latin-1").rpartition(",")[2])
+        cache = self._address_cache
         for candidate in candidates:
-            address = _address(candidate)
+            address = cache.get(candidate, _MISSING)
+            if address is _MISSING:
+                address = _address(candidate)
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                cache[candidate] = address
             if address is not None:
                 return address
         return caller
@@ -232,11 +243,11 @@ class ServeApp:
         if not uri.startswith("/"):
             raise _BadRequest(400, f"the original URI must start with '/', got {uri[:100]!r}")
         raw_path, _, query = uri.partition("?")
-        if not method or not method.isascii() or not method.isalpha():
+        if method not in _METHODS and (not method or not method.isascii() or not method.isalpha()):
             raise _BadRequest(400, f"the original method must be a word such as GET, got {method[:20]!r}")
         inner: dict[str, Any] = {
             "type": "http",
-            "asgi": {"version": "3.0"},
+            "asgi": _ASGI,
             "http_version": "1.1",
             "method": method.upper(),
             "scheme": scheme,
