@@ -84,6 +84,8 @@ class GatewayOptions:
     rate: float = 750.0  # requests/s over all workers; 0 = as fast as they go
     max_seconds: float = 5.0
     keys_per_group: int = 2
+    #: Requests per minute per API key, by group (the groups are ``GROUPS``).
+    limits: Mapping[str, int] = field(default_factory=lambda: dict(gp.GROUP_LIMITS))
     variants: Sequence[str] = tuple(VARIANTS)
     capacity: bool = True
     capacity_seconds: float = 2.0
@@ -228,7 +230,8 @@ def keys_for(variant: str, round_no: int, per_group: int) -> list[tuple[str, str
     return [(f"{g}-{variant}-{tag}-{k}", g) for k in range(per_group) for g in GROUPS]
 
 
-def round_row(round_no: int, spec: VariantSpec, plan: Plan, result: LoadResult) -> RoundRow:
+def round_row(round_no: int, spec: VariantSpec, plan: Plan, result: LoadResult,
+              limits: Mapping[str, int] = gp.GROUP_LIMITS) -> RoundRow:
     """One run's figures: latency over every answer, the groups' tables and their exactness."""
     lat = sorted(s.latency_s * 1000 for s in result.samples)
     statuses: dict[str, int] = {}
@@ -254,7 +257,7 @@ def round_row(round_no: int, spec: VariantSpec, plan: Plan, result: LoadResult) 
         row.other = row.requests - row.admitted - row.limited
         row.lat_avg_ms = sum(per_key[i]["lat"] for i in idx) / row.requests if row.requests else 0.0
         if limited:
-            limit = gp.GROUP_LIMITS[g]
+            limit = limits[g]
             leaky = spec.gateway == "nginx" and spec.limiter == "native"
             verdicts = []
             row.limit = limit * len(idx)
@@ -308,7 +311,9 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
         all_keys = {key: group for s in specs for r in range(-opts.warmup, opts.rounds)
                     for key, group in keys_for(s.key, r, opts.keys_per_group)}
         policy = root / "policy.toml"
-        policy.write_text(gp.policy_toml(all_keys), encoding="utf-8")
+        if sorted(opts.limits) != sorted(GROUPS):
+            raise BenchError(f"limits must give every group {', '.join(GROUPS)}, got {dict(opts.limits)}")
+        policy.write_text(gp.policy_toml(all_keys, opts.limits), encoding="utf-8")
 
         def start(name: str, argv: list[str], port: int, directory: Path | None = None,
                   cores: set[int] | None = None) -> gp.Proc:
@@ -337,7 +342,8 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
             d = root / s.key
             d.mkdir()
             try:
-                files = _gateway_files(s, port, backend_port, service_port or floor_port, floor_port, all_keys)
+                files = _gateway_files(s, port, backend_port, service_port or floor_port, floor_port, all_keys,
+                                       opts.limits)
             except (ImportError, KeyError, TypeError) as exc:
                 rows[specs.index(s)].missing = f"configuration not available: {exc}"
                 continue
@@ -363,7 +369,7 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
                     _clear_of_minute(opts.max_seconds + 1)
                 result = load(ports[s.key], plan)
                 if round_no >= 0:
-                    rows[i].rounds.append(round_row(round_no, s, plan, result))
+                    rows[i].rounds.append(round_row(round_no, s, plan, result, opts.limits))
             log(f"gateway round {r + 1}/{total}{' (warm-up)' if round_no < 0 else ''} done")
         if opts.capacity:
             capacity = _capacity(opts, root, policy, bins, procs, log)
@@ -375,22 +381,22 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
 def _options_dict(opts: GatewayOptions) -> dict[str, Any]:
     d = asdict(opts)
     d["variants"] = list(opts.variants)
-    d["group_limits_per_minute"] = dict(gp.GROUP_LIMITS)
+    d["limits"] = dict(opts.limits)
     return d
 
 
 def _gateway_files(s: VariantSpec, port: int, backend: int, service: int, floor: int,
-                   keys: Mapping[str, str]) -> dict[str, str]:
+                   keys: Mapping[str, str], limits: Mapping[str, int]) -> dict[str, str]:
     if s.gateway == "haproxy":
         if s.limiter == "none":
             return {"haproxy.cfg": gp.haproxy_plain_conf(port, backend)}
         if s.limiter == "native":
-            return {"haproxy.cfg": gp.haproxy_native_conf(port, backend)} | gp.haproxy_maps(keys)
+            return {"haproxy.cfg": gp.haproxy_native_conf(port, backend)} | gp.haproxy_maps(keys, limits)
         return gp.haproxy_ratewarden_files(port, floor if s.limiter == "floor" else service, backend)
     if s.limiter == "none":
         return {"nginx.conf": gp.nginx_plain_conf(port, backend)}
     if s.limiter == "native":
-        return {"nginx.conf": gp.nginx_limit_req_conf(port, backend)} | gp.nginx_maps(keys)
+        return {"nginx.conf": gp.nginx_limit_req_conf(port, backend, limits)} | gp.nginx_maps(keys)
     return {"nginx.conf": gp.nginx_ratewarden_conf(port, service, backend)}
 
 
@@ -661,7 +667,7 @@ def _md(rows: list[list[str]]) -> str:
 def _method(report: GatewayReport) -> str:
     o = report.options
     pace = f"paced to {o['rate']:g} req/s" if o["rate"] else "as fast as they go (closed loop)"
-    limits = ", ".join(f"{g} {n}/min" for g, n in o["group_limits_per_minute"].items())
+    limits = ", ".join(f"{g} {n}/min" for g, n in o["limits"].items())
     return (f"{o['requests']} requests per variant per round ({o['workers']} keep-alive workers, {pace}, cut off "
             f"after {o['max_seconds']:g} s), {o['keys_per_group']} fresh API keys per group per round, PUT (1 KiB) "
             f"and GET alternating; limits per key: {limits}; {o['warmup']} warm-up + {o['rounds']} timed rounds, "

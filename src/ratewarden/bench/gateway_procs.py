@@ -118,15 +118,15 @@ class Proc:
 
 # ---------------------------------------------------------------------------------------------- files
 
-def policy_toml(keys: Mapping[str, str]) -> str:
-    """The ratewarden policy: the keys' groups, ``GROUP_LIMITS`` per minute (sliding window, the
+def policy_toml(keys: Mapping[str, str], limits: Mapping[str, int] = GROUP_LIMITS) -> str:
+    """The ratewarden policy: the keys' groups, ``limits`` per minute (sliding window, the
     default), and the capacity key's group with a limit never reached; one tiered rule on every path."""
     lines = ["# ratewarden bench --gateway: seed 003's tiers", "version = 1", "", "[settings]",
              'algorithm = "sliding_window"', "", "[identity]", 'sources = ["header:X-API-Key"]',
              'unknown_group = "basic"', 'anonymous_group = "basic"', "", "[identity.keys]",
              f'"{BULK_KEY}" = "{BULK_GROUP}"']
     lines += [f'"{key}" = "{group}"' for key, group in keys.items()]
-    for group, limit in GROUP_LIMITS.items():
+    for group, limit in limits.items():
         lines += ["", f"[groups.{group}]", f'limits = "{limit}/min"']
     lines += ["", f"[groups.{BULK_GROUP}]", f'limits = "{_BULK_LIMIT}/min"', "", "[[rules]]", 'name = "api"',
               'path = "/**"', "tiered = true", ""]
@@ -147,7 +147,7 @@ def envoy_yaml() -> str:
         "  - key: api_key\n"
         "    rate_limit:\n"
         "      unit: minute\n"
-        f"      requests_per_unit: {GROUP_LIMITS['basic']}\n"
+        "      requests_per_unit: 20\n"
     )
 
 
@@ -222,10 +222,10 @@ backend app
 """
 
 
-def haproxy_maps(keys: Mapping[str, str]) -> dict[str, str]:
+def haproxy_maps(keys: Mapping[str, str], limits: Mapping[str, int] = GROUP_LIMITS) -> dict[str, str]:
     """``keys.map`` and ``limits.map`` for ``haproxy_native_conf``."""
     return {"keys.map": "".join(f"{k} {g}\n" for k, g in keys.items()),
-            "limits.map": "".join(f"{g} {limit}\n" for g, limit in GROUP_LIMITS.items())}
+            "limits.map": "".join(f"{g} {limit}\n" for g, limit in limits.items())}
 
 
 def haproxy_ratewarden_files(gateway: int, service: int, backend: int) -> dict[str, str]:
@@ -271,17 +271,17 @@ def nginx_plain_conf(gateway: int, backend: int) -> str:
     return _NGINX_HEAD.format(extra="", limits="", host=HOST, backend=backend, gateway=gateway)
 
 
-def nginx_limit_req_conf(gateway: int, backend: int) -> str:
+def nginx_limit_req_conf(gateway: int, backend: int, limits: Mapping[str, int] = GROUP_LIMITS) -> str:
     """nginx's own ``limit_req``: ``keys.nginx.map`` (API key -> group), one zone per group keyed by the
     API key (empty, so not counted, outside the group), ``rate=Lr/m burst=L-1 nodelay``."""
     extra = ["    map $http_x_api_key $rw_group {", "        default basic;", "        include keys.nginx.map;", "    }"]
-    limits = []
-    for group, limit in GROUP_LIMITS.items():
+    rules = []
+    for group, limit in limits.items():
         extra += [f"    map $rw_group ${group}_key {{", f"        {group} $http_x_api_key;", '        default "";',
                   "    }", f"    limit_req_zone ${group}_key zone={group}:1m rate={limit}r/m;"]
-        limits.append(f"            limit_req zone={group} burst={limit - 1} nodelay;\n")
+        rules.append(f"            limit_req zone={group} burst={limit - 1} nodelay;\n")
     extra += ["    limit_req_status 429;"]
-    return _NGINX_HEAD.format(extra="\n".join(extra), limits="".join(limits), host=HOST, backend=backend,
+    return _NGINX_HEAD.format(extra="\n".join(extra), limits="".join(rules), host=HOST, backend=backend,
                               gateway=gateway)
 
 

@@ -1,0 +1,164 @@
+"""``ratewarden bench --gateway`` (bench.gateway): a tiny bounded run of every variant with real
+haproxy, nginx, wrk and ``ratewarden serve`` on loopback, asserting the structure and the exactness
+columns (never a timing); and the exactness verdicts on made-up samples."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratewarden.bench import gateway as g
+from ratewarden.bench.gateway_load import LoadResult, Plan, Sample
+
+LIMITS = {"premium": 12, "standard": 6, "basic": 3}
+PER_KEY = 15  # requests per key in the tiny run: every group goes over its limit
+
+
+def _have_all() -> bool:
+    return all(shutil.which(b) or Path(f"/usr/sbin/{b}").exists() for b in ("haproxy", "nginx")) \
+        and shutil.which("wrk") is not None
+
+
+needs_gateways = pytest.mark.skipif(not _have_all(), reason="needs haproxy, nginx and wrk")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[g.GatewayReport, Path]:
+    pytest.importorskip("grpc")
+    if not _have_all():
+        pytest.skip("needs haproxy, nginx and wrk")
+    opts = g.GatewayOptions(rounds=1, warmup=0, requests=PER_KEY * 3, workers=5, rate=0.0, max_seconds=20.0,
+                            keys_per_group=1, limits=LIMITS, capacity=True, capacity_seconds=1.0,
+                            capacity_rounds=1, capacity_connections=4)
+    report = g.run(opts, log=lambda _: None)
+    out = tmp_path_factory.mktemp("gateway")
+    g.write(out, report)
+    return report, out
+
+
+@needs_gateways
+def test_every_variant_ran_with_the_seed_columns(tiny: tuple[g.GatewayReport, Path]) -> None:
+    report, _ = tiny
+    assert [v.key for v in report.variants] == list(g.VARIANTS)
+    for v in report.variants:
+        assert v.missing == "", (v.key, v.missing)
+        assert len(v.rounds) == 1
+        (rnd,) = v.rounds
+        assert rnd.requests == PER_KEY * 3 and rnd.unsent == 0
+        assert set(rnd.latency_ms) >= {"mean", "p95", "p99"}
+        assert rnd.rps > 0
+        assert [gr.group for gr in v.groups()] == list(g.GROUPS)
+        for gr in v.groups():
+            assert gr.requests == PER_KEY
+            assert gr.other == 0, (v.key, gr)
+            assert gr.admitted + gr.limited == gr.requests
+            assert gr.success_pct == pytest.approx(100.0 * gr.admitted / gr.requests)
+        for what in ("rps", "mean", "p95", "p99"):
+            low, mid = v.stat(what)  # type: ignore[misc]
+            assert low <= mid
+
+
+@needs_gateways
+def test_limiting_rows_are_exact_per_tier(tiny: tuple[g.GatewayReport, Path]) -> None:
+    report, _ = tiny
+    for v in report.variants:
+        for gr in v.groups():
+            if v.limiter in ("none", "floor"):
+                assert (gr.admitted, gr.limited, gr.limit, gr.exact) == (PER_KEY, 0, None, "—"), (v.key, gr)
+            else:  # exactly the limit admitted, the rest refused with 429
+                assert gr.limit == gr.expected == LIMITS[gr.group], (v.key, gr)
+                assert (gr.admitted, gr.limited) == (LIMITS[gr.group], PER_KEY - LIMITS[gr.group]), (v.key, gr)
+                assert gr.exact == "yes" and not gr.over_limit, (v.key, gr)
+        assert not v.over_limit
+    exact = [t for t in report.targets if t["target"] == "ratewarden rows exact per tier"]
+    assert exact and exact[0]["met"] is True
+
+
+@needs_gateways
+def test_capacity_rows_and_targets(tiny: tuple[g.GatewayReport, Path]) -> None:
+    report, _ = tiny
+    assert [(c.protocol, c.server) for c in report.capacity] == [
+        ("http", "floor"), ("grpc", "floor"), ("http", "ours"), ("grpc", "ours")]
+    for c in report.capacity:
+        assert c.missing == "" and len(c.rps_runs) == 1 and c.requests > 0, c
+        assert c.bad == 0, c  # every answer a 2xx / OK: the capacity key's limit is never reached
+    names = [t["target"] for t in report.targets]
+    assert names[:2] == ["HAProxy + ratewarden: added p99", "HAProxy + ratewarden: average latency"]
+    assert sum("service capacity" in n for n in names) == 4
+    for t in report.targets:
+        assert {"target", "rule", "ours", "floor", "met", "ours_min", "floor_min", "met_min"} <= set(t)
+        if t["unit"]:
+            assert t["ours"] is not None and t["floor"] is not None, t
+
+
+@needs_gateways
+def test_outputs(tiny: tuple[g.GatewayReport, Path]) -> None:
+    _, out = tiny
+    data = json.loads((out / "gateway.json").read_text())
+    assert [v["key"] for v in data["variants"]] == list(g.VARIANTS)
+    assert data["options"]["limits"] == LIMITS
+    with (out / "gateway.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(g.VARIANTS) * (len(g.GROUPS) + 1)
+    native = {r["group"]: r for r in rows if r["variant"] == "haproxy-native"}
+    assert native["basic"]["admitted"] == "3" and native["basic"]["limit"] == "3" and native["basic"]["exact"] == "yes"
+    assert native["all"]["over_limit"] == "False"
+    with (out / "gateway-capacity.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 4
+    md = (out / "gateway.md").read_text()
+    for needle in ("## Targets", "admitted / limit", "success rate", "| basic | 15 |", "Service capacity"):
+        assert needle in md
+    html = (out / "gateway.html").read_text()
+    assert "<svg" in html and "<script" not in html
+
+
+def _result(oks: list[int], n: int) -> tuple[Plan, LoadResult]:
+    """Made-up answers: key i (one per group) got ``oks[i]`` 200s, then 429s, of ``n`` each."""
+    plan = Plan(g.keys_for("x", 0, 1), n * 3)
+    res = LoadResult(seconds=1.0)
+    for k, ok in enumerate(oks):
+        res.samples += [Sample(k, 200 if i < ok else 429, 0.001) for i in range(n)]
+    return plan, res
+
+
+def test_exactness_verdicts() -> None:
+    limits = {"premium": 10, "standard": 5, "basic": 2}
+    rw = g.VARIANTS["haproxy-ratewarden"]
+    plan, res = _result([10, 4, 3], 12)  # exact, under, over
+    row = g.round_row(0, rw, plan, res, limits)
+    verdicts = {gr.group: gr.exact for gr in row.groups}
+    assert verdicts == {"premium": "yes", "standard": "NO", "basic": "⚠ over"}
+    assert [gr.over_limit for gr in row.groups] == [False, False, True]
+    plan, res = _result([8, 5, 2], 8)  # fewer requests than the premium limit: all of them is exact
+    assert all(gr.exact == "yes" for gr in g.round_row(0, rw, plan, res, limits).groups)
+    # nginx limit_req leaks: 60 r/m over a 1 s run lets one more through, "within", not over
+    leaky = g.VARIANTS["nginx-limit_req"]
+    plan, res = _result([12, 5, 2], 12)
+    row = g.round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
+    assert row.groups[0].exact == "yes"
+    plan, res = _result([12, 6, 2], 12)
+    row = g.round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
+    assert row.groups[1].exact == "⚠ over"  # 5 r/m leaks nothing in 1 s
+    none = g.round_row(0, g.VARIANTS["haproxy"], *_result([12, 12, 12], 12))
+    assert [gr.exact for gr in none.groups] == ["—"] * 3 and none.groups[0].limit is None
+
+
+def test_nginx_leaky_bucket_within() -> None:
+    leaky = g.VARIANTS["nginx-limit_req"]
+    plan, res = _result([61, 5, 2], 70)
+    res.seconds = 2.0  # 60 r/m leaks 2 more in 2 s: 61 admitted is within its allowance of 62
+    row = g.round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
+    assert row.groups[0].exact == "within" and row.groups[0].allowance == 62 and not row.groups[0].over_limit
+
+
+def test_cli_rejects_an_unknown_variant(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ratewarden.cli", "bench", "--gateway", "--gateway-variants",
+                           "haproxy,nope", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown --gateway-variants nope" in proc.stderr
