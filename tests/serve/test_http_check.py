@@ -202,6 +202,32 @@ async def test_json_check_client_field_trusted_only_from_proxies() -> None:
     assert Counter(results) == {True: 3, False: 2}
 
 
+async def test_json_check_cost_charges_the_same_counts(client: httpx.AsyncClient) -> None:
+    """``cost`` multiplies the rules' charge, all or nothing, on the counts /check uses."""
+    headers = {"X-API-Key": "pk-alice"}
+    assert Counter([(await client.get("/check", headers=_original("/api/a", **headers))).status_code for _ in range(5)]) == {200: 5}
+
+    async def json_check(cost: float) -> dict[str, object]:
+        answer = await client.post("/v1/check", json={"path": "/api/a", "headers": headers, "cost": cost})
+        result: dict[str, object] = answer.json()
+        return result
+
+    assert [(r["allowed"], r["remaining"]) for r in [await json_check(30) for _ in range(3)]] == [
+        (True, 65), (True, 35), (True, 5)
+    ]
+    refused = await json_check(6)
+    assert refused["allowed"] is False and refused["status"] == 429
+    peek = await json_check(0)
+    assert peek["allowed"] is True and peek["remaining"] == 5
+    assert (await json_check(5))["allowed"] is True
+    assert (await client.get("/check", headers=_original("/api/a", **headers))).status_code == 429
+    concurrent = await asyncio.gather(*(
+        client.post("/v1/check", json={"path": "/api/a", "headers": {"X-API-Key": "sk-bob"}, "cost": 3})
+        for _ in range(20)
+    ))
+    assert Counter(a.json()["allowed"] for a in concurrent) == {True: 6, False: 14}  # 6 x 3 = 18 of 20
+
+
 @pytest.mark.parametrize(
     ("body", "status", "words"),
     [
@@ -211,7 +237,9 @@ async def test_json_check_client_field_trusted_only_from_proxies() -> None:
         (b'{"path": "/a", "headers": []}', 400, "'headers' must be a object"),
         (b'{"path": "/a", "headers": {"X": 1}}', 400, "header 'X' must be a string"),
         (b'{"path": "/a", "client": "not-an-ip"}', 400, "IP address"),
-        (b'{"path": "/a", "cost": 3}', 400, "'cost' must be 1"),
+        (b'{"path": "/a", "cost": -1}', 400, "'cost' must be a number from 0"),
+        (b'{"path": "/a", "cost": "2"}', 400, "'cost' must be a number from 0"),
+        (b'{"path": "/a", "cost": 1e9}', 400, "'cost' must be a number from 0"),
         (b'{"path": "a"}', 400, "must start with '/'"),
         (b'{"path": "/a", "method": "G E T"}', 400, "method"),
         (b"\xff\xfe", 400, "not valid JSON"),
@@ -263,10 +291,15 @@ async def test_apply_policy_swaps_the_limits(tmp_path: Path) -> None:
     async with await _client(app) as c:
         headers = _original("/api/a", **{"X-API-Key": "swap-1"})
         assert (await _statuses(c, 4, headers=headers)) == {200: 4}
+        costed = {"path": "/api/a", "headers": {"X-API-Key": "swap-3"}, "cost": 2}
+        assert (await c.post("/v1/check", json=costed)).json()["remaining"] == 3
         file = tmp_path / "p.toml"
         file.write_text(POLICY.replace('limits = "5/hour"', 'limits = "1/hour"'))
         app.apply_policy(load_policy(file))
         assert (await _statuses(c, 3, headers=_original("/api/a", **{"X-API-Key": "swap-2"}))) == {200: 1, 429: 2}
+        costed["headers"] = {"X-API-Key": "swap-4"}
+        refused = (await c.post("/v1/check", json=costed)).json()
+        assert refused["allowed"] is False and refused["limit"] == 1  # the costed checks follow the reload
 
 
 async def test_healthz_and_metrics() -> None:

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -28,10 +29,12 @@ from ..limiter import Limiter
 from ..metrics import Metrics
 from ..policy.asgi import PolicyMiddleware
 from ..policy.schema import Policy
+from ..policy.tiers import PolicyRule
+from ..rules import Rule
 from ..store_health import innermost, probe_store, store_problem
 from ..types import Message, Receive, Scope, Send
 
-__all__ = ["DEFAULT_TRUSTED", "MAX_BODY", "ServeApp", "parse_networks"]
+__all__ = ["DEFAULT_TRUSTED", "MAX_BODY", "MAX_COST", "ServeApp", "costed_policy", "parse_networks"]
 
 log = logging.getLogger("ratewarden.serve")
 
@@ -89,6 +92,40 @@ async def _no_body() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
+_COST_KEY = "ratewarden.serve.cost"  # in the rewritten scope's state: the JSON check's cost
+#: The largest ``cost`` a JSON check may ask for.
+MAX_COST = 1_000_000
+
+
+def _scaled(rule: Rule) -> Rule:
+    """``rule`` with its cost multiplied by the check's ``cost`` (read from the scope's state)."""
+    base = rule.cost
+
+    def cost(scope: Scope) -> float:
+        own = base(scope) if callable(base) else base
+        return float(own) * float(scope["state"].get(_COST_KEY, 1))
+
+    common: dict[str, Any] = {
+        "name": rule.name, "methods": rule.methods, "algorithm": rule.algorithm, "shadow": rule.shadow, "cost": cost,
+    }
+    if isinstance(rule, PolicyRule):
+        if rule.tiers is not None:
+            return PolicyRule(rule.path, tiers=rule.tiers, delay=rule.delay, charge=rule.charge, **common)
+        return PolicyRule(rule.path, rule.rate, key=rule.key, delay=rule.delay, charge=rule.charge, **common)
+    return Rule(rule.path, rule.rate, key=rule.key, **common)
+
+
+def costed_policy(policy: Policy) -> Policy:
+    """``policy`` whose rules charge a check's ``cost`` times their own (bypass rules unchanged): the
+    same names, limits and keys, so the same counts.
+
+    Args:
+        policy: A validated policy.
+    """
+    rules = [rule if rule.bypass or rule.websocket else _scaled(rule) for rule in policy.rules]
+    return replace(policy, rules=rules)
+
+
 class _BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -124,6 +161,7 @@ class ServeApp:
         self._trust_cache: dict[str, bool] = {}
         self._address_cache: dict[str, str | None] = {}  # header value -> its address (None: not one)
         self.policy_app: PolicyMiddleware | None = None
+        self._costed_app: PolicyMiddleware | None = None  # for JSON checks whose cost is not 1, built on demand
         self._header_style: HeaderStyle = header_style
         if policy is not None:
             self.apply_policy(policy)
@@ -135,11 +173,21 @@ class ServeApp:
             policy: A validated policy.
         """
         if self.policy_app is None:
-            self.policy_app = PolicyMiddleware(
-                _allow, self.limiter, policy=policy, metrics=self.metrics, header_style=self._header_style
-            )
+            self.policy_app = self._middleware(policy)
         else:
             self.policy_app.apply(policy)
+        if self._costed_app is not None:
+            self._costed_app.apply(costed_policy(policy))
+
+    def _middleware(self, policy: Policy) -> PolicyMiddleware:
+        return PolicyMiddleware(_allow, self.limiter, policy=policy, metrics=self.metrics, header_style=self._header_style)
+
+    def _costed(self) -> PolicyMiddleware:
+        """The policy middleware for checks whose cost is not 1 (a rule's cost function reads it)."""
+        if self._costed_app is None:
+            assert self.policy_app is not None and self.policy_app.policy is not None
+            self._costed_app = self._middleware(costed_policy(self.policy_app.policy))
+        return self._costed_app
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -234,12 +282,14 @@ class ServeApp:
     # -- running the policy --------------------------------------------------------------------
 
     async def _decide(
-        self, scope: Scope, method: str, uri: str, headers: _Headers, client: str | None, scheme: str
+        self, scope: Scope, method: str, uri: str, headers: _Headers, client: str | None, scheme: str, cost: float = 1
     ) -> tuple[int, _Headers, bytes, Any]:
         """Run the policy on the described request: its status, headers, body and context."""
         policy_app = self.policy_app
         if policy_app is None:
             raise _BadRequest(404, "no ratewarden policy file is loaded: start ratewarden serve with one")
+        if cost != 1:
+            policy_app = self._costed()
         if not uri.startswith("/"):
             raise _BadRequest(400, f"the original URI must start with '/', got {uri[:100]!r}")
         raw_path, _, query = uri.partition("?")
@@ -258,7 +308,7 @@ class ServeApp:
             "headers": headers,
             "client": (client, 0) if client is not None else None,
             "server": scope.get("server"),
-            "state": {},
+            "state": {_COST_KEY: cost} if cost != 1 else {},
         }
         answer: dict[str, Any] = {"status": 500, "headers": [], "body": b""}
 
@@ -304,8 +354,8 @@ class ServeApp:
         raw_headers = _field(data, "headers", dict, {})
         stated = _field(data, "client", str, None)
         cost = data.get("cost", 1)
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost != 1:
-            raise _BadRequest(400, "'cost' must be 1 (set a rule's cost in the policy file)")
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost <= MAX_COST:
+            raise _BadRequest(400, f"'cost' must be a number from 0 to {MAX_COST}, got {json.dumps(cost)[:40]}")
         headers: _Headers = []
         for name, value in raw_headers.items():
             if not isinstance(value, str):
@@ -314,7 +364,7 @@ class ServeApp:
         if stated is not None and _address(stated) is None:
             raise _BadRequest(400, f"'client' must be an IP address, got {stated[:60]!r}")
         client = self._client(scope, {}, stated)
-        status, out, _, ctx = await self._decide(scope, method, path, headers, client, "http")
+        status, out, _, ctx = await self._decide(scope, method, path, headers, client, "http", cost)
         decision = getattr(ctx, "decision", None)
         result: dict[str, Any] = {
             "allowed": status < 400,
