@@ -149,6 +149,28 @@ def test_two_workers_exact_on_the_shared_memory_default(tmp_path: Path, serve: A
     assert not table.exists()  # the run's table is removed with it
 
 
+def test_two_workers_on_redis_exact_then_never_unlimited_while_it_is_down(
+    tmp_path: Path, serve: Any, redis_standalone: Any
+) -> None:
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour").replace('name = "api"', f'name = "serve-cli-{os.getpid()}"'))
+    server = serve(str(policy), "--workers", "2", "--store", redis_standalone.url).ready(workers=2)
+    assert server.events("started")[0]["store"].startswith("redis://")
+    assert asyncio.run(_checks(server.url, 150, "pk-alice")) == {200: 100, 429: 50}
+    redis_standalone.stop()
+    try:
+        wait_until(lambda: httpx.get(f"{server.url}/healthz", timeout=10).status_code == 503, 20, "/healthz 503")
+        assert "store unavailable" in httpx.get(f"{server.url}/healthz", timeout=10).text
+        down = asyncio.run(_checks(server.url, 300, "trial-down"))
+    finally:
+        redis_standalone.start()
+    # each worker's insurance limiter admits at most the basic limit (5): never unlimited, never a 5xx
+    assert set(down) <= {200, 429} and 5 <= down[200] <= 10, down
+    wait_until(lambda: httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200, 20, "/healthz 200 again")
+    assert asyncio.run(_checks(server.url, 8, "trial-back")) == {200: 5, 429: 3}
+    assert server.stop() == 0
+
+
 def test_sighup_reloads_every_worker(tmp_path: Path, serve: Any) -> None:
     policy = tmp_path / "policy.toml"
     _write(policy, POLICY.replace("{basic}", "5/hour"))
