@@ -672,15 +672,15 @@ def _method(report: GatewayReport) -> str:
             f"after {o['max_seconds']:g} s), {o['keys_per_group']} fresh API keys per group per round, PUT (1 KiB) "
             f"and GET alternating; limits per key: {limits}; {o['warmup']} warm-up + {o['rounds']} timed rounds, "
             f"variants interleaved (order rotated each round). Backend: nginx `return 200`. ratewarden: "
-            f"{report.service or '-'}, memory store. Capacity: 1 worker each, server and client on different "
+            f"{report.service or '-'}. Capacity: 1 worker each, server and client on different "
             f"cores, {o['capacity_connections']} connections / concurrent calls, {o['capacity_rounds']} rounds "
             f"of {o['capacity_seconds']:g} s, interleaved.")
 
 
 def summary(report: GatewayReport) -> str:
     """The terminal summary: targets, the variants, capacity (Markdown tables)."""
-    return "\n\n".join([_md(target_table(report.targets)), _md(variant_table(report)), _md(capacity_table(report))]
-                       + [line for line in (report.meta.get("load", ""),) if line])
+    tables = [target_table(report.targets), variant_table(report)] + ([capacity_table(report)] if report.capacity else [])
+    return "\n\n".join([_md(t) for t in tables] + [line for line in (report.meta.get("load", ""),) if line])
 
 
 def _meta_lines(report: GatewayReport) -> list[str]:
@@ -694,7 +694,8 @@ def markdown(report: GatewayReport) -> str:
     for v in report.variants:
         if v.rounds:
             parts += [f"### {v.title} (`{v.key}`), summed over {len(v.rounds)} rounds", "", _md(group_table(v)), ""]
-    parts += ["## Service capacity", "", _md(capacity_table(report)), ""]
+    if report.capacity:
+        parts += ["## Service capacity", "", _md(capacity_table(report)), ""]
     over = [v.title for v in report.variants if v.over_limit]
     if over:
         parts += [f"⚠ over the limit: {', '.join(over)}", ""]
@@ -735,7 +736,8 @@ def html(report: GatewayReport) -> str:
     parts += [f'<div class="chart">{c}</div>' for c in charts[:1]]
     for v in live:
         parts += [f"<h3>{escape(v.title)}</h3>", _html_table(group_table(v))]
-    parts += ["<h2>Service capacity</h2>", _html_table(capacity_table(report))]
+    if report.capacity:
+        parts += ["<h2>Service capacity</h2>", _html_table(capacity_table(report))]
     parts += [f'<div class="chart">{c}</div>' for c in charts[1:]]
     parts.append("</body></html>")
     return "\n".join(parts)
