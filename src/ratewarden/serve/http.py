@@ -17,6 +17,7 @@ import ipaddress
 import json
 import logging
 import math
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -163,6 +164,7 @@ class ServeApp:
         self.policy_app: PolicyMiddleware | None = None
         self._costed_app: PolicyMiddleware | None = None  # for JSON checks whose cost is not 1, built on demand
         self._header_style: HeaderStyle = header_style
+        self._lock = threading.Lock()
         if policy is not None:
             self.apply_policy(policy)
 
@@ -172,22 +174,27 @@ class ServeApp:
         Args:
             policy: A validated policy.
         """
-        if self.policy_app is None:
-            self.policy_app = self._middleware(policy)
-        else:
-            self.policy_app.apply(policy)
-        if self._costed_app is not None:
-            self._costed_app.apply(costed_policy(policy))
+        with self._lock:  # reloads run in a thread; the costed middleware must follow every one
+            if self.policy_app is None:
+                self.policy_app = self._middleware(policy)
+            else:
+                self.policy_app.apply(policy)
+            if self._costed_app is not None:
+                self._costed_app.apply(costed_policy(policy))
 
     def _middleware(self, policy: Policy) -> PolicyMiddleware:
         return PolicyMiddleware(_allow, self.limiter, policy=policy, metrics=self.metrics, header_style=self._header_style)
 
     def _costed(self) -> PolicyMiddleware:
         """The policy middleware for checks whose cost is not 1 (a rule's cost function reads it)."""
-        if self._costed_app is None:
-            assert self.policy_app is not None and self.policy_app.policy is not None
-            self._costed_app = self._middleware(costed_policy(self.policy_app.policy))
-        return self._costed_app
+        costed = self._costed_app
+        if costed is None:
+            with self._lock:
+                assert self.policy_app is not None and self.policy_app.policy is not None
+                if self._costed_app is None:
+                    self._costed_app = self._middleware(costed_policy(self.policy_app.policy))
+                costed = self._costed_app
+        return costed
 
     # -- dispatch ------------------------------------------------------------------------------
 
