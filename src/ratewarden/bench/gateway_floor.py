@@ -53,11 +53,18 @@ def _server(sock: socket.socket) -> Any:
     return make(floor_app, sock)
 
 
+def _bind(port: int) -> socket.socket:
+    """The listening socket as ``ratewarden serve`` binds it (``serve.process._bind``: IPPROTO_TCP, so
+    asyncio sets TCP_NODELAY on its connections)."""
+    from ..serve import process
+
+    bind: Any = process._bind
+    sock: socket.socket = bind("127.0.0.1", port)
+    return sock
+
+
 async def _serve(http_port: int, grpc_port: int) -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", http_port))
-    sock.listen(2048)
+    sock = _bind(http_port)
     server = _server(sock)
     grpc_server: Any = None
     if grpc_port:
