@@ -293,6 +293,24 @@ def test_start_up_errors_exit_2(tmp_path: Path) -> None:
     assert zero.returncode == 2
     address = run(str(broken), "--grpc", "nowhere")
     assert address.returncode == 2 and "HOST:PORT" in address.stderr
+    fine = tmp_path / "fine.toml"
+    fine.write_text(POLICY.replace("{basic}", "5/hour"))
+    store = run(str(fine), "--store", "bogus://somewhere")
+    assert store.returncode == 2 and "unsupported store URL" in store.stderr
+
+
+def test_the_policy_settings_store_is_used(tmp_path: Path, serve: Any) -> None:
+    name = f"serve-cli-settings-{os.getpid()}"
+    policy = tmp_path / "policy.toml"
+    settings = f'version = 1\n\n[settings]\nstore = "shm://{name}"\n'
+    _write(policy, POLICY.replace("version = 1\n", settings).replace("{basic}", "5/hour"))
+    try:
+        server = serve(str(policy), "--workers", "2").ready(workers=2)
+        assert server.events("started")[0]["store"] == f"shm://{name}"
+        assert asyncio.run(_checks(server.url, 12, "t1")) == {200: 5, 429: 7}
+        assert server.stop() == 0
+    finally:
+        (Path("/dev/shm") / f"ratewarden-{name}.shm").unlink(missing_ok=True)
 
 
 def test_envoy_config_serves_grpc_and_json(tmp_path: Path, serve: Any) -> None:

@@ -31,6 +31,7 @@ from ..policy.loader import load_policy
 from ..policy.reload import PolicyReloader
 from ..policy.schema import Policy
 from ..stores import open_store
+from ..stores.urls import check_store_url
 from .http import DEFAULT_TRUSTED, ServeApp, parse_networks
 
 __all__ = ["ServeConfig", "configure_logging", "envoy_files", "run"]
@@ -356,17 +357,22 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _check(config: ServeConfig) -> None:
-    """Validate everything before binding or forking: a broken file is an error at start-up."""
+def _check(config: ServeConfig) -> str | None:
+    """Validate everything before binding or forking (a broken file is an error at start-up); the
+    store URL: ``--store``, else the policy's ``settings.store``, else ``None`` (the default)."""
     if config.policy is None and not config.envoy:
         raise ConfigurationError("nothing to serve: give a ratewarden policy file and/or Envoy ratelimit YAML")
     if config.workers < 1:
         raise ConfigurationError(f"--workers must be at least 1, got {config.workers}")
     parse_networks(config.trusted_proxies)
+    store = config.store
     if config.policy is not None:
-        load_policy(config.policy)
+        store = store or load_policy(config.policy).store
     if config.envoy:
         _load_envoy(config.envoy)
+    if store is not None:
+        check_store_url(store)
+    return store
 
 
 def run(config: ServeConfig) -> int:
@@ -377,13 +383,12 @@ def run(config: ServeConfig) -> int:
     """
     configure_logging(config.log_format, config.log_level)
     try:
-        _check(config)
+        store_url = _check(config)
         sock = _bind(*config.http)
     except (ConfigurationError, OSError, ImportError) as exc:
         _event(logging.ERROR, "config_error", str(exc))
         return 2
     shm: Any = None
-    store_url = config.store
     if store_url is None:
         if config.workers == 1:
             store_url = "memory://"
