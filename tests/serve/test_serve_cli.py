@@ -401,3 +401,27 @@ def test_docs_envoy_json_runs(tmp_path: Path) -> None:
     script = next(b for b in _blocks("bash") if "/json" in b)
     answer = json.loads(_shell(script, tmp_path).splitlines()[0])
     assert answer["overallCode"] == "OK"
+
+
+def test_files_are_sorted_into_the_policy_and_envoy_configurations(tmp_path: Path) -> None:
+    from ratewarden.errors import ConfigurationError
+    from ratewarden.serve.process import envoy_files, parse_address
+
+    root = DOC.parents[1]
+    (tmp_path / "envoy").mkdir()
+    (tmp_path / "envoy" / "a.yaml").write_text(ENVOY)
+    (tmp_path / "envoy" / "notes.txt").write_text("not read")
+    single = tmp_path / "b.yml"
+    single.write_text(ENVOY.replace("cli_test", "other"))
+    policy, envoy = envoy_files([root / "examples" / "policy.yaml", tmp_path / "envoy", single])
+    assert policy == root / "examples" / "policy.yaml"
+    assert envoy == [tmp_path / "envoy" / "a.yaml", single]
+    with pytest.raises(ConfigurationError, match="only one ratewarden policy file"):
+        envoy_files([root / "examples" / "policy.yaml", root / "examples" / "policy.toml"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigurationError, match=r"no \.yaml or \.yml file"):
+        envoy_files([tmp_path / "empty"])
+    assert parse_address("[::1]:9000", "--http") == ("::1", 9000)
+    assert parse_address(":8080", "--http") == ("0.0.0.0", 8080)
+    with pytest.raises(ConfigurationError, match="HOST:PORT"):
+        parse_address("127.0.0.1:99999", "--http")
