@@ -329,15 +329,25 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
         (bdir / "nginx.conf").write_text(gp.backend_conf(backend_port))
         start("backend", gp.nginx_command(bdir, bins["nginx"]), backend_port, bdir)
         service_port = floor_port = 0
+        down: dict[str, str] = {}  # limiter -> why its service is not there (its variants are reported missing)
         if any(s.limiter == "ratewarden" for s in specs):
             service_port = gp.free_port()
-            start("ratewarden", gp.serve_command([policy], service_port), service_port)
-            service_desc = "ratewarden serve --workers 1 (memory store)"
+            try:
+                start("ratewarden", gp.serve_command([policy], service_port), service_port)
+                service_desc = "ratewarden serve --workers 1 (memory store)"
+            except BenchError as exc:
+                down["ratewarden"] = f"ratewarden serve did not start: {exc}"
         if any(s.limiter == "floor" for s in specs):
             floor_port = gp.free_port()
-            start("floor", gp.floor_command(floor_port), floor_port)
+            try:
+                start("floor", gp.floor_command(floor_port), floor_port)
+            except BenchError as exc:
+                down["floor"] = f"the floor service did not start: {exc}"
         ports: dict[str, int] = {}
         for s in specs:
+            if s.limiter in down:
+                rows[specs.index(s)].missing = down[s.limiter]
+                continue
             port = gp.free_port()
             d = root / s.key
             d.mkdir()
