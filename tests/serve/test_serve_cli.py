@@ -143,6 +143,11 @@ def test_two_workers_exact_on_the_shared_memory_default(tmp_path: Path, serve: A
     assert len({e["pid"] for e in server.events("worker_started")}) == 2
     assert asyncio.run(_checks(server.url, 150, "pk-alice")) == {200: 100, 429: 50}
     assert asyncio.run(_checks(server.url, 12, "trial-1")) == {200: 5, 429: 7}
+    for _ in range(4):  # whichever worker answers, /metrics shows the totals over both
+        metrics = httpx.get(f"{server.url}/metrics", headers={"Connection": "close"}).text
+        assert 'ratewarden_requests_allowed_total{group="premium",rule="api.premium"} 100.0' in metrics
+        assert 'ratewarden_requests_limited_total{group="basic",rule="api.basic"} 7.0' in metrics
+        assert "ratewarden_checks_without_store_total" in metrics
     assert server.stop() == 0
     assert server.events("exited")
     table = Path("/dev/shm") / f"ratewarden-{started['store'].removeprefix('shm://')}.shm"

@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -143,6 +143,8 @@ class ServeApp:
         metrics: Decision metrics, shown at ``/metrics``; ``None`` for none.
         rls: Envoy's ``RateLimitService`` behind ``/json``; ``None`` for none.
         header_style: Which rate-limit headers answers carry (``"both"``, ``"ietf"``, ``"legacy"``).
+        exposition: What ``/metrics`` shows; the default ``None`` is ``metrics.exposition()`` (workers
+            replace it by the total over every worker).
     """
 
     def __init__(
@@ -154,8 +156,10 @@ class ServeApp:
         metrics: Metrics | None = None,
         rls: Any = None,
         header_style: HeaderStyle = "both",
+        exposition: Callable[[], bytes] | None = None,
     ) -> None:
         self.limiter = limiter
+        self.exposition = exposition
         self.metrics = metrics
         self.rls = rls
         self.trusted = parse_networks(trusted_proxies)
@@ -423,7 +427,7 @@ class ServeApp:
     async def _metrics(self, send: Send) -> None:
         if self.metrics is None:
             raise _BadRequest(404, "metrics need prometheus-client: pip install 'ratewarden[metrics]'")
-        body = self.metrics.exposition()
+        body = self.exposition() if self.exposition is not None else self.metrics.exposition()
         await _send(send, 200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
 
 

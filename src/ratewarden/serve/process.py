@@ -16,9 +16,11 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +211,43 @@ def _metrics() -> Any:
     return Metrics()
 
 
+_MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def _shared_metrics_directory() -> str | None:
+    """For several workers: a directory where prometheus-client keeps every worker's counters (set
+    in the environment before any worker imports it), so ``/metrics`` shows their totals."""
+    if os.environ.get(_MULTIPROCESS) or importlib.util.find_spec("prometheus_client") is None:
+        return None
+    directory = tempfile.mkdtemp(prefix="ratewarden-serve-metrics-")
+    os.environ[_MULTIPROCESS] = directory
+    return directory
+
+
+def _total_exposition(metrics: Any) -> Callable[[], bytes]:
+    """``/metrics`` for workers: every worker's counters and histograms summed (prometheus-client's
+    multiprocess mode), then this worker's own collectors (store caches, checks without the store)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    class Families:
+        def __init__(self, families: list[Any]) -> None:
+            self.families = families
+
+        def collect(self) -> list[Any]:
+            return self.families
+
+    def exposition() -> bytes:
+        shared = CollectorRegistry()
+        MultiProcessCollector(shared)  # type: ignore[no-untyped-call, unused-ignore]
+        families = list(shared.collect())
+        summed = {family.name for family in families}
+        families += [family for family in metrics.registry.collect() if family.name not in summed]
+        return bytes(generate_latest(Families(families)))  # type: ignore[arg-type, unused-ignore]
+
+    return exposition
+
+
 class Worker:
     """One worker process: the app, its reloads and its servers."""
 
@@ -218,8 +257,10 @@ class Worker:
         self.metrics = _metrics()
         policy = load_policy(config.policy) if config.policy is not None else None
         self.rls = _rate_limit_service(_load_envoy(config.envoy), self.limiter) if config.envoy else None
+        shared = self.metrics is not None and bool(os.environ.get(_MULTIPROCESS)) and config.workers > 1
         self.app = ServeApp(
-            self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls
+            self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls,
+            exposition=_total_exposition(self.metrics) if shared else None,
         )
         self.reloader = PolicyReloader(config.policy, self._apply, interval=config.watch or 1.0) if config.policy else None
         self._envoy_signature = self._signature()
@@ -406,7 +447,12 @@ def run(config: ServeConfig) -> int:
     try:
         if config.workers == 1:
             return _run_worker(config, sock, store_url)
-        return _supervise(config, sock, store_url)
+        metrics_directory = _shared_metrics_directory()
+        try:
+            return _supervise(config, sock, store_url)
+        finally:
+            if metrics_directory is not None:
+                shutil.rmtree(metrics_directory, ignore_errors=True)
     finally:
         sock.close()
         if shm is not None:
