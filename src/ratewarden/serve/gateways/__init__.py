@@ -34,7 +34,14 @@ def names() -> list[str]:
 def config_text(name: str, **ports: int) -> str:
     """The shipped file ``name`` with the given roles' ports in place of the defaults.
 
-    Raises ``KeyError`` for an unknown file and ``TypeError`` for an unknown role.
+    Args:
+        name: A shipped file's name (``names()``), e.g. ``"nginx.conf"``.
+        ports: Port by role (``gateway``, ``service``, ``grpc``, ``backend``); roles not given keep
+            their default.
+
+    Raises:
+        KeyError: No such shipped file.
+        TypeError: An unknown role.
     """
     unknown = sorted(set(ports) - set(DEFAULT_PORTS))
     if unknown:
@@ -52,7 +59,13 @@ def config_text(name: str, **ports: int) -> str:
 
 
 def write_configs(directory: str | Path, *files: str, **ports: int) -> dict[str, Path]:
-    """Write ``files`` (shipped names) into ``directory`` with ``ports``; their paths by name."""
+    """Write shipped files into a directory, with other ports; their paths by name.
+
+    Args:
+        directory: Where to write them (created if missing).
+        files: Shipped names, e.g. ``"haproxy.cfg", "ratewarden.lua"``.
+        ports: As for ``config_text``.
+    """
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     written = {}
