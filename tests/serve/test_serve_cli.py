@@ -282,6 +282,15 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path, serve: Any) 
     assert all(e["reason"] == "supervisor gone" for e in server.events("stopping"))
 
 
+def test_no_metrics(tmp_path: Path, serve: Any) -> None:
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    server = serve(str(policy), "--workers", "2", "--no-metrics").ready(workers=2)
+    answer = httpx.get(f"{server.url}/metrics")
+    assert answer.status_code == 404 and "--no-metrics" in answer.json()["error"]
+    assert server.stop() == 0
+
+
 def test_start_up_errors_exit_2(tmp_path: Path) -> None:
     broken = tmp_path / "broken.toml"
     broken.write_text(POLICY.replace("{basic}", "lots"))

@@ -46,6 +46,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--on-error", choices=("open", "closed"), default="open",
                         help="when the store fails: open = limit per worker, closed = answer 503 (default open)")
+    parser.add_argument("--no-metrics", action="store_true", help="keep no Prometheus metrics (/metrics answers 404)")
     parser.add_argument("--log-format", choices=("json", "text"), default="json", help="log lines (default json)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     parser.add_argument(
@@ -74,6 +75,7 @@ def _run(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             watch=args.watch,
             on_error=args.on_error,
+            metrics=not args.no_metrics,
         )
         if args.watch < 0:
             raise ConfigurationError(f"--watch must be 0 or more seconds, got {args.watch}")

@@ -426,7 +426,7 @@ class ServeApp:
 
     async def _metrics(self, send: Send) -> None:
         if self.metrics is None:
-            raise _BadRequest(404, "metrics need prometheus-client: pip install 'ratewarden[metrics]'")
+            raise _BadRequest(404, "no metrics: they need prometheus-client (pip install 'ratewarden[metrics]') and no --no-metrics")
         body = self.exposition() if self.exposition is not None else self.metrics.exposition()
         await _send(send, 200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
 

@@ -62,6 +62,7 @@ class ServeConfig:
     log_level: str = "info"
     watch: float = 1.0
     on_error: FailurePolicy = "open"
+    metrics: bool = True
 
 
 # -- logs ------------------------------------------------------------------------------------------
@@ -254,7 +255,7 @@ class Worker:
     def __init__(self, config: ServeConfig, store_url: str) -> None:
         self.config = config
         self.limiter = Limiter(open_store(store_url), on_error=config.on_error)
-        self.metrics = _metrics()
+        self.metrics = _metrics() if config.metrics else None
         policy = load_policy(config.policy) if config.policy is not None else None
         self.rls = _rate_limit_service(_load_envoy(config.envoy), self.limiter) if config.envoy else None
         shared = self.metrics is not None and bool(os.environ.get(_MULTIPROCESS)) and config.workers > 1
@@ -447,7 +448,7 @@ def run(config: ServeConfig) -> int:
     try:
         if config.workers == 1:
             return _run_worker(config, sock, store_url)
-        metrics_directory = _shared_metrics_directory()
+        metrics_directory = _shared_metrics_directory() if config.metrics else None
         try:
             return _supervise(config, sock, store_url)
         finally:
