@@ -303,6 +303,24 @@ def test_tiers_are_held_exactly_per_api_key(stack: Stack) -> None:
     assert (status, headers["x-ratelimit-remaining"]) == (429, "0")
 
 
+def test_clients_cannot_describe_their_own_request(stack: Stack) -> None:
+    """What the gateway tells the service (client address, method, URI) is the gateway's own: 20
+    key-less requests, each claiming another address and an unlimited path, count as what they
+    are, one client (127.0.0.1, the anonymous group's 8) on /api/objects."""
+
+    def spoofed(i: int) -> int:
+        claims = {
+            "X-Real-IP": f"10.0.0.{i}", "X-Forwarded-For": f"10.0.1.{i}",
+            "X-Original-URI": "/ready", "X-Original-Method": "OPTIONS",
+            "X-Forwarded-Uri": "/ready", "X-Forwarded-Method": "OPTIONS",
+        }
+        return request(stack.port, "GET", "/api/objects", claims)[0]
+
+    with ThreadPoolExecutor(20) as pool:
+        statuses = list(pool.map(spoofed, range(20)))
+    assert (statuses.count(200), statuses.count(429)) == (8, 12), statuses
+
+
 # --- the service goes down ---------------------------------------------------------------------
 
 
@@ -402,5 +420,8 @@ def test_traefik_configuration_is_forward_auth_to_the_check_api() -> None:
     auth = http_config["middlewares"]["ratewarden"]["forwardAuth"]
     assert auth["address"] == "http://127.0.0.1:18080/check"
     assert {"RateLimit", "RateLimit-Policy", "X-RateLimit-Remaining"} <= set(auth["authResponseHeaders"])
+    # Only the credentials pass: a client's own X-Real-IP or X-Original-URI would be believed.
+    assert auth["authRequestHeaders"] == ["X-API-Key", "Authorization"]
+    assert auth["trustForwardHeader"] is False
     assert http_config["routers"]["api"]["middlewares"] == ["ratewarden"]
     assert http_config["services"]["app"]["loadBalancer"]["servers"] == [{"url": "http://127.0.0.1:19000"}]

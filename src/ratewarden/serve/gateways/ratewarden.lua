@@ -19,12 +19,15 @@
 
 local TIMEOUT_MS = 1000  -- the whole check: connect, send, answer
 
--- Headers not forwarded to the check: hop-by-hop ones and those describing the client's body
--- (the check is sent without one).
+-- Client headers not forwarded to the check: hop-by-hop ones, those describing the client's body
+-- (the check is sent without one), and those describing the request, which are HAProxy's (a
+-- client's own would be believed).
 local SKIP = {
     ["connection"] = true, ["keep-alive"] = true, ["proxy-connection"] = true, ["te"] = true,
     ["trailer"] = true, ["transfer-encoding"] = true, ["upgrade"] = true, ["content-length"] = true,
     ["expect"] = true, ["x-original-method"] = true, ["x-original-uri"] = true, ["x-real-ip"] = true,
+    ["x-forwarded-for"] = true, ["x-forwarded-proto"] = true, ["x-forwarded-method"] = true,
+    ["x-forwarded-uri"] = true, ["forwarded"] = true,
 }
 
 -- The answer's headers kept for an allowed request, and the variable each goes to.
@@ -76,9 +79,13 @@ local function check(txn, url, on_failure)
             headers[name] = values(list)
         end
     end
+    local client = txn.f:src()
+    local tls = txn.f:ssl_fc()  -- a boolean fetch: Lua gets 0 or 1 (0 is true in Lua)
     headers["x-original-method"] = { txn.f:method() }
     headers["x-original-uri"] = { txn.f:url() }
-    headers["x-real-ip"] = { txn.f:src() }
+    headers["x-real-ip"] = { client }
+    headers["x-forwarded-for"] = { client }
+    headers["x-forwarded-proto"] = { (tls == true or tls == 1) and "https" or "http" }
 
     local ok, answer = pcall(function()
         return core.httpclient():get{ url = url, headers = headers, timeout = TIMEOUT_MS }
