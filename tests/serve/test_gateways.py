@@ -235,11 +235,22 @@ def stack(request: pytest.FixtureRequest, backend_port: int) -> Iterator[Stack]:
     gateway = request.param
     if shutil.which(gateway) is None:
         pytest.skip(f"{gateway} is not installed (scripts/install-system-deps.sh installs it)")
-    directory = Path(tempfile.mkdtemp(prefix=f"rw-{gateway}-"))
-    directory.chmod(0o755)  # nginx's workers run as nobody under root: its temp paths must be reachable
-    built = Stack(gateway, directory, backend_port)
+    for attempt in range(3):
+        directory = Path(tempfile.mkdtemp(prefix=f"rw-{gateway}-"))
+        directory.chmod(0o755)  # nginx's workers run as nobody under root: its temp paths must be reachable
+        built = Stack(gateway, directory, backend_port)
+        try:
+            built.start()
+            break
+        except RuntimeError:
+            logs = built.logs()
+            built.close()
+            shutil.rmtree(directory, ignore_errors=True)
+            # A free port taken by someone else before our server bound it: new ports.
+            if "in use" not in logs or attempt == 2:
+                print(logs)
+                raise
     try:
-        built.start()
         yield built
     except BaseException:
         print(built.logs())
