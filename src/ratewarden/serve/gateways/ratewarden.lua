@@ -48,36 +48,36 @@ local FRAMING = {
 local UNAVAILABLE = '{"type":"about:blank","title":"Service Unavailable","status":503,'
     .. '"detail":"the rate limit service did not answer"}\n'
 
--- Header values as a Lua list, whatever the first index (HAProxy's request headers count from 0).
+-- Header values as a Lua list (HAProxy's header tables count from 0).
 local function values(list)
-    local out = {}
-    local i = 0
-    if list[0] ~= nil then
-        out[1] = list[0]
-    end
+    local out = { list[0] }
     for _, v in ipairs(list) do
         out[#out + 1] = v
     end
     return out
 end
 
+-- One header's values, joined as HTTP joins repeated headers.
+local function joined(list)
+    if list[1] == nil then
+        return list[0]
+    end
+    return table.concat(values(list), ", ")
+end
+
 -- Whether a 5xx answer is the service's own (problem+json: a store outage under a closed
 -- policy), not one HAProxy's HTTP client made up after failing to reach it.
 local function from_service(answer)
-    for name, list in pairs(answer.headers or {}) do
-        if string.lower(name) == "content-type" then
-            return string.find(values(list)[1] or "", "application/problem+json", 1, true) ~= nil
-        end
-    end
-    return false
+    local list = answer.headers and answer.headers["content-type"]
+    return list ~= nil and string.find(list[0] or "", "application/problem+json", 1, true) ~= nil
 end
 
 local function check(txn, url, on_failure)
-    local headers = {}
-    for name, list in pairs(txn.http:req_get_headers()) do
-        if not SKIP[name] then
-            headers[name] = values(list)
-        end
+    -- The client's headers as HAProxy gives them (a fresh table), minus SKIP, plus the request's
+    -- own description.
+    local headers = txn.http:req_get_headers()
+    for name in pairs(SKIP) do
+        headers[name] = nil
     end
     local client = txn.f:src()
     local tls = txn.f:ssl_fc()  -- a boolean fetch: Lua gets 0 or 1 (0 is true in Lua)
@@ -87,16 +87,18 @@ local function check(txn, url, on_failure)
     headers["x-forwarded-for"] = { client }
     headers["x-forwarded-proto"] = { (tls == true or tls == 1) and "https" or "http" }
 
-    local ok, answer = pcall(function()
-        return core.httpclient():get{ url = url, headers = headers, timeout = TIMEOUT_MS }
-    end)
+    local http = core.httpclient()
+    local ok, answer = pcall(http.get, http, { url = url, headers = headers, timeout = TIMEOUT_MS })
     local status = ok and answer and tonumber(answer.status) or 0
 
     if status >= 200 and status < 300 then
-        for name, list in pairs(answer.headers or {}) do
-            local var = KEEP[string.lower(name)]
-            if var then
-                txn:set_var(var, table.concat(values(list), ", "))
+        local got = answer.headers
+        if got then
+            for name, var in pairs(KEEP) do
+                local list = got[name]
+                if list then
+                    txn:set_var(var, joined(list))
+                end
             end
         end
         return
@@ -116,7 +118,7 @@ local function check(txn, url, on_failure)
 
     local reply = txn:reply{ status = status }
     for name, list in pairs(answer.headers or {}) do
-        if not FRAMING[string.lower(name)] then
+        if not FRAMING[name] then
             for _, v in ipairs(values(list)) do
                 reply:add_header(name, v)
             end
