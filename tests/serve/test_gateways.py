@@ -175,10 +175,26 @@ class Process:
         self.proc = None
 
 
+def _replace_once(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+def fail_open_edit(gateway: str, text: str) -> str:
+    """The docs' edit of the shipped file that makes the gateway fail open."""
+    if gateway == "nginx":
+        text = _replace_once(text, "error_page 500 = @unavailable;", "error_page 500 = @app;")
+        app = "        location @app {\n            proxy_pass http://app;\n        }\n\n"
+        return _replace_once(text, "        location @limited {", app + "        location @limited {")
+    lines = [line for line in text.splitlines(keepends=True) if not line.startswith("    http-request return status 503")]
+    assert len(lines) == text.count("\n") - 1
+    return _replace_once("".join(lines), "/check closed", "/check open")
+
+
 class Stack:
     """backend <- gateway (shipped configuration) -> ``ratewarden serve POLICY``, on free ports."""
 
-    def __init__(self, gateway: str, directory: Path, backend_port: int) -> None:
+    def __init__(self, gateway: str, directory: Path, backend_port: int, fail_open: bool = False) -> None:
         self.gateway = gateway
         self.dir = directory
         self.ports = {"gateway": free_port(), "service": free_port(), "backend": backend_port}
@@ -195,6 +211,8 @@ class Stack:
         else:
             conf = write_configs(directory, "haproxy.cfg", "ratewarden.lua", **self.ports)["haproxy.cfg"]
             argv = ["haproxy", "-f", str(conf), "-db"]
+        if fail_open:
+            conf.write_text(fail_open_edit(gateway, conf.read_text()))
         self.proxy = Process(argv, directory / f"{gateway}.log", directory)
 
     @property
@@ -232,13 +250,19 @@ def backend_port() -> Iterator[int]:
 
 @pytest.fixture(params=GATEWAYS)
 def stack(request: pytest.FixtureRequest, backend_port: int) -> Iterator[Stack]:
-    gateway = request.param
+    with running(request.param, backend_port) as built:
+        yield built
+
+
+@contextlib.contextmanager
+def running(gateway: str, backend_port: int, fail_open: bool = False) -> Iterator[Stack]:
+    """A started ``Stack`` (skips when the gateway is not installed); stopped and removed after."""
     if shutil.which(gateway) is None:
         pytest.skip(f"{gateway} is not installed (scripts/install-system-deps.sh installs it)")
     for attempt in range(3):
         directory = Path(tempfile.mkdtemp(prefix=f"rw-{gateway}-"))
         directory.chmod(0o755)  # nginx's workers run as nobody under root: its temp paths must be reachable
-        built = Stack(gateway, directory, backend_port)
+        built = Stack(gateway, directory, backend_port, fail_open)
         try:
             built.start()
             break
@@ -390,6 +414,21 @@ def test_service_down_mid_traffic_answers_503(stack: Stack, how: str) -> None:
     assert (status, headers["x-ratelimit-remaining"]) == (200, "7")
 
 
+@pytest.mark.parametrize("gateway", GATEWAYS)
+def test_fail_open_as_the_docs_show(gateway: str, backend_port: int) -> None:
+    """The docs' edit for failing open: checked while the service answers; killed, requests reach
+    the app unchecked (10 of a key whose limit is 8, without rate-limit headers)."""
+    with running(gateway, backend_port, fail_open=True) as stack:
+        status, headers, _ = request(stack.port, "GET", "/api/objects", {"X-API-Key": "bk-basic"})
+        assert (status, headers["x-ratelimit-remaining"]) == (200, "7")
+        stack.service.stop(signal.SIGKILL)
+        answers = [request(stack.port, "GET", "/api/objects", {"X-API-Key": "bk-basic"}) for _ in range(10)]
+    assert [status for status, _, _ in answers] == [200] * 10
+    for _, headers, body in answers:
+        assert body.startswith(b"backend GET"), body
+        assert "x-ratelimit-remaining" not in headers, headers
+
+
 # --- the shipped files and the docs ------------------------------------------------------------
 
 
@@ -402,9 +441,13 @@ def _code_blocks(markdown: str) -> list[str]:
     [("nginx.md", ["nginx.conf"]), ("haproxy.md", ["haproxy.cfg", "ratewarden.lua"]), ("traefik.md", ["traefik.yml"])],
 )
 def test_docs_show_the_shipped_files(page: str, files: list[str]) -> None:
-    blocks = _code_blocks((DOCS / page).read_text(encoding="utf-8"))
+    markdown = (DOCS / page).read_text(encoding="utf-8")
+    blocks = _code_blocks(markdown)
     for name in files:
         assert config_text(name) in blocks, f"docs/gateways/{page} does not show {name} as shipped"
+    if page == "nginx.md":  # the fail-open edit, as test_fail_open_as_the_docs_show makes it
+        assert "error_page 500 = @app;" in markdown
+        assert "        location @app {\n            proxy_pass http://app;\n        }\n" in markdown
 
 
 def test_config_text_substitutes_the_documented_ports() -> None:
