@@ -282,6 +282,23 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path, serve: Any) 
     assert all(e["reason"] == "supervisor gone" for e in server.events("stopping"))
 
 
+def test_a_forwarded_for_header_never_becomes_the_client(tmp_path: Path, serve: Any) -> None:
+    """The gateway's X-Real-IP names the client; an X-Forwarded-For the client sent (passed on by a
+    gateway) must not replace the loopback caller's address before the trusted-proxy rule runs."""
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    server = serve(str(policy)).ready(workers=1)
+    statuses = Counter(
+        httpx.get(
+            f"{server.url}/check",
+            headers={"X-Original-URI": "/api/items", "X-Real-IP": "203.0.113.7", "X-Forwarded-For": f"198.51.100.{i}"},
+        ).status_code
+        for i in range(12)
+    )
+    assert statuses == {200: 5, 429: 7}
+    assert server.stop() == 0
+
+
 def test_no_metrics(tmp_path: Path, serve: Any) -> None:
     policy = tmp_path / "policy.toml"
     _write(policy, POLICY.replace("{basic}", "5/hour"))

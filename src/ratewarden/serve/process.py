@@ -198,7 +198,9 @@ def _uvicorn_server(app: ServeApp, sock: socket.socket) -> Any:
 
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     config = uvicorn.Config(
-        app, lifespan="off", log_config=None, access_log=False, http=http,
+        # proxy_headers off: uvicorn would otherwise replace a loopback caller's address with its
+        # X-Forwarded-For, and the check's own trusted-proxy rule would then see a stranger.
+        app, lifespan="off", log_config=None, access_log=False, http=http, proxy_headers=False,
         timeout_graceful_shutdown=GRACE, server_header=False, date_header=False,
     )
     return Server(config)
