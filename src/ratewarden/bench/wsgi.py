@@ -13,8 +13,9 @@ Django's ``LocMemCache``, ratewarden's ``MemoryStore``), then Redis rows (one ``
 loopback port, started here: flask-limiter ``redis://``, django-ratelimit on Django's ``RedisCache``,
 ratewarden's ``RedisStore`` through its synchronous ``hit_blocking``).
 
-The apps and the calls are in ``wsgi_apps``. ``scripts/bench_wsgi.py`` is the command line (with the live
-rows: the same Flask apps under gunicorn and wrk); ``ratewarden bench --wsgi`` runs the in-process rows.
+The apps and the calls are in ``wsgi_apps``; the live rows (the same apps under gunicorn and wrk) in
+``wsgi_live``. ``ratewarden bench --wsgi`` runs both (``--driver`` keeps one); ``scripts/bench_wsgi.py``
+is a command line over the same modules.
 """
 
 from __future__ import annotations
@@ -371,17 +372,31 @@ def run(stores: Sequence[str], *, redis_url: str = "", rounds: int = 5, requests
     return rows, targets(rows)
 
 
-def write(out: Any, rows: Sequence[Row], ts: Sequence[dict[str, Any]]) -> str:
-    """``wsgi.md`` and ``wsgi.json`` in the directory ``out``; returns the Markdown."""
+def write(out: Any, rows: Sequence[Row], ts: Sequence[dict[str, Any]], live: Sequence[Any] = (),
+          live_method: str = "") -> str:
+    """``wsgi.md`` and ``wsgi.json`` in the directory ``out``: the in-process ``rows`` and their
+    targets ``ts``, then the ``live`` rows (``wsgi_live``, ``results.Row``s) made as ``live_method``
+    says; returns the Markdown."""
     import json
     from pathlib import Path
 
-    md = (f"# WSGI rows\n\nIn-process, µs per request (min and median of the rounds; extra over the bare app "
-          f"of the same framework); exactness: {EXACT_CALLS} requests from {EXACT_THREADS} threads against a "
-          f"limit of {EXACT_LIMIT}.\n\n{row_table(rows)}\n\n## Targets\n\n{target_table(ts)}\n")
+    from .wsgi_live import live_table, over_limit_lines
+
+    md = "# WSGI rows\n"
+    if rows:
+        md += (f"\nIn-process, µs per request (min and median of the rounds; extra over the bare app "
+               f"of the same framework); exactness: {EXACT_CALLS} requests from {EXACT_THREADS} threads against a "
+               f"limit of {EXACT_LIMIT}.\n\n{row_table(rows)}\n\n## Targets\n\n{target_table(ts)}\n")
+    if live:
+        over = over_limit_lines(live)
+        md += (f"\n## Live: gunicorn + wrk\n\n{live_method}.\n\nreq/s: the median round's and the slowest "
+               "round's (min); x bare: against the bare app of the same framework in the same scenario.\n\n"
+               + ("".join(f"- {line}\n" for line in over) + "\n" if over else "")
+               + f"{live_table(live)}\n")
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     (path / "wsgi.md").write_text(md, encoding="utf-8")
-    data = {"rows": [r.as_dict() for r in rows], "targets": list(ts)}
+    data = {"rows": [r.as_dict() for r in rows], "targets": list(ts),
+            "live": [r.to_dict() for r in live], "live_method": live_method}
     (path / "wsgi.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
     return md

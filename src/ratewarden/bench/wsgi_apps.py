@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 __all__ = [
-    "ALLOW", "EXACT_CALLS", "EXACT_LIMIT", "EXACT_THREADS", "PATH", "Floor429", "FloorHeaders", "FloorRedis",
-    "WSGIApp", "base_environ", "burst", "call", "django_bare", "django_ratelimit_app", "flask_bare",
-    "flask_limiter_app", "gunicorn_app", "rw_django", "rw_django_mw", "rw_flask", "rw_wsgi_flask", "timed",
-    "use_django_cache",
+    "ALLOW", "COUNT_SLOTS", "EXACT_CALLS", "EXACT_LIMIT", "EXACT_THREADS", "KEY_HEADER", "LIVE_VARIANTS", "PATH",
+    "Counted", "Floor429", "FloorHeaders", "FloorRedis", "WSGIApp", "base_environ", "burst", "call", "django_bare",
+    "django_ratelimit_app", "flask_bare", "flask_limiter_app", "gunicorn_app", "live_app", "read_counts",
+    "rw_django", "rw_django_mw", "rw_flask", "rw_wsgi_flask", "timed", "use_django_cache",
 ]
 
 ALLOW = 10**9  # a limit never reached in a run: every request allowed
@@ -30,6 +30,8 @@ EXACT_CALLS = 150
 EXACT_THREADS = 8
 PATH = "/test"
 CLIENT_IP = "10.1.2.3"
+#: The live rows' key: a fresh value per wrk run (one hot key), so no run finds a counter used up.
+KEY_HEADER = "X-Client-ID"
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -189,24 +191,31 @@ def flask_bare() -> WSGIApp:
     return app
 
 
-def flask_limiter_app(limit: int, storage_uri: str) -> WSGIApp:
-    """Flask + flask-limiter (its defaults: fixed window, no rate-limit headers), ``limit``/hour per IP."""
-    from flask import Flask
+def flask_limiter_app(limit: int, storage_uri: str, *, per: str = "hour", key: str = "ip") -> WSGIApp:
+    """Flask + flask-limiter (its defaults: fixed window, no rate-limit headers), ``limit`` per ``per``
+    per client IP (``key="header"``: per ``X-Client-ID``, the IP without one)."""
+    from flask import Flask, request
     from flask_limiter import Limiter
     from flask_limiter.util import get_remote_address
 
+    def by_header() -> str:
+        return request.headers.get(KEY_HEADER) or get_remote_address()
+
     app = Flask(_uid("bench"))
-    fl = Limiter(get_remote_address, app=app, storage_uri=storage_uri, key_prefix=_uid("fl"))
+    fl = Limiter(by_header if key == "header" else get_remote_address, app=app, storage_uri=storage_uri,
+                 key_prefix=_uid("fl"))
 
     @app.get(PATH)
-    @fl.limit(f"{limit}/hour")
+    @fl.limit(f"{limit}/{per}")
     def test() -> dict[str, bool]:
         return {"ok": True}
 
     return app
 
 
-def _rw_limiter(store: str, redis_url: str) -> Any:
+def _rw_limiter(store: str, redis_url: str, timeout: float | None = None) -> Any:
+    """ratewarden's ``Limiter`` on ``store``: ``memory``, ``shm`` (``redis_url`` is then the store's
+    ``shm://`` URL) or ``redis`` (its check timeout ``timeout``, else the store's default)."""
     from ratewarden import Limiter
     from ratewarden.stores.memory import MemoryStore
 
@@ -214,34 +223,54 @@ def _rw_limiter(store: str, redis_url: str) -> Any:
     # wrong status, instead of being allowed (fail open) and timed as if it had been checked.
     if store == "memory":
         return Limiter(MemoryStore(), prefix=_uid("rw"), on_error="closed", fallback=None)
+    if store == "shm":
+        from ratewarden.stores.urls import open_store
+
+        return Limiter(open_store(redis_url), prefix=_uid("rw"), on_error="closed", fallback=None)
     from ratewarden.stores.base import Store
     from ratewarden.stores.redis import RedisStore
 
     if RedisStore.hit_blocking is Store.hit_blocking:
         raise NotImplementedError("RedisStore.hit_blocking (the synchronous Redis path) has not landed")
     prefix = _uid("rw")
-    return Limiter(RedisStore(redis_url, prefix=prefix), prefix=prefix, on_error="closed", fallback=None)
+    redis = RedisStore(redis_url, prefix=prefix) if timeout is None else RedisStore(redis_url, prefix=prefix,
+                                                                                   timeout=timeout)
+    return Limiter(redis, prefix=prefix, on_error="closed", fallback=None)
 
 
-def rw_wsgi_flask(limit: int, store: str, redis_url: str = "") -> WSGIApp:
+def _rw_key(key: str) -> Any:
+    """ratewarden's key function: ``None`` (the client IP, its default) or the ``X-Client-ID`` header,
+    stored as it is (the peers store it unhashed too), the IP without one."""
+    if key != "header":
+        return None
+    from ratewarden.keys import header
+
+    return header(KEY_HEADER, hashed=False)
+
+
+def rw_wsgi_flask(limit: int, store: str, redis_url: str = "", *, per: str = "hour", key: str = "ip",
+                  timeout: float | None = None) -> WSGIApp:
     """Flask wrapped in ``ratewarden.wsgi.RateLimitMiddleware`` (defaults: both header styles)."""
     from ratewarden import Rule
     from ratewarden.wsgi import RateLimitMiddleware
 
-    return RateLimitMiddleware(flask_bare(), _rw_limiter(store, redis_url), [Rule(PATH, f"{limit}/hour")])
+    k = _rw_key(key)
+    rule = Rule(PATH, f"{limit}/{per}") if k is None else Rule(PATH, f"{limit}/{per}", key=k)
+    return RateLimitMiddleware(flask_bare(), _rw_limiter(store, redis_url, timeout), [rule])
 
 
-def rw_flask(limit: int, store: str, redis_url: str = "") -> WSGIApp:
+def rw_flask(limit: int, store: str, redis_url: str = "", *, per: str = "hour", key: str = "ip",
+             timeout: float | None = None) -> WSGIApp:
     """Flask + the ``ratewarden.flask`` extension, ``@limiter.limit("N/hour")`` on the view."""
     from flask import Flask
 
     from ratewarden.flask import RateLimiter  # type: ignore[import-not-found,unused-ignore]
 
     app = Flask(_uid("bench"))
-    ext = RateLimiter(app, limiter=_rw_limiter(store, redis_url))
+    ext = RateLimiter(app, limiter=_rw_limiter(store, redis_url, timeout), key=_rw_key(key))
 
     @app.get(PATH)
-    @ext.limit(f"{limit}/hour")
+    @ext.limit(f"{limit}/{per}")
     def test() -> dict[str, bool]:
         return {"ok": True}
 
@@ -320,14 +349,17 @@ def django_bare(redis_url: str = "") -> tuple[WSGIApp, str]:
     return _django_handler(), PATH
 
 
-def django_ratelimit_app(limit: int, redis_url: str = "") -> tuple[WSGIApp, str]:
+def django_ratelimit_app(limit: int, redis_url: str = "", *, per: str = "hour",
+                         key: str = "ip") -> tuple[WSGIApp, str]:
     """Django + django-ratelimit's ``@ratelimit(key="ip", rate="N/h", block=True)`` (blocked: its
-    ``Ratelimited``, a ``PermissionDenied``, answered 403 by Django)."""
+    ``Ratelimited``, a ``PermissionDenied``, answered 403 by Django; ``key="header"``: its
+    ``header:x-client-id`` key)."""
     from django_ratelimit.decorators import ratelimit  # type: ignore[import-untyped]
 
     handler, _ = django_bare(redis_url)
     name = _uid("drl")
-    view = ratelimit(group=name, key="ip", rate=f"{limit}/h", block=True)(_plain_view)  # a counter per view
+    drl_key = f"header:{KEY_HEADER.lower()}" if key == "header" else "ip"
+    view = ratelimit(group=name, key=drl_key, rate=f"{limit}/{per[0]}", block=True)(_plain_view)  # a counter per view
     return handler, _django_route(name, view)
 
 
@@ -402,18 +434,133 @@ def rw_django_mw(limit: int, store: str, redis_url: str = "") -> tuple[WSGIApp, 
 
 # ---------------------------------------------------------------------------------------------- gunicorn
 
-def gunicorn_app(variant: str, mode: str = "allow", store: str = "memory") -> WSGIApp:
-    """A Flask app for gunicorn (``ratewarden.bench.wsgi:gunicorn_app("flask-limiter", "allow")``):
-    ``mode`` is ``allow`` (a limit never reached) or ``exact`` (``RW_BENCH_LIMIT``, default 1000, per hour);
-    the Redis URL, if any, comes from ``RW_BENCH_REDIS``."""
-    limit = ALLOW if mode == "allow" else int(os.environ.get("RW_BENCH_LIMIT", "1000"))
-    redis_url = os.environ.get("RW_BENCH_REDIS", "")
-    if variant == "bare":
-        return flask_bare()
+#: The apps ``gunicorn_app`` serves (the live rows of ``ratewarden.bench.wsgi_live``).
+LIVE_VARIANTS = ("flask bare", "django bare", "floor: fixed 429", "flask-limiter", "ratewarden.flask",
+                 "ratewarden.wsgi", "django-ratelimit", "ratewarden.django")
+#: ratewarden's Redis check timeout in the live rows: with several servers' workers on few cores (and
+#: fail-closed checks), the default would time the scheduler, as the ASGI multi-worker rows found.
+LIVE_REDIS_TIMEOUT = 1.0
+#: What each worker counts by the status of its answers (``Counted``), in this order.
+COUNT_SLOTS = ("2xx", "429", "403", "other")
+
+
+class Counted:
+    """``app`` counting its answers by status (``COUNT_SLOTS``) in a small file of the directory
+    ``directory`` named after the worker's pid (memory-mapped: a count costs no system call). The
+    harness sums the files: the admitted count of every worker, answers wrk never read included."""
+
+    def __init__(self, app: WSGIApp, directory: str) -> None:
+        import threading
+
+        self.app, self.directory = app, directory
+        self._lock = threading.Lock()  # gthread workers answer from several threads
+        self._pid = 0
+        self._map: Any = None
+        self._open()
+
+    def _open(self) -> None:
+        import mmap
+
+        path = os.path.join(self.directory, str(os.getpid()))
+        with open(path, "a+b") as f:
+            f.truncate(8 * len(COUNT_SLOTS))
+            self._map = mmap.mmap(f.fileno(), 8 * len(COUNT_SLOTS))
+        self._pid = os.getpid()
+
+    def _bump(self, status: str) -> None:
+        slot = 0 if status[:1] == "2" else {"429": 1, "403": 2}.get(status[:3], 3)
+        with self._lock:
+            if self._pid != os.getpid():  # forked after the app was built (--preload)
+                self._open()
+            at = 8 * slot
+            self._map[at:at + 8] = (int.from_bytes(self._map[at:at + 8], "little") + 1).to_bytes(8, "little")
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            self._bump(status)
+            return start_response(status, headers, exc_info)
+
+        return self.app(environ, start)
+
+
+def read_counts(directory: str) -> tuple[int, dict[str, int]]:
+    """(workers that have counted, their answers summed by ``COUNT_SLOTS``) from ``Counted``'s files."""
+    total = dict.fromkeys(COUNT_SLOTS, 0)
+    files = 0
+    for name in os.listdir(directory):
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                raw = f.read(8 * len(COUNT_SLOTS))
+        except OSError:
+            continue
+        if len(raw) < 8 * len(COUNT_SLOTS):
+            continue
+        files += 1
+        for i, slot in enumerate(COUNT_SLOTS):
+            total[slot] += int.from_bytes(raw[8 * i:8 * i + 8], "little")
+    return files, total
+
+
+def _rw_django_mw_live(limit: int, store: str, url: str, per: str, key: str) -> tuple[WSGIApp, str]:
+    """Django + ``ratewarden.django.RateLimitMiddleware`` with one ``settings.RATEWARDEN`` rule on
+    ``PATH`` (a gunicorn worker serves this one app)."""
+    from django.conf import settings
+    from django.test.signals import setting_changed
+
+    import ratewarden.django  # noqa: F401 - fails here, not in the middleware chain, if it does not import
+
+    django_bare(url if store == "redis" else "")
+    rule: dict[str, Any] = {"path": PATH, "rate": f"{limit}/{per}"}
+    if key == "header":
+        rule["key"] = f"header:{KEY_HEADER}"
+    value = {"STORE": _rw_limiter(store, url, LIVE_REDIS_TIMEOUT).store, "ON_ERROR": "closed", "RULES": [rule]}
+    settings.RATEWARDEN = value
+    setting_changed.send(sender=None, setting="RATEWARDEN", value=value, enter=True)
+    return _django_handler(["ratewarden.django.RateLimitMiddleware"]), PATH
+
+
+def live_app(variant: str, limit: int, store: str, url: str = "", *, per: str = "hour",
+             key: str = "ip") -> tuple[WSGIApp, str]:
+    """One of ``LIVE_VARIANTS`` limited to ``limit`` per ``per`` on ``store``: ratewarden on ``memory``,
+    ``shm`` (``url``: its ``shm://`` URL) or ``redis``; the peers on their per-process memory (flask-limiter
+    ``memory://``, django-ratelimit ``LocMemCache``) unless ``store`` is ``redis`` (``url``)."""
+    redis_url = url if store == "redis" else ""
+    if variant == "flask bare":
+        return flask_bare(), PATH
+    if variant == "floor: fixed 429":
+        return Floor429(flask_bare()), PATH
+    if variant == "django bare":
+        return django_bare(redis_url)
     if variant == "flask-limiter":
-        return flask_limiter_app(limit, "memory://" if store == "memory" else redis_url)
+        return flask_limiter_app(limit, redis_url or "memory://", per=per, key=key), PATH
     if variant == "ratewarden.flask":
-        return rw_flask(limit, store, redis_url)
+        return rw_flask(limit, store, url, per=per, key=key, timeout=LIVE_REDIS_TIMEOUT), PATH
     if variant == "ratewarden.wsgi":
-        return rw_wsgi_flask(limit, store, redis_url)
-    raise ValueError(f"unknown variant {variant!r}")
+        return rw_wsgi_flask(limit, store, url, per=per, key=key, timeout=LIVE_REDIS_TIMEOUT), PATH
+    if variant == "django-ratelimit":
+        app = django_ratelimit_app(limit, redis_url, per=per, key=key)
+        use_django_cache("redis" if redis_url else "default")
+        return app
+    if variant == "ratewarden.django":
+        return _rw_django_mw_live(limit, store, url, per, key)
+    raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(LIVE_VARIANTS)}")
+
+
+def gunicorn_app(variant: str, mode: str = "allow", store: str = "memory") -> WSGIApp:
+    """An app of ``LIVE_VARIANTS`` for gunicorn (``ratewarden.bench.wsgi_apps:gunicorn_app("flask-limiter",
+    "limit", "memory")``), every request sent to its limited route: ``mode`` is ``allow`` (a limit never
+    reached) or ``limit`` (``RW_BENCH_LIMIT`` per ``RW_BENCH_PER``, default 100 per hour). From the
+    environment: the store's URL (``RW_BENCH_STORE_URL``: Redis or ``shm://``), the key (``RW_BENCH_KEY``:
+    ``ip`` or ``header``) and the directory of the answer counts (``RW_BENCH_COUNTS``, ``Counted``)."""
+    limit = ALLOW if mode == "allow" else int(os.environ.get("RW_BENCH_LIMIT", "100"))
+    app, path = live_app(variant, limit, store, os.environ.get("RW_BENCH_STORE_URL", ""),
+                         per=os.environ.get("RW_BENCH_PER", "hour"), key=os.environ.get("RW_BENCH_KEY", "ip"))
+    if path != PATH:
+        inner = app
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            environ["PATH_INFO"] = path
+            return inner(environ, start_response)
+
+    counts = os.environ.get("RW_BENCH_COUNTS", "")
+    return Counted(app, counts) if counts else app

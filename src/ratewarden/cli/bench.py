@@ -72,9 +72,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--wsgi", action="store_true",
                    help="run the WSGI rows instead: bare Flask and Django, flask-limiter, django-ratelimit and "
-                        "ratewarden's WSGI integrations, in-process, on --store memory and/or redis, "
-                        "--iterations rounds (at least 3); writes wsgi.md and wsgi.json in --out "
-                        "(scripts/bench_wsgi.py adds gunicorn + wrk rows)")
+                        "ratewarden's WSGI integrations on --store memory and/or redis, --iterations rounds (at "
+                        "least 3): in-process (direct PEP 3333 calls), then live (gunicorn with --workers sync "
+                        "workers, default 2, under wrk for --duration s, default 3 s here, at --concurrency, "
+                        "default 50; on memory ratewarden uses its SharedMemoryStore and the peers count per "
+                        "process); --driver keeps one of the two; writes wsgi.md and wsgi.json in --out "
+                        "(the live rows: about 3 minutes per store at 3 rounds)")
     p.add_argument("--gateway", action="store_true",
                    help="run the gateway bench instead (seed 003 with its peers): HAProxy and nginx in front of a "
                         "fast backend, without limiting, with their own limiting and with `ratewarden serve`, "
@@ -142,22 +145,56 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_wsgi(args: argparse.Namespace) -> int:
-    """``--wsgi``: the in-process WSGI rows (``bench.wsgi``) and their targets."""
-    from ..bench import wsgi
-    from ..bench.services import BenchError
+    """``--wsgi``: the in-process WSGI rows (``bench.wsgi``) and their targets, then the live rows
+    under gunicorn and wrk (``bench.wsgi_live``); ``--driver`` keeps one of the two."""
+    import contextlib
+
+    from ..bench import wsgi, wsgi_live
+    from ..bench.drivers.live import LiveError, require_wrk
+    from ..bench.services import BenchError, StoreService
 
     stores = _csv(args.store or "memory")
     if not stores or any(s not in ("memory", "redis") for s in stores):
         return _fail(f"--wsgi runs on --store memory and/or redis, got {args.store!r}")
+    try:
+        levels = [int(c) for c in _csv(args.concurrency)]
+    except ValueError:
+        return _fail(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
+    # Live rows: 3 s wrk runs unless --duration says otherwise, 2 sync workers unless --workers does.
+    duration = args.duration if args.duration != 10.0 else 3.0
+    workers = args.workers or 2
+    if any(c < 1 for c in levels) or duration <= 0 or args.warmup < 0 or workers < 1:
+        return _fail("--concurrency, --duration and --workers must be positive (--warmup >= 0)")
+    if args.driver != "inprocess":
+        try:
+            require_wrk()
+        except LiveError as exc:
+            return _fail(str(exc))
     out = Path(args.out)
     problem = _unwritable(out)
     if problem:
         return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
+    rounds, concurrency = max(3, args.iterations), (levels or [50])[0]
+    rows: list[Any] = []
+    targets: list[dict[str, Any]] = []
+    live_rows: list[Any] = []
+    before = os.getloadavg()
     try:
-        rows, targets = wsgi.run(stores, redis_url=args.redis_url, rounds=max(3, args.iterations))
-    except BenchError as exc:
+        with contextlib.ExitStack() as stack:
+            redis_url = args.redis_url
+            if "redis" in stores and not redis_url:  # one private redis-server for both parts
+                redis_url = stack.enter_context(StoreService("redis")).url
+            if args.driver != "live":
+                rows, targets = wsgi.run(stores, redis_url=redis_url, rounds=rounds)
+            if args.driver != "inprocess":
+                live_rows = wsgi_live.run_live(stores, redis_url=redis_url, workers=workers, duration=duration,
+                                               warmup_duration=min(1.0, duration), rounds=rounds,
+                                               warmup=args.warmup, concurrency=concurrency)
+    except (BenchError, LiveError) as exc:
         return _fail(str(exc))
-    print(wsgi.write(out, rows, targets))
+    method = wsgi_live.describe(workers, duration, rounds, args.warmup, concurrency) + "; " \
+        + _load_line(before, os.getloadavg())
+    print(wsgi.write(out, rows, targets, live_rows, method))
     print(f"reports: {out / 'wsgi.md'}, {out / 'wsgi.json'}")
     return 0
 
