@@ -29,6 +29,7 @@ log = logging.getLogger("ratewarden.metrics")
 
 _MAX_LABEL_VALUES = 1000
 _OVERFLOW_LABEL = "other"
+_SERIES_LIMIT = 4096  # remembered (counter, rule, group) children in Metrics.observe (cleared when full)
 
 
 class _CachedRejections:
@@ -191,6 +192,7 @@ class Metrics:
         )
         self._rule_label = _Labels()
         self._group_label = _Labels()
+        self._series: dict[tuple[Any, str, str], Any] = {}
         self._otel: dict[str, Any] | None = None
         if otel or (otel is None and _importable("opentelemetry.sdk")):
             self._otel = _otel_instruments(namespace)
@@ -228,19 +230,32 @@ class Metrics:
             decision: What the check decided.
             shadow: Whether the rule only observes (shadow mode): a denial is counted, not enforced.
         """
-        labels = self._labels(rule, group)
-        self.checked.labels(*labels).inc()
+        series = self._labelled
+        series(self.checked, rule, group).inc()
         if not decision.allowed:
-            (self.shadow_limited if shadow else self.limited).labels(*labels).inc()
+            series(self.shadow_limited if shadow else self.limited, rule, group).inc()
             if shadow:
-                self.allowed.labels(*labels).inc()
-            self._otel_add("limited" if not shadow else "shadow_limited", labels)
+                series(self.allowed, rule, group).inc()
+            self._otel_add("limited" if not shadow else "shadow_limited", rule, group)
             return
-        self.allowed.labels(*labels).inc()
+        series(self.allowed, rule, group).inc()
         if decision.limit and decision.limit - decision.remaining >= self.near_ratio * decision.limit:
-            self.near_limit.labels(*labels).inc()
-            self._otel_add("near_limit", labels)
-        self._otel_add("allowed", labels)
+            series(self.near_limit, rule, group).inc()
+            self._otel_add("near_limit", rule, group)
+        self._otel_add("allowed", rule, group)
+
+    def _labelled(self, counter: Any, rule: str, group: str) -> Any:
+        """``counter``'s series for ``rule`` and ``group`` (labels capped), remembered: ``labels()``
+        takes a lock and checks its arguments on every call, the costliest part of ``observe``. A
+        series is made when first counted, as without the memo, so ``/metrics`` shows the same."""
+        key = (counter, rule, group)
+        found = self._series.get(key)
+        if found is None:
+            found = counter.labels(*self._labels(rule, group))
+            if len(self._series) >= _SERIES_LIMIT:
+                self._series.clear()
+            self._series[key] = found
+        return found
 
     def observe_delayed(self, rule: str, group: str) -> None:
         """Count one request that waited (``delay``) and was then served.
@@ -268,8 +283,9 @@ class Metrics:
         """
         self.banned.labels(str(status)).inc()
 
-    def _otel_add(self, what: str, labels: tuple[str, str]) -> None:
+    def _otel_add(self, what: str, rule: str, group: str) -> None:
         if self._otel is not None:
+            labels = self._labels(rule, group)
             self._otel[what].add(1, {"rule": labels[0], "group": labels[1]})
 
     def instrument(self, store: Store) -> InstrumentedStore:

@@ -273,10 +273,11 @@ async def test_without_a_policy_check_says_so() -> None:
 async def test_an_unexpected_error_is_a_500_answer_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     app = _app()
 
-    async def broken(scope: object, receive: object, send: object) -> None:
+    async def broken(scope: object) -> None:
         raise RuntimeError("boom")
 
-    app.policy_app = broken  # type: ignore[assignment]
+    assert app.policy_app is not None
+    app.policy_app.answer = broken  # type: ignore[assignment, method-assign]
     async with await _client(app) as c:
         answer = await c.get("/check", headers=_original("/api/a"))
     assert answer.status_code == 500 and "RuntimeError" in answer.json()["error"]

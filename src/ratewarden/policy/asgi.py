@@ -20,6 +20,7 @@ from ..asgi.responses import send_limited, send_on_limit, send_problem, send_una
 from ..charges import adjust
 from ..context import STATE_KEY
 from ..decision import Decision
+from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, problem_headers, rejection
 from ..enforcement.check import LimitUnavailable, check_rules, report_failure
 from ..keys import key_text
 from ..limiter import Limiter
@@ -35,6 +36,7 @@ __all__ = ["PolicyMiddleware"]
 
 log = logging.getLogger("ratewarden")
 _refund_warned: set[str] = set()
+_NO_BODY = (b"content-length", b"0")
 
 
 async def _key(rule: CompiledRule, scope: Scope) -> str:
@@ -115,9 +117,60 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
                 return
         await self._serve(ctx, scope, receive, send)
 
+    async def answer(self, scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """What this middleware answers an HTTP request when the app behind it answers ``200`` with an
+        empty body: ``(status, complete header list, body)``, returned rather than sent, and the app
+        not called (``ratewarden serve``'s checks). The stages are ``__call__``'s (keep the two alike);
+        a refusal is the default 429 (``on_limit`` answers with an app, so it is not used here).
+
+        Args:
+            scope: An HTTP scope; its ``state`` receives the request's context, as in ``__call__``.
+        """
+        rt = self._runtime
+        matched = rt.rules.match(scope["method"], scope["path"])
+        if not matched or not self.limiter.enabled:
+            return 200, [_NO_BODY], b""
+        ctx = PolicyContext(rt, matched, self._plan(matched))
+        scope.setdefault("state", {})[STATE_KEY] = ctx
+        try:
+            if rt.bans is not None:
+                banned = await self._ban_answer(ctx, scope)
+                if banned is not None:
+                    status, body, headers = banned
+                    return status, problem_headers(body, headers), body
+            if ctx.plan.tiered:
+                self._choose_group(ctx, scope)
+            rules = ctx.rules
+            decision = await check_rules(self.limiter, rules, scope) if rules else None
+            if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
+                decision = await self._delay(ctx, scope, decision)
+        except LimitUnavailable:
+            return 503, list(UNAVAILABLE_HEADERS), UNAVAILABLE_BODY
+        if decision is not None:
+            self._record(ctx, decision)
+            if not decision.allowed and not rt.shadow:
+                if ctx.ban_key is not None:
+                    await self._strike(ctx)
+                group = ctx.group if rt.show_group else ""
+                body, headers = rejection(decision, self.header_style, self.headers != "off", None, group)
+                return 429, headers, body
+        extra, settle = self._answer_headers(ctx)
+        if settle:
+            await self._settle(scope, ctx.rules, 200)
+        return 200, [*extra, _NO_BODY], b""
+
     async def _refuse_if_banned(self, ctx: PolicyContext, scope: Scope, send: Send) -> bool:
-        """Answer a banned client (``True``: done). A failing ban key function skips the bans
-        under fail-open and raises ``LimitUnavailable`` under fail-closed."""
+        """Answer a banned client (``True``: done)."""
+        answer = await self._ban_answer(ctx, scope)
+        if answer is None:
+            return False
+        status, body, headers = answer
+        await send_problem(send, status, body, headers)
+        return True
+
+    async def _ban_answer(self, ctx: PolicyContext, scope: Scope) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+        """A banned client's answer (``ban_answer``); ``None`` when it is not banned. A failing ban
+        key function skips the bans under fail-open and raises ``LimitUnavailable`` under fail-closed."""
         bans = ctx.runtime.bans
         assert bans is not None
         try:
@@ -127,13 +180,8 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             ctx.ban_key = key_text(value, scope)
         except Exception as exc:
             report_failure(self.limiter, "ban key function", exc)
-            return False
-        answer = self._banned(bans, await bans.check(self.limiter, ctx.ban_key))
-        if answer is None:
-            return False
-        status, body, headers = answer
-        await send_problem(send, status, body, headers)
-        return True
+            return None
+        return self._banned(bans, await bans.check(self.limiter, ctx.ban_key))
 
     async def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
         """Hold a refused request for its turn when its rule has a ``delay``; ``None`` when the
@@ -154,12 +202,8 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
 
     async def _refuse(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
         """Answer 429 (or ``on_limit``), counting the refusal toward a ban."""
-        bans = ctx.runtime.bans
-        if bans is not None and ctx.ban_key is not None:
-            try:
-                await bans.strike(self.limiter, ctx.ban_key)
-            except Exception as exc:
-                log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
+        if ctx.ban_key is not None:
+            await self._strike(ctx)
         with_rate_headers = self.headers != "off"
         if self.on_limit is not None:
             answer = self.on_limit(scope, decision)
@@ -168,6 +212,15 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         # The default 429 with this middleware's extra body fields: ``remaining`` and the caller's ``group``.
         group = ctx.group if ctx.runtime.show_group else ""
         await send_limited(send, decision, self.header_style, with_rate_headers, None, group)
+
+    async def _strike(self, ctx: PolicyContext) -> None:
+        """Count a refusal toward the client's ban (``ctx.ban_key`` is set when bans are on)."""
+        bans = ctx.runtime.bans
+        if bans is not None and ctx.ban_key is not None:
+            try:
+                await bans.strike(self.limiter, ctx.ban_key)
+            except Exception as exc:
+                log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
 
     async def _serve(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app, adding rate-limit and shadow headers, then settle after-response charges."""

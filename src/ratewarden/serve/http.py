@@ -3,8 +3,10 @@
 ``/check`` answers a gateway's sub-request (nginx ``auth_request``, Traefik ForwardAuth, HAProxy):
 the original request is described by headers (``X-Original-Method``/``X-Forwarded-Method``,
 ``X-Original-URI``/``X-Forwarded-Uri``, ``X-Real-IP``/``X-Forwarded-For`` from trusted proxies
-only), rewritten into an ASGI scope and run through ``PolicyMiddleware`` in front of an app that
-answers 200: tiers, API keys, bans and shadow mode are the policy file's, exactly as in-app.
+only), rewritten into an ASGI scope and decided by ``PolicyMiddleware.answer`` (the middleware's own
+stages, as if an app behind it answered 200, with no app run and nothing wrapped): tiers, API keys,
+bans and shadow mode are the policy file's, exactly as in-app. Each answer is one response start
+with its complete header list and one body message.
 ``/v1/check`` takes the same description as JSON, ``/json`` is Envoy's rate limit API as JSON,
 ``/healthz`` and ``/metrics`` are for operators.
 """
@@ -18,7 +20,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -33,7 +35,7 @@ from ..policy.schema import Policy
 from ..policy.tiers import PolicyRule
 from ..rules import Rule
 from ..store_health import innermost, probe_store, store_problem
-from ..types import Message, Receive, Scope, Send
+from ..types import Receive, Scope, Send
 
 __all__ = ["DEFAULT_TRUSTED", "MAX_BODY", "MAX_COST", "ServeApp", "costed_policy", "parse_networks"]
 
@@ -44,6 +46,7 @@ DEFAULT_TRUSTED: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
 #: The largest request body read (``/v1/check``, ``/json``); more is answered 413.
 MAX_BODY = 64 * 1024
 _DENY_STATUSES = {401, 403, 429}
+_BODY_HEADERS = (b"content-type", b"content-length")  # a JSON check's answer describes the decision, not the body
 _CACHE_LIMIT = 4096  # entries in each per-app cache of parsed addresses (cleared when full)
 _MISSING = ""  # not cached (no address is the empty string)
 _METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
@@ -84,13 +87,9 @@ def _address(text: str) -> str | None:
 
 
 async def _allow(scope: Scope, receive: Receive, send: Send) -> None:
-    """The app behind the policy: every request that gets here is allowed."""
+    """The app behind the policy (``PolicyMiddleware.answer`` answers for it: 200, empty body)."""
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b""})
-
-
-async def _no_body() -> Message:
-    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 _COST_KEY = "ratewarden.serve.cost"  # in the rewritten scope's state: the JSON check's cost
@@ -292,21 +291,25 @@ class ServeApp:
 
     # -- running the policy --------------------------------------------------------------------
 
-    async def _decide(
-        self, scope: Scope, method: str, uri: str, headers: _Headers, client: str | None, scheme: str, cost: float = 1
-    ) -> tuple[int, _Headers, bytes, Any]:
-        """Run the policy on the described request: its status, headers, body and context."""
+    def _policy(self, cost: float = 1) -> PolicyMiddleware:
+        """The policy middleware that decides a check of this ``cost``."""
         policy_app = self.policy_app
         if policy_app is None:
             raise _BadRequest(404, "no ratewarden policy file is loaded: start ratewarden serve with one")
-        if cost != 1:
-            policy_app = self._costed()
+        return policy_app if cost == 1 else self._costed()
+
+    @staticmethod
+    def _described(
+        scope: Scope, method: str, uri: str, headers: _Headers, client: str | None, scheme: str, cost: float = 1
+    ) -> Scope:
+        """The described request as the ASGI scope the policy reads (its ``state`` receives the
+        request's context)."""
         if not uri.startswith("/"):
             raise _BadRequest(400, f"the original URI must start with '/', got {uri[:100]!r}")
         raw_path, _, query = uri.partition("?")
         if method not in _METHODS and (not method or not method.isascii() or not method.isalpha()):
             raise _BadRequest(400, f"the original method must be a word such as GET, got {method[:20]!r}")
-        inner: dict[str, Any] = {
+        return {
             "type": "http",
             "asgi": _ASGI,
             "http_version": "1.1",
@@ -321,18 +324,6 @@ class ServeApp:
             "server": scope.get("server"),
             "state": {_COST_KEY: cost} if cost != 1 else {},
         }
-        answer: dict[str, Any] = {"status": 500, "headers": [], "body": b""}
-
-        async def capture(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                answer["status"] = int(message["status"])
-                answer["headers"] = list(message.get("headers", ()))
-            elif message["type"] == "http.response.body":
-                answer["body"] += bytes(message.get("body", b""))
-
-        await policy_app(inner, _no_body, capture)
-        headers_out = [(k, v) for k, v in answer["headers"] if k.lower() != b"content-length"]
-        return answer["status"], headers_out, answer["body"], inner["state"].get(STATE_KEY)
 
     async def _check(self, scope: Scope, send: Send) -> None:
         """The gateway check: 200 (allowed) or 429/403 (refused), with the rate-limit headers."""
@@ -348,12 +339,13 @@ class ServeApp:
         method = headers.get(b"x-original-method") or headers.get(b"x-forwarded-method") or b"GET"
         uri = headers.get(b"x-original-uri") or headers.get(b"x-forwarded-uri") or b"/"
         scheme = (headers.get(b"x-forwarded-proto") or b"http").decode("latin-1")
-        status, out, body, _ = await self._decide(
-            scope, method.decode("latin-1"), uri.decode("latin-1"), raw, self._client(scope, headers), scheme
-        )
+        client = self._client(scope, headers)
+        policy_app = self._policy()
+        described = self._described(scope, method.decode("latin-1"), uri.decode("latin-1"), raw, client, scheme)
+        status, out, body = await policy_app.answer(described)
         if status == 429:
             status = deny
-        await _send(send, status, out, body)
+        await _respond(send, status, out, body)
 
     async def _check_json(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/check``: the decision for a request described as JSON."""
@@ -375,7 +367,10 @@ class ServeApp:
         if stated is not None and _address(stated) is None:
             raise _BadRequest(400, f"'client' must be an IP address, got {stated[:60]!r}")
         client = self._client(scope, {}, stated)
-        status, out, _, ctx = await self._decide(scope, method, path, headers, client, "http", cost)
+        policy_app = self._policy(cost)
+        described = self._described(scope, method, path, headers, client, "http", cost)
+        status, out, _ = await policy_app.answer(described)
+        ctx = described["state"].get(STATE_KEY)
         decision = getattr(ctx, "decision", None)
         result: dict[str, Any] = {
             "allowed": status < 400,
@@ -385,7 +380,7 @@ class ServeApp:
             "reset": None,
             "retry_after": None,
             "group": getattr(ctx, "group", None) or None,
-            "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in out if k.lower() != b"content-type"},
+            "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in out if k not in _BODY_HEADERS},
         }
         if decision is not None:
             result.update(
@@ -469,11 +464,14 @@ async def _read_body(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
-async def _send(send: Send, status: int, headers: _Headers, body: bytes) -> None:
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", b"%d" % len(body))]}
-    )
+async def _respond(send: Send, status: int, headers: _Headers, body: bytes) -> None:
+    """Answer with ``headers`` as they are (the complete list: content length included)."""
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _send(send: Send, status: int, headers: _Headers, body: bytes) -> Awaitable[None]:
+    return _respond(send, status, [*headers, (b"content-length", b"%d" % len(body))], body)
 
 
 async def _send_text(send: Send, status: int, text: str) -> None:
