@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -315,3 +316,101 @@ def test_leaky_bucket_meter_drains_at_rate() -> None:
     assert denied.retry_after == pytest.approx(0.5)
     state, allowed = fn(state, START + 0.5, 1, rate)
     assert allowed.allowed and allowed.remaining == 0
+
+
+# --- GCRA at wall-clock times: exact, whatever the rate and the clock ------------------------------
+# The TAT is an absolute time: at ~1.8e9 s floats are 2.4e-7 s apart, and rounding each request's
+# TAT to them once let a burst of 7/hour through one short and one of 10000/s five over.
+
+_WALL_CLOCK = st.one_of(
+    st.floats(0.0, 2.0**33, allow_nan=False),
+    st.floats(1.7e9, 1.9e9),
+    st.sampled_from([0.0, 100.0, 1_800_000_000.0, 2.0**31 - 0.5, 2.0**31, 2.0**33 - 1.0]),
+)
+_PERIODS = st.one_of(st.sampled_from([0.2, 1.0, 60.0, 3600.0, 86400.0]), st.floats(1e-3, 1e6))
+
+
+def _same_instant(rate: Rate, now: float, cost: float, calls: int) -> list[bool]:
+    state = None
+    answers = []
+    for _ in range(calls):
+        new_state, decision = ALGORITHMS["gcra"](state, now, cost, rate)
+        answers.append(decision.allowed)
+        if decision.allowed:
+            state = new_state
+        else:
+            assert decision.retry_after > 0 and new_state is None
+    return answers
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(1, 100_000), _PERIODS, st.one_of(st.none(), st.integers(1, 1500)), _WALL_CLOCK, st.integers(1, 40)
+)
+def test_gcra_same_instant_burst_admits_exactly_burst_over_cost(
+    limit: int, period: float, burst: int | None, now: float, cost: int
+) -> None:
+    rate = Rate(limit, period, burst if burst is not None or limit <= 1500 else 1500)
+    expected = rate.capacity // cost
+    answers = _same_instant(rate, now, cost, expected + 3)
+    assert answers == [True] * expected + [False] * 3, (rate, now, cost)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 10_000), _PERIODS, st.integers(1, 300), _WALL_CLOCK, st.floats(0.01, 5.0))
+def test_gcra_fractional_costs_never_admit_more_than_burst_over_cost(
+    limit: int, period: float, burst: int, now: float, cost: float
+) -> None:
+    """A fractional charge is taken up to whole grid steps: never more than floor(B/c)."""
+    rate = Rate(limit, period, burst)
+    most = math.floor(burst / cost)
+    assert sum(_same_instant(rate, now, cost, most + 3)) <= most
+
+
+@pytest.mark.parametrize(("limit", "period"), [(7, 3600.0), (5000, 1.0), (10_000, 1.0), (100_000, 1.0), (1, 0.2)])
+def test_gcra_the_reported_bursts_are_exact(limit: int, period: float) -> None:
+    rng = random.Random(limit)
+    for now in [0.0, 2.0**31 - 0.25, 2.0**33 - 2.0, *(1_800_000_000 + rng.random() * 1e6 for _ in range(4))]:
+        answers = _same_instant(Rate(limit, period), now, 1, limit + 5)
+        assert answers == [True] * limit + [False] * 5, now
+
+
+@PROPS
+@given(
+    st.integers(1, 100_000),
+    st.sampled_from([1.0, 60.0, 3600.0]),
+    st.integers(1, 20),
+    st.floats(1.1e9, 2.1e9),
+    st.lists(st.tuples(st.floats(0.0, 2.5), st.integers(1, 3)), min_size=1, max_size=120),
+)
+def test_gcra_never_exceeds_the_rate_at_wall_clock_times(
+    limit: int, period: float, burst: int, start: float, hits: list[tuple[float, int]]
+) -> None:
+    """Time steps drawn in emission intervals (so 100000/s is as busy as 1/hour): in every
+    interval between admitted hits, at most ``burst + rate * length``, with no slack."""
+    rate = Rate(limit, period, burst)
+    interval = period / limit
+    state = None
+    now = start
+    events: list[tuple[float, int]] = []
+    for step, cost in hits:
+        now += step * interval
+        new_state, decision = ALGORITHMS["gcra"](state, now, cost, rate)
+        if decision.allowed:
+            state = new_state
+            events.append((now, cost))
+    for length, total in _max_in_intervals(events):
+        assert total <= burst + length / interval
+
+
+def test_gcra_reads_a_state_off_the_grid_conservatively() -> None:
+    """A state written before the grid (any float TAT) stays valid and is never read as earlier."""
+    rate = Rate(10, 1.0)
+    now = 1_800_000_000.0
+    old = (now + 0.30001,)  # 3 requests' worth ahead and a bit
+    state, decision = ALGORITHMS["gcra"](old, now, 1, rate)
+    assert decision.allowed and decision.remaining == 5  # 10 - 3.0001 - 1, rounded down
+    assert decision.reset_after >= 0.40001
+    assert state is not None and state[0] >= old[0] + 0.1
+    _, peek = ALGORITHMS["gcra"](old, old[0], 0, rate)
+    assert peek.remaining == 10

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+import time
 import uuid
 from typing import Any
 
 import pytest
 
+from ratewarden.decision import Decision
 from ratewarden.limits import Limit
 from ratewarden.rates import Rate
 from ratewarden.stores.base import StoreError
@@ -117,6 +119,54 @@ async def test_same_answers_as_memory(kind_url: tuple[str, str], seed: int) -> N
             assert abs(got.retry_after - want.retry_after) <= tol or got.retry_after == want.retry_after, step
         peeked = await remote.peek(keys, limits)
         assert peeked == await memory.peek(keys, limits)
+    finally:
+        await remote.close()
+
+
+def _exactly(decision: Decision) -> tuple[Any, ...]:
+    """Every field, floats bit for bit (``Decision.__eq__`` allows 1e-6)."""
+    d = decision
+    return (d.allowed, d.limit, d.remaining, d.reset_after.hex(), d.retry_after.hex(), d.policy)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_gcra_same_answers_as_memory_at_wall_clock_times(kind_url: tuple[str, str], seed: int) -> None:
+    """GCRA counts time in whole steps of a grid (algorithms/gcra.py); the Redis script must give
+    the same answers: slow and very fast rates, bursts, fractional and refunded costs, at today's
+    clock, across 2**31 s (where the grid doubles) and near 2**33 s."""
+    kind, url = kind_url
+    rng = random.Random(seed)
+    base = [1_800_000_000.0, 2.0**31 - 20.0, 2.0**33 - 50.0][seed - 1] + rng.random()
+    clock = FakeClock(base)
+    remote = make_store(kind, url, clock, **({} if kind in NO_CACHE_OPTION else {"cache": False}))
+    memory = MemoryStore(clock=clock)
+    tag = uuid.uuid4().hex
+    rates = [(7, 3600.0, None), (10_000, 1.0, None), (100_000, 1.0, 1000), (6, 60.0, 10), (1, 0.2, None), (3, 10.0, 2)]
+    limits = [Limit(Rate(amount, period, burst), "gcra", f"g{i}") for i, (amount, period, burst) in enumerate(rates)]
+    keys = [f"rw:{{gcra|{tag}}}:{i}:{limit.suffix}" for i, limit in enumerate(limits)]
+    adjust = remote.can_adjust
+    # The clock runs three times as fast as real time: a server expires a key reset_after real
+    # seconds (at least 1 ms) after writing it, which must not come before the state has run out
+    # on this clock, even with the time between reading the clock and the server's answer.
+    started, skipped = time.monotonic(), 0.0
+    try:
+        for step in range(400):
+            skipped += rng.choice([0.0, 0.0, 0.0, 1e-6, 1e-5, 1e-3, 0.05, 0.37, 1.5])
+            clock.now = base + skipped + 3 * (time.monotonic() - started)
+            picks = rng.sample(range(len(limits)), rng.choice([1, 1, 1, 2]))
+            costs = [rng.choice([1.0, 1.0, 1.0, 3.0, 0.5, 0.0, 400.0]) for _ in picks]
+            args = ([keys[i] for i in picks], [limits[i] for i in picks], costs)
+            if adjust and step % 7 == 0:
+                amounts = [rng.choice([-2.0, -0.5, 1.0, 5.0]) for _ in picks]
+                got_all = await remote.adjust(args[0], args[1], amounts)
+                want_all = await memory.adjust(args[0], args[1], amounts)
+                assert list(map(_exactly, got_all)) == list(map(_exactly, want_all)), f"step {step} at {clock.now!r}"
+                continue
+            got, want = await remote.hit(*args), await memory.hit(*args)
+            assert _exactly(got) == _exactly(want), f"step {step} at {clock.now!r}: {got} != {want}"
+        clock.now = base + skipped + 3 * (time.monotonic() - started)
+        peeked = await remote.peek(keys, limits)
+        assert list(map(_exactly, peeked)) == list(map(_exactly, await memory.peek(keys, limits)))
     finally:
         await remote.close()
 

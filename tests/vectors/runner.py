@@ -3,7 +3,9 @@
 Each vector is a time-stepped sequence of hits on one key with the decision expected at every
 step; ``retry_after: null`` in the JSON means "never" (``math.inf``). Time may go back: a
 "reordered check" reads the clock before another check that reaches the store first, a "stale
-clock" steps back for a while; either way state only moves forward. Every store must pass them:
+clock" steps back for a while; either way state only moves forward. A step with ``"repeat": n``
+is the same hit made ``n`` times in a row (a burst of single requests at one instant): each must
+be ``allowed`` as given, and the last one is checked in full. Every store must pass them:
 the memory store in ``tests/core``, the Redis and Memcached stores in ``tests/stores``.
 
 Usage (async test)::
@@ -78,10 +80,19 @@ async def run_vector(make_store: StoreFactory, vector: dict[str, Any], tolerance
     store: Store = await made if isinstance(made, Awaitable) else made
     limit = _limit_of(vector)
     key = f"rw:{{vectors|{uuid.uuid4().hex}}}:{limit.suffix}"
+    decision: Decision
     try:
         for index, step in enumerate(vector["steps"]):
             clock.now = float(step["t"])
-            decision: Decision = await store.hit([key], [limit], [float(step["cost"])])
+            for repeat in range(int(step.get("repeat", 1)) - 1):
+                decision = await store.hit([key], [limit], [float(step["cost"])])
+                if decision.allowed != step["allowed"]:
+                    raise AssertionError(
+                        f"vector {vector['name']!r} step {index} (t={step['t']}, cost={step['cost']}) hit {repeat} "
+                        f"of {step['repeat']} on {type(store).__name__}: allowed: expected {step['allowed']!r}, "
+                        f"got {decision.allowed!r} ({decision})"
+                    )
+            decision = await store.hit([key], [limit], [float(step["cost"])])
             expected_retry = math.inf if step["retry_after"] is None else float(step["retry_after"])
             problems: Sequence[str] = [
                 f"{name}: expected {want!r}, got {got!r}"

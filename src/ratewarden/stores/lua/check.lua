@@ -20,10 +20,18 @@
 
 local INF = 1 / 0
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local abs, frexp, ldexp = math.abs, math.frexp, math.ldexp
 local tonumber, fmt, find, sub = tonumber, string.format, string.find, string.sub
 
 local function f(x) if x == 0 then return '0' end return fmt('%.17g', x) end
 local function trunc(x) if x >= 0 then return floor(x) end return ceil(x) end
+-- floor(a / b) of integer-valued doubles below 2^53, b > 0, exactly (Python's a // b): the
+-- rounded quotient is floor(a / b) or one more, which the exact product a / b * b shows.
+local function idiv(a, b)
+  local r = floor(a / b)
+  if r * b > a then return r - 1 end
+  return r
+end
 local function nums(s)  -- plain find/sub: cheaper than gmatch on this hot path
   local out, n, i = {}, 0, 1
   while true do
@@ -230,20 +238,32 @@ local function leaky_bucket(st, cost, capacity, per_second)
   return false, capacity, trunc(capacity - level + 1e-9), level / per_second, retry, nil
 end
 
+-- Exact: every time in whole steps of the grid q, the float step of |now| + B T (doubled when
+-- the TATs could reach 2^53 steps): the same integer-valued doubles below 2^53 as the Python ints
+-- of algorithms/gcra.py (see there), so the answers are identical.
 local function gcra(st, cost, burst, interval)
-  local window = burst * interval
-  local ahead = 0  -- offsets from now: (now + x) - now loses ~2e-7 s at wall-clock times
-  if st then
-    local s = tonumber(st)
-    if not (s < now) then ahead = s - now end
+  local _, e = frexp(abs(now) + burst * interval)
+  local q = ldexp(1, e - 53)
+  local step = ceil(interval / q)  -- T, rounded up: the rate is never exceeded
+  local start = floor(now / q)  -- divisions by a power of two are exact
+  if start + burst * step >= 9007199254740992 then
+    q = q * 2
+    step = ceil(interval / q)
+    start = floor(now / q)
   end
-  local used = ahead + cost * interval
-  if used <= window + 1e-9 then
-    return true, burst, trunc((window - used) / interval + 1e-9), used, 0, f(now + used)
+  local window = burst * step
+  local ahead = 0
+  if st then
+    local tat = ceil(tonumber(st) / q)
+    if tat > start then ahead = tat - start end
+  end
+  local used = ahead + ceil(cost * step)
+  if used <= window then
+    return true, burst, idiv(window - used, step), used * q, 0, f((start + used) * q)
   end
   local retry = INF
-  if cost <= burst then retry = used - window end
-  return false, burst, max(0, trunc((window - ahead) / interval + 1e-9)), ahead, retry, nil
+  if cost <= burst then retry = (used - window) * q end
+  return false, burst, max(0, idiv(window - ahead, step)), ahead * q, retry, nil
 end
 
 local function run(algo, b, key, st, cost)
