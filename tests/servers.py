@@ -41,7 +41,8 @@ def _ask(port: int, payload: bytes, timeout: float = 0.5) -> bytes:
 
 
 def redis_cmd(port: int, *args: str) -> str:
-    """One command through ``redis-cli`` (simple, and independent of the code under test)."""
+    """One command through ``redis-cli`` (simple, and independent of the code under test); options
+    such as ``-a PASSWORD`` may lead ``args``."""
     out = subprocess.run(
         ["redis-cli", "-h", HOST, "-p", str(port), *args], capture_output=True, text=True, timeout=10
     )
@@ -78,7 +79,8 @@ class Server:
             # The answer must come from this process: a free port taken meanwhile by another server
             # would pass the probe while ours exits on "address in use" (a Sentinel set-up then
             # waits forever for its missing member).
-            pid = redis_cmd(self.port, "INFO", "server").partition("process_id:")[2].split()[0:1]
+            auth = ["-a", self.argv[self.argv.index("--requirepass") + 1], "--no-auth-warning"] if "--requirepass" in self.argv else []
+            pid = redis_cmd(self.port, *auth, "INFO", "server").partition("process_id:")[2].split()[0:1]
             if pid != [str(self.proc.pid)]:
                 self.stop()
                 raise RuntimeError(f"port {self.port} is answered by another process (pid {pid}), not ours")
