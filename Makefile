@@ -28,7 +28,7 @@ $(WHEEL_VENV)/.installed: $(VENV)/.installed setup.py pyproject.toml $(SOURCES)
 	python3 -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
 	RATEWARDEN_REQUIRE_COMPILED=1 $(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps -w build/wheels .
-	$(WHEEL_VENV)/bin/python -m pip install -q "ratewarden[bench] @ file://$$(ls $(abspath build/wheels)/ratewarden-*.whl)"
+	$(WHEEL_VENV)/bin/python -m pip install -q "ratewarden[bench,serve] @ file://$$(ls $(abspath build/wheels)/ratewarden-*.whl)"
 	touch $@
 
 # Users install compiled wheels, so the benchmark runs one.
