@@ -178,6 +178,48 @@ async def test_a_write_that_fails_puts_back_what_the_check_wrote(memcached_serve
 
 
 @pytest.mark.memcached
+async def test_a_put_back_that_fails_is_tried_again(memcached_server: Memcached) -> None:
+    """The put-back thread's first attempt fails (no reply in time): it tries again, as the async
+    path's put-backs do. It gave up at once, the first key stayed charged and the second not."""
+    store = MemcachedStore(memcached_server.url, timeout=0.5)
+    limits = make_limits("10/hour; 100/day")
+    keys = [_key(limit) for limit in limits]
+    try:
+        store.hit_blocking(keys, limits, [1.0, 1.0])
+        original_write, original_undo = store._sync_write, store._sync_undo
+        undos = 0
+
+        def write(client, key, data, token, exptime, written):  # type: ignore[no-untyped-def]
+            if key == memcached_key(keys[1]):
+                try:
+                    raise ConnectionResetError("lost")
+                except ConnectionResetError as exc:
+                    from ratewarden.stores.memcached.blocking import _Interrupted
+
+                    raise _Interrupted(list(written[:-1]), token, False) from exc
+            return original_write(client, key, data, token, exptime, written)
+
+        def undo(client, writes):  # type: ignore[no-untyped-def]
+            nonlocal undos
+            undos += 1
+            if undos == 1:
+                raise TimeoutError("timed out")
+            original_undo(client, writes)
+
+        store._sync_write = write  # type: ignore[method-assign]
+        store._sync_undo = undo  # type: ignore[method-assign]
+        with pytest.raises(StoreError):
+            store.hit_blocking(keys, limits, [1.0, 1.0])
+        store.close_blocking()  # the put-back is done
+        store._sync_write, store._sync_undo = original_write, original_undo  # type: ignore[method-assign]
+        assert [d.remaining for d in await store.peek(keys, limits)] == [9, 99]
+        assert undos == 2
+        assert store._sync_held == set() and store._sync_settling == set()
+    finally:
+        await store.close()
+
+
+@pytest.mark.memcached
 async def test_a_killed_server_fails_within_two_timeouts() -> None:
     server = Memcached().start()  # a memcached of this test's own, killed by it
     store = MemcachedStore(server.url, timeout=0.2)

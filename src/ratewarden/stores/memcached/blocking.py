@@ -13,8 +13,9 @@ encoding, so the synchronous and asynchronous paths share keys:
   and retries, at most ``retries`` times, so a check stays all or nothing;
 * a write that gets no answer (timeout, lost connection) fails the check at once; what it wrote
   is put back by a thread of its own, still holding the keys, once the write has landed (or
-  ``UNDO_TIMEOUT`` passed): a check that got no answer charges nothing. Checks waiting for such
-  a key fail after ``timeout``.
+  ``UNDO_TIMEOUT`` passed): a check that got no answer charges nothing (its commands time out
+  after at least ``UNDO_COMMAND_TIMEOUT``, and a failed attempt is tried again until
+  ``UNDO_TIMEOUT``, as ``putbacks`` does). Checks waiting for such a key fail after ``timeout``.
 
 Threads of this process take their keys (all at once, so two multi-key checks never deadlock)
 and a connection before they send anything: a key has one contender per process, as on the
@@ -37,9 +38,9 @@ before it survives it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +53,7 @@ from ..rejections import RejectionCache
 from .cas import adjusted_write, backoff, evaluate, peek_decisions, writes
 from .encoding import decode, expiry, memcached_key
 from .protocol import Read
-from .putbacks import UNDO_TIMEOUT, Undo
+from .putbacks import UNDO_COMMAND_TIMEOUT, UNDO_TIMEOUT, Undo
 
 try:
     from pymemcache.client.base import Client as _PyClient  # type: ignore[import-untyped, unused-ignore]
@@ -303,7 +304,7 @@ class Blocking(Store):
 
     def _sync_settle_and_undo(self, written: list[Undo], token: int | None, landing: bool, keys: set[bytes]) -> None:
         """Put back ``written`` (see ``_Interrupted``), then let go of ``keys``."""
-        client = self._sync_new_client()
+        client = self._sync_new_client(UNDO_COMMAND_TIMEOUT)
         try:
             deadline = time.monotonic() + UNDO_TIMEOUT
             key, _old, ours, _ = written[-1]
@@ -316,8 +317,21 @@ class Blocking(Store):
                 if value == ours or now_token != token:  # landed, or the key moved on without it
                     break
                 time.sleep(_POLL)
-            with contextlib.suppress(OSError, MemcacheError):  # a put-back that fails leaves that charge
-                self._sync_undo(client, written)
+            # A failed attempt is tried again (a key put back reads as changed) until UNDO_TIMEOUT
+            # more; one that still fails leaves that charge (``putbacks._undo``).
+            deadline = time.monotonic() + UNDO_TIMEOUT
+            attempt = 0
+            while True:
+                try:
+                    self._sync_undo(client, written)
+                    break
+                except (OSError, MemcacheError):
+                    if time.monotonic() >= deadline:
+                        break
+                client.close()
+                client = self._sync_new_client(UNDO_COMMAND_TIMEOUT)
+                time.sleep(random.uniform(0.0, min(0.02, 0.001 * 2.0**attempt)))
+                attempt += 1
         finally:
             client.close()
             with self._sync_cond:
@@ -328,9 +342,10 @@ class Blocking(Store):
 
     # -- keys, connections, silence ------------------------------------------------------------
 
-    def _sync_new_client(self) -> Any:
+    def _sync_new_client(self, least: float = 0.0) -> Any:
+        """A pymemcache client whose commands time out after ``timeout`` (at least ``least``)."""
         return _PyClient(
-            self._sync_server, connect_timeout=max(1.0, self.timeout), timeout=self.timeout,
+            self._sync_server, connect_timeout=max(1.0, self.timeout), timeout=max(self.timeout, least),
             no_delay=True, default_noreply=False,
         )
 

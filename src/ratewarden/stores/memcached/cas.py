@@ -2,7 +2,8 @@
 
 * A multi-key check reads every key with one ``gets`` and, only if all allow, writes each new
   state with ``cas`` (``add`` for a new key); if a later key loses its race, the keys already
-  written are put back (compare and swap again) before the retry, so a check stays all or
+  written are put back (compare and swap again; in a task of its own, as an interrupted
+  check's, so a cancellation cannot stop it halfway) before the retry, so a check stays all or
   nothing. It holds its keys' local locks (in a fixed order), as ``adjust`` does.
 * ``adjust`` (refunds and penalties) uses the same loop, one key at a time; a state whose whole
   limit is available again is written as the algorithm's "nothing used" state (memcached has no
@@ -167,7 +168,8 @@ class CasChecks(PutBacks):
                 if not await self._write(payload, written, None):
                     self.cas_conflicts += 1
                     written.pop()
-                    await self._undo(written)
+                    if written:  # put back in the background, as an interrupted check's, holding the keys
+                        await self._put_back_unsent(written, None)
                     await asyncio.sleep(backoff(attempt))
                     break
             else:

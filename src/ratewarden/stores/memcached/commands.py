@@ -37,15 +37,17 @@ class Commands(Store):
     _silent_at: int  # ``_heard.count`` when a command last timed out (-1: not silent)
     _silence: asyncio.Future[None] | None  # resolved when a command times out
 
-    async def _command(self, payload: bytes, read: Callable[[asyncio.StreamReader], Awaitable[_T]]) -> _T:
-        """Send ``payload`` and read its reply with ``read``, within the timeout (see the module
-        docstring). A command that does not complete closes its connection."""
+    async def _command(
+        self, payload: bytes, read: Callable[[asyncio.StreamReader], Awaitable[_T]], timeout: float | None = None
+    ) -> _T:
+        """Send ``payload`` and read its reply with ``read``, within ``timeout`` (default: the
+        store's; see the module docstring). A command that does not complete closes its connection."""
         conn = await self._acquire()
         done = False
         try:
             sent = self._send(conn, payload, read)
             try:
-                result: _T = await self._answer(sent)
+                result: _T = await self._answer(sent, timeout)
             finally:
                 if not sent.task.done():
                     sent.task.cancel()
@@ -82,16 +84,17 @@ class Commands(Store):
         if closed:
             await self._pool.clear()
 
-    async def _answer(self, sent: Sent) -> Any:
-        """``sent``'s reply. The timeout starts at the write and is re-armed while memcached is
-        heard from (bytes arrived on the connection since the last look, or waiting in the kernel),
-        once for a timer our loop ran late; else ``asyncio.TimeoutError`` (the reply task runs on)."""
+    async def _answer(self, sent: Sent, limit: float | None = None) -> Any:
+        """``sent``'s reply. The timeout (``limit``, default the store's) starts at the write and
+        is re-armed while memcached is heard from (bytes arrived on the connection since the last
+        look, or waiting in the kernel), once for a timer our loop ran late; else
+        ``asyncio.TimeoutError`` (the reply task runs on)."""
         task = sent.task
         loop = asyncio.get_running_loop()
         seen = sent.seen
         late = 1
         while True:
-            timeout = self.timeout
+            timeout = self.timeout if limit is None else limit
             due = loop.time() + timeout
             done, _ = await asyncio.wait((task,), timeout=timeout)
             if done:

@@ -5,12 +5,21 @@ A check whose write does not complete (timeout, lost connection, cancellation) l
 (within ``UNDO_TIMEOUT``), then puts back what it wrote, still holding its keys, so a check that
 got no answer charges nothing. (A caller that goes away while its batch's write is in flight may
 stay charged, at most once.) A put-back compares and swaps: a key changed since is left alone.
+
+A put-back does not fail with the check that started it: its commands have a timeout of their
+own (at least ``UNDO_COMMAND_TIMEOUT``, not the store's, which may be a millisecond) and one that
+fails (no reply, no connection while memcached went silent) is tried again until
+``UNDO_TIMEOUT``; trying again is safe, a key already put back reads as changed and is left
+alone. The keys stay held until it ends, whatever happens to the caller meanwhile (cancelled
+again, say): a check that built on a state being put back would make that put-back leave it
+alone, one key of a multi-key check charged and the other not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import Callable
 
@@ -24,6 +33,7 @@ from .queues import Queue
 Undo = tuple[bytes, "bytes | None", bytes, Limit]  # key, value before, value written, its limit
 
 UNDO_TIMEOUT = 5.0  # seconds a put-back of an interrupted check may take (it runs in the background)
+UNDO_COMMAND_TIMEOUT = 0.1  # seconds memcached may stay silent on a put-back's command before it is tried again
 
 
 class PutBacks(Commands):
@@ -61,8 +71,8 @@ class PutBacks(Commands):
         return ok
 
     async def _put_back_unsent(self, written: list[Undo], queue: Queue | None) -> None:
-        """Put back ``written`` (the keys written before a write that was never sent), in the
-        background as an interrupted write's are, holding the keys meanwhile."""
+        """Put back ``written`` (keys written before a write that was never sent, or that lost its
+        race), in the background as an interrupted write's are, holding the keys meanwhile."""
         landed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         landed.set_result(None)
         if queue is not None:
@@ -83,13 +93,20 @@ class PutBacks(Commands):
 
     async def _undo_interrupted(self, writes: list[Undo], landing: asyncio.Future[None]) -> None:
         """Put back ``writes`` in a task of its own (this one may be cancelled), once the write in
-        flight (``landing``) is settled, still holding the key locks until then, so no local check
-        builds on the state being put back."""
+        flight (``landing``) is settled, still holding the key locks until the put-back ends (a
+        cancellation meanwhile is raised then), so no local check builds on the state being put
+        back. A put-back that fails is not raised: it leaves that charge."""
         task = asyncio.ensure_future(asyncio.wait_for(self._settle_and_undo(writes, landing), UNDO_TIMEOUT * 2))
         self._undoing.add(task)
         task.add_done_callback(self._undone)
-        with contextlib.suppress(BaseException):  # a second cancellation: the task goes on alone
-            await asyncio.shield(task)
+        cancelled = False
+        while not task.done():
+            try:
+                await asyncio.wait((task,))
+            except asyncio.CancelledError:  # the keys stay held: the put-back goes on, and we wait
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _settle_and_undo(self, writes: list[Undo], landing: asyncio.Future[None]) -> None:
         with contextlib.suppress(Exception):  # landed or not: ``_undo`` reads which
@@ -103,13 +120,31 @@ class PutBacks(Commands):
 
     async def _undo(self, writes: list[Undo]) -> None:
         """Put back keys this check wrote, unless someone changed them since; a restored state
-        expires when it would have (memcached cannot read an expiry back, so it is computed)."""
-        for key, old, ours, limit in writes:
-            ((value, token),) = await self._command(b"gets " + key + b"\r\n", values_reader((key,)))
-            if value != ours or token is None:
-                continue
-            if old is None:
-                await self._command(b"delete " + key + b"\r\n", deleted)
-            else:
-                _, decision = limit.fn(decode(old), self.clock(), 0.0, limit.rate)
-                await self._command(storage(b"cas", key, old, expiry(decision.reset_after, time.time()), token), stored)
+        expires when it would have (memcached cannot read an expiry back, so it is computed).
+        A failed attempt is tried again (a key put back reads as changed) until ``UNDO_TIMEOUT``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + UNDO_TIMEOUT
+        attempt = 0
+        while True:
+            try:
+                for undo in writes:
+                    await self._put_back(undo)
+                return
+            except Exception:
+                if loop.time() >= deadline:
+                    raise
+            await asyncio.sleep(random.uniform(0.0, min(0.02, 0.001 * 2.0**attempt)))
+            attempt += 1
+
+    async def _put_back(self, undo: Undo) -> None:
+        key, old, ours, limit = undo
+        timeout = max(self.timeout, UNDO_COMMAND_TIMEOUT)
+        ((value, token),) = await self._command(b"gets " + key + b"\r\n", values_reader((key,)), timeout)
+        if value != ours or token is None:
+            return
+        if old is None:
+            await self._command(b"delete " + key + b"\r\n", deleted, timeout)
+        else:
+            _, decision = limit.fn(decode(old), self.clock(), 0.0, limit.rate)
+            payload = storage(b"cas", key, old, expiry(decision.reset_after, time.time()), token)
+            await self._command(payload, stored, timeout)
