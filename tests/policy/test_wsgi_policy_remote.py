@@ -27,7 +27,9 @@ from ratewarden.stores.redis import RedisStore
 from tests.policy.test_wsgi_policy import call, hello, statuses
 
 _T = TypeVar("_T")
-API = [PolicyRule("/api/**", "1/min", name="api")]
+# A day's window: no test here may see its window end (one sleeps 1.2 s; a minute's fixed window
+# ended inside it in about 2% of runs).
+API = [PolicyRule("/api/**", "1/day", name="api")]
 
 
 class Remote:
@@ -69,7 +71,7 @@ def test_a_ban_after_n_rejections_is_shared_and_lifted(remote: Remote) -> None:
     other = WSGIPolicyMiddleware(hello, remote.limiter, API, bans=Bans(after=3, within=60, duration=120))
     assert call(other, "/api/x")[0] == 403  # a second app (worker) on the same store
     remote.run(app.unblock("10.0.0.1"))  # the admin calls are the ASGI middleware's coroutines
-    assert call(app, "/api/x")[0] == 429  # the minute's limit again, not the ban
+    assert call(app, "/api/x")[0] == 429  # the day's limit again, not the ban
     assert bans.check_blocking(remote.limiter, "10.0.0.1") == 0
 
 
@@ -93,7 +95,7 @@ def test_an_admin_block_is_seen_by_the_wsgi_app(remote: Remote) -> None:
 
 
 def test_a_charge_rule_refunds_statuses_that_do_not_count(remote: Remote) -> None:
-    rules = [PolicyRule("/login", "2/min", methods=["POST"], charge=Charge([401]), name="login")]
+    rules = [PolicyRule("/login", "2/day", methods=["POST"], charge=Charge([401]), name="login")]
     app = WSGIPolicyMiddleware(hello, remote.limiter, rules)
     assert statuses(app, "/login", 5, method="POST") == [200] * 5  # successes are refunded
     assert statuses(app, "/login", 3, method="POST", query="status=401") == [401, 401, 429]
@@ -102,7 +104,7 @@ def test_a_charge_rule_refunds_statuses_that_do_not_count(remote: Remote) -> Non
 
 def test_bans_and_charges_through_a_breaker(remote: Remote) -> None:
     limiter = Limiter(Breaker(remote.store, fallback=MemoryStore()), prefix=remote.limiter.prefix)
-    rules = [*API, PolicyRule("/login", "1/min", methods=["POST"], charge=Charge([401]), name="login")]
+    rules = [*API, PolicyRule("/login", "1/day", methods=["POST"], charge=Charge([401]), name="login")]
     app = WSGIPolicyMiddleware(hello, limiter, rules, bans=Bans(after=1, within=60, duration=60))
     assert statuses(app, "/login", 3, method="POST") == [200] * 3
     assert statuses(app, "/api/x", 3) == [200, 429, 403]
@@ -139,6 +141,6 @@ def test_stores_that_cannot_are_still_refused(wrap: Callable[[Store], Store]) ->
     assert call(WSGIPolicyMiddleware(hello, limiter, API), "/api/x")[0] == 200  # checks: fine
     with pytest.raises(ConfigurationError, match=r"bans .*peek_blocking, reset_blocking; .* has no such method"):
         WSGIPolicyMiddleware(hello, limiter, API, bans=Bans(after=2))
-    charged = [PolicyRule("/login", "1/min", charge=Charge([401]), name="login")]
+    charged = [PolicyRule("/login", "1/day", charge=Charge([401]), name="login")]
     with pytest.raises(ConfigurationError, match=r"rule 'login' .*needs adjust_blocking; .* has none"):
         WSGIPolicyMiddleware(hello, limiter, charged)
