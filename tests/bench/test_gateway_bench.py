@@ -84,13 +84,15 @@ def test_limiting_rows_are_exact_per_tier(tiny: tuple[g.GatewayReport, Path]) ->
 def test_capacity_rows_and_targets(tiny: tuple[g.GatewayReport, Path]) -> None:
     report, _ = tiny
     assert [(c.protocol, c.server) for c in report.capacity] == [
-        ("http", "floor"), ("grpc", "floor"), ("http", "ours"), ("grpc", "ours")]
+        ("http", "floor"), ("grpc", "floor"), ("http", "floor-headers"), ("http", "ours"), ("grpc", "ours")]
     for c in report.capacity:
         assert c.missing == "" and len(c.rps_runs) == 1 and c.requests > 0, c
         assert c.bad == 0, c  # every answer a 2xx / OK: the capacity key's limit is never reached
     names = [t["target"] for t in report.targets]
     assert names[:2] == ["HAProxy + ratewarden: added p99", "HAProxy + ratewarden: average latency"]
-    assert sum("service capacity" in n for n in names) == 4
+    assert sum("service capacity" in n for n in names) == 6  # HTTP against both floors, gRPC against one
+    with_headers = [t for t in report.targets if t["target"].endswith("floor with the same headers")]
+    assert len(with_headers) == 2 and all(t.get("floor_rps") or t.get("floor_us") for t in with_headers)
     for t in report.targets:
         assert {"target", "rule", "ours", "floor", "met", "ours_min", "floor_min", "met_min"} <= set(t)
         if t["unit"]:
@@ -110,7 +112,7 @@ def test_outputs(tiny: tuple[g.GatewayReport, Path]) -> None:
     assert native["basic"]["admitted"] == "3" and native["basic"]["limit"] == "3" and native["basic"]["exact"] == "yes"
     assert native["all"]["over_limit"] == "False"
     with (out / "gateway-capacity.csv").open() as f:
-        assert len(list(csv.DictReader(f))) == 4
+        assert len(list(csv.DictReader(f))) == 5
     md = (out / "gateway.md").read_text()
     for needle in ("## Targets", "admitted / limit", "success rate", "| basic | 15 |", "Service capacity"):
         assert needle in md

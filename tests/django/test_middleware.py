@@ -98,6 +98,27 @@ def test_trusted_proxies() -> None:
     assert codes == [200] * 5 + [429]
 
 
+def test_trusted_proxies_apply_to_rule_objects_on_the_default_key() -> None:
+    """A ``Rule`` left on the default key follows TRUSTED_PROXIES as a dict rule's ``"ip"`` does; one
+    with its own key keeps it."""
+    from ratewarden import Rule
+    from ratewarden.keys import header
+
+    rules = [Rule("/mw/**", "2/min", name="objects"), Rule("/mwuser/**", "2/min", key=header("X-User"))]
+    with override_settings(RATEWARDEN=ratewarden_settings(TRUSTED_PROXIES=["10.0.0.0/8"], RULES=rules)):
+        proxy = Client(REMOTE_ADDR="10.1.2.3")
+        first = [proxy.get("/mw/hello", headers={"X-Forwarded-For": "203.0.113.7"}).status_code for _ in range(3)]
+        assert first == [200, 200, 429]
+        assert proxy.get("/mw/hello", headers={"X-Forwarded-For": "203.0.113.8"}).status_code == 200
+        stranger = Client(REMOTE_ADDR="192.0.2.1")  # not a proxy: its header is ignored
+        spoofed = [stranger.get("/mw/hello", headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code
+                   for i in range(3)]
+        assert spoofed == [200, 200, 429]
+        users = [proxy.get("/mwuser/hello", headers={"X-User": "erin", "X-Forwarded-For": f"203.0.113.{i}"}).status_code
+                 for i in range(3)]
+        assert users == [200, 200, 429]  # its own key: one count for erin, whatever the address
+
+
 @pytest.mark.parametrize(("options", "expected"), [
     ({"HEADERS": "off"}, set()),
     ({"HEADERS": "on_limit"}, set()),

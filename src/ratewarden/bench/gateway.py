@@ -21,7 +21,9 @@ and median over the rounds.
 
 **Service capacity.** Decisions per second of one worker over HTTP keep-alive (``/check``, wrk) and
 over gRPC (``ShouldRateLimit``), each against a floor on the same stack answering a fixed OK
-(``gateway_floor``), interleaved in rounds, server and client pinned to different cores.
+(``gateway_floor``), and HTTP also against the same fixed 200 carrying an allowed check's rate-limit
+headers (the part of an answer any check must write), interleaved in rounds, server and client pinned
+to different cores.
 
 **Targets** (``targets``): through HAProxy, ratewarden adds <= 1 ms p99 and its average is <= 1.25x no
 limiting; capacity cost <= 1.3x the floor per protocol; the ratewarden rows exact per tier. Each
@@ -71,7 +73,10 @@ VARIANTS: Mapping[str, VariantSpec] = {v.key: v for v in (
     VariantSpec("nginx-limit_req", "nginx limit_req (leaky bucket)", "nginx", "native"),
     VariantSpec("nginx-ratewarden", "nginx + ratewarden (auth_request -> /check)", "nginx", "ratewarden"),
 )}
-CAPACITY_SERVERS = ("floor", "ours")
+CAPACITY_SERVERS = ("floor", "floor-headers", "ours")
+#: The floors each protocol's capacity is compared with: a fixed answer, and (HTTP) a fixed answer
+#: carrying the rate-limit headers an allowed check carries, so that the ratio is the decision alone.
+CAPACITY_FLOORS = {"http": ("floor", "floor-headers"), "grpc": ("floor",)}
 GROUPS = tuple(gp.GROUP_LIMITS)
 
 
@@ -438,12 +443,16 @@ def _capacity(opts: GatewayOptions, root: Path, policy: Path, bins: Mapping[str,
     envoy = root / "envoy.yaml"
     envoy.write_text(gp.envoy_yaml(), encoding="utf-8")
     stacks = {"floor": "fixed 200 / OK on ratewarden serve's stack (uvicorn + grpc.aio, one event loop)",
+              "floor-headers": "the same fixed 200 with an allowed check's 5 rate-limit headers",
               "ours": "ratewarden serve --workers 1, memory store"}
     rows: list[CapacityRow] = []
     live: list[tuple[CapacityRow, int, int]] = []
     for what in CAPACITY_SERVERS:
-        http, grpc = gp.free_port(), gp.free_port() if opts.grpc else 0
-        argv = gp.floor_command(http, grpc) if what == "floor" else gp.serve_command([policy, envoy], http, grpc)
+        http, grpc = gp.free_port(), gp.free_port() if opts.grpc and what != "floor-headers" else 0
+        if what == "ours":
+            argv = gp.serve_command([policy, envoy], http, grpc)
+        else:
+            argv = gp.floor_command(http, grpc, headers=what == "floor-headers")
         mine = [CapacityRow("http", what, stacks[what])] + ([CapacityRow("grpc", what, stacks[what])] if grpc else [])
         rows += mine
         d = root / f"capacity-{what}"
@@ -504,6 +513,37 @@ def _cap(report: GatewayReport, protocol: str, server: str) -> CapacityRow | Non
     return None
 
 
+def _capacity_targets(protocol: str, floor_name: str, fl: CapacityRow | None, us: CapacityRow | None,
+                      entry: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
+    """The capacity targets of one protocol against one floor: by req/s and by server CPU."""
+    what = "HTTP keep-alive /check" if protocol == "http" else "gRPC ShouldRateLimit"
+    against = ", floor with the same headers" if floor_name == "floor-headers" else ""
+    floor_text = "the fixed answer with the same headers" if floor_name == "floor-headers" else "the fixed-answer floor"
+
+    def cost(i: int, c: CapacityRow | None) -> float | None:
+        s, f = (c.stat() if c else None), (fl.stat() if fl else None)
+        return None if s is None or f is None or not s[i] else f[i] / s[i]
+
+    e = entry(f"service capacity, {what}{against}", f"decision cost <= 1.3x {floor_text} (floor req/s / ours req/s)",
+              1.3, "x", cost, ours_row=us, floor_row=fl)
+    for i, suffix in ((1, ""), (0, "_min")):
+        e[f"ours_rps{suffix}"] = us.stat()[i] if us and us.stat() else None  # type: ignore[index]
+        e[f"floor_rps{suffix}"] = fl.stat()[i] if fl and fl.stat() else None  # type: ignore[index]
+
+    def cpu_cost(i: int, c: CapacityRow | None) -> float | None:
+        s, f = (c.cpu_stat() if c else None), (fl.cpu_stat() if fl else None)
+        return None if s is None or f is None or not f[i] else s[i] / f[i]
+
+    short = "HTTP /check" if protocol == "http" else "gRPC"
+    e2 = entry(f"service capacity, {short}: server CPU per decision{against}",
+               f"ours CPU µs per decision <= 1.3x {floor_text}'s per answer", 1.3, "x", cpu_cost,
+               ours_row=us, floor_row=fl)
+    for i, suffix in ((1, ""), (0, "_min")):
+        e2[f"ours_us{suffix}"] = us.cpu_stat()[i] if us and us.cpu_stat() else None  # type: ignore[index]
+        e2[f"floor_us{suffix}"] = fl.cpu_stat()[i] if fl and fl.cpu_stat() else None  # type: ignore[index]
+    return [e, e2]
+
+
 def targets(report: GatewayReport) -> list[dict[str, Any]]:
     """The issue's targets, each as target / ours / floor from the medians and the minima over rounds.
 
@@ -543,32 +583,10 @@ def targets(report: GatewayReport) -> list[dict[str, Any]]:
                      added_p99, ours_row=ours, floor_row=floor))
     out.append(entry("HAProxy + ratewarden: average latency", "<= 1.25x HAProxy without limiting (seed: 6.99x)",
                      1.25, "x", avg_ratio, ours_row=ours, floor_row=floor))
-    for protocol in ("http", "grpc"):
-        fl, us = _cap(report, protocol, "floor"), _cap(report, protocol, "ours")
-
-        def cost(i: int, c: CapacityRow | None, fl: CapacityRow | None = fl) -> float | None:
-            s, f = (c.stat() if c else None), (fl.stat() if fl else None)
-            return None if s is None or f is None or not s[i] else f[i] / s[i]
-
-        e = entry(f"service capacity, {'HTTP keep-alive /check' if protocol == 'http' else 'gRPC ShouldRateLimit'}",
-                  "decision cost <= 1.3x the fixed-answer floor (floor req/s / ours req/s)", 1.3, "x", cost,
-                  ours_row=us, floor_row=fl)
-        for i, suffix in ((1, ""), (0, "_min")):
-            e[f"ours_rps{suffix}"] = us.stat()[i] if us and us.stat() else None  # type: ignore[index]
-            e[f"floor_rps{suffix}"] = fl.stat()[i] if fl and fl.stat() else None  # type: ignore[index]
-        out.append(e)
-
-        def cpu_cost(i: int, c: CapacityRow | None, fl: CapacityRow | None = fl) -> float | None:
-            s, f = (c.cpu_stat() if c else None), (fl.cpu_stat() if fl else None)
-            return None if s is None or f is None or not f[i] else s[i] / f[i]
-
-        e = entry(f"service capacity, {'HTTP /check' if protocol == 'http' else 'gRPC'}: server CPU per decision",
-                  "ours CPU µs per decision <= 1.3x the floor's per fixed answer", 1.3, "x", cpu_cost,
-                  ours_row=us, floor_row=fl)
-        for i, suffix in ((1, ""), (0, "_min")):
-            e[f"ours_us{suffix}"] = us.cpu_stat()[i] if us and us.cpu_stat() else None  # type: ignore[index]
-            e[f"floor_us{suffix}"] = fl.cpu_stat()[i] if fl and fl.cpu_stat() else None  # type: ignore[index]
-        out.append(e)
+    for protocol, floors in CAPACITY_FLOORS.items():
+        for floor_name in floors:
+            out += _capacity_targets(protocol, floor_name, _cap(report, protocol, floor_name),
+                                     _cap(report, protocol, "ours"), entry)
     rw = [v for v in report.variants if v.limiter == "ratewarden" and v.rounds]
     exact = all(g.exact == "yes" for v in rw for g in v.groups()) if rw else None
     out.append({"target": "ratewarden rows exact per tier", "rule": "admitted = min(requests, limit) per key, "

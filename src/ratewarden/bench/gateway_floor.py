@@ -6,6 +6,10 @@ lifespan, access log, server or date header; a pre-bound listening socket; ``grp
 event loop), but the HTTP app answers every request with a fixed ``200`` and an empty body and the
 gRPC servicer every ``ShouldRateLimit`` with a fixed ``OK``, checking nothing. The capacity ratio
 ours / floor is then the cost of deciding, nothing else.
+
+With ``--headers`` the fixed ``200`` also carries the rate-limit headers an allowed ``/check`` answer
+does (``DECISION_HEADERS``: the same names, values of the same length), so the ratio against it is the
+decision alone, without the cost of writing the headers every gateway answer must carry.
 """
 
 from __future__ import annotations
@@ -18,7 +22,18 @@ from typing import Any
 
 from ..types import Receive, Scope, Send
 
-__all__ = ["floor_app", "floor_servicer", "main"]
+__all__ = ["DECISION_HEADERS", "floor_app", "floor_servicer", "headers_floor_app", "main"]
+
+#: The header list of an allowed ``/check`` answer for the bench's capacity key (header style
+#: ``both``), fixed: what ``--headers`` answers.
+DECISION_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"ratelimit-policy", b'"api.bulk";q=1000000000;w=60'),
+    (b"ratelimit", b'"api.bulk";r=999999999;t=60'),
+    (b"x-ratelimit-limit", b"1000000000"),
+    (b"x-ratelimit-remaining", b"999999999"),
+    (b"x-ratelimit-reset", b"60"),
+    (b"content-length", b"0"),
+]
 
 
 async def floor_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -26,6 +41,14 @@ async def floor_app(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def headers_floor_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """ASGI: a fixed ``200`` with ``DECISION_HEADERS`` and an empty body, checking nothing."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": DECISION_HEADERS})
     await send({"type": "http.response.body", "body": b""})
 
 
@@ -45,12 +68,12 @@ def floor_servicer() -> Any:
     return Floor()
 
 
-def _server(sock: socket.socket) -> Any:
+def _server(sock: socket.socket, headers: bool) -> Any:
     """The uvicorn server ``ratewarden serve`` builds (``serve.process._uvicorn_server``), for the floor app."""
     from ..serve import process
 
     make: Any = process._uvicorn_server
-    return make(floor_app, sock)
+    return make(headers_floor_app if headers else floor_app, sock)
 
 
 def _bind(port: int) -> socket.socket:
@@ -63,9 +86,9 @@ def _bind(port: int) -> socket.socket:
     return sock
 
 
-async def _serve(http_port: int, grpc_port: int) -> None:
+async def _serve(http_port: int, grpc_port: int, headers: bool = False) -> None:
     sock = _bind(http_port)
-    server = _server(sock)
+    server = _server(sock, headers)
     grpc_server: Any = None
     if grpc_port:
         import grpc  # type: ignore[import-untyped, unused-ignore]
@@ -90,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ratewarden.bench.gateway_floor")
     parser.add_argument("--http", type=int, required=True, help="HTTP port")
     parser.add_argument("--grpc", type=int, default=0, help="gRPC port (none when 0)")
+    parser.add_argument("--headers", action="store_true", help="answer with an allowed check's rate-limit headers")
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.http, args.grpc))
+    asyncio.run(_serve(args.http, args.grpc, args.headers))
     return 0
 
 

@@ -307,10 +307,11 @@ def serve_command(files: Sequence[Path], http: int, grpc: int = 0) -> list[str]:
     return argv + (["--grpc", f"{HOST}:{grpc}"] if grpc else [])
 
 
-def floor_command(http: int, grpc: int = 0) -> list[str]:
-    """The fixed-answer floor on ``ratewarden serve``'s stack (``gateway_floor``), HTTP and optionally gRPC."""
+def floor_command(http: int, grpc: int = 0, headers: bool = False) -> list[str]:
+    """The fixed-answer floor on ``ratewarden serve``'s stack (``gateway_floor``), HTTP and optionally
+    gRPC; ``headers``: its 200 carries an allowed check's rate-limit headers."""
     argv = [sys.executable, "-m", "ratewarden.bench.gateway_floor", "--http", str(http)]
-    return argv + (["--grpc", str(grpc)] if grpc else [])
+    return argv + (["--grpc", str(grpc)] if grpc else []) + (["--headers"] if headers else [])
 
 
 def haproxy_command(directory: Path, binary: str = HAPROXY) -> list[str]:

@@ -32,6 +32,7 @@ from django.core.signals import setting_changed  # type: ignore[import-untyped]
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import ClientIP
+from ..keys import client_ip as default_client_ip
 from ..limiter import Limiter
 from ..rules import Rule, RuleSet
 from ..stores.base import Store
@@ -112,6 +113,8 @@ def _client_ip(values: Mapping[str, Any]) -> ClientIP:
 
 
 def _rule(item: object, index: int, client_ip: ClientIP) -> Rule:
+    if type(item) is Rule and item.key is default_client_ip:
+        return _with_key(item, client_ip)
     if isinstance(item, Rule):
         return item
     if not isinstance(item, Mapping):
@@ -127,6 +130,15 @@ def _rule(item: object, index: int, client_ip: ClientIP) -> Rule:
         return Rule(path, **fields)
     except (ConfigurationError, TypeError) as exc:
         raise _error("RULES", f"item {index}: {exc}") from None
+
+
+def _with_key(rule: Rule, key: ClientIP) -> Rule:
+    """``rule`` charging ``key`` (the settings' ``ip`` key): a ``Rule`` left on the default key follows
+    ``TRUSTED_PROXIES`` as a dict rule's ``"ip"`` does."""
+    return Rule(
+        rule.path, rule.rate, key=key, algorithm=rule.algorithm, methods=rule.methods, bypass=rule.bypass,
+        name=rule.name, cost=rule.cost, websocket=rule.websocket, message_rate=rule.message_rate, shadow=rule.shadow,
+    )
 
 
 def _policy_rules(path: object) -> list[Rule]:
