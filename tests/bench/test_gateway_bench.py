@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,41 @@ def test_cli_rejects_an_unknown_variant(tmp_path: Path) -> None:
                            "haproxy,nope", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "unknown --gateway-variants nope" in proc.stderr
+
+
+def test_the_headers_floor_answers_what_an_allowed_check_answers(tmp_path: Path) -> None:
+    """``gateway_floor --headers`` writes the header list ``/check`` answers for the capacity key: the
+    same names in the same order, values of the same length (within a digit), so that the floor
+    pays what any answer carrying them pays."""
+    import asyncio
+
+    from ratewarden import Limiter, MemoryStore
+    from ratewarden.bench import gateway_procs as gp
+    from ratewarden.bench.gateway_floor import DECISION_HEADERS, headers_floor_app
+    from ratewarden.policy import load_policy
+    from ratewarden.serve.http import ServeApp
+
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(gp.policy_toml({}))
+    app = ServeApp(Limiter(MemoryStore()), load_policy(str(policy_file)))
+    headers = [(b"x-api-key", gp.BULK_KEY.encode()), (b"x-original-uri", b"/bucket/object")]
+    scope = {"type": "http", "path": "/check", "method": "GET", "query_string": b"", "headers": headers,
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)}
+
+    async def answer(asgi: Any) -> list[tuple[bytes, bytes]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request"}
+
+        await asgi(dict(scope), receive, send)
+        assert sent[0]["status"] == 200
+        return list(sent[0]["headers"])
+
+    ours, floor = asyncio.run(answer(app)), asyncio.run(answer(headers_floor_app))
+    assert floor == DECISION_HEADERS
+    assert [name for name, _ in ours] == [name for name, _ in floor]
+    assert all(abs(len(a) - len(b)) <= 1 for (_, a), (_, b) in zip(ours, floor, strict=True)), (ours, floor)

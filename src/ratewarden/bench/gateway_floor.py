@@ -20,9 +20,9 @@ import signal
 import socket
 from typing import Any
 
-from ..types import Receive, Scope, Send
+from ..types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["DECISION_HEADERS", "floor_app", "floor_servicer", "headers_floor_app", "main"]
+__all__ = ["DECISION_HEADERS", "fixed_ok", "floor_app", "floor_servicer", "headers_floor_app", "main"]
 
 #: The header list of an allowed ``/check`` answer for the bench's capacity key (header style
 #: ``both``), fixed: what ``--headers`` answers.
@@ -36,20 +36,22 @@ DECISION_HEADERS: list[tuple[bytes, bytes]] = [
 ]
 
 
-async def floor_app(scope: Scope, receive: Receive, send: Send) -> None:
-    """ASGI: a fixed ``200`` with an empty body for every HTTP request, checking nothing."""
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
-    await send({"type": "http.response.body", "body": b""})
+def fixed_ok(headers: list[tuple[bytes, bytes]]) -> ASGIApp:
+    """ASGI: a fixed ``200`` with ``headers`` and an empty body for every HTTP request, checking nothing."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
 
 
-async def headers_floor_app(scope: Scope, receive: Receive, send: Send) -> None:
-    """ASGI: a fixed ``200`` with ``DECISION_HEADERS`` and an empty body, checking nothing."""
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200, "headers": DECISION_HEADERS})
-    await send({"type": "http.response.body", "body": b""})
+floor_app = fixed_ok([(b"content-length", b"0")])
+"""The floor: a fixed ``200``, no headers but its length."""
+headers_floor_app = fixed_ok(DECISION_HEADERS)
+"""The floor with an allowed check's rate-limit headers (``--headers``)."""
 
 
 def floor_servicer() -> Any:

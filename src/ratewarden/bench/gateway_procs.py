@@ -151,10 +151,10 @@ def envoy_yaml() -> str:
     )
 
 
-def backend_conf(port: int) -> str:
-    """The backend: nginx answering ``200 ok`` to every method and path (PUT bodies discarded)."""
-    return f"""worker_processes 1;
-pid backend.pid;
+def _nginx_preamble(workers: str, pid: str) -> str:
+    """The top of every nginx configuration here: processes, logs, and temporary files under the prefix."""
+    return f"""worker_processes {workers};
+pid {pid};
 error_log stderr warn;
 events {{ worker_connections 1024; }}
 http {{
@@ -164,7 +164,12 @@ http {{
     fastcgi_temp_path fastcgi;
     uwsgi_temp_path uwsgi;
     scgi_temp_path scgi;
-    keepalive_requests 100000;
+"""
+
+
+def backend_conf(port: int) -> str:
+    """The backend: nginx answering ``200 ok`` to every method and path (PUT bodies discarded)."""
+    return _nginx_preamble("1", "backend.pid") + f"""    keepalive_requests 100000;
     server {{
         listen {HOST}:{port} reuseport;
         client_max_body_size 1m;
@@ -236,18 +241,7 @@ def haproxy_ratewarden_files(gateway: int, service: int, backend: int) -> dict[s
             "ratewarden.lua": config_text("ratewarden.lua", gateway=gateway, service=service, backend=backend)}
 
 
-_NGINX_HEAD = """worker_processes auto;
-pid nginx.pid;
-error_log stderr warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    client_body_temp_path client_body;
-    proxy_temp_path proxy;
-    fastcgi_temp_path fastcgi;
-    uwsgi_temp_path uwsgi;
-    scgi_temp_path scgi;
-{extra}
+_NGINX_HEAD = """{extra}
     upstream app {{
         server {host}:{backend};
         keepalive 32;
@@ -268,7 +262,8 @@ http {{
 
 def nginx_plain_conf(gateway: int, backend: int) -> str:
     """nginx with no limiting (the shipped configuration's proxying, minus the check)."""
-    return _NGINX_HEAD.format(extra="", limits="", host=HOST, backend=backend, gateway=gateway)
+    return _nginx_preamble("auto", "nginx.pid") + _NGINX_HEAD.format(
+        extra="", limits="", host=HOST, backend=backend, gateway=gateway)
 
 
 def nginx_limit_req_conf(gateway: int, backend: int, limits: Mapping[str, int] = GROUP_LIMITS) -> str:
@@ -281,8 +276,8 @@ def nginx_limit_req_conf(gateway: int, backend: int, limits: Mapping[str, int] =
                   "    }", f"    limit_req_zone ${group}_key zone={group}:1m rate={limit}r/m;"]
         rules.append(f"            limit_req zone={group} burst={limit - 1} nodelay;\n")
     extra += ["    limit_req_status 429;"]
-    return _NGINX_HEAD.format(extra="\n".join(extra), limits="".join(rules), host=HOST, backend=backend,
-                              gateway=gateway)
+    return _nginx_preamble("auto", "nginx.pid") + _NGINX_HEAD.format(
+        extra="\n".join(extra), limits="".join(rules), host=HOST, backend=backend, gateway=gateway)
 
 
 def nginx_maps(keys: Mapping[str, str]) -> dict[str, str]:
