@@ -34,6 +34,11 @@ def register(subparsers: Any) -> None:
         "--grpc", default="127.0.0.1:8081", metavar="HOST:PORT",
         help="gRPC address, served when Envoy configurations are given (default %(default)s)",
     )
+    parser.add_argument(
+        "--spoe", metavar="HOST:PORT",
+        help="also answer HAProxy's SPOE (Stream Processing Offload) agent protocol here, with the policy "
+        "(see docs/gateways/haproxy.md)",
+    )
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes on one port (default 1)")
     parser.add_argument(
         "--store", metavar="URL",
@@ -68,6 +73,7 @@ def _run(args: argparse.Namespace) -> int:
             envoy=envoy,
             http=parse_address(args.http, "--http"),
             grpc=parse_address(args.grpc, "--grpc"),
+            spoe=parse_address(args.spoe, "--spoe") if args.spoe else None,
             workers=args.workers,
             store=args.store,
             trusted_proxies=tuple(args.trusted) if args.trusted else DEFAULT_TRUSTED,

@@ -37,7 +37,7 @@ from ..rules import Rule
 from ..store_health import innermost, probe_store, store_problem
 from ..types import Receive, Scope, Send
 
-__all__ = ["DEFAULT_TRUSTED", "MAX_BODY", "MAX_COST", "ServeApp", "costed_policy", "parse_networks"]
+__all__ = ["DEFAULT_TRUSTED", "MAX_BODY", "MAX_COST", "ServeApp", "ServeError", "costed_policy", "parse_networks"]
 
 log = logging.getLogger("ratewarden.serve")
 
@@ -126,7 +126,10 @@ def costed_policy(policy: Policy) -> Policy:
     return replace(policy, rules=rules)
 
 
-class _BadRequest(Exception):
+class ServeError(Exception):
+    """A request the service cannot decide (a bad description, no policy loaded): answered with
+    ``status`` and the message, never a crash."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -227,8 +230,8 @@ class ServeApp:
                 self._need(method, "GET", "HEAD")
                 await self._metrics(send)
             else:
-                raise _BadRequest(404, f"no such endpoint {path!r}: use /check, /v1/check, /json, /healthz or /metrics")
-        except _BadRequest as exc:
+                raise ServeError(404, f"no such endpoint {path!r}: use /check, /v1/check, /json, /healthz or /metrics")
+        except ServeError as exc:
             await _send_error(send, exc.status, str(exc))
         except Exception as exc:  # a bug or a broken store client: answered, logged, never a dropped connection
             log.exception("check failed: %s: %s", type(exc).__name__, exc, extra={"event": "check_failed"})
@@ -237,7 +240,7 @@ class ServeApp:
     @staticmethod
     def _need(method: str, *allowed: str) -> None:
         if method not in allowed:
-            raise _BadRequest(405, f"method {method} not allowed here: use {' or '.join(allowed)}")
+            raise ServeError(405, f"method {method} not allowed here: use {' or '.join(allowed)}")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -251,7 +254,8 @@ class ServeApp:
 
     # -- the client address --------------------------------------------------------------------
 
-    def _is_trusted(self, caller: str | None) -> bool:
+    def is_trusted(self, caller: str | None) -> bool:
+        """Whether ``caller`` (an address) is one of the trusted proxies, whose client address is believed."""
         if caller is None:
             return False
         found = self._trust_cache.get(caller)
@@ -268,7 +272,7 @@ class ServeApp:
         last ``X-Forwarded-For`` entry), else the caller's own address."""
         peer = scope.get("client")
         caller: str | None = peer[0] if peer else None
-        if not self._is_trusted(caller):
+        if not self.is_trusted(caller):
             return caller
         candidates = [stated] if stated is not None else []
         real = headers.get(b"x-real-ip")
@@ -295,20 +299,21 @@ class ServeApp:
         """The policy middleware that decides a check of this ``cost``."""
         policy_app = self.policy_app
         if policy_app is None:
-            raise _BadRequest(404, "no ratewarden policy file is loaded: start ratewarden serve with one")
+            raise ServeError(404, "no ratewarden policy file is loaded: start ratewarden serve with one")
         return policy_app if cost == 1 else self._costed()
 
     @staticmethod
     def _described(
-        scope: Scope, method: str, uri: str, headers: _Headers, client: str | None, scheme: str, cost: float = 1
+        method: str, uri: str, headers: _Headers, client: str | None, scheme: str, cost: float = 1,
+        server: object = None,
     ) -> Scope:
         """The described request as the ASGI scope the policy reads (its ``state`` receives the
         request's context)."""
         if not uri.startswith("/"):
-            raise _BadRequest(400, f"the original URI must start with '/', got {uri[:100]!r}")
+            raise ServeError(400, f"the original URI must start with '/', got {uri[:100]!r}")
         raw_path, _, query = uri.partition("?")
         if method not in _METHODS and (not method or not method.isascii() or not method.isalpha()):
-            raise _BadRequest(400, f"the original method must be a word such as GET, got {method[:20]!r}")
+            raise ServeError(400, f"the original method must be a word such as GET, got {method[:20]!r}")
         return {
             "type": "http",
             "asgi": _ASGI,
@@ -321,7 +326,7 @@ class ServeApp:
             "root_path": "",
             "headers": headers,
             "client": (client, 0) if client is not None else None,
-            "server": scope.get("server"),
+            "server": server,
             "state": {_COST_KEY: cost} if cost != 1 else {},
         }
 
@@ -332,7 +337,7 @@ class ServeApp:
         for name, value in parse_qsl(query.decode("latin-1")) if query else ():
             if name == "deny_status":
                 if not value.isdigit() or int(value) not in _DENY_STATUSES:
-                    raise _BadRequest(400, f"deny_status must be 401, 403 or 429, got {value[:20]!r}")
+                    raise ServeError(400, f"deny_status must be 401, 403 or 429, got {value[:20]!r}")
                 deny = int(value)
         raw: _Headers = list(scope.get("headers", ()))
         headers = dict(raw)
@@ -340,12 +345,29 @@ class ServeApp:
         uri = headers.get(b"x-original-uri") or headers.get(b"x-forwarded-uri") or b"/"
         scheme = (headers.get(b"x-forwarded-proto") or b"http").decode("latin-1")
         client = self._client(scope, headers)
-        policy_app = self._policy()
-        described = self._described(scope, method.decode("latin-1"), uri.decode("latin-1"), raw, client, scheme)
-        status, out, body = await policy_app.answer(described)
+        status, out, body = await self.decide(
+            method.decode("latin-1"), uri.decode("latin-1"), raw, client, scheme, scope.get("server"))
         if status == 429:
             status = deny
         await _respond(send, status, out, body)
+
+    async def decide(
+        self, method: str, uri: str, headers: _Headers, client: str | None, scheme: str = "http", server: object = None
+    ) -> tuple[int, _Headers, bytes]:
+        """The policy's answer for a request described by a gateway: ``(status, complete header list,
+        body)``: 200, or the refusal (429, 403, 503 under a closed failure policy) with its body. The
+        one decision of ``/check`` and the SPOE agent; ``ServeError`` for a description it cannot use.
+
+        Args:
+            method: The original request's method.
+            uri: Its path and query (``/items?page=2``).
+            headers: Its headers (lowercase names), which key functions and API-key sources read.
+            client: The client's address (already vetted: from a trusted proxy, or the caller's own).
+            scheme: ``http`` or ``https``.
+            server: The ASGI ``server`` of the described scope.
+        """
+        policy_app = self._policy()
+        return await policy_app.answer(self._described(method, uri, headers, client, scheme, server=server))
 
     async def _check_json(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/check``: the decision for a request described as JSON."""
@@ -353,22 +375,22 @@ class ServeApp:
         method = _field(data, "method", str, "GET")
         path = data.get("path")
         if not isinstance(path, str):
-            raise _BadRequest(400, "'path' is required: the original request's path, e.g. \"/api/items?page=2\"")
+            raise ServeError(400, "'path' is required: the original request's path, e.g. \"/api/items?page=2\"")
         raw_headers = _field(data, "headers", dict, {})
         stated = _field(data, "client", str, None)
         cost = data.get("cost", 1)
         if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost <= MAX_COST:
-            raise _BadRequest(400, f"'cost' must be a number from 0 to {MAX_COST}, got {json.dumps(cost)[:40]}")
+            raise ServeError(400, f"'cost' must be a number from 0 to {MAX_COST}, got {json.dumps(cost)[:40]}")
         headers: _Headers = []
         for name, value in raw_headers.items():
             if not isinstance(value, str):
-                raise _BadRequest(400, f"header {name!r} must be a string, got {type(value).__name__}")
+                raise ServeError(400, f"header {name!r} must be a string, got {type(value).__name__}")
             headers.append((name.lower().encode("latin-1", "replace"), value.encode("latin-1", "replace")))
         if stated is not None and _address(stated) is None:
-            raise _BadRequest(400, f"'client' must be an IP address, got {stated[:60]!r}")
+            raise ServeError(400, f"'client' must be an IP address, got {stated[:60]!r}")
         client = self._client(scope, {}, stated)
         policy_app = self._policy(cost)
-        described = self._described(scope, method, path, headers, client, "http", cost)
+        described = self._described(method, path, headers, client, "http", cost, scope.get("server"))
         status, out, _ = await policy_app.answer(described)
         ctx = described["state"].get(STATE_KEY)
         decision = getattr(ctx, "decision", None)
@@ -395,7 +417,7 @@ class ServeApp:
     async def _rls_json(self, receive: Receive, send: Send) -> None:
         """``POST /json``: Envoy's ``ShouldRateLimit`` as JSON (``serve.grpc.rls_json``)."""
         if self.rls is None:
-            raise _BadRequest(404, "no envoy rate limit configuration is loaded: give ratewarden serve one")
+            raise ServeError(404, "no envoy rate limit configuration is loaded: give ratewarden serve one")
         body = await _read_body(receive)
         # Imported on first use: it needs grpcio and the generated Envoy API (the ``serve`` extra).
         rls_json = importlib.import_module(f"{__package__}.grpc").rls_json
@@ -421,7 +443,7 @@ class ServeApp:
 
     async def _metrics(self, send: Send) -> None:
         if self.metrics is None:
-            raise _BadRequest(404, "no metrics: they need prometheus-client (pip install 'ratewarden[metrics]') and no --no-metrics")
+            raise ServeError(404, "no metrics: they need prometheus-client (pip install 'ratewarden[metrics]') and no --no-metrics")
         body = self.exposition() if self.exposition is not None else self.metrics.exposition()
         await _send(send, 200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
 
@@ -433,7 +455,7 @@ def _seconds(value: float) -> float | None:
 def _field(data: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     value = data.get(name, default)
     if value is not None and not isinstance(value, kind):
-        raise _BadRequest(400, f"{name!r} must be a {'object' if kind is dict else 'string'}, got {type(value).__name__}")
+        raise ServeError(400, f"{name!r} must be a {'object' if kind is dict else 'string'}, got {type(value).__name__}")
     return value
 
 
@@ -441,9 +463,9 @@ def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _BadRequest(400, f"the body is not valid JSON: {exc}") from None
+        raise ServeError(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise _BadRequest(400, f"the body must be a JSON object, got {type(data).__name__}")
+        raise ServeError(400, f"the body must be a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -457,7 +479,7 @@ async def _read_body(receive: Receive) -> bytes:
         chunk = bytes(message.get("body", b""))
         size += len(chunk)
         if size > MAX_BODY:
-            raise _BadRequest(413, f"the body is larger than {MAX_BODY} bytes")
+            raise ServeError(413, f"the body is larger than {MAX_BODY} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

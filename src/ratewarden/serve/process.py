@@ -55,6 +55,7 @@ class ServeConfig:
     envoy: list[Path] = field(default_factory=list)
     http: tuple[str, int] = ("127.0.0.1", 8080)
     grpc: tuple[str, int] | None = None
+    spoe: tuple[str, int] | None = None
     workers: int = 1
     store: str | None = None
     trusted_proxies: Sequence[str] = DEFAULT_TRUSTED
@@ -327,12 +328,13 @@ class Worker:
             except Exception:
                 log.exception("watching the configuration failed; will retry", extra={"event": "watch_failed"})
 
-    async def serve(self, sock: socket.socket, parent: int | None = None) -> None:
-        """Serve on ``sock`` (and gRPC when configured) until ``SIGTERM``/``SIGINT`` (or, for a forked
-        worker, until its ``parent`` is gone)."""
+    async def serve(self, sock: socket.socket, parent: int | None = None, spoe: socket.socket | None = None) -> None:
+        """Serve HTTP on ``sock`` (gRPC and HAProxy's SPOE on ``spoe`` when configured) until
+        ``SIGTERM``/``SIGINT`` (or, for a forked worker, until its ``parent`` is gone)."""
         loop = asyncio.get_running_loop()
         server = _uvicorn_server(self.app, sock)
         grpc_server: Any = None
+        spoe_server: asyncio.Server | None = None
         stopping: list[asyncio.Task[Any]] = []
 
         def stop(reason: str) -> None:
@@ -340,6 +342,8 @@ class Worker:
                 return
             _event(logging.INFO, "stopping", "stopping: finishing in-flight requests", reason=reason)
             server.should_exit = True
+            if spoe_server is not None:  # no new SPOE connection; open ones end when HAProxy closes them
+                spoe_server.close()
             if grpc_server is not None:  # both servers drain at once
                 stopping.append(loop.create_task(grpc_server.stop(GRACE)))
 
@@ -353,6 +357,10 @@ class Worker:
             grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
             started = await grpc_module.start_grpc(self.rls, *self.config.grpc, reuse_port=self.config.workers > 1)
             grpc_server = started[0] if isinstance(started, tuple) else started
+        if spoe is not None:
+            from .spoe import start_spoe
+
+            spoe_server = await start_spoe(self.app, spoe)
         tasks = [asyncio.create_task(self._watch())] if self.config.watch > 0 else []
         if parent is not None:
             tasks.append(asyncio.create_task(_orphaned(parent, stop)))
@@ -363,6 +371,8 @@ class Worker:
         finally:
             for task in tasks:
                 task.cancel()
+            if spoe_server is not None:
+                spoe_server.close()
             if grpc_server is not None:
                 await (stopping[0] if stopping else grpc_server.stop(GRACE))
             if self.metrics is not None:
@@ -378,13 +388,15 @@ async def _orphaned(parent: int, stop: Callable[[str], None]) -> None:
     stop("supervisor gone")
 
 
-def _run_worker(config: ServeConfig, sock: socket.socket, store_url: str, parent: int | None = None) -> int:
+def _run_worker(
+    config: ServeConfig, sock: socket.socket, store_url: str, parent: int | None = None, spoe: socket.socket | None = None
+) -> int:
     try:
         worker = Worker(config, store_url)
     except Exception as exc:
         _event(logging.ERROR, "worker_failed", f"the worker could not start: {exc}", error=type(exc).__name__)
         return 1
-    asyncio.run(worker.serve(sock, parent))
+    asyncio.run(worker.serve(sock, parent, spoe))
     return 0
 
 
@@ -408,6 +420,8 @@ def _check(config: ServeConfig) -> str | None:
         raise ConfigurationError("nothing to serve: give a ratewarden policy file and/or Envoy ratelimit YAML")
     if config.workers < 1:
         raise ConfigurationError(f"--workers must be at least 1, got {config.workers}")
+    if config.spoe is not None and config.policy is None:
+        raise ConfigurationError("--spoe answers HAProxy with a ratewarden policy: give a policy file")
     parse_networks(config.trusted_proxies)
     store = config.store
     if config.policy is not None:
@@ -429,6 +443,7 @@ def run(config: ServeConfig) -> int:
     try:
         store_url = _check(config)
         sock = _bind(*config.http)
+        spoe = _bind(*config.spoe) if config.spoe is not None else None
     except (ConfigurationError, OSError, ImportError) as exc:
         _event(logging.ERROR, "config_error", str(exc))
         return 2
@@ -444,20 +459,23 @@ def run(config: ServeConfig) -> int:
     host, port = sock.getsockname()[:2]
     _event(
         logging.INFO, "started", "ratewarden serve started", http=f"{host}:{port}",
-        grpc="{}:{}".format(*config.grpc) if config.grpc and config.envoy else None, workers=config.workers,
+        grpc="{}:{}".format(*config.grpc) if config.grpc and config.envoy else None,
+        spoe="{}:{}".format(*spoe.getsockname()[:2]) if spoe is not None else None, workers=config.workers,
         store=_redacted(store_url), policy=config.policy, envoy=[str(p) for p in config.envoy],
     )
     try:
         if config.workers == 1:
-            return _run_worker(config, sock, store_url)
+            return _run_worker(config, sock, store_url, spoe=spoe)
         metrics_directory = _shared_metrics_directory() if config.metrics else None
         try:
-            return _supervise(config, sock, store_url)
+            return _supervise(config, sock, store_url, spoe)
         finally:
             if metrics_directory is not None:
                 shutil.rmtree(metrics_directory, ignore_errors=True)
     finally:
         sock.close()
+        if spoe is not None:
+            spoe.close()
         if shm is not None:
             asyncio.run(shm.close())
             shm.unlink()
@@ -470,7 +488,7 @@ def _redacted(url: str) -> str:
     return redact(url)
 
 
-def _supervise(config: ServeConfig, sock: socket.socket, store_url: str) -> int:
+def _supervise(config: ServeConfig, sock: socket.socket, store_url: str, spoe: socket.socket | None = None) -> int:
     """Fork the workers and watch them until told to stop."""
     pending: list[int] = []
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -485,7 +503,7 @@ def _supervise(config: ServeConfig, sock: socket.socket, store_url: str) -> int:
             try:
                 for s in handled:
                     signal.signal(s, signal.SIG_DFL)
-                status = _run_worker(config, sock, store_url, parent)
+                status = _run_worker(config, sock, store_url, parent, spoe)
             finally:
                 logging.shutdown()
                 os._exit(status)

@@ -5,6 +5,7 @@ Each file uses the documented default addresses, all on ``127.0.0.1``:
 - ``gateway`` 8000: where nginx, HAProxy or Traefik listens;
 - ``service`` 8080: ``ratewarden serve``'s HTTP check API;
 - ``grpc`` 8081: ``ratewarden serve``'s gRPC API (Envoy);
+- ``spoe`` 8082: ``ratewarden serve``'s SPOE agent (HAProxy, ``haproxy-spoe.cfg``);
 - ``backend`` 9000: the application behind the gateway.
 
 ``config_text("nginx.conf", gateway=18000, service=18080)`` gives a file with other ports.
@@ -20,7 +21,7 @@ from pathlib import Path
 __all__ = ["DEFAULT_PORTS", "config_text", "names", "write_configs"]
 
 #: The port each role uses in the shipped files (always on 127.0.0.1).
-DEFAULT_PORTS: Mapping[str, int] = {"gateway": 8000, "service": 8080, "grpc": 8081, "backend": 9000}
+DEFAULT_PORTS: Mapping[str, int] = {"gateway": 8000, "service": 8080, "grpc": 8081, "spoe": 8082, "backend": 9000}
 
 _SUFFIXES = (".conf", ".cfg", ".lua", ".yaml", ".yml")
 
@@ -36,7 +37,7 @@ def config_text(name: str, **ports: int) -> str:
 
     Args:
         name: A shipped file's name (``names()``), e.g. ``"nginx.conf"``.
-        ports: Port by role (``gateway``, ``service``, ``grpc``, ``backend``); roles not given keep
+        ports: Port by role (``gateway``, ``service``, ``grpc``, ``spoe``, ``backend``); roles not given keep
             their default.
 
     Raises:
