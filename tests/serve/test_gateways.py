@@ -77,7 +77,7 @@ KEYS = {
 }
 PER_KEY = 30  # concurrent requests per key: premium passes, standard and basic are limited
 
-GATEWAYS = ("nginx", "haproxy")
+GATEWAYS = ("nginx", "haproxy", "haproxy-spoe")  # haproxy-spoe: HAProxy asking over SPOE (haproxy-spoe.cfg)
 
 
 # --- the pieces --------------------------------------------------------------------------------
@@ -188,26 +188,35 @@ def fail_open_edit(gateway: str, text: str) -> str:
         return _replace_once(text, "        location @limited {", app + "        location @limited {")
     lines = [line for line in text.splitlines(keepends=True) if not line.startswith("    http-request return status 503")]
     assert len(lines) == text.count("\n") - 1
+    if gateway == "haproxy-spoe":  # the 503 line was all: refusals still apply, no answer lets it through
+        return "".join(lines)
     return _replace_once("".join(lines), "/check closed", "/check open")
 
 
 class Stack:
     """backend <- gateway (shipped configuration) -> ``ratewarden serve POLICY``, on free ports."""
 
-    def __init__(self, gateway: str, directory: Path, backend_port: int, fail_open: bool = False) -> None:
+    def __init__(
+        self, gateway: str, directory: Path, backend_port: int, fail_open: bool = False, workers: int = 1
+    ) -> None:
         self.gateway = gateway
         self.dir = directory
         self.ports = {"gateway": free_port(), "service": free_port(), "backend": backend_port}
+        serve = [*RATEWARDEN, "serve", "policy.toml", "--http", f"{HOST}:{self.ports['service']}", "--log-format", "text",
+                 "--workers", str(workers)]
+        if gateway == "haproxy-spoe":
+            self.ports["spoe"] = free_port()
+            serve += ["--spoe", f"{HOST}:{self.ports['spoe']}"]
         (directory / "policy.toml").write_text(POLICY, encoding="utf-8")
-        self.service = Process(
-            [*RATEWARDEN, "serve", "policy.toml", "--http", f"{HOST}:{self.ports['service']}", "--log-format", "text"],
-            directory / "serve.log", directory,
-        )
+        self.service = Process(serve, directory / "serve.log", directory)
         if gateway == "nginx":
             conf = write_configs(directory, "nginx.conf", **self.ports)["nginx.conf"]
             prefix = directory / "nginx"
             prefix.mkdir()
             argv = ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
+        elif gateway == "haproxy-spoe":
+            conf = write_configs(directory, "haproxy-spoe.cfg", "spoe.conf", **self.ports)["haproxy-spoe.cfg"]
+            argv = ["haproxy", "-f", str(conf), "-db"]
         else:
             conf = write_configs(directory, "haproxy.cfg", "ratewarden.lua", **self.ports)["haproxy.cfg"]
             argv = ["haproxy", "-f", str(conf), "-db"]
@@ -255,14 +264,15 @@ def stack(request: pytest.FixtureRequest, backend_port: int) -> Iterator[Stack]:
 
 
 @contextlib.contextmanager
-def running(gateway: str, backend_port: int, fail_open: bool = False) -> Iterator[Stack]:
+def running(gateway: str, backend_port: int, fail_open: bool = False, workers: int = 1) -> Iterator[Stack]:
     """A started ``Stack`` (skips when the gateway is not installed); stopped and removed after."""
-    if shutil.which(gateway) is None:
-        pytest.skip(f"{gateway} is not installed (scripts/install-system-deps.sh installs it)")
+    binary = gateway.partition("-")[0]
+    if shutil.which(binary) is None:
+        pytest.skip(f"{binary} is not installed (scripts/install-system-deps.sh installs it)")
     for attempt in range(3):
         directory = Path(tempfile.mkdtemp(prefix=f"rw-{gateway}-"))
         directory.chmod(0o755)  # nginx's workers run as nobody under root: its temp paths must be reachable
-        built = Stack(gateway, directory, backend_port, fail_open)
+        built = Stack(gateway, directory, backend_port, fail_open, workers)
         try:
             built.start()
             break
@@ -331,7 +341,7 @@ def test_tiers_are_held_exactly_per_api_key(stack: Stack) -> None:
                 assert int(headers["retry-after"]) >= 1, headers
                 assert headers["content-type"] == "application/problem+json", headers
                 assert headers["x-ratelimit-remaining"] == "0", headers
-                if stack.gateway == "haproxy":  # the service's own answer, passed on (nginx has its own body)
+                if stack.gateway.startswith("haproxy"):  # the service's own answer, passed on (nginx has its own body)
                     assert json.loads(body)["group"] == group, body
     # A key in the query string counts as the same key (seed 003 reads it from either place).
     status, headers, _ = request(stack.port, "GET", "/api/objects/q?api_key=bk-basic", {})
@@ -429,6 +439,19 @@ def test_fail_open_as_the_docs_show(gateway: str, backend_port: int) -> None:
         assert "x-ratelimit-remaining" not in headers, headers
 
 
+def test_spoe_workers_share_one_count(backend_port: int) -> None:
+    """``--workers 3 --spoe``: three workers accept HAProxy's SPOE connections on one port, and
+    whichever answers counts on one shared-memory table: 40 concurrent requests of a basic key
+    admit exactly 8."""
+    with running("haproxy-spoe", backend_port, workers=3) as stack:
+        with ThreadPoolExecutor(40) as pool:
+            statuses = list(pool.map(
+                lambda i: request(stack.port, "GET", f"/api/objects/{i}", {"X-API-Key": "bk-basic"})[0], range(40)))
+        log = (stack.dir / "serve.log").read_text(errors="replace")
+    assert (statuses.count(200), statuses.count(429)) == (8, 32), statuses
+    assert log.count("worker serving") == 3, log
+
+
 # --- the shipped files and the docs ------------------------------------------------------------
 
 
@@ -438,7 +461,8 @@ def _code_blocks(markdown: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("page", "files"),
-    [("nginx.md", ["nginx.conf"]), ("haproxy.md", ["haproxy.cfg", "ratewarden.lua"]), ("traefik.md", ["traefik.yml"])],
+    [("nginx.md", ["nginx.conf"]), ("haproxy.md", ["haproxy.cfg", "ratewarden.lua", "haproxy-spoe.cfg", "spoe.conf"]),
+     ("traefik.md", ["traefik.yml"])],
 )
 def test_docs_show_the_shipped_files(page: str, files: list[str]) -> None:
     markdown = (DOCS / page).read_text(encoding="utf-8")
@@ -451,7 +475,9 @@ def test_docs_show_the_shipped_files(page: str, files: list[str]) -> None:
 
 
 def test_config_text_substitutes_the_documented_ports() -> None:
-    assert {"haproxy.cfg", "nginx.conf", "ratewarden.lua", "traefik.yml"} <= set(names())
+    assert {"haproxy.cfg", "haproxy-spoe.cfg", "nginx.conf", "ratewarden.lua", "spoe.conf", "traefik.yml"} <= set(names())
+    assert "server ratewarden1 127.0.0.1:8082" in config_text("haproxy-spoe.cfg")
+    assert "server ratewarden1 127.0.0.1:18082" in config_text("haproxy-spoe.cfg", spoe=18082)
     for name in ("haproxy.cfg", "nginx.conf", "traefik.yml"):
         text = config_text(name)
         for role in ("gateway", "service", "backend"):

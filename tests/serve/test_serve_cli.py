@@ -328,6 +328,12 @@ def test_start_up_errors_exit_2(tmp_path: Path) -> None:
     fine.write_text(POLICY.replace("{basic}", "5/hour"))
     store = run(str(fine), "--store", "bogus://somewhere")
     assert store.returncode == 2 and "unsupported store URL" in store.stderr
+    envoy = tmp_path / "envoy.yaml"
+    envoy.write_text(ENVOY)
+    spoe_alone = run(str(envoy), "--spoe", f"127.0.0.1:{free_port()}")  # SPOE answers with a policy file
+    assert spoe_alone.returncode == 2 and "--spoe" in spoe_alone.stderr and "policy file" in spoe_alone.stderr
+    spoe_address = run(str(fine), "--spoe", "somewhere")
+    assert spoe_address.returncode == 2 and "--spoe" in spoe_address.stderr and "HOST:PORT" in spoe_address.stderr
 
 
 def test_the_policy_settings_store_is_used(tmp_path: Path, serve: Any) -> None:
