@@ -47,6 +47,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[g.GatewayReport, Pat
 def test_every_variant_ran_with_the_seed_columns(tiny: tuple[g.GatewayReport, Path]) -> None:
     report, _ = tiny
     assert [v.key for v in report.variants] == list(g.VARIANTS)
+    assert {"haproxy-ratewarden", "haproxy-floor", "haproxy-spoe", "haproxy-spoe-floor"} <= set(g.VARIANTS)
     for v in report.variants:
         assert v.missing == "", (v.key, v.missing)
         assert len(v.rounds) == 1
@@ -77,6 +78,9 @@ def test_limiting_rows_are_exact_per_tier(tiny: tuple[g.GatewayReport, Path]) ->
                 assert (gr.admitted, gr.limited) == (LIMITS[gr.group], PER_KEY - LIMITS[gr.group]), (v.key, gr)
                 assert gr.exact == "yes" and not gr.over_limit, (v.key, gr)
         assert not v.over_limit
+    limiters = {v.key: (v.limiter, v.rounds != []) for v in report.variants}
+    assert limiters["haproxy-spoe"] == limiters["haproxy-ratewarden"] == ("ratewarden", True)
+    assert limiters["haproxy-spoe-floor"] == limiters["haproxy-floor"] == ("floor", True)
     exact = [t for t in report.targets if t["target"] == "ratewarden rows exact per tier"]
     assert exact and exact[0]["met"] is True
 
@@ -90,7 +94,10 @@ def test_capacity_rows_and_targets(tiny: tuple[g.GatewayReport, Path]) -> None:
         assert c.missing == "" and len(c.rps_runs) == 1 and c.requests > 0, c
         assert c.bad == 0, c  # every answer a 2xx / OK: the capacity key's limit is never reached
     names = [t["target"] for t in report.targets]
-    assert names[:2] == ["HAProxy + ratewarden: added p99", "HAProxy + ratewarden: average latency"]
+    assert names[:4] == ["HAProxy + ratewarden (Lua): added p99", "HAProxy + ratewarden (Lua): average latency",
+                         "HAProxy + ratewarden (SPOE): added p99", "HAProxy + ratewarden (SPOE): average latency"]
+    spoe = {t["target"]: t for t in report.targets if "(SPOE)" in t["target"]}
+    assert all(t["ours"] is not None and t["floor"] is not None for t in spoe.values()), spoe
     assert sum("service capacity" in n for n in names) == 6  # HTTP against both floors, gRPC against one
     with_headers = [t for t in report.targets if t["target"].endswith("floor with the same headers")]
     assert len(with_headers) == 2 and all(t.get("floor_rps") or t.get("floor_us") for t in with_headers)
@@ -203,3 +210,143 @@ def test_the_headers_floor_answers_what_an_allowed_check_answers(tmp_path: Path)
     assert floor == DECISION_HEADERS
     assert [name for name, _ in ours] == [name for name, _ in floor]
     assert all(abs(len(a) - len(b)) <= 1 for (_, a), (_, b) in zip(ours, floor, strict=True)), (ours, floor)
+
+
+# ---------------------------------------------------------------------------------------------- SPOE floor
+
+def _str(raw: bytes) -> bytes:
+    from ratewarden.serve.spop import encode_varint
+
+    return encode_varint(len(raw)) + raw
+
+
+def _haproxy_frame(kind: int, stream_id: int, frame_id: int, payload: bytes) -> bytes:
+    """A frame as HAProxy sends it (FIN set)."""
+    from ratewarden.serve.spop import encode_varint
+
+    body = bytes((kind,)) + (1).to_bytes(4, "big") + encode_varint(stream_id) + encode_varint(frame_id) + payload
+    return len(body).to_bytes(4, "big") + body
+
+
+def _haproxy_hello(healthcheck: bool = False) -> bytes:
+    from ratewarden.serve.spop import HAPROXY_HELLO, encode_varint
+
+    payload = (_str(b"supported-versions") + b"\x08" + _str(b"2.0") + _str(b"max-frame-size") + b"\x03"
+               + encode_varint(16380) + _str(b"capabilities") + b"\x08" + _str(b"pipelining"))
+    if healthcheck:
+        payload += _str(b"healthcheck") + b"\x11"
+    return _haproxy_frame(HAPROXY_HELLO, 0, 0, payload)
+
+
+def _notify(stream_id: int, frame_id: int, api_key: str) -> bytes:
+    """spoe.conf's ``check`` message: method, uri (pathq), headers (req.hdrs_bin), ip (src)."""
+    from ratewarden.serve.spop import NOTIFY
+
+    headers = _str(b"host") + _str(b"api") + _str(b"x-api-key") + _str(api_key.encode()) + _str(b"") + _str(b"")
+    args = (_str(b"method") + b"\x08" + _str(b"GET") + _str(b"uri") + b"\x08" + _str(b"/bucket/object")
+            + _str(b"headers") + b"\x09" + _str(headers) + _str(b"ip") + b"\x06" + bytes((127, 0, 0, 1)))
+    return _haproxy_frame(NOTIFY, stream_id, frame_id, _str(b"check") + bytes((4,)) + args)
+
+
+def _set_vars(payload: bytes) -> list[tuple[str, Any]]:
+    """An ACK's SET-VAR actions as (name, value)."""
+    from ratewarden.serve import spop
+
+    out, at = [], 0
+    while at < len(payload):
+        assert payload[at : at + 3] == bytes((1, 3, spop.SCOPE_TRANSACTION)), payload[at:]
+        name, at = spop._string(payload, at + 3)
+        value, at = spop._typed(payload, at)
+        out.append((name.decode(), value))
+    return out
+
+
+async def _spoe_session(port: int, api_key: str) -> dict[str, Any]:
+    """Talk to an SPOE agent as HAProxy does: a health check, then HELLO, two pipelined NOTIFYs, DISCONNECT."""
+    import asyncio
+
+    from ratewarden.serve import spop
+
+    async def frame(reader: asyncio.StreamReader) -> spop.Frame:
+        length = int.from_bytes(await reader.readexactly(4), "big")
+        return spop.read_frame(await reader.readexactly(length))
+
+    out: dict[str, Any] = {}
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_haproxy_hello(healthcheck=True))
+    hello = await frame(reader)
+    out["health"] = (hello.kind, spop.kv_list(hello.payload), await reader.read())  # then the agent closes
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_haproxy_hello())
+    hello = await frame(reader)
+    out["hello"] = (hello.kind, spop.kv_list(hello.payload))
+    writer.write(_notify(7, 1, api_key) + _notify(8, 1, api_key))
+    acks = [await frame(reader), await frame(reader)]
+    out["acks"] = sorted((a.kind, a.stream_id, a.frame_id) for a in acks)
+    out["vars"] = [_set_vars(a.payload) for a in acks]
+    writer.write(_haproxy_frame(spop.HAPROXY_DISCONNECT, 0, 0, _str(b"status-code") + b"\x03\x00"
+                                + _str(b"message") + b"\x08" + _str(b"normal")))
+    bye = await frame(reader)
+    out["disconnect"] = (bye.kind, spop.kv_list(bye.payload))
+    writer.close()
+    return out
+
+
+def test_the_spoe_floor_answers_what_the_agent_answers_an_allowed_check(tmp_path: Path) -> None:
+    """``gateway_floor --spoe`` speaks SPOP as ``ratewarden serve --spoe`` does (health check, HELLO,
+    pipelined NOTIFYs, DISCONNECT) and acknowledges every NOTIFY with the variables the agent sets for
+    an allowed check of the capacity key: the same names in the same order, values of the same
+    length (within a digit)."""
+    import asyncio
+    import socket
+
+    from ratewarden import Limiter, MemoryStore
+    from ratewarden.bench import gateway_procs as gp
+    from ratewarden.bench.gateway_floor import SPOE_VARIABLES, start_floor_spoe
+    from ratewarden.policy import load_policy
+    from ratewarden.serve import spop
+    from ratewarden.serve.http import ServeApp
+    from ratewarden.serve.spoe import start_spoe
+
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(gp.policy_toml({}))
+    app = ServeApp(Limiter(MemoryStore()), load_policy(str(policy_file)))
+
+    async def session(start: Any) -> dict[str, Any]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        server = await start(sock)
+        try:
+            return await asyncio.wait_for(_spoe_session(sock.getsockname()[1], gp.BULK_KEY), 10)
+        finally:
+            server.close()
+
+    ours = asyncio.run(session(lambda sock: start_spoe(app, sock)))
+    floor = asyncio.run(session(start_floor_spoe))
+    for got in (ours, floor):
+        kind, hello, rest = got["health"]
+        assert kind == spop.AGENT_HELLO and hello["version"] == "2.0" and rest == b""
+        assert got["hello"][0] == spop.AGENT_HELLO and got["hello"][1]["capabilities"] == "pipelining"
+        assert got["acks"] == [(spop.ACK, 7, 1), (spop.ACK, 8, 1)]
+        assert got["disconnect"] == (spop.AGENT_DISCONNECT, {"status-code": 0, "message": "normal"})
+    assert floor["vars"] == [SPOE_VARIABLES, SPOE_VARIABLES]
+    allowed = ours["vars"][0]
+    assert [name for name, _ in allowed] == [name for name, _ in SPOE_VARIABLES], allowed
+    assert allowed[0] == ("status", 200)
+    assert all(abs(len(str(a)) - len(str(b))) <= 1 for (_, a), (_, b) in zip(allowed, SPOE_VARIABLES, strict=True)), \
+        (allowed, SPOE_VARIABLES)
+
+
+def test_floor_and_serve_commands_take_an_spoe_port() -> None:
+    from ratewarden.bench import gateway_procs as gp
+
+    assert gp.serve_command([Path("p.toml")], 1, spoe=3)[-2:] == ["--spoe", "127.0.0.1:3"]
+    assert "--spoe" not in gp.serve_command([Path("p.toml")], 1)
+    argv = gp.floor_command(0, spoe=3)
+    assert "--http" not in argv and argv[-2:] == ["--spoe", "3"]
+    files = gp.haproxy_spoe_files(8100, 8182, 9100)
+    assert set(files) == {"haproxy.cfg", "spoe.conf"}
+    assert "127.0.0.1:8182" in files["haproxy.cfg"] and "127.0.0.1:8082" not in files["haproxy.cfg"]
+    assert "config spoe.conf" in files["haproxy.cfg"]

@@ -12,6 +12,10 @@ variant once per round, the order rotated), each round with fresh API keys:
   asking ``ratewarden serve`` (``/check``) about every request;
 * ``haproxy-floor``: the same shipped files asking a service that answers a fixed 200 without checking
   anything: what the Lua round trip costs by itself;
+* ``haproxy-spoe``: the shipped ``haproxy-spoe.cfg`` + ``spoe.conf`` asking ``ratewarden serve --spoe``
+  over HAProxy's SPOE (persistent, pipelined connections) about every request;
+* ``haproxy-spoe-floor``: the same shipped files asking an SPOE agent that answers every request with a
+  fixed 200 and an allowed check's variables (``gateway_floor --spoe``): what the SPOE round trip costs;
 * ``nginx``: nginx, no limiting; ``nginx-limit_req``: nginx's own ``limit_req``; ``nginx-ratewarden``:
   the shipped ``nginx.conf`` (``auth_request`` to ``ratewarden serve``).
 
@@ -26,8 +30,9 @@ headers (the part of an answer any check must write), interleaved in rounds, ser
 to different cores.
 
 **Targets** (``targets``): through HAProxy, ratewarden adds <= 1 ms p99 and its average is <= 1.25x no
-limiting; capacity cost <= 1.3x the floor per protocol; the ratewarden rows exact per tier. Each
-reported as target / ours / floor.
+limiting, each for the Lua path (floor ``haproxy-floor``) and the SPOE path (floor
+``haproxy-spoe-floor``); capacity cost <= 1.3x the floor per protocol; the ratewarden rows exact per
+tier. Each reported as target / ours / floor.
 """
 
 from __future__ import annotations
@@ -62,13 +67,17 @@ class VariantSpec:
     title: str
     gateway: str  # haproxy | nginx
     limiter: str  # none | native | ratewarden | floor
+    via: str = ""  # how HAProxy asks (ratewarden, floor): lua (httpclient -> HTTP) | spoe
 
 
 VARIANTS: Mapping[str, VariantSpec] = {v.key: v for v in (
     VariantSpec("haproxy", "HAProxy, no limiting", "haproxy", "none"),
     VariantSpec("haproxy-native", "HAProxy stick tables + map file (seed 003)", "haproxy", "native"),
-    VariantSpec("haproxy-ratewarden", "HAProxy + ratewarden (Lua httpclient -> /check)", "haproxy", "ratewarden"),
-    VariantSpec("haproxy-floor", "HAProxy + the same Lua -> fixed-200 service (floor)", "haproxy", "floor"),
+    VariantSpec("haproxy-ratewarden", "HAProxy + ratewarden (Lua httpclient -> /check)", "haproxy", "ratewarden",
+                "lua"),
+    VariantSpec("haproxy-floor", "HAProxy + the same Lua -> fixed-200 service (floor)", "haproxy", "floor", "lua"),
+    VariantSpec("haproxy-spoe", "HAProxy + ratewarden (SPOE)", "haproxy", "ratewarden", "spoe"),
+    VariantSpec("haproxy-spoe-floor", "HAProxy + the same SPOE -> fixed agent (floor)", "haproxy", "floor", "spoe"),
     VariantSpec("nginx", "nginx, no limiting", "nginx", "none"),
     VariantSpec("nginx-limit_req", "nginx limit_req (leaky bucket)", "nginx", "native"),
     VariantSpec("nginx-ratewarden", "nginx + ratewarden (auth_request -> /check)", "nginx", "ratewarden"),
@@ -333,19 +342,26 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
         bdir.mkdir()
         (bdir / "nginx.conf").write_text(gp.backend_conf(backend_port))
         start("backend", gp.nginx_command(bdir, bins["nginx"]), backend_port, bdir)
-        service_port = floor_port = 0
+        service_port = floor_port = service_spoe = floor_spoe = 0
         down: dict[str, str] = {}  # limiter -> why its service is not there (its variants are reported missing)
         if any(s.limiter == "ratewarden" for s in specs):
             service_port = gp.free_port()
+            service_spoe = gp.free_port() if any(s.limiter == "ratewarden" and s.via == "spoe" for s in specs) else 0
             try:
-                start("ratewarden", gp.serve_command([policy], service_port), service_port)
-                service_desc = "ratewarden serve --workers 1 (memory store)"
+                proc = start("ratewarden", gp.serve_command([policy], service_port, spoe=service_spoe), service_port)
+                if service_spoe:
+                    gp.wait_port(service_spoe, 15.0, proc)
+                service_desc = "ratewarden serve --workers 1 (memory store" + (", HTTP and SPOE)" if service_spoe else ")")
             except BenchError as exc:
                 down["ratewarden"] = f"ratewarden serve did not start: {exc}"
-        if any(s.limiter == "floor" for s in specs):
-            floor_port = gp.free_port()
+        floors = [s for s in specs if s.limiter == "floor"]
+        if floors:
+            floor_port = gp.free_port() if any(s.via != "spoe" for s in floors) else 0
+            floor_spoe = gp.free_port() if any(s.via == "spoe" for s in floors) else 0
             try:
-                start("floor", gp.floor_command(floor_port), floor_port)
+                proc = start("floor", gp.floor_command(floor_port, spoe=floor_spoe), floor_port or floor_spoe)
+                if floor_port and floor_spoe:
+                    gp.wait_port(floor_spoe, 15.0, proc)
             except BenchError as exc:
                 down["floor"] = f"the floor service did not start: {exc}"
         ports: dict[str, int] = {}
@@ -357,8 +373,9 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
             d = root / s.key
             d.mkdir()
             try:
-                files = _gateway_files(s, port, backend_port, service_port or floor_port, floor_port, all_keys,
-                                       opts.limits)
+                asked = {("ratewarden", "spoe"): service_spoe, ("floor", "spoe"): floor_spoe,
+                         ("floor", "lua"): floor_port}.get((s.limiter, s.via), service_port)
+                files = _gateway_files(s, port, backend_port, asked, all_keys, opts.limits)
             except (ImportError, KeyError, TypeError) as exc:
                 rows[specs.index(s)].missing = f"configuration not available: {exc}"
                 continue
@@ -400,14 +417,18 @@ def _options_dict(opts: GatewayOptions) -> dict[str, Any]:
     return d
 
 
-def _gateway_files(s: VariantSpec, port: int, backend: int, service: int, floor: int,
+def _gateway_files(s: VariantSpec, port: int, backend: int, service: int,
                    keys: Mapping[str, str], limits: Mapping[str, int]) -> dict[str, str]:
+    """A variant's configuration files; ``service``: the port of what it asks (ratewarden's or the
+    floor's HTTP, or their SPOE agent for the ``spoe`` variants)."""
     if s.gateway == "haproxy":
         if s.limiter == "none":
             return {"haproxy.cfg": gp.haproxy_plain_conf(port, backend)}
         if s.limiter == "native":
             return {"haproxy.cfg": gp.haproxy_native_conf(port, backend)} | gp.haproxy_maps(keys, limits)
-        return gp.haproxy_ratewarden_files(port, floor if s.limiter == "floor" else service, backend)
+        if s.via == "spoe":
+            return gp.haproxy_spoe_files(port, service, backend)
+        return gp.haproxy_ratewarden_files(port, service, backend)
     if s.limiter == "none":
         return {"nginx.conf": gp.nginx_plain_conf(port, backend)}
     if s.limiter == "native":
@@ -550,12 +571,13 @@ def targets(report: GatewayReport) -> list[dict[str, Any]]:
     * HAProxy + ratewarden adds <= 1 ms p99 over HAProxy without limiting; floor: the same Lua asking a
       fixed-200 service.
     * its average latency <= 1.25x HAProxy without limiting (the seed measured 6.99x); same floor.
+    * both again for the SPOE path (``haproxy-spoe``), floor: the same SPOE asking a fixed agent.
     * capacity per protocol: floor req/s / ours req/s <= 1.3 (the cost of a decision against the cost
       of a fixed answer on the same stack); ours and floor also given as req/s.
     * the ratewarden rows exact per tier.
     """
     out: list[dict[str, Any]] = []
-    none, ours, floor = _find(report, "haproxy"), _find(report, "haproxy-ratewarden"), _find(report, "haproxy-floor")
+    none = _find(report, "haproxy")
 
     def lat(v: VariantRow | None, what: str, i: int) -> float | None:
         s = v.stat(what) if v is not None else None
@@ -579,10 +601,14 @@ def targets(report: GatewayReport) -> list[dict[str, Any]]:
         a, b = lat(v, "mean", i), lat(none, "mean", i)
         return None if a is None or b is None or not b else a / b
 
-    out.append(entry("HAProxy + ratewarden: added p99", "<= 1 ms over HAProxy without limiting", 1.0, "ms",
-                     added_p99, ours_row=ours, floor_row=floor))
-    out.append(entry("HAProxy + ratewarden: average latency", "<= 1.25x HAProxy without limiting (seed: 6.99x)",
-                     1.25, "x", avg_ratio, ours_row=ours, floor_row=floor))
+    for path, ours_key, floor_key in (("Lua", "haproxy-ratewarden", "haproxy-floor"),
+                                      ("SPOE", "haproxy-spoe", "haproxy-spoe-floor")):
+        ours, floor = _find(report, ours_key), _find(report, floor_key)
+        out.append(entry(f"HAProxy + ratewarden ({path}): added p99", "<= 1 ms over HAProxy without limiting", 1.0,
+                         "ms", added_p99, ours_row=ours, floor_row=floor))
+        out.append(entry(f"HAProxy + ratewarden ({path}): average latency",
+                         "<= 1.25x HAProxy without limiting (seed: 6.99x)", 1.25, "x", avg_ratio,
+                         ours_row=ours, floor_row=floor))
     for protocol, floors in CAPACITY_FLOORS.items():
         for floor_name in floors:
             out += _capacity_targets(protocol, floor_name, _cap(report, protocol, floor_name),

@@ -1,6 +1,6 @@
 """The gateway bench's floor service: ``ratewarden serve``'s own stack answering a fixed OK.
 
-Run as ``python -m ratewarden.bench.gateway_floor --http PORT [--grpc PORT]``. It serves exactly as a
+Run as ``python -m ratewarden.bench.gateway_floor --http PORT [--grpc PORT] [--spoe PORT]``. It serves exactly as a
 ``ratewarden serve`` worker does (``serve.process``: uvicorn on asyncio's loop with httptools, no
 lifespan, access log, server or date header; a pre-bound listening socket; ``grpc.aio`` in the same
 event loop), but the HTTP app answers every request with a fixed ``200`` and an empty body and the
@@ -10,19 +10,40 @@ ours / floor is then the cost of deciding, nothing else.
 With ``--headers`` the fixed ``200`` also carries the rate-limit headers an allowed ``/check`` answer
 does (``DECISION_HEADERS``: the same names, values of the same length), so the ratio against it is the
 decision alone, without the cost of writing the headers every gateway answer must carry.
+
+With ``--spoe`` it is also (or only) an agent for HAProxy's SPOE on the stack ``ratewarden serve
+--spoe`` uses (an asyncio server on a socket bound as ``serve.process`` binds it, in the same event
+loop as the HTTP server, frames read and written with ``serve.spop``): HELLO (and health checks) and
+DISCONNECT answered as the real agent answers them, every NOTIFY acknowledged at once, its messages
+not even decoded, with the variables an allowed check sets (``SPOE_VARIABLES``: ``status`` 200 and
+``DECISION_HEADERS`` as ``ratelimit``, ``ratelimit_policy``, ``x_ratelimit_*``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import socket
 from typing import Any
 
+from ..serve.spop import (
+    HAPROXY_DISCONNECT,
+    HAPROXY_HELLO,
+    NOTIFY,
+    SpopError,
+    ack,
+    agent_disconnect,
+    agent_hello,
+    kv_list,
+    read_frame,
+    set_var,
+)
 from ..types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["DECISION_HEADERS", "fixed_ok", "floor_app", "floor_servicer", "headers_floor_app", "main"]
+__all__ = ["DECISION_HEADERS", "SPOE_VARIABLES", "FloorSpoeAgent", "fixed_ok", "floor_app", "floor_servicer",
+           "headers_floor_app", "main", "start_floor_spoe"]
 
 #: The header list of an allowed ``/check`` answer for the bench's capacity key (header style
 #: ``both``), fixed: what ``--headers`` answers.
@@ -52,6 +73,70 @@ floor_app = fixed_ok([(b"content-length", b"0")])
 """The floor: a fixed ``200``, no headers but its length."""
 headers_floor_app = fixed_ok(DECISION_HEADERS)
 """The floor with an allowed check's rate-limit headers (``--headers``)."""
+
+
+#: The SET-VAR actions ``--spoe`` answers every NOTIFY with: what the agent sets for an allowed check
+#: (``status`` 200, then the rate-limit headers of ``DECISION_HEADERS``, ``-`` as ``_``), fixed.
+SPOE_VARIABLES: list[tuple[str, int | str]] = [("status", 200)] + [
+    (name.decode().replace("-", "_"), value.decode()) for name, value in DECISION_HEADERS if name != b"content-length"]
+
+
+class FloorSpoeAgent:
+    """An SPOE agent answering every NOTIFY with ``SPOE_VARIABLES``, deciding nothing: the floor of
+    ``ratewarden serve --spoe`` (``serve.spoe.SpoeAgent``), the same connection handling without the
+    decision (nor the decoding of the messages it needs)."""
+
+    def __init__(self, max_frame_size: int = 16380) -> None:  # serve.spoe.MAX_FRAME_SIZE
+        self.max_frame_size = max_frame_size
+        self.actions = b"".join(set_var(name, value) for name, value in SPOE_VARIABLES)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection from HAProxy: HELLO, then NOTIFY frames until DISCONNECT or EOF."""
+        try:
+            frame = read_frame(await _read_frame(reader, self.max_frame_size))
+            if frame.kind != HAPROXY_HELLO:
+                raise SpopError(4, f"the first frame must be HAPROXY-HELLO, got type {frame.kind}")
+            hello = kv_list(frame.payload)
+            versions = str(hello.get("supported-versions") or "")
+            if not any(v.strip().startswith("2.") for v in versions.split(",")):
+                raise SpopError(8, f"unsupported SPOP versions {versions!r}: this agent speaks 2.0")
+            theirs = hello.get("max-frame-size")
+            if not isinstance(theirs, int) or isinstance(theirs, bool):
+                raise SpopError(6, "max-frame-size value not found")
+            limit = min(theirs, self.max_frame_size)
+            writer.write(agent_hello(limit))
+            if hello.get("healthcheck") is True:
+                return
+            while True:
+                frame = read_frame(await _read_frame(reader, limit))
+                if frame.kind == NOTIFY:
+                    writer.write(ack(frame.stream_id, frame.frame_id, (self.actions,)))
+                elif frame.kind == HAPROXY_DISCONNECT:
+                    writer.write(agent_disconnect(0, "normal"))
+                    return
+                else:
+                    raise SpopError(4, f"unexpected frame type {frame.kind}")
+        except SpopError as exc:
+            writer.write(agent_disconnect(exc.status, str(exc)))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # HAProxy closed the connection
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+async def _read_frame(reader: asyncio.StreamReader, limit: int) -> bytes:
+    """One frame's bytes (after its length), as the agent reads them; over ``limit``: status 3."""
+    length = int.from_bytes(await reader.readexactly(4), "big")
+    if length > limit:
+        raise SpopError(3, f"a frame of {length} bytes is larger than the {limit} agreed")
+    return await reader.readexactly(length)
+
+
+async def start_floor_spoe(sock: socket.socket) -> asyncio.Server:
+    """Serve the fixed SPOE answers on the listening ``sock`` (as ``serve.spoe.start_spoe`` does)."""
+    return await asyncio.start_server(FloorSpoeAgent().handle, sock=sock)
 
 
 def floor_servicer() -> Any:
@@ -88,9 +173,10 @@ def _bind(port: int) -> socket.socket:
     return sock
 
 
-async def _serve(http_port: int, grpc_port: int, headers: bool = False) -> None:
-    sock = _bind(http_port)
-    server = _server(sock, headers)
+async def _serve(http_port: int, grpc_port: int, headers: bool = False, spoe_port: int = 0) -> None:
+    spoe_server = await start_floor_spoe(_bind(spoe_port)) if spoe_port else None
+    sock = _bind(http_port) if http_port else None
+    server = _server(sock, headers) if sock is not None else None
     grpc_server: Any = None
     if grpc_port:
         import grpc  # type: ignore[import-untyped, unused-ignore]
@@ -101,23 +187,39 @@ async def _serve(http_port: int, grpc_port: int, headers: bool = False) -> None:
         grpc_server.add_insecure_port(f"127.0.0.1:{grpc_port}")
         await grpc_server.start()
     loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+
+    def stop() -> None:
+        stopped.set()
+        if server is not None:
+            server.should_exit = True
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        loop.add_signal_handler(sig, stop)
     try:
-        await server.serve(sockets=[sock])
+        if server is not None:
+            await server.serve(sockets=[sock])
+        else:
+            await stopped.wait()
     finally:
+        if spoe_server is not None:
+            spoe_server.close()
         if grpc_server is not None:
             await grpc_server.stop(0.5)
-        sock.close()
+        if sock is not None:
+            sock.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ratewarden.bench.gateway_floor")
-    parser.add_argument("--http", type=int, required=True, help="HTTP port")
+    parser.add_argument("--http", type=int, default=0, help="HTTP port (none when 0)")
     parser.add_argument("--grpc", type=int, default=0, help="gRPC port (none when 0)")
+    parser.add_argument("--spoe", type=int, default=0, help="HAProxy SPOE agent port (none when 0)")
     parser.add_argument("--headers", action="store_true", help="answer with an allowed check's rate-limit headers")
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.http, args.grpc, args.headers))
+    if not (args.http or args.grpc or args.spoe):
+        parser.error("give at least one of --http, --grpc, --spoe")
+    asyncio.run(_serve(args.http, args.grpc, args.headers, args.spoe))
     return 0
 
 

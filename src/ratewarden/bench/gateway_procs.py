@@ -1,5 +1,5 @@
 """The gateway bench's processes and their configuration files: a fast backend (nginx ``return 200``),
-HAProxy and nginx four ways each, ``ratewarden serve`` and the fixed-answer floor service.
+HAProxy six ways and nginx three, ``ratewarden serve`` and the fixed-answer floor service.
 
 Every process runs in the foreground on free loopback ports with its files in a private directory
 (nginx ``-p DIR -e stderr -g 'daemon off;'``, HAProxy ``-db``), its output kept in a log file there
@@ -29,7 +29,7 @@ from .services import BenchError
 
 __all__ = [
     "BULK_GROUP", "BULK_KEY", "GROUP_LIMITS", "HOST", "Proc", "backend_conf", "envoy_yaml", "floor_command", "free_port",
-    "haproxy_native_conf", "haproxy_plain_conf", "haproxy_ratewarden_files", "nginx_limit_req_conf",
+    "haproxy_native_conf", "haproxy_plain_conf", "haproxy_ratewarden_files", "haproxy_spoe_files", "nginx_limit_req_conf",
     "nginx_plain_conf", "nginx_ratewarden_conf", "policy_toml", "require_binaries", "serve_command",
     "wait_port",
 ]
@@ -241,6 +241,15 @@ def haproxy_ratewarden_files(gateway: int, service: int, backend: int) -> dict[s
             "ratewarden.lua": config_text("ratewarden.lua", gateway=gateway, service=service, backend=backend)}
 
 
+def haproxy_spoe_files(gateway: int, spoe: int, backend: int) -> dict[str, str]:
+    """The shipped ``haproxy-spoe.cfg`` (written as ``haproxy.cfg``) and ``spoe.conf``
+    (``ratewarden.serve.gateways``), ports substituted: HAProxy asking an SPOE agent on ``spoe``."""
+    from ..serve.gateways import config_text
+
+    return {"haproxy.cfg": config_text("haproxy-spoe.cfg", gateway=gateway, spoe=spoe, backend=backend),
+            "spoe.conf": config_text("spoe.conf", gateway=gateway, spoe=spoe, backend=backend)}
+
+
 _NGINX_HEAD = """{extra}
     upstream app {{
         server {host}:{backend};
@@ -293,20 +302,23 @@ def nginx_ratewarden_conf(gateway: int, service: int, backend: int) -> str:
 
 # ---------------------------------------------------------------------------------------------- commands
 
-def serve_command(files: Sequence[Path], http: int, grpc: int = 0) -> list[str]:
-    """``ratewarden serve FILES --http 127.0.0.1:HTTP [--grpc 127.0.0.1:GRPC] --workers 1`` (memory store)."""
+def serve_command(files: Sequence[Path], http: int, grpc: int = 0, spoe: int = 0) -> list[str]:
+    """``ratewarden serve FILES --http 127.0.0.1:HTTP [--grpc 127.0.0.1:GRPC] [--spoe 127.0.0.1:SPOE]
+    --workers 1`` (memory store)."""
     if importlib.util.find_spec("ratewarden.cli.serve") is None:
         raise BenchError("`ratewarden serve` is not available in this ratewarden (no ratewarden.cli.serve)")
     argv = [sys.executable, "-m", "ratewarden.cli", "serve", *map(str, files), "--http", f"{HOST}:{http}",
             "--workers", "1", "--log-format", "text", "--log-level", "warning"]
-    return argv + (["--grpc", f"{HOST}:{grpc}"] if grpc else [])
+    return argv + (["--grpc", f"{HOST}:{grpc}"] if grpc else []) + (["--spoe", f"{HOST}:{spoe}"] if spoe else [])
 
 
-def floor_command(http: int, grpc: int = 0, headers: bool = False) -> list[str]:
-    """The fixed-answer floor on ``ratewarden serve``'s stack (``gateway_floor``), HTTP and optionally
-    gRPC; ``headers``: its 200 carries an allowed check's rate-limit headers."""
-    argv = [sys.executable, "-m", "ratewarden.bench.gateway_floor", "--http", str(http)]
-    return argv + (["--grpc", str(grpc)] if grpc else []) + (["--headers"] if headers else [])
+def floor_command(http: int, grpc: int = 0, headers: bool = False, spoe: int = 0) -> list[str]:
+    """The fixed-answer floor on ``ratewarden serve``'s stack (``gateway_floor``): HTTP (none when
+    ``http`` is 0), optionally gRPC and an SPOE agent; ``headers``: its 200 carries an allowed check's
+    rate-limit headers."""
+    argv = [sys.executable, "-m", "ratewarden.bench.gateway_floor"] + (["--http", str(http)] if http else [])
+    return argv + (["--grpc", str(grpc)] if grpc else []) + (["--spoe", str(spoe)] if spoe else []) \
+        + (["--headers"] if headers else [])
 
 
 def haproxy_command(directory: Path, binary: str = HAPROXY) -> list[str]:

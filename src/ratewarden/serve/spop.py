@@ -54,6 +54,7 @@ FLAG_ABORT = 0x02
 # Typed data: the low 4 bits of the type byte (a boolean's value is bit 4).
 _NULL, _BOOL, _INT32, _UINT32, _INT64, _UINT64, _IPV4, _IPV6, _STRING, _BINARY = range(10)
 _TRUE = 0x10
+_UINT64_MAX = 2**64 - 1
 
 #: Variable scopes of a SET-VAR action.
 SCOPE_PROCESS, SCOPE_SESSION, SCOPE_TRANSACTION, SCOPE_REQUEST, SCOPE_RESPONSE = range(5)
@@ -103,8 +104,10 @@ def decode_varint(data: bytes, at: int) -> tuple[int, int]:
             value += byte << shift
             shift += 7
             if byte < 128:
+                if value > _UINT64_MAX:
+                    raise SpopError(4, "a varint larger than 64 bits")
                 return value, at
-            if shift > 70:
+            if shift > 64:  # 9 bytes after the first carry 67 bits: a 10th more is no 64-bit value
                 raise SpopError(4, "a varint longer than 10 bytes")
     except IndexError:
         raise SpopError(4, "a frame ends inside a varint") from None
@@ -129,8 +132,13 @@ def _typed(data: bytes, at: int) -> tuple[Value, int]:
         return text.decode("utf-8", "surrogateescape"), at
     if kind == _BINARY:
         return _string(data, at)
-    if kind in (_INT32, _UINT32, _INT64, _UINT64):
+    if kind in (_UINT32, _UINT64):
         return decode_varint(data, at)
+    if kind in (_INT32, _INT64):  # signed: HAProxy sends the varint of the two's complement bit pattern
+        value, at = decode_varint(data, at)
+        bits = 32 if kind == _INT32 else 64
+        value &= (1 << bits) - 1
+        return (value - (1 << bits) if value >> (bits - 1) else value), at
     if kind == _BOOL:
         return bool(head & _TRUE), at
     if kind == _NULL:
