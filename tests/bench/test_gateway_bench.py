@@ -249,14 +249,26 @@ def _notify(stream_id: int, frame_id: int, api_key: str) -> bytes:
 
 
 def _set_vars(payload: bytes) -> list[tuple[str, Any]]:
-    """An ACK's SET-VAR actions as (name, value)."""
-    from ratewarden.serve import spop
+    """An ACK's SET-VAR actions as (name, value): unsigned integers and strings (all an answer sets)."""
+    from ratewarden.serve.spop import SCOPE_TRANSACTION, decode_varint
 
-    out, at = [], 0
+    def string(at: int) -> tuple[bytes, int]:
+        n, at = decode_varint(payload, at)
+        return payload[at : at + n], at + n
+
+    out: list[tuple[str, Any]] = []
+    at = 0
     while at < len(payload):
-        assert payload[at : at + 3] == bytes((1, 3, spop.SCOPE_TRANSACTION)), payload[at:]
-        name, at = spop._string(payload, at + 3)
-        value, at = spop._typed(payload, at)
+        assert payload[at : at + 3] == bytes((1, 3, SCOPE_TRANSACTION)), payload[at:]
+        name, at = string(at + 3)
+        kind, at = payload[at] & 0x0F, at + 1
+        assert kind in (3, 5, 8), kind  # uint32, uint64, string
+        value: Any
+        if kind == 8:
+            raw, at = string(at)
+            value = raw.decode()
+        else:
+            value, at = decode_varint(payload, at)
         out.append((name.decode(), value))
     return out
 
