@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..bench.scenarios import MEASURES, QUICK_FLOOD, QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["register", "run"]
 
 QUICK_LIBRARIES = "ratewarden,traffik,slowapi,bare"
+_T = TypeVar("_T")
 
 
 def _csv(value: str) -> list[str]:
@@ -61,12 +62,13 @@ def register(subparsers: Any) -> None:
                    help="keep only in-process (direct ASGI) or live (uvicorn + wrk) scenarios")
     p.add_argument("--concurrency", default="", metavar="N[,N...]",
                    help="concurrency levels for batch and live scenarios (default: each scenario's own)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per live (wrk) iteration")
-    p.add_argument("--flood-duration", type=float, default=3.0, metavar="SECONDS",
-                   help="seconds per timed iteration of the flood scenarios (1,000 connections)")
-    p.add_argument("--iterations", type=int, default=3,
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds per live (wrk) iteration (default 10; --quick: 2)")
+    p.add_argument("--flood-duration", type=float, default=None, metavar="SECONDS",
+                   help="seconds per timed iteration of the flood scenarios, 1,000 connections (default 3; --quick: 2)")
+    p.add_argument("--iterations", type=int, default=None,
                    help="timed iterations (rounds, libraries interleaved) per configuration: median kept, spread "
-                        "reported (--quick: 5)")
+                        "reported (default 3; --quick and --gateway: 5)")
     p.add_argument("--warmup", type=int, default=1, help="discarded warm-up iterations per configuration")
     p.add_argument("--out", default="bench-results", help="directory for the reports")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -161,7 +163,7 @@ def _run_wsgi(args: argparse.Namespace) -> int:
     except ValueError:
         return _fail(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
     # Live rows: 3 s wrk runs unless --duration says otherwise, 2 sync workers unless --workers does.
-    duration = args.duration if args.duration != 10.0 else 3.0
+    duration = _given(args.duration, 3.0)
     workers = args.workers or 2
     if any(c < 1 for c in levels) or duration <= 0 or args.warmup < 0 or workers < 1:
         return _fail("--concurrency, --duration and --workers must be positive (--warmup >= 0)")
@@ -174,7 +176,7 @@ def _run_wsgi(args: argparse.Namespace) -> int:
     problem = _unwritable(out)
     if problem:
         return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
-    rounds, concurrency = max(3, args.iterations), (levels or [50])[0]
+    rounds, concurrency = max(3, _given(args.iterations, 3)), (levels or [50])[0]
     rows: list[Any] = []
     targets: list[dict[str, Any]] = []
     live_rows: list[Any] = []
@@ -208,7 +210,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     unknown = [v for v in variants if v not in gateway.VARIANTS]
     if unknown:
         return _fail(f"unknown --gateway-variants {', '.join(unknown)}; choose from {', '.join(gateway.VARIANTS)}")
-    rounds = 5 if args.iterations == 3 else args.iterations
+    rounds = _given(args.iterations, 5)
     if rounds < 1 or args.warmup < 0 or args.gateway_requests < 1 or args.gateway_rate < 0 \
             or args.capacity_seconds <= 0:
         return _fail("--iterations, --gateway-requests and --capacity-seconds must be positive "
@@ -293,13 +295,15 @@ def _quick_defaults(args: argparse.Namespace) -> tuple[list[str], float, float, 
     """The scenarios ``--quick`` adds (when no ``--scenario`` is given), and the live duration,
     flood duration and iterations: ``--quick`` shortens the ones left at their defaults."""
     if not args.quick:
-        return [], args.duration, args.flood_duration, args.iterations
+        return [], _given(args.duration, 10.0), _given(args.flood_duration, 3.0), _given(args.iterations, 3)
     names = list(QUICK_SCENARIOS + QUICK_LIVE + QUICK_FLOOD) if args.scenario is None else []
     # Short live iterations, more rounds: a spread over 5 interleaved rounds says how noisy the machine was.
-    duration = args.duration if args.duration != 10.0 else 2.0
-    flood_duration = args.flood_duration if args.flood_duration != 3.0 else 2.0
-    iterations = args.iterations if args.iterations != 3 else 5
-    return names, duration, flood_duration, iterations
+    return names, _given(args.duration, 2.0), _given(args.flood_duration, 2.0), _given(args.iterations, 5)
+
+
+def _given(value: _T | None, default: _T) -> _T:
+    """An option's value, or the mode's default when it was not given."""
+    return default if value is None else value
 
 
 def _scenarios(args: argparse.Namespace, names: list[str]) -> list[Any] | str:
