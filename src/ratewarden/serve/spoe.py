@@ -21,7 +21,7 @@ import logging
 import socket
 from collections.abc import Iterable
 
-from .http import ServeApp, ServeError
+from .http import ServeApp, ServeError, _address
 from .spop import (
     HAPROXY_DISCONNECT,
     HAPROXY_HELLO,
@@ -69,6 +69,15 @@ class SpoeAgent:
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection from HAProxy: HELLO, then NOTIFY frames until DISCONNECT or EOF."""
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            # Shutting down cancels the connections HAProxy keeps open (the connection is closed by
+            # then). Ended, not re-raised: Python 3.11's asyncio.start_server logs a cancelled
+            # handler as "Unhandled exception in client_connected_cb", one traceback per connection.
+            writer.transport.abort()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._connections.add(task)
@@ -147,8 +156,9 @@ class SpoeAgent:
             client = _client(args.get("ip"), trusted, peer)
             scheme = "https" if args.get("ssl") is True else "http"
             status, answer, body = await self.app.decide(method, uri, headers, client, scheme)
-        except ServeError as exc:
-            return [set_var("status", exc.status), set_var("body", str(exc)), set_var("content_type", _PLAIN_TEXT)]
+        except (ServeError, SpopError) as exc:  # a description that cannot be used (a malformed headers arg: 400)
+            status = exc.status if isinstance(exc, ServeError) else 400
+            return [set_var("status", status), set_var("body", str(exc)), set_var("content_type", _PLAIN_TEXT)]
         except Exception as exc:  # a bug or a broken store client: answered (and failed closed by the config)
             log.exception("spoe check failed: %s: %s", type(exc).__name__, exc, extra={"event": "check_failed"})
             return [set_var("status", 500)]
@@ -169,8 +179,10 @@ def _client(ip: Value, trusted: bool, peer: object) -> str | None:
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             return str(ip.ipv4_mapped)
         return str(ip)
-    if trusted and isinstance(ip, str):
-        return ip
+    if trusted and isinstance(ip, str):  # as /check reads X-Real-IP: an address, else the peer's own
+        address = _address(ip)
+        if address is not None:
+            return address
     return peer[0] if isinstance(peer, tuple) and peer else None
 
 
