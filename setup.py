@@ -79,6 +79,8 @@ HOT_MODULES = [
     "src/ratewarden/enforcement/blocking.py",
     "src/ratewarden/wsgi/scope.py",
     "src/ratewarden/wsgi/middleware.py",
+    "src/ratewarden/serve/spop.py",
+    "src/ratewarden/serve/spoe.py",
 ]
 
 # Hand-written C built next to the mypyc modules (Linux only: process-shared robust mutexes). The

@@ -36,6 +36,7 @@ from .spop import (
     kv_list,
     messages,
     read_frame,
+    set_text,
     set_var,
 )
 
@@ -189,18 +190,19 @@ def _client(ip: Value, trusted: bool, peer: object) -> str | None:
 def _variables(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> list[bytes]:
     """SET-VAR actions for a decision: its status, its rate-limit headers (repeated ones joined with
     commas, as HTTP joins them) and, for a refusal, its body and content type."""
-    values: dict[str, list[str]] = {}
-    content_type = ""
+    values: dict[str, bytes] = {}
+    content_type = b""
     for name, value in headers:
         variable = _VARIABLES.get(name)
         if variable is not None:
-            values.setdefault(variable, []).append(value.decode("latin-1"))
+            seen = values.get(variable)
+            values[variable] = value if seen is None else seen + b", " + value
         elif name == b"content-type":
-            content_type = value.decode("latin-1")
+            content_type = value
     actions = [set_var("status", status)]
-    actions += [set_var(variable, ", ".join(parts)) for variable, parts in values.items()]
+    actions += [set_text(variable, value) for variable, value in values.items()]
     if status >= 400:
-        actions += [set_var("body", body.decode("utf-8", "replace")), set_var("content_type", content_type)]
+        actions += [set_text("body", body), set_text("content_type", content_type)]
     return actions
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "kv_list",
     "messages",
     "read_frame",
+    "set_text",
     "set_var",
 ]
 
@@ -114,7 +115,11 @@ def decode_varint(data: bytes, at: int) -> tuple[int, int]:
 
 
 def _string(data: bytes, at: int) -> tuple[bytes, int]:
-    length, at = decode_varint(data, at)
+    length = data[at] if at < len(data) else 240  # one byte below 240 (names, most values); else a varint
+    if length < 240:
+        at += 1
+    else:
+        length, at = decode_varint(data, at)
     end = at + length
     if end > len(data):
         raise SpopError(4, f"a string of {length} bytes runs past the end of its frame")
@@ -270,9 +275,26 @@ def agent_disconnect(status: int, message: str) -> bytes:
     return _frame(AGENT_DISCONNECT, 0, 0, payload)
 
 
+_SET_VAR_HEADS: dict[tuple[str, int], bytes] = {}  # an action's bytes before its value, by (name, scope)
+
+
+def _set_var_head(name: str, scope: int) -> bytes:
+    head = _SET_VAR_HEADS.get((name, scope))
+    if head is None:
+        head = bytes((_SET_VAR, 3, scope)) + _encode_string(name)
+        if len(_SET_VAR_HEADS) < 256:  # the agent's dozen names; any others are built each time
+            _SET_VAR_HEADS[(name, scope)] = head
+    return head
+
+
 def set_var(name: str, value: Value, scope: int = SCOPE_TRANSACTION) -> bytes:
     """A SET-VAR action: HAProxy sets variable ``name`` (under the agent's ``var-prefix``)."""
-    return bytes((_SET_VAR, 3, scope)) + _encode_string(name) + _encode_typed(value)
+    return _set_var_head(name, scope) + _encode_typed(value)
+
+
+def set_text(name: str, text: bytes, scope: int = SCOPE_TRANSACTION) -> bytes:
+    """``set_var`` of a string already encoded (UTF-8): header values and bodies as they are."""
+    return _set_var_head(name, scope) + bytes((_STRING,)) + encode_varint(len(text)) + text
 
 
 def ack(stream_id: int, frame_id: int, actions: Iterable[bytes] = ()) -> bytes:
