@@ -28,18 +28,8 @@ import signal
 import socket
 from typing import Any
 
-from ..serve.spop import (
-    HAPROXY_DISCONNECT,
-    HAPROXY_HELLO,
-    NOTIFY,
-    SpopError,
-    ack,
-    agent_disconnect,
-    agent_hello,
-    kv_list,
-    read_frame,
-    set_var,
-)
+from ..serve.spoe import MAX_FRAME_SIZE, hello, receive_frame
+from ..serve.spop import HAPROXY_DISCONNECT, NOTIFY, SpopError, ack, agent_disconnect, set_var
 from ..types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["DECISION_HEADERS", "SPOE_VARIABLES", "FloorSpoeAgent", "fixed_ok", "floor_app", "floor_servicer",
@@ -86,29 +76,18 @@ class FloorSpoeAgent:
     ``ratewarden serve --spoe`` (``serve.spoe.SpoeAgent``), the same connection handling without the
     decision (nor the decoding of the messages it needs)."""
 
-    def __init__(self, max_frame_size: int = 16380) -> None:  # serve.spoe.MAX_FRAME_SIZE
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
         self.actions = b"".join(set_var(name, value) for name, value in SPOE_VARIABLES)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection from HAProxy: HELLO, then NOTIFY frames until DISCONNECT or EOF."""
         try:
-            frame = read_frame(await _read_frame(reader, self.max_frame_size))
-            if frame.kind != HAPROXY_HELLO:
-                raise SpopError(4, f"the first frame must be HAPROXY-HELLO, got type {frame.kind}")
-            hello = kv_list(frame.payload)
-            versions = str(hello.get("supported-versions") or "")
-            if not any(v.strip().startswith("2.") for v in versions.split(",")):
-                raise SpopError(8, f"unsupported SPOP versions {versions!r}: this agent speaks 2.0")
-            theirs = hello.get("max-frame-size")
-            if not isinstance(theirs, int) or isinstance(theirs, bool):
-                raise SpopError(6, "max-frame-size value not found")
-            limit = min(theirs, self.max_frame_size)
-            writer.write(agent_hello(limit))
-            if hello.get("healthcheck") is True:
+            limit = await hello(reader, writer, self.max_frame_size)
+            if limit is None:
                 return
             while True:
-                frame = read_frame(await _read_frame(reader, limit))
+                frame = await receive_frame(reader, limit)
                 if frame.kind == NOTIFY:
                     writer.write(ack(frame.stream_id, frame.frame_id, (self.actions,)))
                 elif frame.kind == HAPROXY_DISCONNECT:
@@ -124,14 +103,6 @@ class FloorSpoeAgent:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-
-
-async def _read_frame(reader: asyncio.StreamReader, limit: int) -> bytes:
-    """One frame's bytes (after its length), as the agent reads them; over ``limit``: status 3."""
-    length = int.from_bytes(await reader.readexactly(4), "big")
-    if length > limit:
-        raise SpopError(3, f"a frame of {length} bytes is larger than the {limit} agreed")
-    return await reader.readexactly(length)
 
 
 async def start_floor_spoe(sock: socket.socket) -> asyncio.Server:

@@ -26,6 +26,7 @@ from .spop import (
     HAPROXY_DISCONNECT,
     HAPROXY_HELLO,
     NOTIFY,
+    Frame,
     Message,
     SpopError,
     Value,
@@ -40,7 +41,7 @@ from .spop import (
     set_var,
 )
 
-__all__ = ["MAX_FRAME_SIZE", "MAX_IN_FLIGHT", "SpoeAgent", "start_spoe"]
+__all__ = ["MAX_FRAME_SIZE", "MAX_IN_FLIGHT", "SpoeAgent", "hello", "receive_frame", "start_spoe"]
 
 log = logging.getLogger("ratewarden.serve")
 
@@ -86,11 +87,11 @@ class SpoeAgent:
         trusted = self.app.is_trusted(peer[0] if isinstance(peer, tuple) else None)
         pending: set[asyncio.Task[None]] = set()
         try:
-            limit = await self._hello(reader, writer)
+            limit = await hello(reader, writer, self.max_frame_size)
             if limit is None:
                 return
             while True:
-                frame = read_frame(await _read(reader, limit))
+                frame = await receive_frame(reader, limit)
                 if frame.kind == NOTIFY:
                     if len(pending) >= MAX_IN_FLIGHT:
                         await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -118,22 +119,6 @@ class SpoeAgent:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-
-    async def _hello(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
-        """Answer HAPROXY-HELLO; the frame size both sides accept, ``None`` for a health check."""
-        frame = read_frame(await _read(reader, self.max_frame_size))
-        if frame.kind != HAPROXY_HELLO:
-            raise SpopError(4, f"the first frame must be HAPROXY-HELLO, got type {frame.kind}")
-        hello = kv_list(frame.payload)
-        versions = str(hello.get("supported-versions") or "")
-        if not any(v.strip().startswith("2.") for v in versions.split(",")):
-            raise SpopError(8, f"unsupported SPOP versions {versions!r}: this agent speaks 2.0")
-        theirs = hello.get("max-frame-size")
-        if not isinstance(theirs, int) or isinstance(theirs, bool):
-            raise SpopError(6, "max-frame-size value not found")
-        limit = min(theirs, self.max_frame_size)
-        writer.write(agent_hello(limit))
-        return None if hello.get("healthcheck") is True else limit
 
     async def _answer(self, writer: asyncio.StreamWriter, stream_id: int, frame_id: int, found: list[Message],
                       trusted: bool, peer: object) -> None:
@@ -206,12 +191,30 @@ def _variables(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes)
     return actions
 
 
-async def _read(reader: asyncio.StreamReader, limit: int) -> bytes:
-    """One frame's bytes (after its length); a frame over ``limit`` is refused (status 3)."""
+async def receive_frame(reader: asyncio.StreamReader, limit: int) -> Frame:
+    """The next frame; one over ``limit`` bytes is refused (status 3)."""
     length = int.from_bytes(await reader.readexactly(4), "big")
     if length > limit:
         raise SpopError(3, f"a frame of {length} bytes is larger than the {limit} agreed")
-    return await reader.readexactly(length)
+    return read_frame(await reader.readexactly(length))
+
+
+async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame_size: int) -> int | None:
+    """Answer a connection's HAPROXY-HELLO with AGENT-HELLO: the frame size both sides accept, or
+    ``None`` for a health check (the connection then ends)."""
+    frame = await receive_frame(reader, max_frame_size)
+    if frame.kind != HAPROXY_HELLO:
+        raise SpopError(4, f"the first frame must be HAPROXY-HELLO, got type {frame.kind}")
+    offer = kv_list(frame.payload)
+    versions = str(offer.get("supported-versions") or "")
+    if not any(v.strip().startswith("2.") for v in versions.split(",")):
+        raise SpopError(8, f"unsupported SPOP versions {versions!r}: this agent speaks 2.0")
+    theirs = offer.get("max-frame-size")
+    if not isinstance(theirs, int) or isinstance(theirs, bool):
+        raise SpopError(6, "max-frame-size value not found")
+    limit = min(theirs, max_frame_size)
+    writer.write(agent_hello(limit))
+    return None if offer.get("healthcheck") is True else limit
 
 
 async def start_spoe(app: ServeApp, sock: socket.socket) -> asyncio.Server:
