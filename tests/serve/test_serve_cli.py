@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -306,6 +307,61 @@ def test_no_metrics(tmp_path: Path, serve: Any) -> None:
     answer = httpx.get(f"{server.url}/metrics")
     assert answer.status_code == 404 and "--no-metrics" in answer.json()["error"]
     assert server.stop() == 0
+
+
+def _spop(kind: int, stream: int, frame: int, payload: bytes) -> bytes:
+    """A HAProxy-side SPOP frame (FIN set), built by hand from SPOE.txt."""
+    from ratewarden.serve.spop import encode_varint
+
+    body = bytes((kind,)) + (1).to_bytes(4, "big") + encode_varint(stream) + encode_varint(frame) + payload
+    return len(body).to_bytes(4, "big") + body
+
+
+def _spop_string(text: str) -> bytes:
+    from ratewarden.serve.spop import encode_varint
+
+    return encode_varint(len(text)) + text.encode()
+
+
+def _read_spop(sock: socket.socket) -> tuple[int, bytes]:
+    """(frame type, the rest) of the next frame; (0, b"") when the peer closed the connection."""
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            return 0, b""
+        head += chunk
+    length = int.from_bytes(head, "big")
+    body = b""
+    while len(body) < length:
+        body += sock.recv(length - len(body))
+    return body[0], body[1:]
+
+
+def test_spoe_agent_answers_and_ends_its_connections_on_sigterm(tmp_path: Path, serve: Any) -> None:
+    """``--spoe``: a HAProxy-like client gets AGENT-HELLO and an ACK for its check; on SIGTERM the
+    service ends the connection it keeps open and exits 0, without a traceback."""
+    from ratewarden.serve.spop import encode_varint
+
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    spoe_port = free_port()
+    server = serve(str(policy), "--spoe", f"127.0.0.1:{spoe_port}").ready()
+    assert server.events("started")[0]["spoe"] == f"127.0.0.1:{spoe_port}"
+    hello = (_spop_string("supported-versions") + b"\x08" + _spop_string("2.0")
+             + _spop_string("max-frame-size") + b"\x03" + encode_varint(16380)
+             + _spop_string("capabilities") + b"\x08" + _spop_string("pipelining"))
+    check = (_spop_string("check") + bytes((2,)) + _spop_string("method") + b"\x08" + _spop_string("GET")
+             + _spop_string("uri") + b"\x08" + _spop_string("/api/items"))
+    with socket.create_connection(("127.0.0.1", spoe_port), timeout=10) as sock:
+        sock.sendall(_spop(1, 0, 0, hello))
+        assert _read_spop(sock)[0] == 101  # AGENT-HELLO
+        sock.sendall(_spop(3, 5, 1, check))
+        kind, rest = _read_spop(sock)
+        assert kind == 103 and b"status" in rest  # the ACK, with its variables
+        assert server.stop() == 0
+        assert _read_spop(sock) == (0, b"")  # the service closed the connection
+    assert "Traceback" not in server.log.read_text()
 
 
 def test_start_up_errors_exit_2(tmp_path: Path) -> None:

@@ -335,6 +335,7 @@ class Worker:
         server = _uvicorn_server(self.app, sock)
         grpc_server: Any = None
         spoe_server: asyncio.Server | None = None
+        spoe_agent: Any = None
         stopping: list[asyncio.Task[Any]] = []
 
         def stop(reason: str) -> None:
@@ -358,9 +359,10 @@ class Worker:
             started = await grpc_module.start_grpc(self.rls, *self.config.grpc, reuse_port=self.config.workers > 1)
             grpc_server = started[0] if isinstance(started, tuple) else started
         if spoe is not None:
-            from .spoe import start_spoe
+            from .spoe import SpoeAgent, start_spoe
 
-            spoe_server = await start_spoe(self.app, spoe)
+            spoe_agent = SpoeAgent(self.app)
+            spoe_server = await start_spoe(self.app, spoe, spoe_agent)
         tasks = [asyncio.create_task(self._watch())] if self.config.watch > 0 else []
         if parent is not None:
             tasks.append(asyncio.create_task(_orphaned(parent, stop)))
@@ -371,8 +373,9 @@ class Worker:
         finally:
             for task in tasks:
                 task.cancel()
-            if spoe_server is not None:
+            if spoe_server is not None:  # served through the HTTP drain; ended before the store closes
                 spoe_server.close()
+                await spoe_agent.close()
             if grpc_server is not None:
                 await (stopping[0] if stopping else grpc_server.stop(GRACE))
             if self.metrics is not None:

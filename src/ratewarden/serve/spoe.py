@@ -69,6 +69,14 @@ class SpoeAgent:
         self.max_frame_size = max_frame_size
         self._connections: set[asyncio.Task[None]] = set()
 
+    async def close(self) -> None:
+        """End the open connections (HAProxy reconnects, to another worker if there is one); checks
+        still in flight are dropped, and HAProxy answers them as unanswered."""
+        connections = list(self._connections)
+        for connection in connections:
+            connection.cancel()
+        await asyncio.gather(*connections, return_exceptions=True)
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection from HAProxy: HELLO, then NOTIFY frames until DISCONNECT or EOF."""
         try:
@@ -217,7 +225,7 @@ async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_
     return None if offer.get("healthcheck") is True else limit
 
 
-async def start_spoe(app: ServeApp, sock: socket.socket) -> asyncio.Server:
-    """Serve HAProxy's SPOE connections on the listening ``sock`` with ``app``'s decisions."""
-    agent = SpoeAgent(app)
-    return await asyncio.start_server(agent.handle, sock=sock)
+async def start_spoe(app: ServeApp, sock: socket.socket, agent: SpoeAgent | None = None) -> asyncio.Server:
+    """Serve HAProxy's SPOE connections on the listening ``sock`` with ``app``'s decisions (through
+    ``agent``, whose ``close`` ends the open connections)."""
+    return await asyncio.start_server((agent or SpoeAgent(app)).handle, sock=sock)
