@@ -11,6 +11,7 @@ from flask import Blueprint, Flask, jsonify, request
 
 from ratewarden import ConfigurationError, Limiter, MemoryStore
 from ratewarden.flask import RateLimiter, RateLimitExceeded
+from ratewarden.flask.extension import EXTENSION_KEY
 from ratewarden.keys import header
 from ratewarden.types import Scope
 from tests.vectors.runner import FakeClock
@@ -82,6 +83,36 @@ def test_a_limiter_and_storage_config_together_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="RATEWARDEN_STORAGE_URL"):
         RateLimiter(app, limiter=frozen_limiter())
 
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"RATEWARDEN_STORAGE_URI": "redis://cache"}, "RATEWARDEN_STORAGE_URI: not a ratewarden key; did you mean RATEWARDEN_STORAGE_URL?"),
+        ({"RATEWARDEN_DEFAULT_LIMIT": "1/min"}, "did you mean RATEWARDEN_DEFAULT_LIMITS?"),
+        ({"RATEWARDEN_COLOUR": "blue"}, "RATEWARDEN_COLOUR: not a ratewarden key; the keys are RATEWARDEN_ENABLED,"),
+        ({"RATELIMIT_STORAGE_URI": "redis://cache"}, "RATELIMIT_STORAGE_URI: a flask-limiter key, which ratewarden does not read; use RATEWARDEN_STORAGE_URL"),
+        ({"RATELIMIT_DEFAULT": "1/min"}, "use RATEWARDEN_DEFAULT_LIMITS"),
+        ({"RATELIMIT_STRATEGY": "moving-window"}, "use RATEWARDEN_ALGORITHM"),
+        ({"RATELIMIT_HEADER_REMAINING": "X-Left"}, "use RATEWARDEN_HEADER_STYLE"),
+        ({"RATELIMIT_META": "1/hour"}, "RATELIMIT_META: a flask-limiter key, which ratewarden does not read; ratewarden has no equivalent"),
+    ],
+)
+def test_unknown_and_flask_limiter_config_keys_are_refused(config: dict[str, str], expected: str) -> None:
+    """A typo or a leftover flask-limiter key would leave the app on memory:// without its limits."""
+    app = make_app(**config)
+    with pytest.raises(ConfigurationError, match=r"ratewarden\.flask does not read") as raised:
+        RateLimiter(app)
+    assert expected in str(raised.value)
+    assert EXTENSION_KEY not in app.extensions
+
+
+def test_every_refused_key_is_named_at_once() -> None:
+    app = make_app(RATEWARDEN_STORAGE_URI="redis://cache", RATELIMIT_DEFAULT="1/min", RATEWARDEN_DEFAULT_LIMITS="5/min")
+    with pytest.raises(ConfigurationError) as raised:
+        RateLimiter(app, limiter=frozen_limiter())
+    lines = str(raised.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == ["RATELIMIT_DEFAULT", "RATEWARDEN_STORAGE_URI"]
 
 def test_key_and_cost_functions_take_the_scope() -> None:
     app = make_app()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast, get_args
@@ -16,7 +17,7 @@ from ..limits import DEFAULT_ALGORITHM
 from ..rates import Rate
 from ..stores.urls import open_store
 
-__all__ = ["CONFIG_KEYS", "RateSpec", "Settings", "read_settings"]
+__all__ = ["CONFIG_KEYS", "FLASK_LIMITER_KEYS", "RateSpec", "Settings", "check_keys", "read_settings"]
 
 RateSpec = str | Rate | Iterable[str | Rate]
 """One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them."""
@@ -35,6 +36,31 @@ CONFIG_KEYS = {
     "RATEWARDEN_FORWARDED_HEADER": "X-Forwarded-For (default) or Forwarded: the header those proxies set.",
 }
 """Every ``app.config`` key the extension reads, with what it means."""
+
+FLASK_LIMITER_KEYS = {
+    "RATELIMIT_ENABLED": "RATEWARDEN_ENABLED",
+    "RATELIMIT_STORAGE_URI": "RATEWARDEN_STORAGE_URL",
+    "RATELIMIT_STORAGE_URL": "RATEWARDEN_STORAGE_URL",
+    "RATELIMIT_STORAGE_OPTIONS": "the query options of RATEWARDEN_STORAGE_URL (?timeout=0.05&pool_size=20)",
+    "RATELIMIT_KEY_PREFIX": "RATEWARDEN_KEY_PREFIX",
+    "RATELIMIT_KEY_FUNC": "RateLimiter(key=...)",
+    "RATELIMIT_DEFAULT": "RATEWARDEN_DEFAULT_LIMITS",
+    "RATELIMIT_GLOBAL": "RATEWARDEN_DEFAULT_LIMITS",
+    "RATELIMIT_APPLICATION": "RATEWARDEN_APPLICATION_LIMITS",
+    "RATELIMIT_STRATEGY": "RATEWARDEN_ALGORITHM",
+    "RATELIMIT_HEADERS_ENABLED": "RATEWARDEN_HEADERS",
+    "RATELIMIT_SWALLOW_ERRORS": "RATEWARDEN_ON_ERROR",
+    "RATELIMIT_ON_BREACH_CALLBACK": "RateLimiter(on_limit=...)",
+    "RATELIMIT_IN_MEMORY_FALLBACK": "RateLimiter(limiter=Limiter(store, fallback=...))",
+    "RATELIMIT_IN_MEMORY_FALLBACK_ENABLED": "RateLimiter(limiter=Limiter(store, fallback=...))",
+    "RATELIMIT_FAIL_ON_FIRST_BREACH": "nothing: one all-or-nothing check is always made",
+    **{
+        f"RATELIMIT_HEADER_{part}": "RATEWARDEN_HEADER_STYLE (the names are fixed: ietf or legacy X-RateLimit-*)"
+        for part in ("LIMIT", "REMAINING", "RESET", "RETRY_AFTER", "RETRY_AFTER_VALUE")
+    },
+}
+"""flask-limiter's ``RATELIMIT_*`` keys, each with what replaces it; the others have no equivalent
+(docs/flask.md, "Migrating from flask-limiter")."""
 
 _LIMITER_KEYS = ("RATEWARDEN_STORAGE_URL", "RATEWARDEN_KEY_PREFIX", "RATEWARDEN_ON_ERROR")
 _FALSE = ("0", "false", "no", "off")
@@ -89,6 +115,28 @@ def _header_style(value: object) -> HeaderStyle:
     return cast("HeaderStyle", value)
 
 
+def check_keys(config: Mapping[str, Any]) -> None:
+    """Refuse the ``RATEWARDEN_*`` keys the extension does not read (a typo would otherwise leave the
+    app on its defaults without a word) and flask-limiter's ``RATELIMIT_*`` keys, naming what
+    replaces each.
+
+    Args:
+        config: The app's ``app.config``.
+    """
+    problems = []
+    for name in sorted(k for k in config if isinstance(k, str)):
+        if name.startswith("RATEWARDEN_") and name not in CONFIG_KEYS:
+            close = difflib.get_close_matches(name, CONFIG_KEYS, n=1, cutoff=0.8)
+            hint = f"did you mean {close[0]}?" if close else f"the keys are {', '.join(CONFIG_KEYS)}"
+            problems.append(f"{name}: not a ratewarden key; {hint}")
+        elif name.startswith("RATELIMIT_"):
+            instead = FLASK_LIMITER_KEYS.get(name)
+            hint = f"use {instead}" if instead else "ratewarden has no equivalent (docs/flask.md, \"Migrating from flask-limiter\")"
+            problems.append(f"{name}: a flask-limiter key, which ratewarden does not read; {hint}")
+    if problems:
+        raise ConfigurationError("app.config has keys ratewarden.flask does not read:\n  " + "\n  ".join(problems))
+
+
 def _default_key(config: Mapping[str, Any]) -> KeyFunc:
     proxies = config.get("RATEWARDEN_TRUSTED_PROXIES")
     header = config.get("RATEWARDEN_FORWARDED_HEADER")
@@ -128,7 +176,9 @@ def read_settings(
     header_style: HeaderStyle | None = None,
     enabled: bool | None = None,
 ) -> Settings:
-    """The settings of one app: each argument given (not ``None``) wins over its config key.
+    """The settings of one app: each argument given (not ``None``) wins over its config key. A
+    ``RATEWARDEN_*`` key it does not know, or a flask-limiter ``RATELIMIT_*`` key, is refused
+    (``check_keys``).
 
     Args:
         config: The app's ``app.config``.
@@ -143,6 +193,7 @@ def read_settings(
         header_style: ``None``: ``RATEWARDEN_HEADER_STYLE`` or ``"both"``.
         enabled: ``None``: ``RATEWARDEN_ENABLED`` or ``True``.
     """
+    check_keys(config)
     chosen_algorithm = algorithm or config.get("RATEWARDEN_ALGORITHM") or DEFAULT_ALGORITHM
     return Settings(
         limiter=_limiter(config, limiter),
