@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from urllib.parse import parse_qsl
 
+from .errors import AmbiguousRequest
 from .types import Scope
 
 __all__ = ["bearer_token_of", "digest", "header_value", "query_value"]
@@ -42,18 +43,25 @@ def bearer_token_of(scope: Scope) -> str | None:
 
 
 def query_value(scope: Scope, name: str) -> str | None:
-    """The first non-empty value of query parameter ``name``, or ``None``.
+    """The non-empty value of query parameter ``name``, or ``None``; ``AmbiguousRequest`` when it
+    has two different ones (``?api_key=a&api_key=b``): Flask's app reads the first, Django's and
+    Starlette's the last, so keying on either lets a caller be served on the other uncharged.
 
     Args:
         scope: The ASGI connection scope.
         name: The query parameter's name.
     """
     qs = scope.get("query_string") or b""
+    found: str | None = None
     if qs:
         for k, v in parse_qsl(qs.decode("latin-1"), keep_blank_values=False):
             if k == name:
-                return str(v)
-    return None
+                if found is not None and v != found:
+                    raise AmbiguousRequest(
+                        f"query parameter {name!r} is given more than once with different values; send it once"
+                    )
+                found = str(v)
+    return found
 
 
 def digest(value: str) -> str:

@@ -13,6 +13,8 @@
   ``"unreachable"`` or ``"error"``).
 - ``LimitUnavailable``: a limit could not be checked and the failure policy is fail-closed, so
   the request is refused (503) rather than let through unchecked.
+- ``AmbiguousRequest`` (a ``LimitUnavailable``): the request repeats a keyed query parameter with
+  different values, so who to charge is ambiguous; refused (400) whatever the failure policy.
 
 ``RateLimitExceeded`` (a request over its limit, raised by the FastAPI dependency) is also a
 ``RatewardenError``, and a Starlette ``HTTPException``. It is defined in ``ratewarden.fastapi``
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
 # ``RateLimitExceeded`` is left out of ``__all__``: ``from ratewarden.errors import *`` must not
 # need FastAPI.
-__all__ = ["ConfigurationError", "LimitUnavailable", "RatewardenError", "StoreError"]
+__all__ = ["AmbiguousRequest", "ConfigurationError", "LimitUnavailable", "RatewardenError", "StoreError"]
 
 
 class RatewardenError(Exception):
@@ -63,6 +65,16 @@ class StoreError(RatewardenError):
 
 class LimitUnavailable(RatewardenError):
     """The limit could not be checked and the policy is fail-closed: answer 503."""
+
+
+class AmbiguousRequest(LimitUnavailable):
+    """The request names its caller twice, differently (``?api_key=a&api_key=b``): frameworks
+    disagree on which one the application reads (Flask the first, Django and Starlette the last),
+    so no key can be charged without letting one of them through uncharged. Refused with 400 (the
+    message says what to send instead) whatever the failure policy; a ``LimitUnavailable``, so
+    code that refuses those refuses this too."""
+
+    status = 400
 
 
 def _store_error(kind: type[StoreError], args: tuple[object, ...], reason: str) -> StoreError:

@@ -61,7 +61,8 @@ class ClientIP:
     extend the client's). The list is walked from the right, skipping trusted hops, and the first
     untrusted address is the client. At most ``MAX_FORWARDED_HOPS`` entries are examined; when all
     of them are trusted, the client is the direct peer (leftmost entries could have been written by
-    the client itself, so a header value never decides then). IPv4-mapped IPv6 becomes plain IPv4.
+    the client itself, so a header value never decides then). IPv4-mapped IPv6 becomes plain IPv4;
+    a port on an entry (``198.51.100.9:5000``, ``[2001:db8::1]:5000``) is dropped, in either header.
 
     Args:
         trusted_proxies: CIDRs of the proxies whose forwarding header is believed; the default none
@@ -162,7 +163,7 @@ class ClientIP:
             hops = _forwarded_for(_header_list(scope, b"forwarded"))
         else:
             xff = _header_list(scope, b"x-forwarded-for")
-            hops = [h.strip() for h in xff.rsplit(",", MAX_FORWARDED_HOPS)[-MAX_FORWARDED_HOPS:]] if xff else []
+            hops = [_without_port(h.strip()) for h in xff.rsplit(",", MAX_FORWARDED_HOPS)[-MAX_FORWARDED_HOPS:]] if xff else []
         for address in reversed(hops):
             if address and not self._is_trusted(address):
                 return self.normalize(address)
@@ -202,6 +203,18 @@ def _header_list(scope: Scope, name: bytes) -> str | None:
             break
     kept.reverse()
     return b",".join(kept).decode("latin-1")
+
+
+def _without_port(address: str) -> str:
+    """An ``X-Forwarded-For`` entry without the port some proxies add (``198.51.100.9:5000``,
+    ``[2001:db8::1]:5000``): a client choosing its source port must stay one client. A bare IPv6
+    address (several colons, no brackets) is kept whole."""
+    if address.startswith("["):
+        end = address.find("]")
+        return address[1:end] if end > 0 else address
+    if address.count(":") == 1:
+        return address.partition(":")[0]
+    return address
 
 
 def _forwarded_for(value: str | None) -> list[str]:

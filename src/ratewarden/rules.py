@@ -42,7 +42,9 @@ HTTP_METHODS = frozenset({
 def http_methods(methods: str | Iterable[str] | None, where: str = "Rule") -> frozenset[str] | None:
     """``methods`` as a set of upper-case method names (``None``: every method). A string is one
     method (``"POST"``, not the letters P, O, S, T); an unknown name is a ``ConfigurationError``,
-    so a typo such as ``"GETT"`` cannot switch a limit off.
+    so a typo such as ``"GETT"`` cannot switch a limit off. ``GET`` brings ``HEAD`` with it: Flask,
+    Django and Starlette answer ``HEAD`` with the ``GET`` view, so a limit on ``GET`` that left
+    ``HEAD`` out would let the view run uncharged.
 
     Args:
         methods: One method name, several, or ``None``.
@@ -64,6 +66,8 @@ def http_methods(methods: str | Iterable[str] | None, where: str = "Rule") -> fr
         found.add(upper)
     if not found:
         raise ConfigurationError(f"{where} methods is empty: leave it out (None) to apply to every method")
+    if "GET" in found:
+        found.add("HEAD")
     return frozenset(found)
 
 
@@ -80,8 +84,10 @@ class Rule:
             every one must allow. ``None`` only with ``bypass`` or ``message_rate``.
         key: Who is charged: a key function of the scope (default: the client IP).
         algorithm: The algorithm's name (default ``"fixed_window"``).
-        methods: The HTTP methods it applies to: one name (``"POST"``) or several; the default
-            ``None`` means all. An unknown name is a ``ConfigurationError``.
+        methods: The HTTP methods it applies to: one name (``"POST"``) or several, in any case; the
+            default ``None`` means all. ``"GET"`` includes ``HEAD`` (frameworks answer ``HEAD``
+            with the ``GET`` view). Requests' methods are compared case-insensitively. An unknown
+            name is a ``ConfigurationError``.
         bypass: Matching requests skip every rule.
         name: Labels the limit in headers, storage keys and metrics; the default ``None`` means the path.
         cost: What one request costs: a number, or a function of the scope.
@@ -290,7 +296,7 @@ class RuleSet:
         """The compiled rules a request matches (none when a bypass rule matches).
 
         Args:
-            method: The HTTP method.
+            method: The HTTP method, in any case.
             path: The request path (``scope["path"]``), matched once normalised (``normalize_path``).
             websocket: Match WebSocket rules instead of HTTP ones.
         """
@@ -307,7 +313,8 @@ class RuleSet:
         cache_key = ("WS" if websocket else method, path)
         found = cache.get(cache_key)
         if found is None:
-            found = _lookup(table[0], table[3], method, normalize_path(path), websocket)
+            # Servers pass the method as sent, and frameworks route ``post`` as ``POST``.
+            found = _lookup(table[0], table[3], method.upper(), normalize_path(path), websocket)
             if len(path) <= MAX_CACHED_PATH:
                 remember(cache, cache_key, found, _MATCH_CACHE_LIMIT)
         return found

@@ -1,6 +1,6 @@
 """``@limit``: rate-limit a plain Starlette endpoint (sync or async) without middleware.
 
-Its 429 and 503 are ``ratewarden.enforcement.answers``' (``rejection``, ``UNAVAILABLE_BODY``), sent
+Its 429, 503 and 400 are ``ratewarden.enforcement.answers``' (``rejection``, ``unavailable_answer``), sent
 as they are (``answer_response``): byte for byte what the middleware and the FastAPI edge send.
 """
 
@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .algorithms import AlgorithmName
-from .enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection
+from .enforcement.answers import rejection, unavailable_answer
 from .enforcement.check import LimitUnavailable, check_rules
 from .headers import HeaderMode, HeaderStyle, rate_limit_headers
 from .keys import KeyFunc, client_ip
@@ -84,8 +84,8 @@ def limit(
             if limiter.enabled:
                 try:
                     decision = await check_rules(limiter, rules, request.scope)
-                except LimitUnavailable:
-                    return answer_response(503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
+                except LimitUnavailable as exc:
+                    return answer_response(*unavailable_answer(exc))
             if decision is not None and not decision.allowed:
                 body, raw = rejection(decision, header_style, headers != "off")
                 return answer_response(429, body, raw)

@@ -39,7 +39,7 @@ def test_unknown_or_empty_methods_are_a_configuration_error(methods: object) -> 
 
 
 def test_repr_shows_the_methods() -> None:
-    assert "methods=['GET', 'POST']" in repr(Rule("/x", "1/s", methods=["post", "GET"]))
+    assert "methods=['GET', 'HEAD', 'POST']" in repr(Rule("/x", "1/s", methods=["post", "GET"]))  # GET brings HEAD
     assert "methods" not in repr(Rule("/x", "1/s"))
 
 

@@ -87,8 +87,8 @@ class RateLimitMiddleware:
                 return self.app(scope, receive, send)
             try:
                 checked = check(limiter, matched, scope)
-            except LimitUnavailable:
-                return send_unavailable(send)
+            except LimitUnavailable as exc:
+                return send_unavailable(send, exc)
             if checked is None or isinstance(checked, Decision):
                 return self._answer(checked, matched, scope, receive, send)
             return self._answer_later(checked, matched, scope, receive, send)
@@ -119,8 +119,8 @@ class RateLimitMiddleware:
         """The check had to wait (an async key, a remote store, several rules): await it, then answer."""
         try:
             decision = await checked
-        except LimitUnavailable:
-            await send_unavailable(send)
+        except LimitUnavailable as exc:
+            await send_unavailable(send, exc)
             return
         await self._answer(decision, matched, scope, receive, send)
 

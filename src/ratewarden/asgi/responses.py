@@ -17,6 +17,7 @@ from ..enforcement.answers import (
     limited_headers,
     problem_headers,
     rejection,
+    unavailable_answer,
 )
 from ..headers import HeaderStyle
 from ..types import ASGIApp, Message, Receive, Scope, Send
@@ -35,12 +36,17 @@ LimitHandler = Callable[[Scope, Decision], "ASGIApp | Awaitable[ASGIApp]"]
 """Custom 429 handler: returns an ASGI app (e.g. a Starlette ``Response``) to send."""
 
 
-def send_unavailable(send: Send) -> Awaitable[None]:
-    """Answer 503 with ``Retry-After: 1``: the fail-closed policy.
+def send_unavailable(send: Send, exc: BaseException | None = None) -> Awaitable[None]:
+    """Answer 503 with ``Retry-After: 1``: the fail-closed policy (400 for an ``AmbiguousRequest``:
+    ``unavailable_answer``).
 
     Args:
         send: The ASGI ``send`` callable.
+        exc: The ``LimitUnavailable`` the check raised.
     """
+    if exc is not None:
+        status, body, headers = unavailable_answer(exc)
+        return send_answer(send, status, body, headers)
     return send_answer(send, 503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
 
 

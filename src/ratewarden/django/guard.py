@@ -83,8 +83,8 @@ def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, 
     """
     try:
         decision = check_sync(limiter, rules, request)
-    except LimitUnavailable:
-        return None, unavailable()
+    except LimitUnavailable as exc:
+        return None, unavailable(exc)
     return decision, refusal(decision, headers, style, policy)
 
 
@@ -102,6 +102,6 @@ async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request
     """
     try:
         decision = await check_async(limiter, rules, request)
-    except LimitUnavailable:
-        return None, unavailable()
+    except LimitUnavailable as exc:
+        return None, unavailable(exc)
     return decision, refusal(decision, headers, style, policy)

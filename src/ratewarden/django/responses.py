@@ -8,7 +8,7 @@ from typing import Any
 from django.http import HttpResponse  # type: ignore[import-untyped]
 
 from ..decision import Decision
-from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection
+from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection, unavailable_answer
 from ..headers import HeaderStyle, rate_limit_headers
 
 __all__ = ["add_headers", "answer_response", "too_many_requests", "unavailable"]
@@ -43,8 +43,15 @@ def too_many_requests(decision: Decision, style: HeaderStyle, with_rate_headers:
     return answer_response(429, body, headers)
 
 
-def unavailable() -> Any:
-    """The fail-closed 503 (the store or a key function failed under ``ON_ERROR = "closed"``)."""
+def unavailable(exc: BaseException | None = None) -> Any:
+    """The fail-closed 503 (the store or a key function failed under ``ON_ERROR = "closed"``), or
+    the 400 of an ``AmbiguousRequest`` (``unavailable_answer``).
+
+    Args:
+        exc: The ``LimitUnavailable`` the check raised.
+    """
+    if exc is not None:
+        return answer_response(*unavailable_answer(exc))
     return answer_response(503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..caches import remember
 from ..decision import Decision
+from ..errors import AmbiguousRequest
 from ..headers import HeaderStyle, rate_limit_headers, retry_after_header
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "rejection",
     "too_many_requests_body",
     "too_many_requests_problem",
+    "unavailable_answer",
 ]
 
 
@@ -62,6 +64,20 @@ UNAVAILABLE_HEADERS = (
     (b"retry-after", b"1"),
 )
 """The fail-closed answer's complete header list."""
+
+
+def unavailable_answer(exc: BaseException) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """``(status, body, complete header list)`` answering a check that raised ``exc`` (a
+    ``LimitUnavailable``): 400 naming the problem for an ``AmbiguousRequest`` (the client can fix
+    it; retrying the same request cannot), else the fail-closed 503.
+
+    Args:
+        exc: What the check raised.
+    """
+    if isinstance(exc, AmbiguousRequest):
+        body = problem_body(400, "Bad Request", str(exc))
+        return 400, body, problem_headers(body)
+    return 503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS)
 
 
 def too_many_requests_body(decision: Decision, group: str | None = None) -> bytes:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Sequence
 
 from ..context import context_for
 from ..decision import Decision
-from ..errors import LimitUnavailable
+from ..errors import AmbiguousRequest, LimitUnavailable
 from ..keys import key_text
 from ..limiter import Limiter
 from ..limits import Limit
@@ -288,13 +288,16 @@ def store_failed(
 
 
 def report_failure(limiter: Limiter, what: str, exc: Exception) -> None:
-    """Log; under fail-closed raise ``LimitUnavailable``; under fail-open return (no decision).
+    """Log; under fail-closed raise ``LimitUnavailable``; under fail-open return (no decision). An
+    ``AmbiguousRequest`` (a key function's) is raised again under either.
 
     Args:
         limiter: Whose ``on_error`` applies.
         what: What failed, for the log.
         exc: The failure.
     """
+    if isinstance(exc, AmbiguousRequest):  # the client's doing, not a failure: refused under any policy
+        raise exc
     log_failure(what, exc)
     if limiter.on_error == "closed":
         raise LimitUnavailable(what) from exc

@@ -24,7 +24,7 @@ from ..enforcement.answers import (
     too_many_requests_problem,
 )
 from ..enforcement.check import LimitUnavailable, check_rules
-from ..errors import RatewardenError
+from ..errors import AmbiguousRequest, RatewardenError
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..keys import KeyFunc, client_ip
 from ..limiter import Limiter
@@ -108,8 +108,9 @@ class RateLimit:
 
     def rules_for_route(self, route: object, context: object, method: str) -> tuple[CompiledRule]:
         """The rules this dependency charges on ``route`` for ``method``: per route template and
-        method (``GET /items/{id}``; the full path when the route comes from an included router,
-        given by FastAPI's ``context``), or the one shared limit when ``name`` was given.
+        method (``GET /items/{id}``, which ``HEAD`` shares; the full path when the route comes from
+        an included router, given by FastAPI's ``context``), or the one shared limit when ``name``
+        was given.
 
         Args:
             route: The route.
@@ -128,7 +129,9 @@ class RateLimit:
             or getattr(route, "path", None)
             or "<unrouted>"
         )
-        scope_name = f"{method} {template}"
+        # HEAD is answered by the GET endpoint (Starlette routes add it): one limit for both.
+        named = method.upper()
+        scope_name = f"{'GET' if named == 'HEAD' else named} {template}"
         found = self._compiled.get(scope_name)
         if found is None:
             t = self.template
@@ -153,6 +156,8 @@ class RateLimit:
                 return found
         try:
             decision = await check_rules(limiter, self._rules_for(scope), scope)
+        except AmbiguousRequest as exc:
+            raise HTTPException(400, str(exc)) from None
         except LimitUnavailable:
             raise HTTPException(503, _UNAVAILABLE_DETAIL, dict(_UNAVAILABLE_HEADERS)) from None
         if decision is None:

@@ -213,8 +213,8 @@ class EdgeLayer:
             return self._answer(target, context, None, scope, receive, send)
         try:
             checked = check(limiter, rules, scope)
-        except LimitUnavailable:
-            return send_unavailable(send)
+        except LimitUnavailable as exc:
+            return send_unavailable(send, exc)
         if checked is None or isinstance(checked, Decision):
             return self._answer(target, context, checked, scope, receive, send)
         return self._answer_later(target, context, checked, scope, receive, send)
@@ -232,8 +232,8 @@ class EdgeLayer:
         then answer."""
         try:
             decision = await checked
-        except LimitUnavailable:
-            await send_unavailable(send)
+        except LimitUnavailable as exc:
+            await send_unavailable(send, exc)
             return
         await self._answer(target, context, decision, scope, receive, send)
 

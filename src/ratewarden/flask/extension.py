@@ -18,7 +18,7 @@ from ..context import context_for
 from ..decision import Decision
 from ..enforcement.blocking import check_blocking
 from ..enforcement.check import LimitUnavailable
-from ..errors import ConfigurationError
+from ..errors import AmbiguousRequest, ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc
 from ..limiter import Limiter
@@ -219,6 +219,8 @@ class RateLimiter:
         if decided is not None:  # charged before Flask's dispatch (FastCheck): never twice
             if decided is UNAVAILABLE:
                 return unavailable_response()
+            if isinstance(decided, AmbiguousRequest):
+                return unavailable_response(decided)
             if isinstance(decided, Checked) and not decided.decision.allowed:
                 return self._refuse(_state(), decided)
             return None
@@ -241,8 +243,8 @@ class RateLimiter:
             return None
         try:
             decision = check_blocking(state.limiter, rules, scope)
-        except LimitUnavailable:
-            return unavailable_response()
+        except LimitUnavailable as exc:
+            return unavailable_response(exc)
         if decision is None:
             return None
         context_for(scope).decision = decision

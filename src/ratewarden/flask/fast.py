@@ -24,9 +24,9 @@ from werkzeug.routing import RequestRedirect
 
 from ..context import context_for
 from ..decision import Decision
-from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection
+from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection, unavailable_answer
 from ..enforcement.blocking import check_blocking
-from ..errors import LimitUnavailable
+from ..errors import AmbiguousRequest, LimitUnavailable
 from ..rules import CompiledRule, policy_of
 from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHeaders, _text_headers
 from ..wsgi.scope import scope_of
@@ -54,11 +54,13 @@ CHECKED_KEY = "ratewarden.flask"
 NOTHING = "ratewarden.flask:nothing"
 """Marker: checked, no limit applied (or the check failed open)."""
 UNAVAILABLE = "ratewarden.flask:unavailable"
-"""Marker: the check failed closed; the hook answers the 503."""
+"""Marker: the check failed closed; the hook answers the 503 (an ``AmbiguousRequest`` is left as
+itself: the hook answers its 400)."""
 
 # Flask's status lines (werkzeug upper-cases the reason), so a raw answer is the hook's, byte for byte.
 _TOO_MANY = "429 TOO MANY REQUESTS"
 _UNAVAILABLE_STATUS = "503 SERVICE UNAVAILABLE"
+_BAD_REQUEST = "400 BAD REQUEST"
 _UNAVAILABLE_TEXT = tuple(_text_headers(UNAVAILABLE_HEADERS))
 _ROUTES = 4096  # routes remembered (then forgotten at once: paths with variable parts are unbounded)
 _PROBE = RateLimitExceeded.__new__(RateLimitExceeded)  # only its type is read by _find_error_handler
@@ -165,11 +167,16 @@ class FastCheck:
             return self.inner(environ, start_response)
         try:
             decision = check_blocking(state.limiter, rules, scope)
-        except LimitUnavailable:
+        except LimitUnavailable as exc:
+            ambiguous = isinstance(exc, AmbiguousRequest)
             if plan.answers and self._answerable(environ):
+                if ambiguous:
+                    _, body, headers = unavailable_answer(exc)
+                    start_response(_BAD_REQUEST, _text_headers(headers))
+                    return [body]
                 start_response(_UNAVAILABLE_STATUS, list(_UNAVAILABLE_TEXT))
                 return [UNAVAILABLE_BODY]
-            environ[CHECKED_KEY] = UNAVAILABLE
+            environ[CHECKED_KEY] = exc if ambiguous else UNAVAILABLE
             return self.inner(environ, start_response)
         if decision is None:
             environ[CHECKED_KEY] = NOTHING

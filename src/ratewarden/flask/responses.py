@@ -13,7 +13,13 @@ from werkzeug.exceptions import TooManyRequests
 from werkzeug.wrappers import Response as BaseResponse
 
 from ..decision import Decision
-from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, limited_headers, rejection
+from ..enforcement.answers import (
+    UNAVAILABLE_BODY,
+    UNAVAILABLE_HEADERS,
+    limited_headers,
+    rejection,
+    unavailable_answer,
+)
 from ..headers import HeaderStyle, rate_limit_headers
 
 __all__ = ["RateLimitExceeded", "add_headers", "answer_response", "unavailable_response"]
@@ -33,8 +39,15 @@ def answer_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]]
     return response
 
 
-def unavailable_response() -> Response:
-    """The fail-closed 503 (``on_error="closed"`` and the store or a key function failed)."""
+def unavailable_response(exc: BaseException | None = None) -> Response:
+    """The fail-closed 503 (``on_error="closed"`` and the store or a key function failed), or the
+    400 of an ``AmbiguousRequest`` (``unavailable_answer``).
+
+    Args:
+        exc: The ``LimitUnavailable`` the check raised.
+    """
+    if exc is not None:
+        return answer_response(*unavailable_answer(exc))
     return answer_response(503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
 
 

@@ -20,7 +20,7 @@ from ..asgi.responses import send_limited, send_on_limit, send_problem, send_una
 from ..charges import adjust
 from ..context import STATE_KEY
 from ..decision import Decision
-from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, problem_headers, rejection
+from ..enforcement.answers import problem_headers, rejection, unavailable_answer
 from ..enforcement.check import LimitUnavailable, check_rules, report_failure
 from ..keys import key_text
 from ..limiter import Limiter
@@ -107,8 +107,8 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             decision = await check_rules(self.limiter, rules, scope) if rules else None
             if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
                 decision = await self._delay(ctx, scope, decision)
-        except LimitUnavailable:
-            await send_unavailable(send)
+        except LimitUnavailable as exc:
+            await send_unavailable(send, exc)
             return
         if decision is not None:
             self._record(ctx, decision)
@@ -144,8 +144,9 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             decision = await check_rules(self.limiter, rules, scope) if rules else None
             if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
                 decision = await self._delay(ctx, scope, decision)
-        except LimitUnavailable:
-            return 503, list(UNAVAILABLE_HEADERS), UNAVAILABLE_BODY
+        except LimitUnavailable as exc:
+            status, body, headers = unavailable_answer(exc)
+            return status, headers, body
         if decision is not None:
             self._record(ctx, decision)
             if not decision.allowed and not rt.shadow:

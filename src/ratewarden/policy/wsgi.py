@@ -24,7 +24,7 @@ from typing import Any
 
 from ..context import STATE_KEY
 from ..decision import Decision
-from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, problem_headers, rejection
+from ..enforcement.answers import problem_headers, rejection, unavailable_answer
 from ..enforcement.blocking import check_blocking, require_sync_keys
 from ..enforcement.check import LimitUnavailable, report_failure
 from ..enforcement.options import check_header_options
@@ -51,7 +51,9 @@ WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
 _WHO = "WSGIPolicyMiddleware"
 # Where the request's context is left in the environ, as ``ratewarden.wsgi.RateLimitMiddleware`` does.
-_STATUS_LINES = {403: "403 Forbidden", 429: "429 Too Many Requests", 503: "503 Service Unavailable"}
+_STATUS_LINES = {
+    400: "400 Bad Request", 403: "403 Forbidden", 429: "429 Too Many Requests", 503: "503 Service Unavailable",
+}
 
 
 def _text(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
@@ -212,9 +214,10 @@ class WSGIPolicyMiddleware(PolicyCore):
             decision = check_blocking(self.limiter, rules, scope) if rules else None
             if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
                 decision = self._delay(ctx, scope, decision)
-        except LimitUnavailable:
-            start_response(_STATUS_LINES[503], _text(UNAVAILABLE_HEADERS))
-            return [UNAVAILABLE_BODY]
+        except LimitUnavailable as exc:
+            status, body, headers = unavailable_answer(exc)
+            start_response(_STATUS_LINES[status], _text(headers))
+            return [body]
         if decision is not None:
             self._record(ctx, decision)
             if not decision.allowed and not rt.shadow:

@@ -13,10 +13,16 @@ from typing import Any
 
 from ..context import context_for, context_of
 from ..decision import Decision
-from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, limited_headers, rejection
+from ..enforcement.answers import (
+    UNAVAILABLE_BODY,
+    UNAVAILABLE_HEADERS,
+    limited_headers,
+    rejection,
+    unavailable_answer,
+)
 from ..enforcement.blocking import check_blocking, require_sync_keys
 from ..enforcement.options import check_header_options
-from ..errors import LimitUnavailable
+from ..errors import AmbiguousRequest, LimitUnavailable
 from ..headers import HeaderMode, HeaderStyle, add_rate_limit_headers
 from ..limiter import Limiter
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
@@ -36,6 +42,7 @@ LimitHandler = Callable[[Environ, Decision], "WSGIApp | None"]
 _WHO = "ratewarden.wsgi.RateLimitMiddleware"
 _TOO_MANY = "429 Too Many Requests"
 _UNAVAILABLE = "503 Service Unavailable"
+_BAD_REQUEST = "400 Bad Request"
 _StrHeaders = list[tuple[str, str]]
 
 
@@ -145,7 +152,11 @@ class RateLimitMiddleware:
         scope = scope_of(environ)
         try:
             decision = check_blocking(limiter, matched, scope)
-        except LimitUnavailable:
+        except LimitUnavailable as exc:
+            if isinstance(exc, AmbiguousRequest):
+                _, body, headers = unavailable_answer(exc)
+                start_response(_BAD_REQUEST, _text_headers(headers))
+                return [body]
             start_response(_UNAVAILABLE, list(_UNAVAILABLE_TEXT))
             return [UNAVAILABLE_BODY]
         if decision is None:

@@ -58,7 +58,7 @@ def scope_of(environ: Mapping[str, Any]) -> dict[str, Any]:
     server_name = environ.get("SERVER_NAME")
     scope: dict[str, Any] = {
         "type": "http",
-        "method": environ.get("REQUEST_METHOD", "GET"),
+        "method": str(environ.get("REQUEST_METHOD", "GET")).upper(),  # as werkzeug and Django read it
         "path": _text(environ.get("PATH_INFO", "") or "/"),
         "root_path": _text(environ.get("SCRIPT_NAME", "")),
         "query_string": str(environ.get("QUERY_STRING", "")).encode("latin-1"),
