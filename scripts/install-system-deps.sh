@@ -12,7 +12,7 @@ command -v cc >/dev/null 2>&1 || need+=(gcc)
 python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
   || need+=(python3-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
-echo "installing system packages: ${need[*]}"
+echo "installing system packages from Debian (about a minute): ${need[*]}"
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive

@@ -438,13 +438,19 @@ def _run_with_progress(opts: Any) -> list[Any]:
     with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), transient=False) as progress:
         bar = progress.add_task("starting", total=total)
+        started = time.monotonic()
+        done = 0
 
         def on_start(task: Task) -> None:
             progress.update(bar, description=task.label)
+            if not progress.console.is_terminal:  # a log (CI, a pipe) gets a line per step instead of the bar
+                print(f"bench [{time.monotonic() - started:.0f} s] {done + 1}/{total} {task.label}", flush=True)
 
         def on_done(result: Result) -> None:
             if result.skipped and not result.skipped.startswith(("traffik never", "slowapi has no", "limits has no", "limits sends no")):
                 progress.console.print(f"[yellow]skipped[/] {result.task.label}: {result.skipped}")
+            nonlocal done
+            done += 1
             progress.advance(bar)
 
         return run_all(opts, on_start, on_done)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds what `make bench` runs, and only that: the compiled wheel, built the way pip builds it
+# (isolated build: pip fetches setuptools and mypy for it), installed with the bench extras in a
+# virtualenv of its own. Says what each step does, how long the slow ones usually take, and how
+# long each took. Needs a C compiler and the Python headers (scripts/install-system-deps.sh).
+#
+#   scripts/bench-venv.sh [VENV]    (default build/venv-wheel)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${1:-build/venv-wheel}
+wheels=build/wheels
+python=${PYTHON:-python3}
+start=$SECONDS
+
+step() { echo "== make bench [$((SECONDS - start)) s]: $*"; }
+
+# Runs a quiet command, printing a line every 20 s so a slow step is not mistaken for a hang.
+quietly() {
+  "$@" &
+  local pid=$! waited=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+    if [ $((waited % 20)) -eq 0 ] && kill -0 "$pid" 2>/dev/null; then echo "   ... still working (${waited} s)"; fi
+  done
+  wait "$pid"
+}
+
+rm -rf "$venv" "$wheels"
+step "a virtualenv for the compiled wheel in $venv ($("$python" --version))"
+"$python" -m venv "$venv"
+quietly "$venv/bin/python" -m pip install -q --upgrade pip
+step "compiling the wheel with mypyc (about 1-2 min on 2 cores, more on a busy machine)"
+quietly env RATEWARDEN_REQUIRE_COMPILED=1 "$venv/bin/python" -m pip wheel -q --no-deps -w "$wheels" .
+wheel=$(ls "$PWD/$wheels"/ratewarden-*.whl)
+step "installing $(basename "$wheel") with the bench and serve extras (FastAPI, uvicorn, traffik, slowapi, limits, ...; about 30 s)"
+quietly "$venv/bin/python" -m pip install -q "ratewarden[bench,serve] @ file://$wheel"
+step "ready: $("$venv/bin/ratewarden" --version)"
