@@ -1,8 +1,9 @@
 """Rate-limit response headers: IETF draft-ietf-httpapi-ratelimit-headers-10 and legacy ``X-RateLimit-*``.
 
 ``RateLimit-Policy: "name";q=100;w=60`` states the quota; ``RateLimit: "name";r=42;t=17`` the
-remaining quota and seconds until it resets. Legacy headers give limit, remaining and seconds to
-reset. ``Retry-After`` (whole seconds, at least 1) goes on 429 and 503 answers only.
+remaining quota and the seconds until more quota is made available (draft-10's ``t``,
+``reset_seconds``). Legacy headers give limit, remaining and that same ``t``. ``Retry-After`` (whole
+seconds, at least 1) goes on 429 and 503 answers only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "add_rate_limit_headers",
     "policy_value",
     "rate_limit_headers",
+    "reset_seconds",
     "retry_after_header",
 ]
 
@@ -120,6 +122,29 @@ def _parts(decision: Decision) -> _Parts:
     return found
 
 
+def reset_seconds(decision: Decision) -> int:
+    """The ``t`` of ``RateLimit`` (and ``X-RateLimit-Reset``): whole seconds until more quota is made
+    available, as draft-ietf-httpapi-ratelimit-headers-10 defines it, not until all of it is.
+
+    A denial's is its ``Retry-After``: when a request of the same cost fits again. Otherwise it is
+    ``reset_after`` when that is within one period (a fixed window's boundary, a sliding log's or a
+    bucket's full restore); a longer ``reset_after`` (a sliding window's current count fades over the
+    next window; a bucket holds more than one period's refill) is folded into the period: by then
+    some quota has come back, and ``t`` is at most the ``w`` of ``RateLimit-Policy``.
+
+    Args:
+        decision: The decision to describe.
+    """
+    retry = decision.retry_after
+    if not decision.allowed and not math.isinf(retry):
+        return max(1, math.ceil(retry))
+    seconds = decision.reset_after
+    period = decision.period
+    if period > 0.0 and seconds > period:
+        seconds = math.fmod(seconds, period) or period
+    return max(0, math.ceil(seconds))
+
+
 def policy_value(limits: Sequence[Limit]) -> bytes:
     """The ``RateLimit-Policy`` value listing every limit in ``limits`` (draft-10 allows a list):
     ``"a";q=10;w=1, "b";q=1000;w=86400``. Quota and window are what each limit's algorithm reports
@@ -163,7 +188,7 @@ def add_rate_limit_headers(
         policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
     """
     parts = _parts(decision)
-    reset = parts.reset_for(math.ceil(decision.reset_after))
+    reset = parts.reset_for(reset_seconds(decision))
     remaining = b"%d" % decision.remaining
     out: list[Any] = headers  # the kept header tuples join it as they are
     if style == "both" or style == "ietf":

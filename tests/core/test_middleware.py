@@ -92,6 +92,38 @@ async def test_429_answer(limiter: Limiter, clock: FakeClock) -> None:
     assert (await request(app, "/api/x")).status == 200
 
 
+async def test_t_is_the_time_until_more_quota_not_past_the_window(limiter: Limiter, clock: FakeClock) -> None:
+    """draft-10's ``t``: seconds until more quota is made available. A sliding window's request
+    fades over the next window (fully restored 2 periods later), yet quota comes back from the
+    next boundary: ``t`` names the boundary and never exceeds ``w``."""
+    app = wrap(limiter, [Rule("/api/**", "100/min", name="api", algorithm="sliding_window")])
+    clock.advance(15.0)
+    first = await request(app, "/api/x")
+    assert first.header("ratelimit-policy") == '"api";q=100;w=60'
+    assert first.header("ratelimit") == '"api";r=99;t=45'  # was t=105: 15 s in, the window ends at 60
+    assert first.header("x-ratelimit-reset") == "45"
+
+
+async def test_t_of_a_bucket_bigger_than_its_rate_stays_within_the_window(
+    limiter: Limiter, clock: FakeClock
+) -> None:
+    app = wrap(limiter, [Rule("/api/**", "1/s burst 5", name="b", algorithm="token_bucket")])
+    replies = await run(app, 3)
+    assert [r.header("ratelimit") for r in replies][-1] == '"b";r=2;t=1'  # 3 s to full, a token in 1
+    assert replies[-1].header("x-ratelimit-reset") == "1"
+
+
+async def test_t_of_a_429_is_its_retry_after(limiter: Limiter, clock: FakeClock) -> None:
+    app = wrap(limiter, [Rule("/api/**", "2/min", name="s", algorithm="sliding_window")])
+    clock.advance(30.0)
+    assert [r.status for r in await run(app, 2)] == [200, 200]
+    limited = await request(app, "/api/x")
+    assert limited.status == 429
+    # The count of this window fades over the next one: one unit is back 30 s after the boundary.
+    assert limited.header("retry-after") == "60"
+    assert limited.header("ratelimit") == '"s";r=0;t=60'  # was t=90, the full restore
+
+
 async def test_reused_429_answers_track_the_clock_and_survive_outer_middleware(
     limiter: Limiter, clock: FakeClock
 ) -> None:

@@ -31,12 +31,13 @@ from urllib.parse import quote
 from ..caches import remember
 from ..decision import Decision
 from ..errors import LimitUnavailable
-from ..headers import policy_value, retry_after_header
+from ..headers import policy_value, reset_seconds, retry_after_header
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM, Limit
 from ..rates import Rate
 from ..storage_keys import storage_key
 from ..stores.base import StoreError
+from .bounds import MAX_DESCRIPTORS, MAX_ENTRIES
 from .descriptors import match_descriptor
 from .envoy_config import UNIT_SECONDS, EnvoyDomain, EnvoyRateLimit
 
@@ -140,12 +141,19 @@ class RateLimitService:
         domains: The loaded configurations by domain (``load_envoy_configs``).
         limiter: Where the counts live (its store, prefix and ``on_error``).
         headers: Add the rate-limit headers to each answer (default ``True``).
+        max_descriptors: The most descriptors a request may carry; more is refused before any work.
+        max_entries: The most entries a request may carry over all its descriptors; more is refused.
     """
 
-    def __init__(self, domains: Mapping[str, EnvoyDomain], limiter: Limiter, *, headers: bool = True) -> None:
+    def __init__(
+        self, domains: Mapping[str, EnvoyDomain], limiter: Limiter, *, headers: bool = True,
+        max_descriptors: int = MAX_DESCRIPTORS, max_entries: int = MAX_ENTRIES,
+    ) -> None:
         self._domains: Mapping[str, EnvoyDomain] = dict(domains)
         self.limiter = limiter
         self.headers = headers
+        self.max_descriptors = max_descriptors
+        self.max_entries = max_entries
         self._overrides: dict[tuple[int, str, str], Limit] = {}
         self._policies: dict[tuple[Limit, ...], str] = {}
         self._keys: dict[tuple[object, ...], str] = {}
@@ -164,6 +172,19 @@ class RateLimitService:
         """
         self._domains = dict(domains)
 
+    def check_size(self, descriptors: int, entries: int) -> None:
+        """Refuse (``RlsRequestError``) a request of more than ``max_descriptors`` descriptors or
+        ``max_entries`` entries, before any work on it.
+
+        Args:
+            descriptors: The request's descriptors.
+            entries: Its entries, over all its descriptors.
+        """
+        if descriptors > self.max_descriptors:
+            raise RlsRequestError(f"a request may carry at most {self.max_descriptors} descriptors, got {descriptors}")
+        if entries > self.max_entries:
+            raise RlsRequestError(f"a request may carry at most {self.max_entries} entries in all, got {entries}")
+
     async def should_rate_limit(
         self, domain: str, descriptors: Sequence[RequestDescriptor], hits_addend: int = 1
     ) -> RlsAnswer:
@@ -179,6 +200,7 @@ class RateLimitService:
             raise RlsRequestError("rate limit domain must not be empty")
         if not descriptors:
             raise RlsRequestError("rate limit descriptor list must not be empty")
+        self.check_size(len(descriptors), sum(len(d.entries) for d in descriptors))
         if hits_addend < 0:
             raise RlsRequestError(f"hits_addend must not be negative, got {hits_addend}")
         config = self._domains.get(domain)
@@ -382,7 +404,7 @@ class RateLimitService:
             remember(self._policies, policies, policy, 1024)
         name = limit.name.encode("latin-1", "replace").decode("latin-1")
         remaining = str(decision.remaining)
-        reset = str(math.ceil(decision.reset_after))
+        reset = str(reset_seconds(decision))
         headers = [
             ("ratelimit-policy", policy),
             ("ratelimit", f'"{name}";r={remaining};t={reset}'),
