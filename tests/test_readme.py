@@ -27,35 +27,18 @@ def test_readme_example_runs(index: int, tmp_path: Path) -> None:
     runpy.run_path(str(script), run_name="__main__")
 
 
-ISSUE_EXAMPLE = '''
-from fastapi import Depends, FastAPI
-from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
-from ratewarden.fastapi import RateLimit
-from ratewarden.keys import client_ip
-
-limiter = Limiter(MemoryStore())
-app = FastAPI()
-app.add_middleware(RateLimitMiddleware, limiter=limiter,
-                   rules=[Rule("/api/**", "100/min", key=client_ip, algorithm="sliding_window")])
-
-@app.get("/items", dependencies=[Depends(RateLimit("10/s", limiter=limiter))])
-async def items() -> dict[str, bool]:
-    return {"ok": True}
-'''
-
-
-def _normalise(code: str) -> str:
-    return "\n".join(line.rstrip() for line in code.strip().splitlines())
-
-
-def test_readme_first_example_is_the_issue_example() -> None:
-    assert _normalise(first_example()) == _normalise(ISSUE_EXAMPLE)
-
-
-@pytest.mark.parametrize("source", ["readme", "issue"])
+@pytest.mark.parametrize("source", ["readme", "demo"])
 async def test_first_example_runs_as_written(source: str) -> None:
-    ns = run_block(first_example() if source == "readme" else ISSUE_EXAMPLE)
-    app, limiter = ns["app"], ns["limiter"]
+    """The README's first example, and ``ratewarden demo``'s app, which says it serves it: both
+    doors answer 429 as problem+json, and the path rule limits a route that exists."""
+    if source == "readme":
+        ns = run_block(first_example())
+        app, limiter = ns["app"], ns["limiter"]
+    else:
+        from ratewarden.cli.demo import build_app
+
+        app = build_app()
+        limiter = next(m.kwargs["limiter"] for m in app.user_middleware if "limiter" in m.kwargs)
     limiter.store.clock = FakeClock(6000.0)  # freeze time so the counts are exact
     items = [await request(app, "/items") for _ in range(12)]
     assert [r.status for r in items] == [200] * 10 + [429, 429]
@@ -63,10 +46,24 @@ async def test_first_example_runs_as_written(source: str) -> None:
     assert items[0].header("x-ratelimit-limit") == "10"
     assert items[9].header("x-ratelimit-remaining") == "0"
     assert items[10].header("retry-after") == "1"
-    # The middleware rule: 100/min on /api/** per client IP (no route there, so 404 until limited).
-    api = [(await request(app, "/api/anything")).status for _ in range(101)]
-    assert api == [404] * 100 + [429]
-    assert (await request(app, "/api/anything", client=("198.51.100.99", 1))).status == 404
+    assert items[10].header("content-type") == "application/problem+json"  # not FastAPI's {"detail": ...}
+    assert items[10].json()["status"] == 429
+    # The middleware rule: 100/min on /api/** per client IP, on a route that answers.
+    api = [await request(app, "/api/hello") for _ in range(101)]
+    assert [r.status for r in api] == [200] * 100 + [429]
+    assert api[0].json() == {"hello": "world"}
+    assert api[100].header("content-type") == "application/problem+json"
+    assert api[0].header("ratelimit") == '"/api/**";r=99;t=60'
+    assert (await request(app, "/api/hello", client=("198.51.100.99", 1))).status == 200
+
+
+def test_demo_drives_the_first_examples_limits() -> None:
+    from ratewarden.cli.demo import ENDPOINTS
+
+    code = first_example()
+    for path, limit, described in ENDPOINTS:
+        assert f'"{path}"' in code or path.startswith("/api/")
+        assert f"{limit}/" in code and described.split(" per ")[0] in code
 
 
 def test_rates_and_limiter_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,3 +91,12 @@ def test_decorator_and_websocket_example_runs() -> None:
                 assert ws.receive_text() == str(i)
             ws.send_text("sixth")
             assert json.loads(ws.receive_text())["type"] == "rate_limit"
+
+
+def test_wsgi_example_answers_off_its_route(capsys: pytest.CaptureFixture[str]) -> None:
+    """The plain WSGI example's app reads the context only where a rule applied: no 500 off /api/**."""
+    block = next(b for b in python_blocks() if "from ratewarden.wsgi import RateLimitMiddleware" in b)
+    ns = run_block(block)
+    assert capsys.readouterr().out.splitlines()[-1] == "('200 OK', b'hello, no limit')"
+    status, headers, body = ns["get"]("/other/deeper")
+    assert (status, body) == ("200 OK", b"hello, no limit") and "retry-after" not in headers

@@ -51,7 +51,11 @@ def version_text() -> str:
 
 
 def _parser() -> tuple[argparse.ArgumentParser, Subparsers]:
-    parser = argparse.ArgumentParser(prog="ratewarden", description="Rate limiting for ASGI apps.")
+    parser = argparse.ArgumentParser(
+        prog="ratewarden",
+        description="Rate limiting for ASGI and WSGI apps (FastAPI, Starlette, Flask, Django) and, "
+        "with `ratewarden serve`, for gateways (Envoy, nginx, HAProxy, Traefik).",
+    )
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     return parser, sub

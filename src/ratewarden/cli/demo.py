@@ -1,4 +1,4 @@
-"""``ratewarden demo``: serve a rate-limited FastAPI app (like the README's example) on loopback,
+"""``ratewarden demo``: serve the README's first example (a rate-limited FastAPI app) on loopback,
 send each endpoint a burst of concurrent requests over real HTTP, print how many were allowed and
 limited (and the rate limit headers of one more request), then exit. It is not interactive.
 
@@ -15,15 +15,21 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["build_app", "main", "register"]
+__all__ = ["ENDPOINTS", "build_app", "main", "register"]
+
+ENDPOINTS: tuple[tuple[str, int, str], ...] = (
+    ("/api/hello", 100, "100/min per client IP, middleware rule, sliding_window"),
+    ("/items", 10, "10/s per client IP, route dependency, fixed_window"),
+)
+"""What the demo drives: each endpoint's path, limit and description (the README's example)."""
 
 
-def build_app(rate: str = "10/min") -> object:
-    """The README's example app: a middleware rule on ``/api/**`` and a dependency on ``/items``."""
+def build_app() -> object:
+    """The README's first example, as written there."""
     from fastapi import Depends, FastAPI
 
     from .. import Limiter, MemoryStore, RateLimitMiddleware, Rule
-    from ..fastapi import RateLimit
+    from ..fastapi import RateLimit, install
     from ..keys import client_ip
 
     limiter = Limiter(MemoryStore())
@@ -31,17 +37,18 @@ def build_app(rate: str = "10/min") -> object:
     app.add_middleware(
         RateLimitMiddleware,
         limiter=limiter,
-        rules=[Rule("/api/**", rate, key=client_ip, algorithm="sliding_window")],
+        rules=[Rule("/api/**", "100/min", key=client_ip, algorithm="sliding_window")],
     )
-
-    @app.get("/items", dependencies=[Depends(RateLimit("5/s", limiter=limiter))])
-    async def items() -> dict[str, bool]:
-        return {"ok": True}
 
     @app.get("/api/hello")
     async def hello() -> dict[str, str]:
         return {"hello": "world"}
 
+    @app.get("/items", dependencies=[Depends(RateLimit("10/s", limiter=limiter))])
+    async def items() -> dict[str, bool]:
+        return {"ok": True}
+
+    install(app)
     return app
 
 
@@ -62,11 +69,13 @@ def _get(url: str) -> tuple[int, dict[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ratewarden demo",
-        description="Serve a rate-limited FastAPI app (like the README's example) on loopback, send each endpoint a burst of "
+        description="Serve the README's first example (a rate-limited FastAPI app) on loopback, send each endpoint a burst of "
         "concurrent requests, print how many were allowed and limited, and exit. "
         "Needs FastAPI and uvicorn: pip install 'ratewarden[fastapi,bench]'.",
     )
-    parser.add_argument("--requests", type=int, default=30, help="requests per endpoint (default 30)")
+    parser.add_argument(
+        "--requests", type=int, default=None, help="requests per endpoint (default: its limit plus 10)"
+    )
     parser.add_argument("--concurrency", type=int, default=10, help="concurrent clients (default 10)")
     args = parser.parse_args(argv)
     try:
@@ -88,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}"
     print(f"ratewarden demo: FastAPI + uvicorn on {base}, memory store\n")
     try:
-        for path, limit in (("/api/hello", "10/min, middleware, sliding_window"), ("/items", "5/s, dependency, fixed_window")):
+        for path, limit, described in ENDPOINTS:
+            count = limit + 10 if args.requests is None else args.requests
             with ThreadPoolExecutor(args.concurrency) as pool:
-                results = list(pool.map(_get, [base + path] * args.requests))
+                results = list(pool.map(_get, [base + path] * count))
             allowed = sum(1 for status, _ in results if status == 200)
             limited = sum(1 for status, _ in results if status == 429)
-            print(f"GET {path}  ({limit}): {args.requests} requests, {args.concurrency} concurrent")
+            print(f"GET {path}  ({described}): {count} requests, {args.concurrency} concurrent")
             print(f"  allowed {allowed}, limited {limited}, other {len(results) - allowed - limited}")
             status, headers = _get(base + path)
             print(f"  one more request -> {status}")
@@ -101,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                 if name.lower() in headers:
                     print(f"    {name}: {headers[name.lower()]}")
             print()
+        print(
+            "RateLimit-Policy: q is the limit and w its window in seconds. RateLimit: r is what is left and t the\n"
+            "seconds until more quota is made available (on a 429, Retry-After's). A sliding window's requests\n"
+            "fade during the next window, so its t can pass the current window's end. More: the README's\n"
+            "'Headers and 429s'."
+        )
     finally:
         server.should_exit = True
         thread.join(timeout=5)
