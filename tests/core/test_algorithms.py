@@ -414,3 +414,41 @@ def test_gcra_reads_a_state_off_the_grid_conservatively() -> None:
     assert state is not None and state[0] >= old[0] + 0.1
     _, peek = ALGORITHMS["gcra"](old, old[0], 0, rate)
     assert peek.remaining == 10
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_clock_stepped_back_more_than_a_period_counts_from_now(
+    algorithm: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 10/min key exhausted while the clock ran an hour ahead passes once the clock is corrected
+    (it stayed refused 3,660 s while Retry-After said 60), and the step is logged once."""
+    from ratewarden.algorithms import base
+
+    monkeypatch.setattr(base, "_warned_at", [-math.inf])
+    fn = ALGORITHMS[algorithm]
+    rate = Rate(10, 60.0)
+    ahead = START + 3600.0
+    state = None
+    for _ in range(10):
+        state, _ = fn(state, ahead, 1.0, rate)
+    _, refused = fn(state, ahead, 1.0, rate)
+    assert not refused.allowed
+    with caplog.at_level("WARNING", logger="ratewarden.algorithms"):
+        _, corrected = fn(state, START, 1.0, rate)
+        fn(state, START + 1.0, 1.0, rate)
+    assert corrected.allowed and corrected.remaining == 9, corrected
+    warnings = [r.getMessage() for r in caplog.records if "stepped back" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "s ahead of the clock (more than its period, 60 s): the clock stepped back" in warnings[0]
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_late_reading_within_a_period_still_counts_in_the_newer_state(algorithm: str) -> None:
+    """A reading less than a period older than the state is a late one: state only moves forward."""
+    fn = ALGORITHMS[algorithm]
+    rate = Rate(3, 10.0)
+    state = None
+    for _ in range(3):
+        state, _ = fn(state, START + 10.0, 1.0, rate)
+    _, late = fn(state, START + 10.0 - 9.5, 1.0, rate)
+    assert not late.allowed

@@ -3,9 +3,10 @@
 Each vector is a time-stepped sequence of hits on one key with the decision expected at every
 step; ``retry_after: null`` in the JSON means "never" (``math.inf``). Time may go back: a
 "reordered check" reads the clock before another check that reaches the store first, a "stale
-clock" steps back for a while; either way state only moves forward. A step with ``"repeat": n``
-is the same hit made ``n`` times in a row (a burst of single requests at one instant): each must
-be ``allowed`` as given, and the last one is checked in full. Every store must pass them:
+clock" steps back for a while; either way state only moves forward. A clock stepped back by
+more than a period (an hour ahead, then corrected) drops the state: the key counts from now. A
+step with ``"repeat": n`` is the same hit made ``n`` times in a row (a burst of single requests
+at one instant): each must be ``allowed`` as given, and the last one is checked in full. Every store must pass them:
 the memory store in ``tests/core``, the Redis and Memcached stores in ``tests/stores``.
 
 Usage (async test)::

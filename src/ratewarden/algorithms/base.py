@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+import time
+from typing import Final, Protocol
 
 from ..decision import Decision
 from ..rates import Rate
 
-__all__ = ["Algorithm", "State"]
+__all__ = ["Algorithm", "State", "clock_stepped_back"]
+
+log = logging.getLogger("ratewarden.algorithms")
+
+_WARN_EVERY: Final = 600.0  # seconds between two warnings of a clock stepped back
+_warned_at: list[float] = [-_WARN_EVERY]  # when the last one was logged (time.monotonic)
 
 State = tuple[float, ...]
 """An algorithm's stored state: a flat tuple of floats, so every store can hold it."""
@@ -24,3 +31,27 @@ class Algorithm(Protocol):
     def __call__(
         self, state: State | None, now: float, cost: float, rate: Rate
     ) -> tuple[State | None, Decision]: ...
+
+
+def clock_stepped_back(ahead: float, period: float) -> None:
+    """Warn (at most every ten minutes) that a key's state was ``ahead`` seconds ahead of the
+    clock, more than its ``period``: the clock stepped back, and the algorithm counts from now.
+
+    A late clock reading (read before another check wrote the state) is behind by milliseconds,
+    never by a whole period; only a clock stepped back (corrected after running ahead) is. Keeping
+    such a state would refuse the key until the clock catches up with it, while ``Retry-After``
+    counts from the state's own time. The Redis script does the same and logs to the Redis log.
+
+    Args:
+        ahead: How far the state's time is ahead of the clock, in seconds.
+        period: The limit's period, in seconds.
+    """
+    now = time.monotonic()
+    if now - _warned_at[0] >= _WARN_EVERY:
+        _warned_at[0] = now
+        log.warning(
+            "a rate-limit state is %.3f s ahead of the clock (more than its period, %g s): the clock "
+            "stepped back; its keys count again from now",
+            ahead,
+            period,
+        )

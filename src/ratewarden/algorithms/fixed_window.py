@@ -5,7 +5,9 @@ Windows are aligned to the Unix epoch (a "1/min" window runs from :00 to :59 of 
 ``Retry-After`` is exactly the time to the next boundary. State: ``(window_start, count)``.
 
 A check whose clock reading is older than the state's window (read before a boundary, run after
-another check began the next window) counts in that newer window: state only moves forward.
+another check began the next window) counts in that newer window: state only moves forward. A
+state more than a period ahead of the clock is no late reading but a clock stepped back: it is
+dropped, and the key counts from now (``clock_stepped_back``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State
+from .base import State, clock_stepped_back
 
 
 def fixed_window(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
@@ -31,6 +33,8 @@ def fixed_window_of(
     if state is not None:
         if state[0] == start:
             count = state[1]
+        elif state[0] - now > period:  # the clock stepped back: the state is stale
+            clock_stepped_back(state[0] - now, period)
         elif state[0] > start:  # a late clock reading: the newer window stands (time never goes back)
             start = now = state[0]
             count = state[1]

@@ -15,7 +15,8 @@ and the Redis script's doubles compute them exactly and identically: a burst at 
 exactly ``floor(B/c)`` for a whole cost ``c``, and the rate is never exceeded (with ``now`` read to
 the step). The price is an under-admission of at most ``q/T`` (today 0.02% at 1000/s per key,
 2.4% at 100000/s, in fact 0.14% at both 10000/s and 100000/s) and fractional charges rounded up to
-a step. Old states stay valid: a TAT off the grid is read up to it.
+a step. Old states stay valid: a TAT off the grid is read up to it. An admitted TAT is at most
+``B*T`` ahead of the clock; one more than a period further ahead (a clock stepped back) is dropped.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Final
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State
+from .base import State, clock_stepped_back
 
 _EXACT: Final = 9_007_199_254_740_992  # 2**53: integers below it are exact doubles
 
@@ -48,6 +49,9 @@ def gcra(state: State | None, now: float, cost: float, rate: Rate) -> tuple[Stat
         tat = math.ceil(state[0] / q)
         if tat > start:
             ahead = tat - start
+            if (ahead - window) * q > rate.period:  # past B*T + period: the clock stepped back
+                clock_stepped_back((ahead - window) * q, rate.period)
+                ahead = 0
     used = ahead + math.ceil(cost * step)
     if used <= window:
         return ((start + used) * q,), Decision(True, burst, (window - used) // step, used * q, 0.0, rate.period)

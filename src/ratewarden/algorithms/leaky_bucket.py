@@ -1,7 +1,8 @@
 """Leaky bucket as a meter (nginx ``limit_req``): each request pours its cost into a bucket that
 drains at ``limit/period`` per second; a request that would overflow ``burst`` (default ``limit``)
 is rejected. nginx's ``burst=b`` corresponds to ``burst = b + 1`` here, since nginx does not count
-the request being served. State: ``(level, last_update)``.
+the request being served. State: ``(level, last_update)``. A state updated more than a period
+ahead of the clock (a clock stepped back) is dropped: the bucket starts empty.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State
+from .base import State, clock_stepped_back
 
 
 def leaky_bucket(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
     capacity = rate.capacity
     per_second = rate.limit / rate.period
     level = 0.0
+    if state is not None and state[1] - now > rate.period:  # the clock stepped back: the state is stale
+        clock_stepped_back(state[1] - now, rate.period)
+        state = None
     if state is not None:
         if state[1] > now:  # a late clock reading: never move the last update back (a second drain)
             now = state[1]

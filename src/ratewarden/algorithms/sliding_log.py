@@ -2,7 +2,8 @@
 
 A request of cost ``c`` is admitted when fewer than ``limit - c + 1`` units were admitted in the
 last ``period`` seconds. The log keeps one timestamp per admitted unit and never more than
-``limit`` of them, so memory per key is bounded by the limit. State: the sorted timestamps.
+``limit`` of them, so memory per key is bounded by the limit. State: the sorted timestamps. A log
+whose newest stamp is more than a period ahead of the clock (a clock stepped back) is dropped.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State
+from .base import State, clock_stepped_back
 
 
 def sliding_log(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
@@ -19,7 +20,9 @@ def sliding_log(state: State | None, now: float, cost: float, rate: Rate) -> tup
     period = rate.period
     horizon = now - period
     log: State = ()
-    if state:
+    if state and state[-1] - now > period:  # the clock stepped back: the log is stale
+        clock_stepped_back(state[-1] - now, period)
+    elif state:
         if state[-1] > now:  # a late clock reading: stamps stay in order (time never goes back)
             now = state[-1]
             horizon = now - period

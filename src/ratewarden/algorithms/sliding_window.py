@@ -2,7 +2,8 @@
 the sliding window, plus the current window's count. Denied requests are not counted.
 
 State: ``(window_start, current_count, previous_count)``; windows are epoch-aligned. A clock
-reading older than the state's window counts at that window's start: state only moves forward.
+reading older than the state's window counts at that window's start: state only moves forward. A
+state more than a period ahead of the clock (a clock stepped back) is dropped: the key counts from now.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State
+from .base import State, clock_stepped_back
 
 
 def sliding_window(
@@ -26,6 +27,8 @@ def sliding_window(
             current, previous = state[1], state[2]
         elif state[0] == start - period:
             previous = state[1]
+        elif state[0] - now > period:  # the clock stepped back: the state is stale
+            clock_stepped_back(state[0] - now, period)
         elif state[0] > start:  # a late clock reading: the newer window stands (time never goes back)
             start = now = state[0]
             current, previous = state[1], state[2]

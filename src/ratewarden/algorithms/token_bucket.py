@@ -1,5 +1,6 @@
 """Token bucket: ``burst`` tokens (default ``limit``), refilled continuously at ``limit/period``
-tokens per second with full float precision. State: ``(tokens, last_update)``.
+tokens per second with full float precision. State: ``(tokens, last_update)``. A state updated
+more than a period ahead of the clock (a clock stepped back) is dropped: the bucket starts full.
 """
 
 from __future__ import annotations
@@ -8,12 +9,15 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State
+from .base import State, clock_stepped_back
 
 
 def token_bucket(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
     capacity = rate.capacity
     per_second = rate.limit / rate.period
+    if state is not None and state[1] - now > rate.period:  # the clock stepped back: the state is stale
+        clock_stepped_back(state[1] - now, rate.period)
+        state = None
     if state is None:
         tokens = float(capacity)
     else:

@@ -4,7 +4,8 @@ A request is admitted when the bucket holds at least one whole token (or its who
 is smaller) and the balance after it stays at or above ``-debt``. A negative balance is paid back
 by the refill before anything else is admitted. This lets a request costlier than the bucket
 through once, then holds the client back for as long as the overdraft takes to repay.
-State: ``(tokens, last_update)``.
+State: ``(tokens, last_update)``. A state updated more than a period ahead of the clock (a clock
+stepped back) is dropped: the bucket starts full.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State
+from .base import State, clock_stepped_back
 
 
 def token_bucket_debt(
@@ -22,6 +23,9 @@ def token_bucket_debt(
     capacity = rate.capacity
     debt = rate.max_debt
     per_second = rate.limit / rate.period
+    if state is not None and state[1] - now > rate.period:  # the clock stepped back: the state is stale
+        clock_stepped_back(state[1] - now, rate.period)
+        state = None
     if state is None:
         tokens = float(capacity)
     else:

@@ -64,7 +64,18 @@ end
 -- Each returns allowed, limit, remaining, reset_after, retry_after, new state (string or nil).
 
 -- A clock reading older than a key's state (read before another check wrote it) is taken as the
--- state's own time: state only moves forward (the Python algorithms do the same).
+-- state's own time: state only moves forward (the Python algorithms do the same). A state more
+-- than a period ahead of the clock is no late reading but a clock stepped back: it is dropped and
+-- the key counts from now (algorithms/base.py clock_stepped_back), with a warning in the Redis log.
+
+local warned = false
+local function stepped_back(ahead, period)
+  if not warned then
+    warned = true
+    redis.log(redis.LOG_WARNING, fmt('ratewarden: a rate-limit state is %.3f s ahead of the clock ' ..
+      '(more than its period, %g s): the clock stepped back; its keys count again from now', ahead, period))
+  end
+end
 
 local function fixed_window(st, cost, limit, period)
   local now = now
@@ -74,6 +85,8 @@ local function fixed_window(st, cost, limit, period)
     local s = nums(st)
     if s[1] == start then
       count = s[2]
+    elseif s[1] - now > period then
+      stepped_back(s[1] - now, period)
     elseif s[1] > start then
       start = s[1]
       now = start
@@ -100,6 +113,8 @@ local function sliding_window(st, cost, limit, period)
       current, previous = s[2], s[3]
     elseif s[1] == start - period then
       previous = s[2]
+    elseif s[1] - now > period then
+      stepped_back(s[1] - now, period)
     elseif s[1] > start then
       start = s[1]
       now = start
@@ -155,11 +170,16 @@ local function sliding_log(key, cost, limit, period)
   local last = nil
   if n > 0 then
     last = tonumber(redis.call('LINDEX', key, -1))
-    if last > now then now = last end
+    if last - now > period then
+      stepped_back(last - now, period)
+    elseif last > now then
+      now = last
+    end
   end
   log_at[key] = now
   local horizon = now - period
   local first = 0
+  if last and last - now > period then first = n end  -- stale: every stamp goes
   while first < n and tonumber(redis.call('LINDEX', key, first)) <= horizon do first = first + 1 end
   local used = n - first
   local units = ceil(cost)
@@ -181,11 +201,15 @@ local function sliding_log(key, cost, limit, period)
   return false, limit, max(0, limit - used), reset_after, retry, nil
 end
 
-local function token_bucket(st, cost, capacity, per_second)
+local function token_bucket(st, cost, capacity, per_second, period)
   local now = now
   local tokens
-  if st then
-    local s = nums(st)
+  local s = st and nums(st)
+  if s and s[2] - now > period then
+    stepped_back(s[2] - now, period)
+    s = nil
+  end
+  if s then
     if s[2] > now then now = s[2] end
     tokens = min(capacity, s[1] + (now - s[2]) * per_second)
   else
@@ -200,11 +224,15 @@ local function token_bucket(st, cost, capacity, per_second)
   return false, capacity, trunc(tokens + 1e-9), (capacity - tokens) / per_second, retry, nil
 end
 
-local function token_bucket_debt(st, cost, capacity, per_second, debt)
+local function token_bucket_debt(st, cost, capacity, per_second, debt, period)
   local now = now
   local tokens
-  if st then
-    local s = nums(st)
+  local s = st and nums(st)
+  if s and s[2] - now > period then
+    stepped_back(s[2] - now, period)
+    s = nil
+  end
+  if s then
     if s[2] > now then now = s[2] end
     tokens = min(capacity, s[1] + (now - s[2]) * per_second)
   else
@@ -221,11 +249,15 @@ local function token_bucket_debt(st, cost, capacity, per_second, debt)
   return false, capacity, max(0, trunc(tokens + 1e-9)), (capacity - tokens) / per_second, retry, nil
 end
 
-local function leaky_bucket(st, cost, capacity, per_second)
+local function leaky_bucket(st, cost, capacity, per_second, period)
   local now = now
   local level = 0
-  if st then
-    local s = nums(st)
+  local s = st and nums(st)
+  if s and s[2] - now > period then
+    stepped_back(s[2] - now, period)
+    s = nil
+  end
+  if s then
     if s[2] > now then now = s[2] end
     level = max(0, s[1] - (now - s[2]) * per_second)
   end
@@ -241,7 +273,7 @@ end
 -- Exact: every time in whole steps of the grid q, the float step of |now| + B T (doubled when
 -- the TATs could reach 2^53 steps): the same integer-valued doubles below 2^53 as the Python ints
 -- of algorithms/gcra.py (see there), so the answers are identical.
-local function gcra(st, cost, burst, interval)
+local function gcra(st, cost, burst, interval, period)
   local _, e = frexp(abs(now) + burst * interval)
   local q = ldexp(1, e - 53)
   local step = ceil(interval / q)  -- T, rounded up: the rate is never exceeded
@@ -255,7 +287,13 @@ local function gcra(st, cost, burst, interval)
   local ahead = 0
   if st then
     local tat = ceil(tonumber(st) / q)
-    if tat > start then ahead = tat - start end
+    if tat > start then
+      ahead = tat - start
+      if (ahead - window) * q > period then  -- past B*T + period: the clock stepped back
+        stepped_back((ahead - window) * q, period)
+        ahead = 0
+      end
+    end
   end
   local used = ahead + ceil(cost * step)
   if used <= window then
@@ -276,13 +314,13 @@ local function run(algo, b, key, st, cost)
   elseif algo == 3 then
     return sliding_log(key, cost, limit, period)
   elseif algo == 4 then
-    return token_bucket(st, cost, capacity, limit / period)
+    return token_bucket(st, cost, capacity, limit / period, period)
   elseif algo == 5 then
-    return token_bucket_debt(st, cost, capacity, limit / period, tonumber(ARGV[b + 5]))
+    return token_bucket_debt(st, cost, capacity, limit / period, tonumber(ARGV[b + 5]), period)
   elseif algo == 6 then
-    return leaky_bucket(st, cost, capacity, limit / period)
+    return leaky_bucket(st, cost, capacity, limit / period, period)
   elseif algo == 7 then
-    return gcra(st, cost, capacity, period / limit)
+    return gcra(st, cost, capacity, period / limit, period)
   end
   return nil
 end
