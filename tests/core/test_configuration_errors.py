@@ -46,6 +46,12 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
     # -1.5, not -1: the compiled Rule holds its cost as a float (it would say -1.0).
     ("Rule cost", lambda: Rule("/api/**", "10/s", cost=-1.5),
      "Rule('/api/**') cost must be a finite number >= 0, got -1.5"),
+    ("Rule algorithm spelled with a hyphen", lambda: Rule("/api/**", "10/s", algorithm="token-bucket"),  # type: ignore[arg-type]
+     "unknown algorithm 'token-bucket'; did you mean 'token_bucket'? choose one of: fixed_window, sliding_window, "
+     "sliding_log, token_bucket, token_bucket_debt, leaky_bucket, gcra"),
+    ("Rule algorithm named as flask-limiter does", lambda: Rule("/api/**", "10/s", algorithm="moving-window"),  # type: ignore[arg-type]
+     "unknown algorithm 'moving-window'; did you mean 'sliding_log'? choose one of: fixed_window, sliding_window, "
+     "sliding_log, token_bucket, token_bucket_debt, leaky_bucket, gcra"),
     ("rule path", lambda: compile_path("api/**"),
      "rule path 'api/**' must start with '/' (e.g. '/api/**') or 're:'"),
     ("rule regex", lambda: compile_path("re:("),

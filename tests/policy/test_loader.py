@@ -70,6 +70,13 @@ def test_yaml_errors_name_line_and_field() -> None:
     assert any(p.startswith("p.yaml:7: rules[1].algorithm: unknown algorithm 'nope'") for p in problems), problems
 
 
+def test_a_misspelled_algorithm_gets_the_likely_name() -> None:
+    text = "version: 1\nrules:\n  - path: /a\n    rate: 1/s\n    algorithm: sliding-window\n"
+    problems = _problems(text, "yaml")
+    assert any("rules[0].algorithm: unknown algorithm 'sliding-window'; did you mean 'sliding_window'?" in p
+               for p in problems), problems
+
+
 @pytest.mark.parametrize(
     ("snippet", "expected"),
     [

@@ -685,7 +685,7 @@ async def test_store_url_opens_the_same_table(shm_dir: Path) -> None:
     [
         ("shm://", "names no table"),
         ("shm://api?max_key=5", "unknown option 'max_key'; known options: max_keys, log_size, directory"),
-        ("shm://api?max_keys=lots", "max_keys='lots' must be a int"),
+        ("shm://api?max_keys=lots", "max_keys='lots' must be a whole number"),
         ("shm://a%2Fb", "name must be"),
         ("memory://x", "takes no name"),
         ("mongodb://host", "unsupported store URL"),

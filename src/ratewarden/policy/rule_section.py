@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, unknown_algorithm
 from ..charges import Charge
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip
@@ -68,7 +68,7 @@ def _rule(v: Validator, t: dict[str, Any], path: list[str | int], defaults: Rule
     methods = _methods(v, t, path)
     algorithm = v.typed(t, "algorithm", path, str, defaults.algorithm)
     if algorithm not in ALGORITHMS:
-        v.error([*path, "algorithm"], f"unknown algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHMS)}")
+        v.error([*path, "algorithm"], unknown_algorithm(algorithm))
     bypass = v.typed(t, "bypass", path, bool, False)
     shadow = v.typed(t, "shadow", path, bool, False)
     tiered = v.typed(t, "tiered", path, bool, False)

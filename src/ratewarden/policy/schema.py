@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, unknown_algorithm
 from ..rates import parse_rates
 from ..rules import Rule
 from ..stores.base import Store
@@ -134,7 +134,7 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
     settings = v.table(top.get("settings"), ["settings"], _SETTINGS)
     algorithm = v.typed(settings, "algorithm", ["settings"], str, "fixed_window")
     if algorithm not in ALGORITHMS:
-        v.error(["settings", "algorithm"], f"unknown algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHMS)}")
+        v.error(["settings", "algorithm"], unknown_algorithm(algorithm))
         algorithm = "fixed_window"
     shadow = v.typed(settings, "shadow", ["settings"], bool, False)
     show_group = v.typed(settings, "show_group", ["settings"], bool, True)

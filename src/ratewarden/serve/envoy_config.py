@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..algorithms import ALGORITHMS, AlgorithmName, algorithm_name
+from ..algorithms import ALGORITHMS, AlgorithmName, algorithm_name, unknown_algorithm
 from ..limits import DEFAULT_ALGORITHM, Limit
 from ..policy.schema import PolicyError, Problem
 from ..rates import Rate
@@ -226,7 +226,7 @@ class _Reader:
         name = self.string(node, path)
         if name in ALGORITHMS:
             return algorithm_name(name)
-        self.error(path, node, f"unknown algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}")
+        self.error(path, node, unknown_algorithm(name))
         return None
 
 

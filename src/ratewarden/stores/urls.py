@@ -7,6 +7,7 @@ everywhere and a typo is reported by name instead of being silently ignored.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module
@@ -32,6 +33,33 @@ _KINDS = {
     "memcached": ("memcached", False),
 }
 _DEFAULT_PORTS = {"standalone": 6379, "sentinel": 26379, "cluster": 6379, "memcached": 11211}
+
+#: How a message names an option's type ("must be a whole number", not "must be a int").
+_TYPE_WORDS: dict[type, str] = {int: "a whole number", float: "a number", str: "text"}
+
+#: Every scheme ``open_store`` takes, as a message lists them.
+ALL_SCHEMES = (
+    "memory://", "shm://<name>", "redis://", "rediss://", "valkey://", "valkeys://", "redis+sentinel://",
+    "rediss+sentinel://", "redis+cluster://", "rediss+cluster://", "memcached://",
+)
+
+
+def _unsupported(text: str, scheme: str, schemes: list[str], listed: str) -> ConfigurationError:
+    """The error for a URL whose scheme no store here takes: the likely one, then the list."""
+    close = difflib.get_close_matches(scheme, schemes, n=1, cutoff=0.6)
+    guess = f"did you mean {close[0]}://? " if close else ""
+    return ConfigurationError(f"unsupported store URL {text!r}: {guess}the scheme must be one of {listed}")
+
+
+def _option(text: str, name: str, value: str, kind_of: type) -> object:
+    """``value`` of option ``name`` converted to ``kind_of``, or an error naming what it must be."""
+    try:
+        return kind_of(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"store URL {text!r}: option {name}={value!r} must be {_TYPE_WORDS.get(kind_of, kind_of.__name__)}"
+        ) from None
+
 
 #: Query options every URL accepts, with their types.
 OPTIONS: dict[str, type] = {
@@ -117,8 +145,8 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
     scheme = parts.scheme.lower()
     kind_tls = _KINDS.get(scheme)
     if kind_tls is None or kind_tls[0] not in allowed:
-        schemes = ", ".join(f"{s}://" for s, (k, _) in _KINDS.items() if k in allowed)
-        raise ConfigurationError(f"unsupported store URL {text!r}: the scheme must be one of {schemes}")
+        names = [s for s, (k, _) in _KINDS.items() if k in allowed]
+        raise _unsupported(text, scheme, names, ", ".join(f"{s}://" for s in names))
     kind, tls = kind_tls
     hostpart = parts.netloc.rsplit("@", 1)[-1]
     if not hostpart:
@@ -130,10 +158,10 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
             port = port.removeprefix(":")
         else:
             host, _, port = item.partition(":")
-        try:
-            hosts.append((host, int(port) if port else _DEFAULT_PORTS[kind]))
-        except ValueError:
-            raise ConfigurationError(f"store URL {text!r}: bad port {port!r} in {item!r}") from None
+        number = int(port) if port.isascii() and port.isdigit() else -1 if port else _DEFAULT_PORTS[kind]
+        if not 1 <= number <= 65535:
+            raise ConfigurationError(f"store URL {text!r}: bad port {port!r} in {item!r} (a port is 1 to 65535)")
+        hosts.append((host, number))
     result = StoreURL(kind=kind, hosts=hosts, tls=tls, text=text)
     if "@" in parts.netloc:
         userinfo = parts.netloc.rsplit("@", 1)[0]
@@ -158,10 +186,7 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
         if kind_of is None or (kind == "memcached" and name.startswith(("ssl_", "sentinel_", "client_"))):
             known = ", ".join(n for n in OPTIONS if kind != "memcached" or not n.startswith(("ssl_", "sentinel_", "client_")))
             raise ConfigurationError(f"store URL {text!r}: unknown option {name!r}; known options: {known}")
-        try:
-            converted = kind_of(value)
-        except ValueError:
-            raise ConfigurationError(f"store URL {text!r}: option {name}={value!r} must be a {kind_of.__name__}") from None
+        converted = _option(text, name, value, kind_of)
         if isinstance(converted, (int, float)) and converted < 0:
             raise ConfigurationError(f"store URL {text!r}: option {name}={value!r} must not be negative")
         result.options[name] = converted
@@ -230,7 +255,7 @@ def parse_local_url(url: str) -> tuple[str, str, dict[str, object]]:
     kind = parts.scheme.lower()
     known = LOCAL_OPTIONS.get(kind)
     if known is None:
-        raise ConfigurationError(f"unsupported store URL {url!r}: expected shm://<name> or memory://")
+        raise _unsupported(url, kind, list(LOCAL_OPTIONS), "shm://<name> or memory://")
     name = unquote(parts.netloc + parts.path).strip("/")
     if kind == "shm" and not name:
         raise ConfigurationError(f"store URL {url!r} names no table: use shm://<name>[?max_keys=65536]")
@@ -241,12 +266,9 @@ def parse_local_url(url: str) -> tuple[str, str, dict[str, object]]:
         kind_of = known.get(key)
         if kind_of is None:
             raise ConfigurationError(f"store URL {url!r}: unknown option {key!r}; known options: {', '.join(known)}")
-        try:
-            options[key] = converted = kind_of(value)
-        except ValueError:
-            raise ConfigurationError(f"store URL {url!r}: option {key}={value!r} must be a {kind_of.__name__}") from None
+        options[key] = converted = _option(url, key, value, kind_of)
         least = _LOCAL_LEAST.get(key)
-        if least is not None and converted < least:
+        if least is not None and isinstance(converted, int) and converted < least:
             raise ConfigurationError(f"store URL {url!r}: option {key}={value!r} must be at least {least}")
     return kind, name, options
 
@@ -264,6 +286,8 @@ def check_store_url(url: str) -> None:
             segment_path = cast("Callable[[str], object]", load("shared_memory:segment_path"))
             segment_path(name)  # checks the name
         return
+    if scheme not in _KINDS and isinstance(url, str):
+        raise _unsupported(redact(url), scheme, [*LOCAL_OPTIONS, *_KINDS], ", ".join(ALL_SCHEMES))
     parse_store_url(url, ("standalone", "sentinel", "cluster", "memcached"))
 
 
