@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from ..limiter import Limiter
 from ..policy.loader import load_policy
-from ..policy.schema import Policy, PolicyError, describe_rule
+from ..policy.schema import Policy, PolicyError, describe_rule, limits_nothing
 from ..policy.tiers import PolicyRule
 from ..rates import parse_rates
 from ..stores.memory import MemoryStore
@@ -45,9 +45,10 @@ def register_explain(subparsers: Any) -> None:
 
 def _load(path: str) -> Policy | int:
     """The policy, or the exit status after printing why not: 1 for an invalid file (one line
-    when it has one problem), 2 when it cannot be read at all (a missing extra)."""
+    when it has one problem), 2 when it cannot be read at all (a missing extra). A policy that
+    limits nothing is loaded: ``check`` decides about it."""
     try:
-        return load_policy(path)
+        return load_policy(path, allow_empty=True)
     except PolicyError as exc:
         if len(exc.problems) == 1:
             print(f"invalid policy: {exc.problems[0]}", file=sys.stderr)
@@ -66,12 +67,13 @@ def _check(args: argparse.Namespace) -> int:
     if isinstance(policy, int):
         return policy
     print("\n".join(policy.describe()))
-    if not policy.rules:
-        if not args.allow_empty:
-            print(f"ratewarden check: {args.policy}: the policy has no rules, so it limits nothing "
-                  "(pass --allow-empty if that is intended)", file=sys.stderr)
+    if limits_nothing(policy):
+        what = "has only bypass rules" if policy.rules else "has no rules"
+        if not args.allow_empty and not policy.allow_empty:
+            print(f"ratewarden check: {args.policy}: the policy {what}, so it limits nothing "
+                  "(pass --allow-empty or set allow_empty = true under [settings] if that is intended)", file=sys.stderr)
             return 1
-        print(f"ratewarden check: {args.policy}: warning: the policy has no rules, so it limits nothing", file=sys.stderr)
+        print(f"ratewarden check: {args.policy}: warning: the policy {what}, so it limits nothing", file=sys.stderr)
     print("OK")
     return 0
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .problems import Locate, PolicyError, Problem
-from .schema import Policy, validate
+from .schema import Policy, require_limits, validate
 
 __all__ = ["load_policy", "parse_policy"]
 
@@ -187,11 +187,15 @@ def _line_from_message(message: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read and validate the policy file at ``path`` (``.toml``, ``.yaml`` or ``.yml``).
+def load_policy(path: str | Path, *, allow_empty: bool = False) -> Policy:
+    """Read and validate the policy file at ``path`` (``.toml``, ``.yaml`` or ``.yml``). A file
+    that limits nothing (empty, or only ``bypass`` rules) is a ``PolicyError`` unless it sets
+    ``allow_empty = true`` under ``[settings]`` or ``allow_empty`` is given: read while it was
+    being written, it would otherwise switch every limit off.
 
     Args:
         path: The policy file.
+        allow_empty: Accept a policy that limits nothing.
     """
     file = Path(path)
     suffix = file.suffix.lower()
@@ -210,4 +214,7 @@ def load_policy(path: str | Path) -> Policy:
             "", f"not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
             "policy files are TOML or YAML text", None, str(file),
         )]) from None
-    return parse_policy(text, format, str(file))
+    policy = parse_policy(text, format, str(file))
+    if not allow_empty:
+        require_limits(policy)
+    return policy

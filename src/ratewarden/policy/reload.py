@@ -3,8 +3,10 @@ dependency), on ``SIGHUP``, or on an explicit ``reload()`` call (e.g. from an ad
 
 The new policy is parsed and validated completely before ``apply`` is called, and ``apply``
 swaps it in with a single assignment, so a request sees either the old policy or the new one.
-A file with errors is rejected with its problems logged (and kept in ``last_error``); the
-previous policy stays in force.
+A file with errors, or one that limits nothing (``load_policy``: empty, unless it says
+``allow_empty = true``), is rejected with its problems logged (and kept in ``last_error``); the
+previous policy stays in force. The watcher reads a changed file only once it has stopped
+changing (``settle``), so it does not read a file that is still being written.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,14 +36,22 @@ class PolicyReloader:
         path: The policy file.
         apply: Receives each valid new version.
         interval: Seconds between checks of the file.
+        settle: Seconds a changed file's size, mtime and inode must stay the same (seen by two
+            checks at least this far apart) before it is read; the old policy stays meanwhile.
     """
 
-    def __init__(self, path: str | Path, apply: Callable[[Policy], None], *, interval: float = 1.0) -> None:
+    def __init__(
+        self, path: str | Path, apply: Callable[[Policy], None], *, interval: float = 1.0, settle: float = 0.5
+    ) -> None:
         if not interval > 0:
             raise ConfigurationError(f"reload interval must be positive seconds, got {interval!r}")
+        if not 0 <= settle < float("inf"):
+            raise ConfigurationError(f"reload settle must be seconds >= 0, got {settle!r}")
         self.path = Path(path)
         self.apply = apply
         self.interval = interval
+        self.settle = settle
+        self._pending: tuple[tuple[int, int, int], float] | None = None  # a change seen, and when
         self.last_error: ConfigurationError | None = None
         self.reloads = 0
         self.failures = 0
@@ -85,10 +96,21 @@ class PolicyReloader:
             return True
 
     def check(self) -> bool | None:
-        """Reload if the file changed since the last load; ``None`` when it did not change."""
+        """Reload if the file changed since the last load and has stopped changing; ``None`` when
+        it did not change, or is still settling (a later check reads it)."""
         signature = self._stat()
         if signature is None or signature == self._signature:
+            self._pending = None
             return None
+        now = time.monotonic()
+        pending = self._pending
+        if pending is None or pending[0] != signature:
+            self._pending = (signature, now)
+            if self.settle > 0:
+                return None
+        elif now - pending[1] < self.settle:
+            return None
+        self._pending = None
         return self.reload()
 
     def start(self) -> None:

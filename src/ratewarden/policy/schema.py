@@ -4,7 +4,7 @@ problem reported as ``file:line: field: message``.
 Document layout (TOML shown; YAML has the same structure)::
 
     version = 1
-    [settings]   algorithm, shadow, show_group, headers, store
+    [settings]   algorithm, shadow, show_group, headers, store, allow_empty
     [identity]   sources, unknown_group, anonymous_group, keys, hashed_keys, patterns
     [groups.<name>]  limits = ["10/s", "500/min"]  |  unlimited = true
     [[rules]]    path, name, methods, rate | tiered, key, algorithm, cost, bypass, shadow,
@@ -30,10 +30,10 @@ from .rule_section import RuleDefaults, rules_section
 from .sections import bans_section, groups_section, identity_section, parse_duration
 from .tiers import PolicyRule, Tiers
 
-__all__ = ["Locate", "Policy", "PolicyError", "Problem", "parse_duration", "validate"]
+__all__ = ["Locate", "Policy", "PolicyError", "Problem", "limits_nothing", "parse_duration", "require_limits", "validate"]
 
 _TOP = ("version", "settings", "identity", "groups", "rules", "bans")
-_SETTINGS = ("algorithm", "shadow", "show_group", "store")
+_SETTINGS = ("algorithm", "shadow", "show_group", "store", "allow_empty")
 
 
 @dataclass
@@ -51,6 +51,8 @@ class Policy:
         data: The parsed file, as read.
         store: ``settings.store``: a store URL (``shm://api``, ``redis://...``); ``None`` means a
             ``MemoryStore``.
+        allow_empty: ``settings.allow_empty``: a policy that limits nothing is intended (else
+            ``load_policy`` refuses it).
     """
 
     rules: list[Rule]
@@ -62,6 +64,7 @@ class Policy:
     source: str = "<policy>"
     data: dict[str, Any] = field(default_factory=dict)
     store: str | None = None  # settings.store: a store URL (shm://api, redis://..), None = MemoryStore
+    allow_empty: bool = False
 
     def make_store(self) -> Store:
         """The store ``settings.store`` names (a ``MemoryStore`` when it names none); build the
@@ -93,6 +96,31 @@ class Policy:
                 f" (x{b.growth:g} per repeat, max {b.max_duration:g}s), answered {b.status}"
             )
         return out
+
+
+def limits_nothing(policy: Policy) -> bool:
+    """Whether ``policy`` has no rule that limits anything (no rules, or only ``bypass`` ones).
+
+    Args:
+        policy: The policy.
+    """
+    return all(rule.bypass for rule in policy.rules)
+
+
+def require_limits(policy: Policy) -> None:
+    """Refuse a policy that limits nothing unless it says ``allow_empty = true``: an empty or
+    cut-short file read while it was being written must not switch every limit off.
+
+    Args:
+        policy: The policy, validated.
+    """
+    if policy.allow_empty or not limits_nothing(policy):
+        return
+    what = "has only bypass rules" if policy.rules else "has no rules"
+    raise PolicyError([Problem(
+        "", f"the policy {what}, so it limits nothing (an empty or half-written file?); "
+        "set allow_empty = true under [settings] if that is intended", None, policy.source,
+    )])
 
 
 def describe_rule(rule: Rule) -> str:
@@ -139,6 +167,7 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
     shadow = v.typed(settings, "shadow", ["settings"], bool, False)
     show_group = v.typed(settings, "show_group", ["settings"], bool, True)
     store = v.typed(settings, "store", ["settings"], str)
+    allow_empty = v.typed(settings, "allow_empty", ["settings"], bool, False)
     if store is not None:
         store = v.attempt(["settings", "store"], _store_url, store)
 
@@ -154,4 +183,4 @@ def validate(data: Any, locate: Locate = lambda path: None, source: str = "<poli
     bans = bans_section(v, top["bans"], identity, identity_failed) if "bans" in top else None
     if v.problems:
         raise PolicyError(v.sorted_problems())
-    return Policy(rules, tiers, bans, shadow, show_group, algorithm, source, dict(data), store)
+    return Policy(rules, tiers, bans, shadow, show_group, algorithm, source, dict(data), store, allow_empty)
