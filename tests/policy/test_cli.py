@@ -102,3 +102,15 @@ def test_check_allow_empty_accepts_it_with_a_warning(tmp_path: Path, capsys: pyt
     assert main(["check", str(path), "--allow-empty"]) == 0
     out, err = capsys.readouterr()
     assert out.rstrip().endswith("OK") and "warning: the policy has no rules" in err
+
+
+def test_explain_names_a_rule_for_another_method(capsys: pytest.CaptureFixture[str]) -> None:
+    """GET /login matches no rule; the POST-only login rule would, and explain says how to see it."""
+    policy = str(EXAMPLES / "policy.toml")
+    assert main(["explain", policy, "--path", "/login"]) == 0
+    out = capsys.readouterr().out
+    assert "GET /login: no rule matches (not limited)" in out
+    assert "rule 'login' matches this path for POST only (try --method POST)" in out
+    assert main(["explain", policy, "--path", "/login", "--method", "POST"]) == 0
+    out = capsys.readouterr().out
+    assert "1 rule(s)" in out and "only (try --method" not in out

@@ -7,11 +7,13 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..errors import AmbiguousRequest
 from ..limiter import Limiter
 from ..policy.loader import load_policy
 from ..policy.schema import Policy, PolicyError, describe_rule, limits_nothing
 from ..policy.tiers import PolicyRule
 from ..rates import parse_rates
+from ..rules import Rule
 from ..stores.memory import MemoryStore
 
 __all__ = ["explain", "register", "register_check", "register_explain", "split_target"]
@@ -107,24 +109,46 @@ def explain(policy: Policy, method: str, path: str, headers: list[tuple[str, str
     if bypass is not None:
         return [f"{scope['method']} {path}: bypassed by rule {bypass.name!r} (no limits)"]
     matched = ruleset.match(scope["method"], path)
+    others = _other_methods(policy, scope["method"], path)
     if not matched:
-        return [f"{scope['method']} {path}: no rule matches (not limited)"]
+        return [f"{scope['method']} {path}: no rule matches (not limited)", *others]
     out = [f"{scope['method']} {path}: {len(matched)} rule(s)" + (" (shadow mode: never blocks)" if policy.shadow else "")]
     for compiled in matched:
         rule = compiled.rule
         out.append("  " + describe_rule(rule))
-        if isinstance(rule, PolicyRule) and rule.tiers is not None:
-            identity = rule.tiers.identity
-            api_key = identity.api_key(scope)
-            group, key = identity.resolve(scope)
-            rates = rule.tiers.groups[group]
-            how = "no API key" if api_key is None else "API key"
-            limits = "unlimited" if rates is None else "; ".join(str(r) for r in parse_rates(rates))
-            out.append(f"    group {group} ({how}), charged as {key}: {limits}")
-        else:
-            value = rule.key(scope)
-            out.append(f"    charged as {value}")
-    return out
+        try:
+            out.append(_charged(rule, scope))
+        except AmbiguousRequest as exc:
+            out.append(f"    refused with 400: {exc}")
+    return [*out, *others]
+
+
+def _charged(rule: Rule, scope: dict[str, Any]) -> str:
+    """Who ``rule`` charges for the request (with its group, when the rule is tiered)."""
+    if isinstance(rule, PolicyRule) and rule.tiers is not None:
+        identity = rule.tiers.identity
+        api_key = identity.api_key(scope)
+        group, key = identity.resolve(scope)
+        rates = rule.tiers.groups[group]
+        how = "no API key" if api_key is None else "API key"
+        limits = "unlimited" if rates is None else "; ".join(str(r) for r in parse_rates(rates))
+        return f"    group {group} ({how}), charged as {key}: {limits}"
+    return f"    charged as {rule.key(scope)}"
+
+
+def _other_methods(policy: Policy, method: str, path: str) -> list[str]:
+    """A line for each rule whose path matches but whose methods leave ``method`` out, naming the
+    ``--method`` that would match it."""
+    lines = []
+    for rule in policy.rules:
+        methods = rule.methods
+        if rule.bypass or methods is None or method in methods or rule.pattern.fullmatch(path) is None:
+            continue
+        names = sorted(methods)
+        lines.append(
+            f"  rule {rule.name!r} matches this path for {', '.join(names)} only (try --method {names[0]})"
+        )
+    return lines
 
 
 def _explain(args: argparse.Namespace) -> int:
