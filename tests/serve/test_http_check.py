@@ -234,7 +234,7 @@ async def test_json_check_cost_charges_the_same_counts(client: httpx.AsyncClient
         (b"{not json", 400, "not valid JSON"),
         (b"[1, 2]", 400, "JSON object"),
         (b"{}", 400, "'path' is required"),
-        (b'{"path": "/a", "headers": []}', 400, "'headers' must be a object"),
+        (b'{"path": "/a", "headers": []}', 400, "'headers' must be an object"),
         (b'{"path": "/a", "headers": {"X": 1}}', 400, "header 'X' must be a string"),
         (b'{"path": "/a", "client": "not-an-ip"}', 400, "IP address"),
         (b'{"path": "/a", "cost": -1}', 400, "'cost' must be a number from 0"),

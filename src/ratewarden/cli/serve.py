@@ -58,7 +58,43 @@ def register(subparsers: Any) -> None:
         "--watch", type=float, default=1.0, metavar="SECONDS",
         help="check the files for changes this often, 0 to disable (default 1; SIGHUP always reloads)",
     )
+    _add_bounds(parser)
     parser.set_defaults(func=_run)
+
+
+def _add_bounds(parser: argparse.ArgumentParser) -> None:
+    """The bounds on what one caller can make a worker hold (docs/serve.md#bounds)."""
+    from ..serve import bounds
+
+    group = parser.add_argument_group("bounds (per worker; docs/serve.md#bounds)")
+    group.add_argument("--http-max-connections", type=int, default=bounds.HTTP_MAX_CONNECTIONS, metavar="N",
+                       help="open HTTP connections; one more is answered 503 and closed (default %(default)s)")
+    group.add_argument("--http-timeout", type=float, default=bounds.HTTP_TIMEOUT, metavar="SECONDS",
+                       help="to send a whole request once it begins, else 408 and closed (default %(default)s)")
+    group.add_argument("--http-max-header-size", type=int, default=bounds.HTTP_MAX_HEADER_SIZE, metavar="BYTES",
+                       help="of a request's line and headers, else 431 and closed (default %(default)s)")
+    group.add_argument("--spoe-max-connections", type=int, default=bounds.SPOE_MAX_CONNECTIONS, metavar="N",
+                       help="open SPOE connections; one more is disconnected (default %(default)s)")
+    group.add_argument("--spoe-timeout-hello", type=float, default=bounds.SPOE_TIMEOUT_HELLO, metavar="SECONDS",
+                       help="for a new SPOE connection to send its HELLO (default %(default)s)")
+    group.add_argument("--spoe-timeout-idle", type=float, default=bounds.SPOE_TIMEOUT_IDLE, metavar="SECONDS",
+                       help="an SPOE connection may wait between frames; keep it above spoe.conf's timeout idle "
+                       "(default %(default)s)")
+    group.add_argument("--spoe-timeout-frame", type=float, default=bounds.SPOE_TIMEOUT_FRAME, metavar="SECONDS",
+                       help="to finish an SPOE frame once begun (default %(default)s)")
+    group.add_argument("--spoe-message", default=bounds.SPOE_MESSAGE, metavar="NAME",
+                       help="the spoe-message decided, one per NOTIFY frame (default %(default)s, as spoe.conf)")
+    group.add_argument("--grpc-max-message-size", type=int, default=bounds.GRPC_MAX_MESSAGE_SIZE, metavar="BYTES",
+                       help="of a gRPC request, else RESOURCE_EXHAUSTED (default %(default)s)")
+    group.add_argument("--max-descriptors", type=int, default=bounds.MAX_DESCRIPTORS, metavar="N",
+                       help="in one Envoy rate limit request, else INVALID_ARGUMENT (default %(default)s)")
+    group.add_argument("--max-entries", type=int, default=bounds.MAX_ENTRIES, metavar="N",
+                       help="in one Envoy rate limit request, over its descriptors (default %(default)s)")
+
+
+_POSITIVE = ("http_max_connections", "http_timeout", "http_max_header_size", "spoe_max_connections",
+             "spoe_timeout_hello", "spoe_timeout_idle", "spoe_timeout_frame", "grpc_max_message_size",
+             "max_descriptors", "max_entries")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -82,9 +118,15 @@ def _run(args: argparse.Namespace) -> int:
             watch=args.watch,
             on_error=args.on_error,
             metrics=not args.no_metrics,
+            **{name: getattr(args, name) for name in (*_POSITIVE, "spoe_message")},
         )
         if args.watch < 0:
             raise ConfigurationError(f"--watch must be 0 or more seconds, got {args.watch}")
+        for name in _POSITIVE:
+            if not getattr(args, name) > 0:
+                raise ConfigurationError(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name)}")
+        if not args.spoe_message:
+            raise ConfigurationError("--spoe-message must name the spoe-message, e.g. check")
     except ConfigurationError as exc:
         print(f"ratewarden serve: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[imp
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from ..errors import LimitUnavailable
+from .bounds import GRPC_MAX_MESSAGE_SIZE
 from .rls import UINT32_MAX, RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
 __all__ = ["RlsServicer", "answer_to_proto", "request_from_proto", "rls_json", "start_grpc"]
@@ -37,12 +38,17 @@ _RateLimit = rls_pb2.RateLimitResponse.RateLimit
 _HeaderValue = base_pb2.HeaderValue
 
 
-def request_from_proto(request: Any) -> tuple[str, list[RequestDescriptor], int]:
-    """``(domain, descriptors, hits_addend)`` of a ``RateLimitRequest``; ``RlsRequestError`` when malformed.
+def request_from_proto(request: Any, service: RateLimitService | None = None) -> tuple[str, list[RequestDescriptor], int]:
+    """``(domain, descriptors, hits_addend)`` of a ``RateLimitRequest``; ``RlsRequestError`` when malformed,
+    or at once when larger than ``service`` accepts (``RateLimitService.check_size``).
 
     Args:
         request: The ``rls_pb2.RateLimitRequest``.
+        service: The service whose bounds apply; ``None`` for none.
     """
+    if service is not None:
+        service.check_size(len(request.descriptors), 0)  # counted first: the count is known without a loop
+        service.check_size(0, sum(len(descriptor.entries) for descriptor in request.descriptors))
     descriptors: list[RequestDescriptor] = []
     for index, descriptor in enumerate(request.descriptors):
         entries = tuple((entry.key, entry.value) for entry in descriptor.entries)
@@ -104,7 +110,7 @@ class RlsServicer:
         """Decide one request: INVALID_ARGUMENT when malformed, UNAVAILABLE when the store failed
         fail-closed, INTERNAL (logged) for anything unexpected."""
         try:
-            domain, descriptors, hits = request_from_proto(request)
+            domain, descriptors, hits = request_from_proto(request, self.service)
             answer = await self.service.should_rate_limit(domain, descriptors, hits)
         except RlsRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -117,7 +123,8 @@ class RlsServicer:
 
 
 async def start_grpc(
-    service: RateLimitService, host: str = "127.0.0.1", port: int = 8081, *, reuse_port: bool = False
+    service: RateLimitService, host: str = "127.0.0.1", port: int = 8081, *, reuse_port: bool = False,
+    max_message_size: int = GRPC_MAX_MESSAGE_SIZE,
 ) -> tuple[grpc.aio.Server, int]:
     """Start Envoy's rate limit service on ``host:port`` (port 0: any free port); returns the
     started server and its port. Stop it with ``await server.stop(grace)``.
@@ -128,8 +135,13 @@ async def start_grpc(
         port: The port; 0 picks a free one.
         reuse_port: Let several processes listen on the port (``SO_REUSEPORT``, for workers); off,
             a port in use is an error.
+        max_message_size: The largest request accepted, in bytes (larger: RESOURCE_EXHAUSTED, unread).
     """
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0)])
+    options = [
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.max_receive_message_length", max_message_size),
+    ]
+    server = grpc.aio.server(options=options)
     rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RlsServicer(service), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
@@ -154,9 +166,9 @@ async def rls_json(service: RateLimitService, body: bytes) -> tuple[int, bytes]:
     request = rls_pb2.RateLimitRequest()
     try:
         json_format.Parse(body.decode("utf-8"), request)
-        domain, descriptors, hits = request_from_proto(request)
+        domain, descriptors, hits = request_from_proto(request, service)
         answer = await service.should_rate_limit(domain, descriptors, hits)
-    except (json_format.ParseError, UnicodeDecodeError, RlsRequestError) as exc:
+    except (json_format.ParseError, UnicodeDecodeError, RlsRequestError, RecursionError) as exc:
         return 400, _error(f"bad request: {exc}")
     except LimitUnavailable as exc:
         return 503, _error(str(exc))

@@ -454,8 +454,9 @@ def _seconds(value: float) -> float | None:
 
 def _field(data: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     value = data.get(name, default)
-    if value is not None and not isinstance(value, kind):
-        raise ServeError(400, f"{name!r} must be a {'object' if kind is dict else 'string'}, got {type(value).__name__}")
+    if not isinstance(value, kind) and not (value is None and default is None):  # null only where it is the default
+        what = "null" if value is None else type(value).__name__
+        raise ServeError(400, f"{name!r} must be {'an object' if kind is dict else 'a string'}, got {what}")
     return value
 
 
@@ -464,6 +465,8 @@ def _json_object(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ServeError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ServeError(400, "the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ServeError(400, f"the body must be a JSON object, got {type(data).__name__}")
     return data

@@ -34,6 +34,7 @@ from ..policy.reload import PolicyReloader
 from ..policy.schema import Policy
 from ..stores import open_store
 from ..stores.urls import check_store_url
+from . import bounds
 from .http import DEFAULT_TRUSTED, ServeApp, parse_networks
 
 __all__ = ["ServeConfig", "configure_logging", "envoy_files", "run"]
@@ -64,6 +65,17 @@ class ServeConfig:
     watch: float = 1.0
     on_error: FailurePolicy = "open"
     metrics: bool = True
+    http_max_connections: int = bounds.HTTP_MAX_CONNECTIONS
+    http_timeout: float = bounds.HTTP_TIMEOUT
+    http_max_header_size: int = bounds.HTTP_MAX_HEADER_SIZE
+    spoe_max_connections: int = bounds.SPOE_MAX_CONNECTIONS
+    spoe_timeout_hello: float = bounds.SPOE_TIMEOUT_HELLO
+    spoe_timeout_idle: float = bounds.SPOE_TIMEOUT_IDLE
+    spoe_timeout_frame: float = bounds.SPOE_TIMEOUT_FRAME
+    spoe_message: str = bounds.SPOE_MESSAGE
+    grpc_max_message_size: int = bounds.GRPC_MAX_MESSAGE_SIZE
+    max_descriptors: int = bounds.MAX_DESCRIPTORS
+    max_entries: int = bounds.MAX_ENTRIES
 
 
 # -- logs ------------------------------------------------------------------------------------------
@@ -177,17 +189,19 @@ def _load_envoy(paths: Sequence[Path]) -> Any:
     return load_envoy_configs(paths)
 
 
-def _rate_limit_service(domains: Any, limiter: Limiter) -> Any:
+def _rate_limit_service(domains: Any, limiter: Limiter, config: ServeConfig) -> Any:
     rls: Any = importlib.import_module(f"{__package__}.rls")
-    return rls.RateLimitService(domains, limiter)
+    return rls.RateLimitService(domains, limiter, max_descriptors=config.max_descriptors, max_entries=config.max_entries)
 
 
 # -- one worker ------------------------------------------------------------------------------------
 
 
-def _uvicorn_server(app: ServeApp, sock: socket.socket) -> Any:
-    """A uvicorn server for ``app`` that leaves the signals to us."""
+def _uvicorn_server(app: ServeApp, sock: socket.socket, config: ServeConfig | None = None) -> Any:
+    """A uvicorn server for ``app`` that leaves the signals to us, with ``config``'s HTTP bounds."""
     import uvicorn
+
+    from .http_server import bounded_protocol
 
     class Server(uvicorn.Server):
         def install_signal_handlers(self) -> None:  # uvicorn < 0.29
@@ -197,14 +211,20 @@ def _uvicorn_server(app: ServeApp, sock: socket.socket) -> Any:
         def capture_signals(self) -> Iterator[None]:  # uvicorn >= 0.29
             yield
 
+    bounded = config or ServeConfig()
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    config = uvicorn.Config(
+    protocol = bounded_protocol(
+        http, max_connections=bounded.http_max_connections, timeout=bounded.http_timeout,
+        max_header_size=bounded.http_max_header_size,
+    )
+    server_config = uvicorn.Config(
         # proxy_headers off: uvicorn would otherwise replace a loopback caller's address with its
         # X-Forwarded-For, and the check's own trusted-proxy rule would then see a stranger.
-        app, lifespan="off", log_config=None, access_log=False, http=http, proxy_headers=False,
+        app, lifespan="off", log_config=None, access_log=False, http=protocol, proxy_headers=False,
         timeout_graceful_shutdown=GRACE, server_header=False, date_header=False,
+        timeout_keep_alive=bounds.HTTP_TIMEOUT_KEEP_ALIVE, h11_max_incomplete_event_size=bounded.http_max_header_size,
     )
-    return Server(config)
+    return Server(server_config)
 
 
 def _metrics() -> Any:
@@ -260,7 +280,7 @@ class Worker:
         self.limiter = Limiter(open_store(store_url), on_error=config.on_error)
         self.metrics = _metrics() if config.metrics else None
         policy = load_policy(config.policy) if config.policy is not None else None
-        self.rls = _rate_limit_service(_load_envoy(config.envoy), self.limiter) if config.envoy else None
+        self.rls = _rate_limit_service(_load_envoy(config.envoy), self.limiter, config) if config.envoy else None
         shared = self.metrics is not None and bool(os.environ.get(_MULTIPROCESS)) and config.workers > 1
         self.app = ServeApp(
             self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls,
@@ -332,7 +352,7 @@ class Worker:
         """Serve HTTP on ``sock`` (gRPC and HAProxy's SPOE on ``spoe`` when configured) until
         ``SIGTERM``/``SIGINT`` (or, for a forked worker, until its ``parent`` is gone)."""
         loop = asyncio.get_running_loop()
-        server = _uvicorn_server(self.app, sock)
+        server = _uvicorn_server(self.app, sock, self.config)
         grpc_server: Any = None
         spoe_server: asyncio.Server | None = None
         spoe_agent: Any = None
@@ -356,12 +376,19 @@ class Worker:
         loop.add_signal_handler(signal.SIGHUP, hup)
         if self.rls is not None and self.config.grpc is not None:
             grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
-            started = await grpc_module.start_grpc(self.rls, *self.config.grpc, reuse_port=self.config.workers > 1)
+            started = await grpc_module.start_grpc(
+                self.rls, *self.config.grpc, reuse_port=self.config.workers > 1,
+                max_message_size=self.config.grpc_max_message_size,
+            )
             grpc_server = started[0] if isinstance(started, tuple) else started
         if spoe is not None:
             from .spoe import SpoeAgent, start_spoe
 
-            spoe_agent = SpoeAgent(self.app)
+            spoe_agent = SpoeAgent(
+                self.app, max_connections=self.config.spoe_max_connections, timeout_hello=self.config.spoe_timeout_hello,
+                timeout_idle=self.config.spoe_timeout_idle, timeout_frame=self.config.spoe_timeout_frame,
+                message=self.config.spoe_message,
+            )
             spoe_server = await start_spoe(self.app, spoe, spoe_agent)
         tasks = [asyncio.create_task(self._watch())] if self.config.watch > 0 else []
         if parent is not None:

@@ -10,6 +10,13 @@ refusal, its problem+json ``body``. The decision is ``ServeApp.decide``'s, the o
 makes: the same policy, tiers, bans and counts.
 
 No connection per check and no HTTP to parse: the cheapest way for HAProxy to ask a service.
+
+Bounds (docs/serve.md#bounds), after HAProxy's own SPOE timeouts: a connection has ``timeout_hello``
+seconds to send its HELLO, ``timeout_idle`` to begin its next frame and ``timeout_frame`` to finish a
+frame it began (else AGENT-DISCONNECT status 2, a timeout); at most ``max_connections`` are open
+(one more gets status 13); a NOTIFY frame is one decision, of its first message named ``message``;
+an ACK is never larger than the frame size agreed in the HELLO; a connection whose peer leaves more
+than ``MAX_BUFFERED`` bytes of ACKs unread is dropped.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import logging
 import socket
 from collections.abc import Iterable
 
+from . import bounds
 from .http import ServeApp, ServeError, _address
 from .spop import (
     HAPROXY_DISCONNECT,
@@ -41,7 +49,8 @@ from .spop import (
     set_var,
 )
 
-__all__ = ["MAX_FRAME_SIZE", "MAX_IN_FLIGHT", "SpoeAgent", "hello", "receive_frame", "start_spoe"]
+__all__ = ["MAX_BUFFERED", "MAX_FRAME_SIZE", "MAX_IN_FLIGHT", "MIN_FRAME_SIZE", "SpoeAgent", "hello", "receive_frame",
+           "start_spoe"]
 
 log = logging.getLogger("ratewarden.serve")
 
@@ -49,6 +58,10 @@ log = logging.getLogger("ratewarden.serve")
 MAX_FRAME_SIZE = 16380
 #: NOTIFY frames of one connection decided at once; more wait for one of them to finish.
 MAX_IN_FLIGHT = 256
+#: The smallest frame size a HELLO may offer (HAProxy's own least, 256 bytes); less is status 9.
+MIN_FRAME_SIZE = 256
+#: Bytes of answers a connection may leave unread; HAProxy reads its ACKs at once, so more drops it.
+MAX_BUFFERED = 1024 * 1024
 #: The answer's headers set as variables (``-`` becomes ``_`` in the variable's name).
 _KEPT = (b"ratelimit", b"ratelimit-policy", b"x-ratelimit-limit", b"x-ratelimit-remaining", b"x-ratelimit-reset",
          b"retry-after")
@@ -62,11 +75,26 @@ class SpoeAgent:
     Args:
         app: The service's app; its ``decide`` answers, its trusted proxies say whose ``ip`` is believed.
         max_frame_size: The largest frame accepted (HAProxy's, if smaller, wins).
+        max_connections: Connections open at once; one more gets AGENT-DISCONNECT status 13 and is closed.
+        timeout_hello: Seconds for a new connection to send its HAPROXY-HELLO.
+        timeout_idle: Seconds a connection may wait before beginning its next frame.
+        timeout_frame: Seconds to finish a frame once its length arrived.
+        message: The message decided (spoe.conf's ``spoe-message``); a frame's other messages are ignored.
     """
 
-    def __init__(self, app: ServeApp, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+    def __init__(
+        self, app: ServeApp, max_frame_size: int = MAX_FRAME_SIZE, *,
+        max_connections: int = bounds.SPOE_MAX_CONNECTIONS, timeout_hello: float = bounds.SPOE_TIMEOUT_HELLO,
+        timeout_idle: float = bounds.SPOE_TIMEOUT_IDLE, timeout_frame: float = bounds.SPOE_TIMEOUT_FRAME,
+        message: str = bounds.SPOE_MESSAGE,
+    ) -> None:
         self.app = app
         self.max_frame_size = max_frame_size
+        self.max_connections = max_connections
+        self.timeout_hello = timeout_hello
+        self.timeout_idle = timeout_idle
+        self.timeout_frame = timeout_frame
+        self.message = message
         self._connections: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -94,17 +122,35 @@ class SpoeAgent:
         peer = writer.get_extra_info("peername")
         trusted = self.app.is_trusted(peer[0] if isinstance(peer, tuple) else None)
         pending: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
         try:
+            if len(self._connections) > self.max_connections:
+                writer.write(agent_disconnect(13, f"this agent has {self.max_connections} connections open"))
+                return
+            timer = loop.call_later(self.timeout_hello, _expire, writer, f"no HAPROXY-HELLO within {self.timeout_hello:g}s")
             limit = await hello(reader, writer, self.max_frame_size)
+            timer.cancel()
             if limit is None:
                 return
+            idle = f"no frame begun within {self.timeout_idle:g}s"
+            slow = f"a frame not finished within {self.timeout_frame:g}s"
             while True:
-                frame = await receive_frame(reader, limit)
+                timer = loop.call_later(self.timeout_idle, _expire, writer, idle)
+                await writer.drain()  # no more frames read while HAProxy leaves its answers unread
+                length = int.from_bytes(await reader.readexactly(4), "big")
+                timer.cancel()
+                if length > limit:
+                    raise SpopError(3, f"a frame of {length} bytes is larger than the {limit} agreed")
+                timer = loop.call_later(self.timeout_frame, _expire, writer, slow)
+                frame = read_frame(await reader.readexactly(length))
+                timer.cancel()
                 if frame.kind == NOTIFY:
                     if len(pending) >= MAX_IN_FLIGHT:
                         await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    check = asyncio.create_task(self._answer(writer, frame.stream_id, frame.frame_id,
-                                                             messages(frame.payload), trusted, peer))
+                    found = _message(frame.payload, self.message)
+                    check = asyncio.create_task(self._answer(writer, frame.stream_id, frame.frame_id, limit, found,
+                                                             trusted, peer))
                     pending.add(check)
                     check.add_done_callback(pending.discard)
                 elif frame.kind == HAPROXY_DISCONNECT:
@@ -120,6 +166,8 @@ class SpoeAgent:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # HAProxy closed the connection
         finally:
+            if timer is not None:
+                timer.cancel()
             for check in pending:
                 check.cancel()
             if task is not None:
@@ -128,13 +176,23 @@ class SpoeAgent:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, writer: asyncio.StreamWriter, stream_id: int, frame_id: int, found: list[Message],
-                      trusted: bool, peer: object) -> None:
-        actions: list[bytes] = []
-        for message in found:
-            actions += await self._decide(message, trusted, peer)
-        if not writer.is_closing():
-            writer.write(ack(stream_id, frame_id, actions))
+    async def _answer(self, writer: asyncio.StreamWriter, stream_id: int, frame_id: int, limit: int,
+                      found: Message | None, trusted: bool, peer: object) -> None:
+        """Decide a NOTIFY's message and ACK it: never more than ``limit`` bytes (else its status alone)."""
+        if found is None:
+            actions = [set_var("status", 400), set_var("body", f"the NOTIFY frame has no {self.message!r} message"),
+                       set_var("content_type", _PLAIN_TEXT)]
+        else:
+            actions = await self._decide(found, trusted, peer)
+        if writer.is_closing():
+            return
+        if writer.transport.get_write_buffer_size() > MAX_BUFFERED:  # HAProxy is not reading its answers
+            writer.transport.abort()
+            return
+        answer = ack(stream_id, frame_id, actions)
+        if len(answer) - 4 > limit:
+            answer = ack(stream_id, frame_id, actions[:1])
+        writer.write(answer)
 
     async def _decide(self, message: Message, trusted: bool, peer: object) -> list[bytes]:
         """The variables answering one ``check`` message."""
@@ -157,6 +215,27 @@ class SpoeAgent:
             log.exception("spoe check failed: %s: %s", type(exc).__name__, exc, extra={"event": "check_failed"})
             return [set_var("status", 500)]
         return _variables(status, answer, body)
+
+
+def _message(payload: bytes, name: str) -> Message | None:
+    """The first message called ``name`` of a NOTIFY payload (all of it is read: malformed is status 4)."""
+    for message in messages(payload):
+        if message.name == name:
+            return message
+    return None
+
+
+def _expire(writer: asyncio.StreamWriter, why: str) -> None:
+    """End a connection that ran out of time: AGENT-DISCONNECT status 2 (a timeout), then closed."""
+    transport = writer.transport
+    if transport.is_closing():
+        return
+    log.debug("spoe: %s; closing the connection", why, extra={"event": "spoe_timeout"})
+    writer.write(agent_disconnect(2, why))
+    if transport.get_write_buffer_size():  # a peer that does not read: no waiting for it
+        transport.abort()
+    else:
+        transport.close()
 
 
 def _text(value: Value, default: str) -> str:
@@ -220,6 +299,8 @@ async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_
     theirs = offer.get("max-frame-size")
     if not isinstance(theirs, int) or isinstance(theirs, bool):
         raise SpopError(6, "max-frame-size value not found")
+    if theirs < MIN_FRAME_SIZE:
+        raise SpopError(9, f"max-frame-size {theirs} is smaller than {MIN_FRAME_SIZE}")
     limit = min(theirs, max_frame_size)
     writer.write(agent_hello(limit))
     return None if offer.get("healthcheck") is True else limit

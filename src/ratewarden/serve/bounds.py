@@ -1,0 +1,49 @@
+"""The bounds ``ratewarden serve`` puts on what one caller can make a worker do or hold: connections,
+time to send a request or frame, sizes and work per request (docs/serve.md#bounds). Each is a
+command-line option; the defaults are far above what a gateway sends.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GRPC_MAX_MESSAGE_SIZE",
+    "HTTP_MAX_CONNECTIONS",
+    "HTTP_MAX_HEADER_SIZE",
+    "HTTP_TIMEOUT",
+    "HTTP_TIMEOUT_KEEP_ALIVE",
+    "MAX_DESCRIPTORS",
+    "MAX_ENTRIES",
+    "SPOE_MAX_CONNECTIONS",
+    "SPOE_MESSAGE",
+    "SPOE_TIMEOUT_FRAME",
+    "SPOE_TIMEOUT_HELLO",
+    "SPOE_TIMEOUT_IDLE",
+]
+
+#: Open HTTP connections per worker; more are answered 503 and closed at once.
+HTTP_MAX_CONNECTIONS = 1000
+#: Seconds to send a whole HTTP request (its head and body) once it begins; then the connection is closed.
+HTTP_TIMEOUT = 10.0
+#: Seconds an HTTP connection may wait idle between requests (uvicorn's ``--timeout-keep-alive``).
+HTTP_TIMEOUT_KEEP_ALIVE = 5
+#: Bytes of an HTTP request's line and headers; more is answered 431.
+HTTP_MAX_HEADER_SIZE = 64 * 1024
+
+#: Open SPOE connections per worker (HAProxy keeps a few); more get AGENT-DISCONNECT status 13.
+SPOE_MAX_CONNECTIONS = 256
+#: Seconds for a new SPOE connection to send its HAPROXY-HELLO (HAProxy sends it at once).
+SPOE_TIMEOUT_HELLO = 5.0
+#: Seconds an SPOE connection may wait for its next frame (above spoe.conf's ``timeout idle 1m``,
+#: so HAProxy closes an idle connection first).
+SPOE_TIMEOUT_IDLE = 120.0
+#: Seconds to send the rest of a frame once its length arrived.
+SPOE_TIMEOUT_FRAME = 5.0
+#: The SPOE message decided (spoe.conf's ``spoe-message check``); a NOTIFY's other messages are ignored.
+SPOE_MESSAGE = "check"
+
+#: Bytes of one gRPC message (a ``RateLimitRequest``); more is answered RESOURCE_EXHAUSTED.
+GRPC_MAX_MESSAGE_SIZE = 1024 * 1024
+#: Descriptors in one ``ShouldRateLimit`` request (Envoy sends a few); more is INVALID_ARGUMENT.
+MAX_DESCRIPTORS = 256
+#: Entries in one request, over all its descriptors; more is INVALID_ARGUMENT.
+MAX_ENTRIES = 1024
