@@ -279,6 +279,11 @@ class RuleSet:
         Args:
             rules: The new rules.
         """
+        if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence):
+            raise ConfigurationError(
+                f"rules must be a list of Rule objects, got {type(rules).__name__} {rules!r:.60}; a policy file or "
+                "Policy is given as policy=, e.g. PolicyMiddleware(app, limiter, policy='policy.toml')"
+            )
         for rule in rules:
             if not isinstance(rule, Rule):
                 raise TypeError(f"rules must be Rule objects, got {type(rule).__name__}")

@@ -28,7 +28,7 @@ from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .bans import Bans
-from .core import PolicyCore, refund_amounts, refunded
+from .core import PolicyCore, policy_in_rules, refund_amounts, refunded
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -52,7 +52,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
     Args:
         app: The ASGI app to protect.
         limiter: Checks the limits on its store.
-        rules: The rules, when no ``policy`` gives them.
+        rules: The rules, when no ``policy`` gives them (a policy given here is taken as ``policy``).
         policy: A TOML/YAML policy file's path (or a loaded ``Policy``); its rules replace ``rules``.
         watch: Poll the file every this many seconds and reload it on change; ``None`` disables
             (``reload()`` and, with ``sighup``, ``SIGHUP`` always work).
@@ -70,7 +70,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         self,
         app: ASGIApp,
         limiter: Limiter,
-        rules: Sequence[Rule] | RuleSet = (),
+        rules: Sequence[Rule] | RuleSet | str | Path | Policy = (),
         *,
         policy: str | Path | Policy | None = None,
         watch: float | None = None,
@@ -82,6 +82,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         show_group: bool = True,
         **kwargs: Any,
     ) -> None:
+        rules, policy = policy_in_rules(rules, policy)
         super().__init__(app, limiter, rules, **kwargs)
         self._start_policy(policy, watch, sighup, shadow, bans, metrics, shadow_header, show_group)
 

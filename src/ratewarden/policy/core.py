@@ -17,6 +17,7 @@ from pathlib import Path
 from ..decision import Decision
 from ..enforcement.answers import problem_body
 from ..enforcement.check import rule_costs
+from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
 from ..metrics import Metrics
@@ -31,7 +32,7 @@ from .runtime import Plan, Runtime
 from .schema import Policy
 from .tiers import PolicyRule
 
-__all__ = ["PolicyCore", "ban_answer", "owner", "refund_amounts", "refunded"]
+__all__ = ["PolicyCore", "ban_answer", "owner", "policy_in_rules", "refund_amounts", "refunded"]
 
 log = logging.getLogger("ratewarden")
 _PLAN_CACHE_LIMIT = 4096
@@ -63,6 +64,26 @@ def ban_answer(bans: Bans, left: float) -> tuple[int, bytes, list[tuple[bytes, b
     seconds = max(1, math.ceil(left))
     body = problem_body(bans.status, title, f"Too many rejected requests; blocked for {seconds}s.", retry_after=seconds)
     return bans.status, body, [(b"retry-after", b"%d" % seconds)]
+
+
+def policy_in_rules(
+    rules: Sequence[Rule] | RuleSet | str | Path | Policy, policy: str | Path | Policy | None,
+) -> tuple[Sequence[Rule] | RuleSet, str | Path | Policy | None]:
+    """The rules and the policy of ``PolicyMiddleware(app, limiter, rules, policy=...)``: a policy (a
+    file's path or a ``Policy``) given where the rules go, ``PolicyMiddleware(app, limiter, policy)``,
+    is taken as ``policy=``.
+
+    Args:
+        rules: The third argument.
+        policy: The ``policy=`` argument.
+    """
+    if not isinstance(rules, (Policy, str, Path)):
+        return rules, policy
+    if policy is not None:
+        raise ConfigurationError(
+            f"a policy was given twice, as the rules argument ({rules!r:.60}) and as policy=; give it once, as policy="
+        )
+    return (), rules
 
 
 def refunded(rules: Sequence[CompiledRule], status: int) -> Iterator[CompiledRule]:

@@ -37,7 +37,7 @@ from ..rules import CompiledRule, Rule, RuleSet
 from ..types import Scope
 from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans
-from .core import PolicyCore, refund_amounts, refunded
+from .core import PolicyCore, policy_in_rules, refund_amounts, refunded
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -118,7 +118,7 @@ class WSGIPolicyMiddleware(PolicyCore):
             (``Store.hit_blocking``: every local store, ``RedisStore``, ``MemcachedStore``, a ``Breaker``
             over them), and with bans or ``charge`` rules peek, reset and adjust too (``Store.can_block``:
             the same stores).
-        rules: The rules, when no ``policy`` gives them.
+        rules: The rules, when no ``policy`` gives them (a policy given here is taken as ``policy``).
         policy: A TOML/YAML policy file's path (or a loaded ``Policy``); its rules replace ``rules``.
         watch: Poll the file every this many seconds and reload it on change; ``None`` disables
             (``reload()`` and, with ``sighup``, ``SIGHUP`` always work).
@@ -138,7 +138,7 @@ class WSGIPolicyMiddleware(PolicyCore):
         self,
         app: WSGIApp,
         limiter: Limiter,
-        rules: Sequence[Rule] | RuleSet = (),
+        rules: Sequence[Rule] | RuleSet | str | Path | Policy = (),
         *,
         policy: str | Path | Policy | None = None,
         watch: float | None = None,
@@ -152,6 +152,7 @@ class WSGIPolicyMiddleware(PolicyCore):
         header_style: HeaderStyle = "both",
     ) -> None:
         check_header_options(headers, header_style)
+        rules, policy = policy_in_rules(rules, policy)
         store = limiter.store
         if not store.can_block("hit"):
             raise ConfigurationError(
