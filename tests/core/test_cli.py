@@ -39,3 +39,22 @@ def test_demo_help_is_honest(capsys: pytest.CaptureFixture[str]) -> None:
         main(["demo", "--help"])
     out = capsys.readouterr().out
     assert "interactive" not in out and "burst" in out and "exit" in out
+
+
+def test_help_names_asgi_wsgi_and_gateways(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ASGI and WSGI apps (FastAPI, Starlette, Flask, Django)" in out and "gateways" in out
+
+
+def test_bench_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: )" not in out and "(default: None)" not in out and "(default: False)" not in out
+    assert "(default: all; --quick: ratewarden,traffik,slowapi,bare)" in out
+    assert "--quick: ratewarden,traffik,slowapi,bare) (default" not in out  # not a second default
+    assert "(default: bench-results)" in out  # a default the help does not state is still added
+    assert "seed" not in out  # no internal words

@@ -26,13 +26,26 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Adds ``(default: X)`` to an option's help unless the help already states its default or the
+    default is empty (``ArgumentDefaultsHelpFormatter`` printed both, and ``(default: )``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        empty = default is None or default is False or default == "" or default == argparse.SUPPRESS
+        if "default" in text or not action.option_strings or empty:
+            return text
+        return text + " (default: %(default)s)"
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench",
         help="benchmark ratewarden against traffik, slowapi, limits and no limiter",
         description="Runs the reference benchmark scenarios for several rate limiters on the same app and "
                     "writes JSON, CSV, Markdown and a self-contained HTML report.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpWithDefaults,
     )
     p.add_argument("--quick", action="store_true",
                    help="memory store, core in-process scenarios, two short live scenarios (live.allowed: all "
@@ -81,7 +94,7 @@ def register(subparsers: Any) -> None:
                         "process); --driver keeps one of the two; writes wsgi.md and wsgi.json in --out "
                         "(the live rows: about 3 minutes per store at 3 rounds)")
     p.add_argument("--gateway", action="store_true",
-                   help="run the gateway bench instead (seed 003 with its peers): HAProxy and nginx in front of a "
+                   help="run the gateway bench instead (`ratewarden serve` against the gateways' own limiting): HAProxy and nginx in front of a "
                         "fast backend, without limiting, with their own limiting and with `ratewarden serve`, "
                         "interleaved --iterations rounds (default 5); then the service's capacity over HTTP and "
                         "gRPC against a fixed-answer floor; writes gateway.{md,html,json,csv} in --out "
@@ -89,7 +102,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gateway-requests", type=int, default=300, metavar="N",
                    help="--gateway: requests per variant per round (15 workers)")
     p.add_argument("--gateway-rate", type=float, default=750.0, metavar="REQ_PER_S",
-                   help="--gateway: pace of those requests (the seed measured ~750 req/s); 0 = as fast as they go")
+                   help="--gateway: pace of those requests (the reference runs used ~750 req/s); 0 = as fast as they go")
     p.add_argument("--gateway-variants", default="", metavar="NAMES",
                    help="--gateway: comma-separated variants (default all): " + ", ".join(_gateway_variants()))
     p.add_argument("--capacity-seconds", type=float, default=2.0, metavar="SECONDS",
