@@ -403,3 +403,11 @@ def test_flask_trusted_proxies_drop_the_port_of_a_forwarded_entry() -> None:
     )
     assert codes == [200, 200, 200, 429] * 2
     assert ran == ["GET"] * 6
+
+
+def test_explain_says_a_repeated_keyed_parameter_is_refused() -> None:
+    from ratewarden.cli.policy import explain
+
+    lines = explain(parse_policy(_QUERY_POLICY, "toml", "policy.toml"), "get", "/data", [], f"api_key=x&api_key={REAL}")
+    assert lines[0].startswith("GET /data: 1 rule(s)")
+    assert lines[-1] == "    refused with 400: query parameter 'api_key' is given more than once with different values; send it once"
