@@ -271,16 +271,24 @@ def _anonymous() -> bytes:
 # -- HTTP: time, header size and connections (finding 10), JSON (finding 13) -----------------------------
 
 
-@pytest.fixture
-def bounded_serve(tmp_path: Path) -> Iterator[Serve]:
+def _serve(tmp_path: Path, *options: str) -> Iterator[Serve]:
     policy = tmp_path / "policy.toml"
     policy.write_text(CLI_POLICY.replace("{basic}", "5/hour"))
-    server = Serve(tmp_path, str(policy), "--http-timeout", "0.5", "--http-max-header-size", "8192",
-                   "--http-max-connections", "20", "--log-format", "json")
+    server = Serve(tmp_path, str(policy), *options)
     try:
         yield server.ready()
     finally:
         server.stop()
+
+
+@pytest.fixture
+def bounded_serve(tmp_path: Path) -> Iterator[Serve]:
+    yield from _serve(tmp_path, "--http-timeout", "0.5", "--http-max-header-size", "8192", "--http-max-connections", "20")
+
+
+@pytest.fixture(scope="module")
+def default_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    yield from _serve(tmp_path_factory.mktemp("serve"))
 
 
 def _raw(port: int, data: bytes) -> socket.socket:
@@ -322,11 +330,20 @@ def test_http_unfinished_requests_are_408_and_closed(bounded_serve: Serve) -> No
 
 
 def test_http_oversized_headers_are_431(bounded_serve: Serve) -> None:
-    sock = _raw(bounded_serve.port, b"GET /check HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000)
+    sock = _raw(bounded_serve.port, b"GET /check HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000)  # unfinished
+    assert _answer(sock).startswith(b"HTTP/1.1 431 ")
+    many = b"".join(b"h%d: vvvvv\r\n" % i for i in range(800))  # about 9 KB of small headers, sent whole
+    sock = _raw(bounded_serve.port, b"GET /check HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
     assert _answer(sock).startswith(b"HTTP/1.1 431 ")
     sock = _raw(bounded_serve.port, b"GET /check HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 7_000 + b"\r\n\r\n")
     assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
     sock.close()
+
+
+def test_http_headers_over_the_default_bound_are_431(default_serve: Serve) -> None:
+    head = b"GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /api/items\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"
+    answer = _answer(_raw(default_serve.port, head))
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"larger than 65536 bytes" in answer
 
 
 def test_http_connections_over_the_cap_are_503_at_once_and_checks_go_on(bounded_serve: Serve) -> None:
@@ -348,10 +365,10 @@ def test_http_connections_over_the_cap_are_503_at_once_and_checks_go_on(bounded_
         (b'{"path": "/api/items", "method": null}', "'method' must be a string, got null"),
     ],
 )
-def test_http_json_that_cannot_be_used_is_400(bounded_serve: Serve, body: bytes, says: str) -> None:
-    answer = httpx.post(f"{bounded_serve.url}/v1/check", content=body, timeout=SLACK)
+def test_http_json_that_cannot_be_used_is_400(default_serve: Serve, body: bytes, says: str) -> None:
+    answer = httpx.post(f"{default_serve.url}/v1/check", content=body, timeout=SLACK)
     assert answer.status_code == 400 and says in answer.json()["error"]
-    assert "Traceback" not in bounded_serve.log.read_text()
+    assert "Traceback" not in default_serve.log.read_text()
 
 
 def test_bounds_options_must_be_positive(tmp_path: Path) -> None:

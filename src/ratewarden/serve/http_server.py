@@ -33,6 +33,18 @@ def _refuse(transport: asyncio.BaseTransport, status: int, message: str) -> None
     transport.close()
 
 
+def _answer(status: int, message: str) -> Any:
+    """An ASGI app answering every request ``status`` with the service's JSON error, then closing."""
+    body = json.dumps({"status": status, "error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
 def bounded_protocol(http: str, *, max_connections: int, timeout: float, max_header_size: int) -> type[asyncio.Protocol]:
     """uvicorn's ``http`` protocol class (``"httptools"`` or ``"h11"``) with the service's bounds, to
     give ``uvicorn.Config(http=...)``.
@@ -43,6 +55,7 @@ def bounded_protocol(http: str, *, max_connections: int, timeout: float, max_hea
         timeout: Seconds to receive a whole request (line, headers, body) once it begins.
         max_header_size: Bytes of a request's line and headers (counted by the read: httptools only).
     """
+    too_large = _answer(431, f"the request line and headers are larger than {max_header_size} bytes")
     module, name = _BASES[http]
     base: Any = getattr(importlib.import_module(module), name)
 
@@ -89,7 +102,16 @@ def bounded_protocol(http: str, *, max_connections: int, timeout: float, max_hea
 
         def on_headers_complete(self) -> None:
             self._in_head = False
-            super().on_headers_complete()
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size <= max_header_size:
+                super().on_headers_complete()
+                return
+            app: Any = self.app  # a head received whole in one read: answered by uvicorn, 431 and closed
+            self.app = too_large
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
 
         def _start(self) -> None:
             self._waiting = self.cycle
