@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
 from .caches import remember
+from .callables import require_arguments
 from .errors import ConfigurationError
 from .headers import policy_value
 from .keys import ClientIP, KeyFunc, client_ip
@@ -25,6 +26,7 @@ from .types import Scope
 __all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path", "normalize_path", "policy_of"]
 
 CostFunc = Callable[[Scope], float]
+_SCOPE_ARGUMENT = "one argument, the request's scope (a dict): def {}(scope): ..."
 _MATCH_CACHE_LIMIT = 4096
 _KEYS_CACHE_LIMIT = 4096
 #: Longer paths are matched but never cached: a client choosing long paths cannot grow the match
@@ -123,6 +125,10 @@ class Rule:
             raise TypeError(f"Rule({path!r}) key must be a key function of the scope (e.g. client_ip), got {key!r}")
         if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, (int, float))):
             raise TypeError(f"Rule({path!r}) cost must be a number or a function of the scope, got {cost!r}")
+        # A key that cannot take the scope would raise on every request: refused here instead.
+        require_arguments(key, 1, f"Rule({path!r}) key", _SCOPE_ARGUMENT.format("key"))
+        if callable(cost):
+            require_arguments(cost, 1, f"Rule({path!r}) cost", _SCOPE_ARGUMENT.format("cost"))
         self.path = path
         self.pattern = compile_path(path)
         self.rate = rate

@@ -132,7 +132,9 @@ async def _failing_fallback() -> str:
 
 async def test_failures_open_at_once_and_closed_where_they_happen() -> None:
     open_limiter = Limiter(MemoryStore())
-    assert check(open_limiter, compiled(open_limiter, Rule("/**", "5/min", key=_failing_key)), http_scope()) is None
+    # Fail-open charges the client's address instead of the failing key, at once.
+    answer = check(open_limiter, compiled(open_limiter, Rule("/**", "5/min", key=_failing_key)), http_scope())
+    assert isinstance(answer, Decision) and answer.allowed and answer.remaining == 4
     closed = Limiter(MemoryStore(), on_error="closed")
     with pytest.raises(LimitUnavailable):  # raised by check itself: nothing to await
         check(closed, compiled(closed, Rule("/**", "5/min", key=_failing_key)), http_scope())

@@ -17,6 +17,7 @@ from asgiref.sync import sync_to_async
 from django.utils.functional import LazyObject, empty  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
+from ..callables import require_arguments
 from ..credentials import digest
 from ..errors import ConfigurationError
 from ..keys import ClientIP, KeyFunc, bearer_token, header, query_param
@@ -153,13 +154,14 @@ def _is_scope_key(func: Callable[..., Any]) -> bool:
 
 def check_key_spec(spec: KeySpec, what: str = "key") -> None:
     """Refuse a key that cannot be used (at start-up, before any request): an unknown name, a
-    missing argument, a dotted path that does not import.
+    missing argument, a dotted path that does not import, a callable that cannot take the request.
 
     Args:
         spec: The key.
         what: Names it in the error message.
     """
     if callable(spec):
+        _check_request_key(spec, what)
         return
     if not isinstance(spec, str):
         raise ConfigurationError(f"{what} must be {_FORMS}; got {spec!r}")
@@ -176,8 +178,19 @@ def check_key_spec(spec: KeySpec, what: str = "key") -> None:
             raise ConfigurationError(f"{what} {spec!r}: cannot import it ({exc})") from None
         if not callable(found):
             raise ConfigurationError(f"{what} {spec!r} is not callable")
+        _check_request_key(found, f"{what} {spec!r}")
         return
     raise ConfigurationError(f"invalid {what} {spec!r}: use {_FORMS}")
+
+
+def _check_request_key(func: Callable[..., Any], what: str) -> None:
+    """A callable of the request is called as ``func(request)``, or ``func(group, request)`` when it
+    has two required positional parameters; a ratewarden key function takes the scope."""
+    if isinstance(func, ClientIP) or _is_scope_key(func):
+        return
+    count = 2 if _positional_count(func) >= 2 else 1
+    expected = "two arguments, (group, request)" if count == 2 else "one argument, the request: def key(request): ..."
+    require_arguments(func, count, what, expected)
 
 
 def django_key(spec: KeySpec, client_ip: ClientIP, group: str = "") -> KeyFunc:

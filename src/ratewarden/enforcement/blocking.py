@@ -12,14 +12,14 @@ from collections.abc import Awaitable, Sequence
 
 from ..context import context_for
 from ..decision import Decision
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, LimitUnavailable
 from ..keys import key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
 from ..stores.base import StoreError
 from ..types import Scope
-from .check import add_charge, log_failure, report_failure, store_failed
+from .check import add_charge, key_failed, log_failure, report_failure, store_failed
 
 __all__ = ["check_blocking", "require_sync_keys"]
 
@@ -51,6 +51,14 @@ def _key_of(rule: CompiledRule, scope: Scope) -> str:
     return key_text(value, scope)
 
 
+def _key_or_fallback(limiter: Limiter, rule: CompiledRule, scope: Scope) -> str:
+    """The client's key, or ``key_failed``'s when the key function raised (never no key)."""
+    try:
+        return _key_of(rule, scope)
+    except Exception as exc:
+        return key_failed(limiter, rule, scope, exc)
+
+
 def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> Decision | None:
     """Charge the request to every rule, all or nothing; ``None`` when nothing was decided (no
     limit applies, or the check failed under the fail-open policy). Raises ``LimitUnavailable``
@@ -63,11 +71,7 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
     """
     if len(rules) == 1 and rules[0].checked_inline:
         rule = rules[0]
-        try:
-            key = _key_of(rule, scope)
-        except Exception as exc:
-            report_failure(limiter, "key function", exc)
-            return None
+        key = _key_or_fallback(limiter, rule, scope)
         return _hit(limiter, rule.storage_keys(key), rule.limits, rule.costs, "rate limit check")
     keys: list[str] = []
     limits: list[Limit] = []
@@ -78,9 +82,11 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
             if rule.shadow:
                 shadow.append(rule)
                 continue
-            add_charge(keys, limits, costs, rule, _key_of(rule, scope), scope)
-    except Exception as exc:
-        report_failure(limiter, "key function", exc)
+            add_charge(keys, limits, costs, rule, _key_or_fallback(limiter, rule, scope), scope)
+    except LimitUnavailable:
+        raise
+    except Exception as exc:  # a cost function
+        report_failure(limiter, "cost function", exc)
         return None
     if shadow:
         _check_shadow(limiter, shadow, scope)

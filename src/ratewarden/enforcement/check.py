@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Sequence
 from ..context import context_for
 from ..decision import Decision
 from ..errors import AmbiguousRequest, LimitUnavailable
-from ..keys import key_text
+from ..keys import client_ip, key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
@@ -21,14 +21,17 @@ from ..stores.base import StoreError
 from ..types import Scope
 
 __all__ = [
-    "Checked", "LimitUnavailable", "add_charge", "check", "check_rules", "decided", "log_failure", "report_failure",
-    "rule_costs", "store_failed",
+    "KEY_ERROR_PREFIX", "Checked", "LimitUnavailable", "add_charge", "check", "check_rules", "decided", "key_failed",
+    "log_failure", "report_failure", "rule_costs", "store_failed",
 ]
 
 log = logging.getLogger("ratewarden")
 
 _last_error_log = 0.0
 _failures: dict[tuple[str, str], int] = {}
+
+KEY_ERROR_PREFIX = "key-error:"
+"""What a request whose key function raised is charged to: this, then the client's address."""
 
 
 def failure_counts() -> dict[tuple[str, str], int]:
@@ -42,12 +45,13 @@ def _count_failure(what: str, exc: BaseException) -> None:
     _failures[(what, name)] = _failures.get((what, name), 0) + 1
 
 
-def log_failure(what: str, exc: BaseException) -> None:
+def log_failure(what: str, exc: BaseException, outcome: str = "") -> None:
     """Count a failed check and log it (at most once a second); the caller applies the policy.
 
     Args:
         what: What failed (a store, a key function, a shadow rule...).
         exc: The failure.
+        outcome: What was done about it, appended to the log line.
     """
     _count_failure(what, exc)
     # A store outage fails every request; log at most once a second, not once a request.
@@ -55,14 +59,41 @@ def log_failure(what: str, exc: BaseException) -> None:
     now = time.monotonic()
     if now - _last_error_log >= 1.0:
         _last_error_log = now
-        log.warning("rate limit check failed (%s): %s: %s", what, type(exc).__name__, exc)
+        log.warning("rate limit check failed (%s): %s: %s%s", what, type(exc).__name__, exc, outcome)
 
 
-async def _key_of(rule: CompiledRule, scope: Scope) -> str:
+async def _raw_key_of(rule: CompiledRule, scope: Scope) -> str:
     value = rule.key(scope)
     if rule.key_is_async or isinstance(value, Awaitable):
         value = await value  # type: ignore[misc]
     return key_text(value, scope)
+
+
+async def _key_of(limiter: Limiter, rule: CompiledRule, scope: Scope) -> str:
+    try:
+        return await _raw_key_of(rule, scope)
+    except Exception as exc:
+        return key_failed(limiter, rule, scope, exc)
+
+
+def key_failed(limiter: Limiter, rule: CompiledRule, scope: Scope, exc: Exception) -> str:
+    """The key to charge when ``rule``'s key function raised: never none, so a failing key
+    function never lifts the limit. Logged (at most once a second) and counted as a failed check.
+    Under the fail-closed policy it raises ``LimitUnavailable`` (503), and an ``AmbiguousRequest``
+    (400) is raised again under either; else the request is charged to ``KEY_ERROR_PREFIX`` and
+    the client's address: the requests whose key failed share one count per address and rule.
+
+    Args:
+        limiter: Whose ``on_error`` applies.
+        rule: The rule whose key function failed.
+        scope: The request's scope.
+        exc: What the key function raised.
+    """
+    if limiter.on_error == "closed" or isinstance(exc, AmbiguousRequest):
+        report_failure(limiter, "key function", exc)  # raises
+    key = KEY_ERROR_PREFIX + client_ip(scope)
+    log_failure("key function", exc, f"; rule {rule.rule.name!r} charges {key} instead")
+    return key
 
 
 Checked = Decision | None | Awaitable[Decision | None]
@@ -100,8 +131,7 @@ def check(limiter: Limiter, rules: tuple[CompiledRule, ...], scope: Scope) -> Ch
         else:  # no value: the client IP then
             key = key_text(raw, scope)
     except Exception as exc:
-        report_failure(limiter, "rate limit check", exc)
-        return None
+        key = key_failed(limiter, rule, scope, exc)
     return _charge(limiter, rule, key)
 
 
@@ -131,8 +161,7 @@ async def _charge_later(limiter: Limiter, rule: CompiledRule, scope: Scope, pend
     try:
         key = key_text(await pending, scope)
     except Exception as exc:
-        report_failure(limiter, "rate limit check", exc)
-        return None
+        key = key_failed(limiter, rule, scope, exc)
     return await decided(_charge(limiter, rule, key))
 
 
@@ -198,15 +227,17 @@ async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Sco
             if rule.shadow:
                 shadow.append(rule)
                 continue
-            key = await _key_of(rule, scope)
+            key = await _key_of(limiter, rule, scope)
             if message:
                 keys.extend(rule.storage_keys(key, message=True))
                 limits.extend(rule.message_limits)
                 costs.extend(rule.message_costs)
                 continue
             add_charge(keys, limits, costs, rule, key, scope)
-    except Exception as exc:
-        report_failure(limiter, "key function", exc)
+    except LimitUnavailable:
+        raise
+    except Exception as exc:  # a cost function
+        report_failure(limiter, "cost function", exc)
         return None
     if shadow:
         await _check_shadow(limiter, shadow, scope, message)
@@ -250,7 +281,7 @@ def add_charge(
 async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> None:
     for rule in rules:
         try:
-            key = await _key_of(rule, scope)
+            key = await _raw_key_of(rule, scope)
             limits = rule.message_limits if message else rule.limits
             costs = rule.message_costs if message else rule.costs
             decision = await limiter.store.hit(rule.storage_keys(key, message=message), limits, costs)

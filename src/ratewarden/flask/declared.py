@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..algorithms import AlgorithmName
+from ..callables import accepts
 from ..enforcement.blocking import require_sync_keys
 from ..keys import KeyFunc, client_ip
 from ..limits import DEFAULT_ALGORITHM
@@ -14,12 +15,33 @@ from ..rules import CompiledRule, CostFunc, Rule, http_methods
 from ..types import Scope
 from .settings import RateSpec
 
-__all__ = ["Declared", "Registry", "ScopeTest"]
+__all__ = ["Declared", "Registry", "ScopeTest", "scope_key"]
 
 ScopeTest = Callable[[Scope], bool]
 """A predicate of the request's scope (``exempt_when``, ``request_filter``)."""
 
 INTEGRATION = "ratewarden.flask.RateLimiter"
+
+
+def scope_key(key: KeyFunc | None) -> KeyFunc | None:
+    """``key`` as a key function of the scope: flask-limiter's key functions take no argument
+    (``get_remote_address``, or one reading ``flask.request``), so one that can only be called
+    without arguments is called that way. Any other signature is left to ``Rule``'s check.
+
+    Args:
+        key: The key function given; ``None``: the extension's default.
+    """
+    if key is None or accepts(key, 1) is not False or accepts(key, 0) is not True:
+        return key
+    func = cast("Callable[[], str | None]", key)
+
+    def without_scope(scope: Scope) -> str | None:
+        return func()
+
+    # Its own module, not ratewarden's: FastCheck must not call it before Flask's request context exists.
+    without_scope.__module__ = getattr(func, "__module__", None) or "__main__"
+    without_scope.__qualname__ = without_scope.__name__ = getattr(func, "__qualname__", None) or repr(func)
+    return without_scope
 
 
 class Declared:
@@ -55,6 +77,7 @@ class Declared:
         exempt_when: ScopeTest | None = None,
     ) -> None:
         self.methods = http_methods(methods, "limit")
+        key = scope_key(key)
         probe = Rule("/**", rate, key=key or client_ip, cost=cost, algorithm=algorithm or DEFAULT_ALGORITHM)
         require_sync_keys([CompiledRule(probe, "rw")], INTEGRATION)
         self.rate = probe.rate if probe.rate is not None else rate  # iterables read once

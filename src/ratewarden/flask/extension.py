@@ -25,7 +25,7 @@ from ..limiter import Limiter
 from ..rules import CostFunc, policy_of
 from ..wsgi.scope import scope_of
 from .applicable import AppState
-from .declared import Declared, Registry, ScopeTest
+from .declared import Declared, Registry, ScopeTest, scope_key
 from .fast import CHECKED_KEY, UNAVAILABLE, Checked, FastCheck
 from .responses import (
     RateLimitExceeded,
@@ -53,15 +53,16 @@ class RateLimiter:
     Every callable given to it (``key``, ``cost``, ``exempt_when``, ``request_filter``) takes the
     request's ASGI-shaped scope (``ratewarden.wsgi.scope_of``), so ratewarden's key functions
     (``client_ip``, ``header("X-API-Key")``, ``ClientIP(trusted_proxies=...)``) work as they are; it
-    may read ``flask.request`` instead and ignore its argument. Each argument left ``None`` is read
+    may read ``flask.request`` instead and ignore its argument. A key function of no argument
+    (flask-limiter's ``key_func`` style) is called without one. Each argument left ``None`` is read
     from ``app.config`` (``RATEWARDEN_*``, see ``settings.CONFIG_KEYS``).
 
     Args:
         app: The app; ``None``: call ``init_app(app)`` later (once per app).
         limiter: Checks the limits on its store; ``None``: built from ``RATEWARDEN_STORAGE_URL``
             (default ``memory://``), ``RATEWARDEN_KEY_PREFIX`` and ``RATEWARDEN_ON_ERROR``.
-        key: Who a limit without its own ``key`` charges: a key function of the scope (default:
-            the client IP, behind ``RATEWARDEN_TRUSTED_PROXIES`` if set).
+        key: Who a limit without its own ``key`` charges: a key function of the scope, or of no
+            argument (default: the client IP, behind ``RATEWARDEN_TRUSTED_PROXIES`` if set).
         default_limits: Rates for every view with no limit of its own, counted per view.
         application_limits: Rates for every request, one counter across the app.
         algorithm: The algorithm of limits that name none (default ``"fixed_window"``).
@@ -86,6 +87,9 @@ class RateLimiter:
         on_limit: OnLimit | None = None,
         enabled: bool | None = None,
     ) -> None:
+        key = scope_key(key)
+        if key is not None:
+            Declared("1/s", key=key)  # a key it cannot call (its signature, async) fails here, not per request
         self._options: dict[str, Any] = {
             "limiter": limiter, "key": key, "default_limits": default_limits, "application_limits": application_limits,
             "algorithm": algorithm, "headers": headers, "header_style": header_style, "enabled": enabled,
@@ -127,7 +131,7 @@ class RateLimiter:
 
         Args:
             rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list.
-            key: Who is charged: a key function of the scope; ``None``: the extension's default.
+            key: Who is charged: a key function of the scope (or of no argument); ``None``: the extension's default.
             cost: What one request costs: a number, or a function of the scope.
             methods: The HTTP methods it applies to (``"POST"`` or several); ``None``: all.
             algorithm: The algorithm; ``None``: the extension's default.
@@ -158,7 +162,7 @@ class RateLimiter:
         Args:
             rate: One rate or several.
             scope: The counter's name (in storage keys and the ``RateLimit-Policy`` header).
-            key: Who is charged: a key function of the scope; ``None``: the extension's default.
+            key: Who is charged: a key function of the scope (or of no argument); ``None``: the extension's default.
             cost: What one request costs: a number, or a function of the scope.
             methods: The HTTP methods it applies to; ``None``: all.
             algorithm: The algorithm; ``None``: the extension's default.
