@@ -16,10 +16,13 @@ __all__ = ["bar_chart", "write_html"]
 PALETTE = {"ratewarden": "#1f77b4", "traffik": "#ff7f0e", "slowapi": "#2ca02c", "bare": "#7f7f7f"}
 _EXTRA = ("#9467bd", "#8c564b", "#e377c2", "#17becf")
 
+# Sized for a 1,400 px window: the live and flood tables (20 columns) fit it without scrolling, and
+# prose keeps a readable line length.
 _CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1150px;color:#222;padding:0 1em}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1340px;color:#222;padding:0 1em}
+p,ul{max-width:1100px}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:12px}
+th,td{border:1px solid #ccc;padding:2px 5px;text-align:right}th{background:#f3f3f3;font-weight:600}
 td:first-child,th:first-child{text-align:left}
 h2{border-bottom:2px solid #ddd;margin-top:2em}.chart{margin:1em 0}.meta li{margin:.1em 0}
 td.over{background:#fdd;color:#a00;font-weight:bold}p.note{font-size:13px;color:#444;margin-top:-1em}
@@ -31,32 +34,72 @@ def _color(lib: str, i: int) -> str:
     return PALETTE.get(lib, _EXTRA[i % len(_EXTRA)])
 
 
+# Widths of a character, generous for the wide sans-serif fonts a browser may pick (DejaVu Sans),
+# so computed label areas hold their text.
+_CHAR_W = {12: 7.4, 15: 9.6}
+
+
+def _wrap(text: str, width: int, lines: int = 2) -> list[str]:
+    """``text`` in at most ``lines`` lines of at most ``width`` characters, broken at spaces (the last
+    line cut with ``…`` if the text is longer still)."""
+    out: list[str] = []
+    rest = text
+    while rest and len(out) < lines:
+        if len(rest) <= width or len(out) == lines - 1:
+            out.append(rest if len(rest) <= width else rest[: width - 1] + "…")
+            break
+        cut = rest.rfind(" ", 0, width + 1)
+        cut = cut if cut > 0 else width
+        out.append(rest[:cut])
+        rest = rest[cut:].lstrip()
+    return out
+
+
+def _text(x: float, y: float, size: int, lines: list[str], extra: str = "") -> str:
+    """An SVG ``<text>`` of one or more lines, each under the last."""
+    spans = "".join(f'<tspan x="{x:.1f}" dy="{0 if i == 0 else size + 2}">{escape(line)}</tspan>'
+                    for i, line in enumerate(lines))
+    return f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}"{extra}>{spans}</text>'
+
+
 def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequence[float | None]], unit: str,
-              flags: Mapping[str, Sequence[bool]] | None = None) -> str:
+              flags: Mapping[str, Sequence[bool]] | None = None, decimals: int = 1) -> str:
     """Horizontal grouped bars as an SVG string: one group per category, one bar per series.
 
+    The label column is as wide as the longest category needs (up to 440 px; longer ones take two
+    lines), so no label is cut at the chart's edge. ``decimals`` formats the values (0 for counts).
     A bar whose ``flags`` entry is true (a row over its limit) gets a red outline and a ``⚠ over
     limit`` label: a fast bar of a limiter that let too much through is not a win."""
-    label_w, bar_h, gap, width = 340, 13, 10, 1000
-    plot_w = width - label_w - 110
+    bar_h, gap, width = 13, 10, 1000
+    small, big = _CHAR_W[12], _CHAR_W[15]
+    longest = max((len(c) for c in categories), default=0)
+    label_w = int(min(max(160.0, longest * small + 16), 440.0))
+    fit = int((label_w - 16) / small)
+    labels = [_wrap(c, fit) for c in categories]
     n = max(len(series), 1)
     values = [v for vals in series.values() for v in vals if v is not None]
+    flagged_any = any(any(f) for f in (flags or {}).values())
+    longest_value = max((len(f"{v:,.{decimals}f} {unit}") for v in values), default=0) + (13 if flagged_any else 0)
+    plot_w = width - label_w - int(longest_value * (7.0 if flagged_any else 6.4) + 12)
     top = max(values) if values else 1.0
     top = top or 1.0
-    group_h = n * bar_h + gap
+    heading = _wrap(title, int(width / big))
+    head_h = 17 * len(heading)
     legend_h = 24
-    height = 30 + legend_h + len(categories) * group_h + 10
+    y = head_h + 12
+    height = y + legend_h + sum(max(n * bar_h, 14 * len(lines)) + gap for lines in labels) + 10
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-           f'aria-label="{escape(title)}"><text x="0" y="18" font-size="15" font-weight="bold">{escape(title)}</text>']
-    x = label_w
+           f'aria-label="{escape(title)}">' + _text(0, 16, 15, heading, ' font-weight="bold"')]
+    x = float(label_w)
     for i, name in enumerate(series):
-        out.append(f'<rect x="{x}" y="30" width="12" height="12" fill="{_color(name, i)}"/>'
-                   f'<text x="{x + 16}" y="40" font-size="12">{escape(name)}</text>')
-        x += 30 + 8 * len(name)
-    y = 30 + legend_h
-    for ci, cat in enumerate(categories):
-        out.append(f'<text x="{label_w - 8}" y="{y + n * bar_h / 2 + 4}" font-size="12" text-anchor="end">'
-                   f"{escape(cat[:56])}</text>")
+        out.append(f'<rect x="{x:.1f}" y="{y}" width="12" height="12" fill="{_color(name, i)}"/>'
+                   f'<text x="{x + 16:.1f}" y="{y + 10}" font-size="12">{escape(name)}</text>')
+        x += 30 + small * len(name)
+    y += legend_h
+    for ci, lines in enumerate(labels):
+        group_h = max(n * bar_h, 14 * len(lines))
+        first = y + group_h / 2 + 4 - (len(lines) - 1) * 7
+        out.append(_text(label_w - 8, first, 12, lines, ' text-anchor="end"'))
         for si, (name, vals) in enumerate(series.items()):
             v = vals[ci] if ci < len(vals) else None
             by = y + si * bar_h
@@ -69,10 +112,10 @@ def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequen
             mark = " ⚠ over limit" if flagged else ""
             colour = ' fill="#d00" font-weight="bold"' if flagged else ""
             out.append(f'<rect x="{label_w}" y="{by}" width="{w:.1f}" height="{bar_h - 2}" fill="{_color(name, si)}"'
-                       f"{outline}><title>{escape(name)}: {v:,.2f} {escape(unit)}{mark}</title></rect>"
-                       f'<text x="{label_w + w + 4:.1f}" y="{by + 10}" font-size="10"{colour}>{v:,.1f} {escape(unit)}'
-                       f"{mark}</text>")
-        y += group_h
+                       f"{outline}><title>{escape(name)}: {v:,.{2 if decimals else 0}f} {escape(unit)}{mark}</title></rect>"
+                       f'<text x="{label_w + w + 4:.1f}" y="{by + 10}" font-size="10"{colour}>{v:,.{decimals}f} '
+                       f"{escape(unit)}{mark}</text>")
+        y += group_h + gap
     out.append("</svg>")
     return "".join(out)
 
@@ -104,13 +147,13 @@ def _charts(rows: list[Row]) -> list[str]:
                 limited = [lib for lib in libs if lib != "bare"]
                 charts.append(bar_chart(f"{prefix}: admitted (limit {_limits(grows)})", cats,
                                         series(lambda r: None if r.admitted is None else float(r.admitted), limited),
-                                        "admitted", over))
+                                        "admitted", over, decimals=0))
             charts.append(bar_chart(f"{prefix}: throughput", cats, series(lambda r: r.rps, libs), "req/s", over))
             charts.append(bar_chart(f"{prefix}: p99 latency", cats, series(lambda r: r.p99_ms, libs), "ms"))
             limited = [lib for lib in libs if lib != "bare"]
             if limited:
                 charts.append(bar_chart(f"{prefix}: throttled (429) count", cats,
-                                        series(lambda r: float(r.throttled), limited), ""))
+                                        series(lambda r: float(r.throttled), limited), "", decimals=0))
             if group in ("live", "flood"):
                 charts.append(bar_chart(f"{prefix}: server CPU", cats, series(lambda r: r.cpu_pct, libs), "%"))
                 charts.append(bar_chart(f"{prefix}: server RSS", cats, series(lambda r: r.rss_mb, libs), "MB"))
