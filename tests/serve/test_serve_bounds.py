@@ -380,3 +380,44 @@ def test_bounds_options_must_be_positive(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "ratewarden.cli", "serve", str(policy), "--http", f"127.0.0.1:{free_port()}",
                           "--spoe-timeout-idle", "0"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--spoe-timeout-idle must be more than 0" in out.stderr
+
+
+def test_http_a_flood_under_a_256_file_limit_is_refused_not_a_hang(tmp_path: Path) -> None:
+    """The issue's case: ``ulimit -n 256``, 300 unfinished requests. The caps are lowered to fit
+    (``bounds_lowered``), checks meanwhile get an answer at once, and one succeeds once the flood is cut off."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def small_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(CLI_POLICY.replace("{basic}", "5/hour"))
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ratewarden.cli", "serve", str(policy), "--http", f"127.0.0.1:{port}", "--http-timeout", "1"],
+            stdout=subprocess.DEVNULL, stderr=err, preexec_fn=small_limit)
+    held: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 20
+        while b"worker_started" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert b'"event": "bounds_lowered"' in log.read_bytes()
+        for _ in range(300):
+            held.append(_raw(port, b"GET /check HTTP/1.1\r\nHost: x\r\n"))
+        url = f"http://127.0.0.1:{port}/check"
+        during = httpx.get(url, headers={"X-Original-URI": "/api/items"}, timeout=SLACK)
+        assert during.status_code in (200, 503)
+        for sock in held:
+            _answer(sock)  # each one closed by the service: a 408 within --http-timeout, or a 503 at once
+        assert httpx.get(url, headers={"X-Original-URI": "/api/items"}, timeout=SLACK).status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

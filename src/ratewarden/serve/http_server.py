@@ -62,6 +62,7 @@ def bounded_protocol(http: str, *, max_connections: int, timeout: float, max_hea
     class Bounded(base):  # type: ignore[misc]
         """The protocol of one connection, bounded."""
 
+        app: Any
         _timer: asyncio.TimerHandle | None = None
         _waiting: Any = None  # the request cycle current when the timer started (not the one it waits for)
         _in_head = False
@@ -106,7 +107,7 @@ def bounded_protocol(http: str, *, max_connections: int, timeout: float, max_hea
             if size <= max_header_size:
                 super().on_headers_complete()
                 return
-            app: Any = self.app  # a head received whole in one read: answered by uvicorn, 431 and closed
+            app = self.app  # a head received whole in one read: answered by uvicorn, 431 and closed
             self.app = too_large
             try:
                 super().on_headers_complete()

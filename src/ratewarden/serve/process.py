@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -472,6 +472,7 @@ def run(config: ServeConfig) -> int:
     configure_logging(config.log_format, config.log_level)
     try:
         store_url = _check(config)
+        config = fit_open_files(config)
         sock = _bind(*config.http)
         spoe = _bind(*config.spoe) if config.spoe is not None else None
     except (ConfigurationError, OSError, ImportError) as exc:
@@ -510,6 +511,45 @@ def run(config: ServeConfig) -> int:
             asyncio.run(shm.close())
             shm.unlink()
         _event(logging.INFO, "exited", "ratewarden serve exited")
+
+
+#: Open files a worker keeps for itself beside its connections (store, gRPC, listening sockets, logs, metrics).
+_RESERVED_FILES = 64
+
+
+def fit_open_files(config: ServeConfig) -> ServeConfig:
+    """``config`` with connection caps a worker can hold: the open-files soft limit is raised toward
+    the hard one as far as the caps need, and caps still above it are lowered (logged), so a flood of
+    connections is refused by the caps instead of leaving the worker unable to accept (EMFILE).
+
+    Args:
+        config: What to serve.
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return config
+    spoe = config.spoe_max_connections if config.spoe is not None else 0
+    wanted = config.http_max_connections + spoe + _RESERVED_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return config
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if raised > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+    if soft >= wanted:
+        return config
+    room = max(2, soft - _RESERVED_FILES)
+    http = max(1, room * config.http_max_connections // (config.http_max_connections + spoe))
+    fitted = replace(config, http_max_connections=http, spoe_max_connections=max(1, room - http) if spoe else spoe)
+    _event(
+        logging.WARNING, "bounds_lowered", "connection caps lowered to fit the open files limit (ulimit -n)",
+        open_files=soft, http_max_connections=fitted.http_max_connections,
+        spoe_max_connections=fitted.spoe_max_connections if spoe else None,
+    )
+    return fitted
 
 
 def _redacted(url: str) -> str:
