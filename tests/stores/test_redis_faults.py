@@ -21,6 +21,7 @@ from ratewarden.rates import Rate
 from ratewarden.stores.base import StoreError
 from ratewarden.stores.redis import SCRIPT, RedisStore
 from tests.servers import RedisCluster, RedisStandalone, Server
+from tests.timing import Stopwatch
 
 
 @pytest.fixture
@@ -140,16 +141,14 @@ async def test_a_busy_loop_stretches_a_check_to_at_most_two_timeouts(private_red
     try:
         with private_redis.server.paused():
             hogging = asyncio.create_task(hog())
-            started = time.monotonic()
-            with pytest.raises(StoreError, match="no reply within 100 ms"):
+            with Stopwatch() as clock, pytest.raises(StoreError, match="no reply within 100 ms"):
                 await store.hit([key], [limit], [1.0])
-            elapsed = time.monotonic() - started
             stop = True
             await hogging
         # 2 timeouts (0.2 s) plus the loop's own lag, at most 4 blocked passes (0.6 s): 0.75 s
         # measured; re-arming the timer 3 times, as before, took 1.35 s. The bound leaves room for a
         # loaded machine (1.0 failed once in a combined run).
-        assert elapsed < 1.2, elapsed
+        assert clock.within(1.2), clock
     finally:
         await store.close()
 
@@ -213,6 +212,58 @@ def test_closing_a_store_whose_host_never_resolved_does_not_delay_exit(monkeypat
             await store.hit(["rw:{x}:a"], [limit], [1.0])
         await store.close()
 
-    started = time.monotonic()
-    asyncio.run(main())
-    assert time.monotonic() - started < 1.0
+    with Stopwatch() as clock:
+        asyncio.run(main())
+    assert clock.within(1.0), clock
+
+
+def _disconnect_all(store: RedisStore) -> list[object]:
+    """Every connection the store's async client holds (its pool's, or each cluster node's), and the
+    store's own pipeline connections."""
+    conns: list[object] = list(getattr(store._connections, "made", []))
+    client = store._client
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        conns += [*pool._in_use_connections, *pool._available_connections]
+    for node in client.get_nodes() if hasattr(client, "get_nodes") else ():
+        conns += list(node._connections)
+    return conns
+
+
+@pytest.mark.parametrize(("kind", "coalesce"), [("standalone", False), ("cluster", True), ("cluster", False)])
+async def test_a_connection_closed_under_a_call_is_a_store_error(
+    redis_standalone: RedisStandalone, redis_cluster: RedisCluster, kind: str, coalesce: bool
+) -> None:
+    """Connections closed by another task while checks use them (as a failover's reconnects do):
+    redis-py then writes to a writer that is gone (``'NoneType' object has no attribute
+    'writelines'``). Every check fails with the store's ``StoreError``, a closed connection as
+    ``unreachable``, so the failure policy applies; none raises the ``AttributeError``."""
+    url = redis_standalone.url if kind == "standalone" else redis_cluster.url
+    store = RedisStore(url, timeout=0.5, coalesce=coalesce)
+    (limit,) = make_limits("1000000/hour")
+    prefix = uuid.uuid4().hex[:8]
+    failures: list[BaseException] = []
+
+    async def check(i: int) -> None:
+        try:
+            await store.hit([f"rw:{{{prefix}{i % 50}}}:x"], [limit], [1.0])
+        except Exception as exc:
+            failures.append(exc)
+
+    async def close_connections() -> None:
+        for _ in range(100):
+            await asyncio.sleep(0)
+            for conn in _disconnect_all(store):
+                if conn.is_connected:  # type: ignore[attr-defined]
+                    await conn.disconnect(nowait=True)  # type: ignore[attr-defined]
+
+    try:
+        await store.hit([f"rw:{{{prefix}}}:x"], [limit], [1.0])
+        for _ in range(3):
+            await asyncio.gather(close_connections(), *(check(i) for i in range(1000)))
+    finally:
+        await store.close()
+    assert failures, "no check met a closed connection"
+    assert all(isinstance(f, StoreError) for f in failures), {type(f).__name__ for f in failures}
+    closed = [f for f in failures if "writelines" in str(f) or "closed" in str(f).lower()]
+    assert all(f.reason == "unreachable" for f in closed), {(f.reason, str(f)[:120]) for f in closed}  # type: ignore[attr-defined]

@@ -63,7 +63,7 @@ from ._redis import (
     syncredis,
 )
 from .clock import ScriptClock
-from .errors import RESENDS, bad_reply, pool_busy, refused_as_late, store_name
+from .errors import RESENDS, bad_reply, closed_under, pool_busy, refused_as_late, store_name
 from .protocol import SCRIPT, SCRIPT_SHA, Reply, ScriptArgs, decision_at, key_bytes
 from .topology import pool_limit, slot_groups, spans_slots
 
@@ -247,6 +247,11 @@ class BlockingClient:
             raise no_reply(self.name, operation, self.timeout) from exc
         except FAILURES as exc:
             raise client_error(self.name, operation, exc) from exc
+        except AttributeError as exc:  # a connection closed under the call
+            closed = closed_under(exc)
+            if closed is exc:
+                raise
+            raise client_error(self.name, operation, closed) from exc
         finally:
             turns.release()
             if self._closed:  # closed meanwhile, or called after close: leave nothing open

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from ...errors import StoreError
 from ..base import client_error, no_reply
-from ._redis import RedisError, ResponseError
+from ._redis import RedisConnectionError, RedisError, ResponseError
 from .protocol import Reply
 
 __all__ = [
-    "CLIENT_ERRORS", "CONNECTION_ERRORS", "RESENDS", "bad_reply", "pool_busy", "refused_as_late", "store_error",
+    "CLIENT_ERRORS", "CONNECTION_ERRORS", "RESENDS", "bad_reply", "closed_under", "pool_busy", "refused_as_late", "store_error",
     "store_name", "timed_out",
 ]
 
@@ -22,6 +22,22 @@ CLIENT_ERRORS = (RedisError, OSError, RuntimeError)
 
 #: How many times a script refused as late is sent again with a fresh deadline while its caller waits.
 RESENDS = 3
+
+
+def closed_under(exc: AttributeError) -> Exception:
+    """A call on a connection another task closed under it: redis-py then finds its reader or
+    writer gone (``'NoneType' object has no attribute 'writelines'``): a connection error, which
+    the store turns into its ``StoreError`` (``unreachable``). Any other ``AttributeError`` is
+    returned as is (a bug, not the store).
+
+    Args:
+        exc: What the call raised.
+    """
+    if str(exc).startswith("'NoneType' object has no attribute"):
+        error = RedisConnectionError(f"connection closed while in use ({exc})")
+        error.__cause__ = exc
+        return error
+    return exc
 
 
 def refused_as_late(reply: object) -> bool:

@@ -44,7 +44,7 @@ from ...limits import Limit
 from ..deadline import EXTENSIONS, GRACE_PASSES, LATE, rearm_delay
 from .client import Arrivals, arrivals
 from .clock import ScriptClock
-from .errors import RESENDS, refused_as_late, store_error, timed_out
+from .errors import RESENDS, closed_under, refused_as_late, store_error, timed_out
 from .protocol import Reply
 
 __all__ = ["Exchange", "Pipeline"]
@@ -358,7 +358,7 @@ class Pipeline:
         except asyncio.CancelledError:
             pass  # the timer expired: the futures already carry the timeout
         except Exception as exc:
-            error = store_error(self.url, exc)
+            error = store_error(self.url, closed_under(exc) if isinstance(exc, AttributeError) else exc)
             for _, future in items:
                 if not future.done():
                     future.set_exception(error)

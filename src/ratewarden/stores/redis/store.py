@@ -27,6 +27,7 @@ from .errors import (
     CONNECTION_ERRORS,
     RESENDS,
     bad_reply,
+    closed_under,
     pool_busy,
     refused_as_late,
     store_name,
@@ -312,6 +313,11 @@ class RedisStore(Store):
             raise no_reply(repr(self), name, self.timeout) from None
         except self.client_errors as exc:
             raise self.store_error(_OPERATIONS.get(operation, operation), exc) from exc
+        except AttributeError as exc:  # a connection closed under the call
+            closed = closed_under(exc)
+            if closed is exc:
+                raise
+            raise self.store_error(_OPERATIONS.get(operation, operation), closed) from exc
         finally:
             self._busy -= 1
             if self._closed and not self._busy:
