@@ -45,7 +45,7 @@ def describe(func: Callable[..., Any]) -> str:
     Args:
         func: The function.
     """
-    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    name = getattr(func, "__name__", None) or type(func).__name__
     try:
         return f"{name}{inspect.signature(func)}"
     except (TypeError, ValueError):
