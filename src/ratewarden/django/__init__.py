@@ -2,11 +2,13 @@
 ``@limit`` view decorator, for sync views under WSGI and async views under ASGI.
 
 Importing it configures nothing: the ``RATEWARDEN`` setting is read when the middleware or a
-decorated view is first used (``config``). See docs/django.md.
+decorated view is first used (``config``), and checked earlier by ``manage.py check`` (``checks``)
+when ``"ratewarden.django"`` is in ``INSTALLED_APPS``. See docs/django.md.
 """
 
 from __future__ import annotations
 
+from . import checks  # noqa: F401  (registers the RATEWARDEN system check: manage.py check)
 from .config import DjangoConfig, SettingsError, current_config, load_config
 from .decorators import ALL, UNSAFE, limit
 from .keys import KeySpec, django_key

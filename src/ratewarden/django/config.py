@@ -11,6 +11,7 @@ RATEWARDEN = {
     "TRUSTED_PROXIES": [],           # CIDRs whose X-Forwarded-For is believed
     "HEADERS": "always",             # rate-limit headers: "always", "on_limit" or "off"
     "HEADER_STYLE": "both",          # "ietf", "legacy" or "both"
+    "ON_LIMIT": None,                # a view of (request, decision) answering instead of the 429
 }
 ```
 
@@ -21,14 +22,16 @@ A bad value raises ``SettingsError`` (both Django's ``ImproperlyConfigured`` and
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings  # type: ignore[import-untyped]
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
 from django.core.signals import setting_changed  # type: ignore[import-untyped]
+from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
+from ..decision import Decision
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import ClientIP
@@ -36,18 +39,22 @@ from ..keys import client_ip as default_client_ip
 from ..limiter import Limiter
 from ..rules import Rule, RuleSet
 from ..stores.base import Store
-from ..stores.urls import open_store
+from ..stores.urls import check_store_url, open_store
 from .keys import django_key
 
-__all__ = ["SETTING", "DjangoConfig", "SettingsError", "current_config", "load_config"]
+__all__ = ["SETTING", "DjangoConfig", "OnLimit", "SettingsError", "check_config", "current_config", "load_config"]
 
 SETTING = "RATEWARDEN"
 """The name of the Django setting."""
 
 _OPTIONS = (
     "STORE", "RULES", "POLICY", "ON_ERROR", "TRUSTED_PROXIES", "FORWARDED_HEADER", "IPV6_PREFIX",
-    "HEADERS", "HEADER_STYLE", "PREFIX", "ENABLED",
+    "HEADERS", "HEADER_STYLE", "PREFIX", "ENABLED", "ON_LIMIT",
 )
+OnLimit = Callable[[Any, Decision], Any]
+"""``ON_LIMIT``: called with the request and the denying decision; the response it returns (an
+``HttpResponse``; under ASGI it may be ``async def``) is sent instead of the 429, ``None`` keeps the 429."""
+
 _RULE_FIELDS = ("path", "rate", "key", "methods", "algorithm", "name", "cost", "bypass", "shadow")
 
 
@@ -66,6 +73,7 @@ class DjangoConfig:
         client_ip: The ``ip`` key, with ``TRUSTED_PROXIES``.
         headers: ``HEADERS``: when to send the rate-limit headers.
         header_style: ``HEADER_STYLE``: which rate-limit headers.
+        on_limit: ``ON_LIMIT``: what answers instead of the 429 (``None``: the 429).
     """
 
     limiter: Limiter
@@ -73,6 +81,7 @@ class DjangoConfig:
     client_ip: ClientIP
     headers: HeaderMode
     header_style: HeaderStyle
+    on_limit: OnLimit | None = None
 
 
 def _error(option: str, message: str) -> SettingsError:
@@ -95,6 +104,32 @@ def _store(value: object) -> Store:
         return open_store(value)
     except ConfigurationError as exc:
         raise _error("STORE", str(exc)) from None
+
+
+def _check_store(value: object) -> None:
+    """``_store`` without opening anything (``check_config``)."""
+    if isinstance(value, Store):
+        return
+    if not isinstance(value, str):
+        _store(value)  # raises
+    try:
+        check_store_url(str(value))
+    except ConfigurationError as exc:
+        raise _error("STORE", str(exc)) from None
+
+
+def _on_limit(value: object) -> OnLimit | None:
+    if value is None:
+        return None
+    found = value
+    if isinstance(value, str):
+        try:
+            found = import_string(value)
+        except ImportError as exc:
+            raise _error("ON_LIMIT", f"cannot import {value!r} ({exc})") from None
+    if not callable(found):
+        raise _error("ON_LIMIT", f"must be a function of (request, decision) or its dotted path, got {value!r}")
+    return found
 
 
 def _client_ip(values: Mapping[str, Any]) -> ClientIP:
@@ -176,6 +211,20 @@ def load_config(values: object) -> DjangoConfig:
     Args:
         values: The setting (a dict; ``None`` means every default).
     """
+    return cast("DjangoConfig", _read(values, open_store=True))
+
+
+def check_config(values: object) -> None:
+    """Raise ``SettingsError`` for what ``load_config`` would refuse, without opening the store
+    (the ``manage.py check`` system check, ``checks.py``).
+
+    Args:
+        values: The setting (a dict; ``None`` means every default).
+    """
+    _read(values, open_store=False)
+
+
+def _read(values: object, *, open_store: bool) -> DjangoConfig | None:
     if values is None:
         values = {}
     if not isinstance(values, Mapping):
@@ -199,8 +248,12 @@ def load_config(values: object) -> DjangoConfig:
     rules = [_rule(item, index, client_ip) for index, item in enumerate(raw_rules)]
     if values.get("POLICY") is not None:
         rules.extend(_policy_rules(values["POLICY"]))
+    on_limit = _on_limit(values.get("ON_LIMIT"))
+    if not open_store:
+        _check_store(values.get("STORE", "memory://"))
+        return None
     limiter = Limiter(_store(values.get("STORE", "memory://")), prefix=prefix, on_error=on_error, enabled=enabled)
-    return DjangoConfig(limiter, RuleSet(rules, limiter.prefix) if rules else None, client_ip, headers, style)
+    return DjangoConfig(limiter, RuleSet(rules, limiter.prefix) if rules else None, client_ip, headers, style, on_limit)
 
 
 _lock = threading.Lock()

@@ -77,7 +77,8 @@ def limit(
     """Limit a view: ``@limit("10/m", key="user_or_ip")`` on a function, or
     ``@method_decorator(limit(...), name="dispatch")`` on a class-based view.
 
-    Over the limit the view is not called and the answer is a 429 (problem+json, ``Retry-After``);
+    Over the limit the view is not called and the answer is a 429 (problem+json, ``Retry-After``), or
+    the response of the ``ON_LIMIT`` setting;
     with ``block=False`` the view is called with ``request.limited = True`` and decides itself.
     Allowed responses get the rate-limit headers. A store failure follows ``ON_ERROR``.
 
@@ -155,7 +156,8 @@ def limit(
             outcome: Outcome = (None, None)
             if checker.enabled:
                 wanted, style = mode(config)
-                outcome = await outcome_async(checker, rules, request, wanted, style, rules[0].policy)
+                on_limit = config.on_limit if block else None
+                outcome = await outcome_async(checker, rules, request, wanted, style, rules[0].policy, on_limit)
             answer = finish(request, outcome, config)
             if answer is not None:
                 return answer
@@ -182,7 +184,8 @@ def limit(
             outcome: Outcome = (None, None)
             if checker.enabled:
                 wanted, style = mode(config)
-                outcome = outcome_sync(checker, rules, request, wanted, style, rules[0].policy)
+                on_limit = config.on_limit if block else None
+                outcome = outcome_sync(checker, rules, request, wanted, style, rules[0].policy, on_limit)
             answer = finish(request, outcome, config)
             if answer is not None:
                 return answer

@@ -8,15 +8,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..decision import Decision
+from ..enforcement.answers import limited_headers
 from ..enforcement.blocking import check_blocking
 from ..enforcement.check import LimitUnavailable, check_rules
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
 from ..rules import CompiledRule
+from .config import OnLimit
 from .responses import too_many_requests, unavailable
 from .scope import REQUEST_KEY, request_scope
 
-__all__ = ["Outcome", "check_async", "check_sync", "outcome_async", "outcome_sync", "refusal"]
+__all__ = ["Outcome", "check_async", "check_sync", "custom_refusal", "outcome_async", "outcome_sync", "refusal"]
 
 Outcome = tuple[Decision | None, Any]
 """The decision (``None``: none made) and the response to send instead of the view's (``None``: call it)."""
@@ -69,8 +71,36 @@ def refusal(decision: Decision | None, headers: HeaderMode, style: HeaderStyle, 
     return too_many_requests(decision, style, headers != "off", policy)
 
 
+def custom_refusal(answer: Any, decision: Decision, headers: HeaderMode, style: HeaderStyle, policy: bytes | None) -> Any:
+    """``ON_LIMIT``'s response with the 429's ``Retry-After`` and rate-limit headers added where it
+    has none of that name; ``None`` when it answered ``None`` (the 429 is sent).
+
+    Args:
+        answer: What ``ON_LIMIT`` returned.
+        decision: The denying decision.
+        headers: When rate-limit headers are sent (``"off"``: ``Retry-After`` only).
+        style: Which rate-limit headers.
+        policy: The ``RateLimit-Policy`` value of every limit that applied.
+    """
+    if answer is None:
+        return None
+    if hasattr(answer, "__await__"):
+        getattr(answer, "close", lambda: None)()
+        raise TypeError(
+            "RATEWARDEN['ON_LIMIT'] returned an awaitable in a sync request: give a plain function "
+            "(async def works under ASGI only)"
+        )
+    present = getattr(answer, "headers", None)
+    if present is not None:
+        for name, value in limited_headers(decision, style, headers != "off", policy):
+            text = name.decode("latin-1")
+            if text not in present:
+                present[text] = value.decode("latin-1")
+    return answer
+
+
 def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, headers: HeaderMode,
-                 style: HeaderStyle, policy: bytes | None) -> Outcome:
+                 style: HeaderStyle, policy: bytes | None, on_limit: OnLimit | None = None) -> Outcome:
     """The check of ``check_sync`` and what to answer: the 429, the fail-closed 503, or ``None``.
 
     Args:
@@ -80,16 +110,21 @@ def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, 
         headers: When rate-limit headers are sent.
         style: Which rate-limit headers.
         policy: The ``RateLimit-Policy`` value of every limit that applied.
+        on_limit: Answers instead of the 429 (``ON_LIMIT``); ``None``: the 429.
     """
     try:
         decision = check_sync(limiter, rules, request)
     except LimitUnavailable as exc:
         return None, unavailable(exc)
+    if on_limit is not None and decision is not None and not decision.allowed:
+        answer = custom_refusal(on_limit(request, decision), decision, headers, style, policy)
+        if answer is not None:
+            return decision, answer
     return decision, refusal(decision, headers, style, policy)
 
 
 async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, headers: HeaderMode,
-                        style: HeaderStyle, policy: bytes | None) -> Outcome:
+                        style: HeaderStyle, policy: bytes | None, on_limit: OnLimit | None = None) -> Outcome:
     """``outcome_sync`` for async code.
 
     Args:
@@ -99,9 +134,17 @@ async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request
         headers: When rate-limit headers are sent.
         style: Which rate-limit headers.
         policy: The ``RateLimit-Policy`` value of every limit that applied.
+        on_limit: Answers instead of the 429 (``ON_LIMIT``; may be ``async def``); ``None``: the 429.
     """
     try:
         decision = await check_async(limiter, rules, request)
     except LimitUnavailable as exc:
         return None, unavailable(exc)
+    if on_limit is not None and decision is not None and not decision.allowed:
+        answer = on_limit(request, decision)
+        if hasattr(answer, "__await__"):
+            answer = await answer
+        answer = custom_refusal(answer, decision, headers, style, policy)
+        if answer is not None:
+            return decision, answer
     return decision, refusal(decision, headers, style, policy)

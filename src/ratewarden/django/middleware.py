@@ -52,7 +52,9 @@ class RateLimitMiddleware:
         if not rules or not config.limiter.enabled:
             return self.get_response(request)
         policy = policy_of(rules)
-        decision, answer = outcome_sync(config.limiter, rules, request, config.headers, config.header_style, policy)
+        decision, answer = outcome_sync(
+            config.limiter, rules, request, config.headers, config.header_style, policy, config.on_limit
+        )
         if answer is not None:
             return answer
         return self._allowed(self.get_response(request), decision, config, policy)
@@ -63,7 +65,9 @@ class RateLimitMiddleware:
         if not rules or not config.limiter.enabled:
             return await self.get_response(request)
         policy = policy_of(rules)
-        decision, answer = await outcome_async(config.limiter, rules, request, config.headers, config.header_style, policy)
+        decision, answer = await outcome_async(
+            config.limiter, rules, request, config.headers, config.header_style, policy, config.on_limit
+        )
         if answer is not None:
             return answer
         return self._allowed(await self.get_response(request), decision, config, policy)
