@@ -72,7 +72,7 @@ class VariantSpec:
 
 VARIANTS: Mapping[str, VariantSpec] = {v.key: v for v in (
     VariantSpec("haproxy", "HAProxy, no limiting", "haproxy", "none"),
-    VariantSpec("haproxy-native", "HAProxy stick tables + map file (seed 003)", "haproxy", "native"),
+    VariantSpec("haproxy-native", "HAProxy stick tables + map file (HAProxy's own limiting)", "haproxy", "native"),
     VariantSpec("haproxy-ratewarden", "HAProxy + ratewarden (Lua httpclient -> /check)", "haproxy", "ratewarden",
                 "lua"),
     VariantSpec("haproxy-floor", "HAProxy + the same Lua -> fixed-200 service (floor)", "haproxy", "floor", "lua"),
@@ -607,7 +607,7 @@ def targets(report: GatewayReport) -> list[dict[str, Any]]:
         out.append(entry(f"HAProxy + ratewarden ({path}): added p99", "<= 1 ms over HAProxy without limiting", 1.0,
                          "ms", added_p99, ours_row=ours, floor_row=floor))
         out.append(entry(f"HAProxy + ratewarden ({path}): average latency",
-                         "<= 1.25x HAProxy without limiting (seed: 6.99x)", 1.25, "x", avg_ratio,
+                         "<= 1.25x HAProxy without limiting (HAProxy's Lua set-up: 6.99x)", 1.25, "x", avg_ratio,
                          ours_row=ours, floor_row=floor))
     for protocol, floors in CAPACITY_FLOORS.items():
         for floor_name in floors:
@@ -742,7 +742,7 @@ def _meta_lines(report: GatewayReport) -> list[str]:
 
 
 def markdown(report: GatewayReport) -> str:
-    parts = ["# Gateways: seed 003", "", _method(report), "", *_meta_lines(report), "", "## Targets", "", _md(target_table(report.targets)),
+    parts = ["# Gateways: HAProxy and nginx", "", _method(report), "", *_meta_lines(report), "", "## Targets", "", _md(target_table(report.targets)),
              "", "## Latency through the gateway (median / min over the rounds)", "",
              _md(variant_table(report)), ""]
     for v in report.variants:
@@ -782,8 +782,8 @@ def html(report: GatewayReport) -> str:
         charts.append(bar_chart("Service capacity: decisions/s per worker (median)",
                                 [f"{c.protocol} · {c.server}" for c in caps],
                                 {"req/s": [c.stat()[1] for c in caps]}, "req/s"))  # type: ignore[index]
-    parts = [f"<!doctype html><html><head><meta charset=utf-8><title>Gateways: seed 003</title><style>{_CSS}</style>"
-             f"</head><body><h1>Gateways: seed 003</h1><p>{escape(_method(report))}</p>",
+    parts = [f"<!doctype html><html><head><meta charset=utf-8><title>Gateways: HAProxy and nginx</title><style>{_CSS}</style>"
+             f"</head><body><h1>Gateways: HAProxy and nginx</h1><p>{escape(_method(report))}</p>",
              "<ul class=meta>" + "".join(f"<li>{escape(line[2:])}</li>" for line in _meta_lines(report)) + "</ul>",
              "<h2>Targets</h2>", _html_table(target_table(report.targets)),
              "<h2>Latency through the gateway</h2>", _html_table(variant_table(report))]
