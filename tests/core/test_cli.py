@@ -58,3 +58,20 @@ def test_bench_help_states_each_default_once(capsys: pytest.CaptureFixture[str])
     assert "--quick: ratewarden,traffik,slowapi,bare) (default" not in out  # not a second default
     assert "(default: bench-results)" in out  # a default the help does not state is still added
     assert "seed" not in out  # no internal words
+
+
+def test_demo_serves_the_readme_example_and_explains_the_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    """Real HTTP to uvicorn: /api/hello's 100/min (the README's) holds, its 429's t is its
+    Retry-After, and the output says what q, w, r and t are."""
+    pytest.importorskip("uvicorn")
+    assert main(["demo", "--concurrency", "4"]) == 0
+    out = capsys.readouterr().out
+    api = out.split("GET /api/hello", 1)[1].split("GET /items", 1)[0]
+    assert "(100/min per client IP, middleware rule, sliding_window): 110 requests" in api
+    allowed = int(api.split("allowed ", 1)[1].split(",", 1)[0])
+    assert 100 <= allowed <= 102  # a burst across a minute boundary may see one unit fade
+    assert 'RateLimit-Policy: "/api/**";q=100;w=60' in api
+    t = api.split(";t=", 1)[1].split()[0]
+    assert f"Retry-After: {t}" in api  # on a 429, t is when a request fits again
+    assert "GET /items  (10/s per client IP, route dependency, fixed_window): 20 requests" in out
+    assert "q is the limit and w its window in seconds" in out and "t the" in out
