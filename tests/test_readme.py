@@ -100,3 +100,21 @@ def test_wsgi_example_answers_off_its_route(capsys: pytest.CaptureFixture[str]) 
     assert capsys.readouterr().out.splitlines()[-1] == "('200 OK', b'hello, no limit')"
     status, headers, body = ns["get"]("/other/deeper")
     assert (status, body) == ("200 OK", b"hello, no limit") and "retry-after" not in headers
+
+
+def test_install_line_names_every_extra_and_the_description_every_door() -> None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the policy extra's tomli
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    install = " ".join(text.split("Install: `pip install ratewarden`", 1)[1].split("\n\n", 1)[0].split())
+    for extra in project["optional-dependencies"]:
+        if extra != "dev":
+            assert f"`{extra}`" in install, extra
+    assert any("gunicorn" in dep for dep in project["optional-dependencies"]["wsgi"])
+    intro = " ".join(text.split("## Set-up", 1)[0].split())
+    for door in ("ASGI", "WSGI", "Flask", "Django", "FastAPI", "gateways"):
+        assert door in intro and door.lower() in project["description"].lower(), door
