@@ -22,6 +22,8 @@ from ratewarden.fastapi.routes import edge_layer
 from ratewarden.limiter import MAX_KEY_LENGTH, storage_key
 from ratewarden.rules import MAX_CACHED_PATH, CompiledRule
 from ratewarden.types import Scope
+from ratewarden.wsgi import RateLimitMiddleware as WSGIMiddleware
+from ratewarden.wsgi import scope as wsgi_scope
 from tests.core.asgi import Reply, call, http_scope, request
 from tests.vectors.runner import FakeClock
 
@@ -129,6 +131,33 @@ async def test_long_paths_do_not_fill_the_match_cache(limiter: Limiter, methods:
     assert [r.status for r in replies] == [200, 200, 429]
     assert (await request(app, "/api/./" + big(1))).status == 429  # and normalised like any other
     assert (await request(app, "/other/" + big(1))).status == 200
+
+
+# --- the WSGI scope's header names ---------------------------------------------------------------
+
+
+def test_long_header_names_do_not_fill_the_wsgi_name_cache(limiter: Limiter) -> None:
+    """1,000 distinct 64 KB header names (under the 1,024 entries the cache holds) left 128 MB in the
+    name cache; it now holds 4 MiB at most."""
+
+    def ok(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [])
+        return [b""]
+
+    app = WSGIMiddleware(ok, limiter=limiter, rules=[Rule("/api/**", "2/min", key=api_key)])
+    statuses: list[str] = []
+    wsgi_scope._names.clear()
+    with Growth() as growth:
+        for i in range(1000):
+            environ = {
+                "REQUEST_METHOD": "GET", "PATH_INFO": "/api/x", "REMOTE_ADDR": "10.2.0.1",
+                "HTTP_X_API_KEY": f"client-{i}", "HTTP_X_" + big(i).upper(): "1",
+            }
+            list(app(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+    assert statuses == ["200 OK"] * 1000
+    assert cached_chars(wsgi_scope._names) <= 1024 * 1024, "the name cache holds the clients' long names"
+    assert growth.kept < 8 * 1024 * 1024, f"kept {growth.kept / 2**20:.0f} MB"  # was about 128 MB
+    assert "HTTP_X_API_KEY" in wsgi_scope._names  # short names are still cached
 
 
 # --- the FastAPI edge cache -----------------------------------------------------------------------

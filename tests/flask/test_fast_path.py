@@ -4,12 +4,14 @@ answered before Flask is byte for byte the one the ``before_request`` hook would
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import pytest
 from flask import Blueprint, Flask, jsonify
 
 from ratewarden import Limiter, MemoryStore
+from ratewarden.caches import size_of
 from ratewarden.decision import Decision
 from ratewarden.flask import RateLimiter, RateLimitExceeded
 from ratewarden.flask import extension as extension_module
@@ -180,3 +182,27 @@ def test_remembered_routes_keep_methods_hosts_and_unrouted_paths_apart(charges: 
     assert [client.post("/m").status_code for _ in range(2)] == [200, 429]
     assert client.post("/m", base_url="http://other.example").status_code == 429  # one counter per client
     assert charges == {"fast": 3, "hook": 0}
+
+
+def test_long_hosts_do_not_fill_the_remembered_routes(charges: dict[str, int]) -> None:
+    """4,000 distinct 64 KB Host headers left 260 MB in the remembered routes (each remembered as
+    unrouted); they now hold 4 MiB at most (``caches.remember``)."""
+    app, _ = limited_app()
+    client = app.test_client()
+    assert client.get("/v").status_code == 200  # the app's first request: routes are remembered from now
+    (check,) = [app.wsgi_app]
+    assert isinstance(check, fast_module.FastCheck)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(4000):
+            host = f"h{i:08d}." + "x" * (64 * 1024 - 16)
+            assert client.get("/v", headers={"Host": host}).status_code == 400  # werkzeug: not a host name
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    held = sum(size_of(route) for route in check._routes)
+    assert held <= 4 << 20, f"the remembered routes hold {held / 2**20:.0f} MB"
+    # was about 260 MB; what remains is urllib's and werkzeug's own caches (128 entries each)
+    assert kept < 48 << 20, f"kept {kept / 2**20:.0f} MB"
+    assert [client.get("/v").status_code for _ in range(3)] == [200, 200, 429]

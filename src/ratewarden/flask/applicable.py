@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..caches import remember
 from ..rules import CompiledRule
 from ..types import Scope
 from .declared import Declared, Registry, ScopeTest
 from .settings import Settings
 
 __all__ = ["APPLICATION", "AppState", "Applicable"]
+
+_CACHE_LIMIT = 4096  # (endpoint, method) pairs remembered, 4 MiB at most (``caches.remember``)
 
 APPLICATION = "application"
 """The counter's name of the application limits (one counter across the app)."""
@@ -81,7 +84,7 @@ class AppState:
         found = self._cache.get(cache_key)
         if found is None:
             found = self._resolve(endpoint, view, blueprints() if endpoint is not None else (), method)
-            self._cache[cache_key] = found
+            remember(self._cache, cache_key, found, _CACHE_LIMIT)  # the method is the client's text
         return found
 
     def _resolve(

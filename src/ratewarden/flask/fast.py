@@ -22,6 +22,7 @@ from flask import signals as flask_signals
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import RequestRedirect
 
+from ..caches import remember
 from ..context import context_for
 from ..decision import Decision
 from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection, unavailable_answer
@@ -62,7 +63,7 @@ _TOO_MANY = "429 TOO MANY REQUESTS"
 _UNAVAILABLE_STATUS = "503 SERVICE UNAVAILABLE"
 _BAD_REQUEST = "400 BAD REQUEST"
 _UNAVAILABLE_TEXT = tuple(_text_headers(UNAVAILABLE_HEADERS))
-_ROUTES = 4096  # routes remembered (then forgotten at once: paths with variable parts are unbounded)
+_ROUTES = 4096  # routes remembered, 4 MiB at most (``caches.remember``: paths with variable parts are unbounded)
 _PROBE = RateLimitExceeded.__new__(RateLimitExceeded)  # only its type is read by _find_error_handler
 _SIGNALS = (
     flask_signals.request_started, flask_signals.request_finished, flask_signals.request_tearing_down,
@@ -218,9 +219,7 @@ class FastCheck:
                 return self._routes[route]
         plan = self._route(environ, configured)
         if route is not None and getattr(app, "_got_first_request", False):  # routes and hooks are final now
-            if len(self._routes) >= _ROUTES:
-                self._routes = {}
-            self._routes[route] = plan
+            remember(self._routes, route, plan, _ROUTES)
         return plan
 
     def _route(self, environ: Environ, configured: object) -> _Plan | None:
@@ -243,7 +242,7 @@ class FastCheck:
             return self._plans[key]
         plan = self._resolve(endpoint, method)
         if getattr(app, "_got_first_request", False):  # the app's hooks and handlers are final now
-            self._plans[key] = plan
+            remember(self._plans, key, plan, _ROUTES)  # the method is the client's text
         return plan
 
     def _resolve(self, endpoint: str, method: str) -> _Plan | None:

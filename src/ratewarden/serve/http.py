@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from ..caches import remember
 from ..context import STATE_KEY
 from ..errors import ConfigurationError
 from ..headers import HeaderStyle
@@ -262,9 +263,7 @@ class ServeApp:
         if found is None:
             address = _address(caller)
             found = address is not None and any(ipaddress.ip_address(address) in n for n in self.trusted)
-            if len(self._trust_cache) >= _CACHE_LIMIT:
-                self._trust_cache.clear()
-            self._trust_cache[caller] = found
+            remember(self._trust_cache, caller, found, _CACHE_LIMIT)
         return found
 
     def _client(self, scope: Scope, headers: dict[bytes, bytes], stated: str | None = None) -> str | None:
@@ -286,9 +285,7 @@ class ServeApp:
             address = cache.get(candidate, _MISSING)
             if address is _MISSING:
                 address = _address(candidate)
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cache[candidate] = address
+                remember(cache, candidate, address, _CACHE_LIMIT)  # the header's text: bytes bounded too
             if address is not None:
                 return address
         return caller

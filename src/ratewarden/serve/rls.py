@@ -270,7 +270,7 @@ class RateLimitService:
         key = self._keys.get(cache_key, "")
         if not key:
             key = storage_key(self.limiter.prefix, self._namespace(domain), _entries_key(entries, shared), limit.suffix)
-            remember(self._keys, cache_key, key, 65536)
+            remember(self._keys, cache_key, key, 16_384, 16 << 20)  # 1 KiB an entry at most
         return _Plan(index, "counted", current, limit, key, float(cost), shadow, period), name
 
     def _namespace(self, domain: str) -> str:

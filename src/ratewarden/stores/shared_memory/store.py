@@ -169,7 +169,7 @@ class SharedMemoryStore(Store):
         digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
         high, low = DIGEST.unpack(digest)
         where = (digest, low, seg.regions[high % seg.stripes])
-        remember(self._where, key, where, 65_536)
+        remember(self._where, key, where, 65_536, 32 << 20)  # 512 bytes an entry at most
         return where
 
     def _slot(self, seg: Segment, key: str) -> Slot:
