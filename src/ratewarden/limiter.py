@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Literal
@@ -34,6 +35,7 @@ from .store_health import (
     without_store_totals,
 )
 from .stores.base import Store, StoreError
+from .stores.insurance import Ledger
 from .stores.memory import MemoryStore
 
 # Storage keys (storage_keys.py) and the store's health (store_health.py) are imported from here
@@ -54,6 +56,11 @@ Fallback = Store | Literal["local"] | None
 OUTAGE_GAP = 60.0
 #: Seconds between two log lines about checks decided without the store (per limiter).
 LOG_INTERVAL = 1.0
+#: Keys the insurance limiter remembers having seeded in an outage (emptied whole when full: a key
+#: seeded again is only brought down to its share, never up).
+SEEDED = 16_384
+#: ``Limiter.store_failing``'s default: a failed check this recent (seconds) means the store fails.
+FAILING_FOR = 5.0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -70,9 +77,14 @@ class Limiter:
         fallback: The insurance limiter: under ``on_error="open"``, a check the store fails
             (``StoreError``) is decided by this local store instead, with the same keys, limits and
             costs, so an outage limits per process instead of not at all. ``"local"`` (the default)
-            is a ``MemoryStore()`` of this limiter's own (none for a store that is itself local);
-            ``None`` lets such checks through unchecked (``Limiter.hit`` raises the ``StoreError``).
-            Its counts are never copied to the store: once the store answers, it decides again.
+            is a ``MemoryStore()`` of this limiter's own (none for a ``MemoryStore``, which cannot
+            fail); ``None`` lets such checks through unchecked (``Limiter.hit`` raises the
+            ``StoreError``). A key starts from what the store last said was left for it (a remote
+            store's ``ledger``), this process's share of it (``workers``); what it admits is
+            charged to the store by the first check that succeeds once the store answers again.
+        workers: How many processes share the store's limits (each has its own insurance limiter,
+            which admits ``1/workers`` of what is left); the default ``None`` reads the
+            ``WEB_CONCURRENCY`` environment variable (uvicorn's, gunicorn's), else 1.
     """
 
     def __init__(
@@ -83,6 +95,7 @@ class Limiter:
         on_error: FailurePolicy = "open",
         enabled: bool = True,
         fallback: Fallback = "local",
+        workers: int | None = None,
     ) -> None:
         if on_error not in ("open", "closed"):
             raise ConfigurationError(f"on_error must be 'open' or 'closed', got {on_error!r}")
@@ -104,7 +117,7 @@ class Limiter:
         if isinstance(fallback, str):
             if fallback != "local":
                 raise ConfigurationError(f"fallback must be a local store, 'local' or None, got {fallback!r}")
-            self._owns_fallback = not self.store.local
+            self._owns_fallback = not isinstance(self.store, MemoryStore)
             self.fallback = MemoryStore() if self._owns_fallback else None
         elif isinstance(fallback, Store):
             fallback.require("local", "Limiter(fallback=...)")
@@ -113,6 +126,10 @@ class Limiter:
             raise TypeError(
                 f"fallback must be a local store (e.g. MemoryStore()), 'local' or None, got {_type_name(fallback)}: {fallback!r}"
             )
+        self.workers = _workers(workers)
+        # Keys the insurance limiter has seeded in this outage: key -> monotonic time the seed ends.
+        self._seeded: dict[str, float] = {}
+        self._last_error: StoreError | None = None
         # Checks decided without the store: by reason (``without_store``), and what was logged.
         self._without: dict[str, int] = dict.fromkeys((*FAILURE_REASONS, "local_limiter"), 0)
         self._logged: dict[str, int] = dict(self._without)
@@ -196,24 +213,70 @@ class Limiter:
         self._without[reason] += 1
         count_without_store(reason)
         now = time.monotonic()
-        if now - self._last_failure >= OUTAGE_GAP and self._owns_fallback:
-            self.fallback = MemoryStore()  # a new outage: nothing carried over from the last one
+        if now - self._last_failure >= OUTAGE_GAP:
+            self._seeded.clear()
+            if self._owns_fallback:
+                self.fallback = MemoryStore()  # a new outage: nothing carried over from the last one
         self._last_failure = now
+        self._last_error = error
         if self._batch_start < 0:
             self._batch_start = now
         decision: Decision | None = None
         fallback = self.fallback
         if fallback is not None and self.on_error == "open":
+            ledger = _ledger_of(self.store)
             try:
+                self._seed(fallback, ledger, keys, limits, now)
                 decision = fallback.hit_now(keys, limits, costs)
             except Exception as exc:  # the insurance limiter cannot decide either: as without one
                 log.warning("insurance limiter failed: %s: %s", type(exc).__name__, exc)
             else:
                 self._without["local_limiter"] += 1
                 count_without_store("local_limiter")
+                if decision.allowed and ledger is not None:
+                    ledger.owe(keys, limits, costs, decision)
         if now - self._logged_at >= LOG_INTERVAL:
             self._log_without_store(now, error)
         return decision
+
+    def _seed(self, fallback: Store, ledger: Ledger | None, keys: Sequence[str], limits: Sequence[Limit], now: float) -> None:
+        """Bring each key's count on the insurance limiter down to this process's share of what is
+        left, once per key and window of an outage: what the store last said was left for the key
+        (``ledger``; else the whole limit), divided among ``workers``. A key already at or below
+        its share is left as it is."""
+        seeded = self._seeded
+        workers = self.workers
+        for key, limit in zip(keys, limits, strict=False):
+            if seeded.get(key, 0.0) > now:
+                continue
+            left = ledger.last_remaining(key, now) if ledger is not None else None
+            if left is None and workers == 1:  # the whole limit: nothing to bring down
+                remember(seeded, key, now + limit.rate.period, SEEDED)
+                continue
+            share = (limit.rate.limit if left is None else max(0, left)) // workers
+            (current,) = fallback.peek_now((key,), (limit,))
+            until = current.reset_after
+            if current.remaining > share and fallback.supports("adjust"):
+                (current,) = fallback.adjust_now((key,), (limit,), (current.remaining - share,))
+                until = current.reset_after
+            remember(seeded, key, now + (until if until > 0 else limit.rate.period), SEEDED)
+
+    def store_failing(self, within: float = FAILING_FOR) -> StoreError | None:
+        """The store's last failure, when a check failed in the last ``within`` seconds and the
+        store has not answered one since (a remote store's ``ledger`` knows); else ``None``.
+        ``ratewarden serve``'s ``/healthz`` asks it: a store can fail on checks while a read of
+        one key still answers (a corrupt shared-memory table, a Cluster shard without a primary).
+
+        Args:
+            within: Seconds a failure counts for.
+        """
+        error = self._last_error
+        if error is None or time.monotonic() - self._last_failure > within:
+            return None
+        ledger = _ledger_of(self.store)
+        if ledger is not None and ledger.answered_at > self._last_failure:
+            return None
+        return error
 
     def _log_without_store(self, now: float, error: StoreError) -> None:
         """One line for the checks decided without the store since the last line."""
@@ -345,12 +408,18 @@ class Limiter:
         keys = self.keys_for(key, limits, namespace)
         if self.fallback is not None:
             await self.fallback.reset(keys)
+        ledger = _ledger_of(self.store)
+        if ledger is not None:
+            ledger.forget(keys)
         await self.store.reset(keys)
 
     async def clear(self) -> None:
         """Forget every key (e.g. between tests), the insurance limiter's too."""
         if self.fallback is not None:
             await self.fallback.clear()
+        ledger = _ledger_of(self.store)
+        if ledger is not None:
+            ledger.forget()
         await self.store.clear()
 
     async def close(self) -> None:
@@ -434,6 +503,22 @@ class Limiter:
         """Close the store and stop the sync facade's loop thread."""
         self._sync_loop.run(self.store.close())
         self._sync_loop.stop()
+
+
+def _workers(workers: int | None) -> int:
+    """``Limiter(workers=...)``, checked; ``None``: ``WEB_CONCURRENCY`` when it is a positive integer, else 1."""
+    if workers is None:
+        text = os.environ.get("WEB_CONCURRENCY", "").strip()
+        return int(text) if text.isdigit() and int(text) > 0 else 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigurationError(f"workers must be a positive integer (the processes sharing the store), got {workers!r}")
+    return workers
+
+
+def _ledger_of(store: Store) -> Ledger | None:
+    """The ledger of the store behind ``store``'s wrappers, if it keeps one (``RedisStore``, ``MemcachedStore``)."""
+    ledger = getattr(innermost(store), "ledger", None)
+    return ledger if isinstance(ledger, Ledger) else None
 
 
 def _type_name(value: object) -> str:

@@ -375,3 +375,26 @@ async def test_envoy_json_endpoint(tmp_path: Path) -> None:
     codes = Counter((a.status_code, a.json()["overallCode"]) for a in answers)
     assert codes == {(200, "OK"): 10, (429, "OVER_LIMIT"): 5}  # as envoyproxy/ratelimit's /json answers
     assert bad.status_code == 400
+
+
+async def test_corrupt_shared_memory_table_is_limited_and_healthz_says_so(tmp_path: Path) -> None:
+    """A shared-memory table whose body was overwritten fails every check: the insurance limiter
+    decides them (3 of 20 against 3/hour, not 20), and ``/healthz`` says 503 with the reason."""
+    from ratewarden.stores import SharedMemoryStore
+    from ratewarden.stores.shared_memory import segment_path
+    from ratewarden.stores.shared_memory.layout import HEADER_SIZE
+
+    store = SharedMemoryStore("serve-corrupt", max_keys=100, directory=tmp_path)
+    limiter = Limiter(store)
+    path = segment_path("serve-corrupt", tmp_path)
+    async with await _client(_app(limiter=limiter)) as c:
+        assert (await c.get("/healthz")).status_code == 200
+        with open(path, "r+b") as f:
+            f.seek(HEADER_SIZE)
+            f.write(b"\xff" * (path.stat().st_size - HEADER_SIZE))
+        statuses = [(await c.get("/check", headers=_original("/api/a"))).status_code for _ in range(20)]
+        health = await c.get("/healthz")
+    await limiter.close()
+    assert statuses == [200] * 3 + [429] * 17  # the anonymous group: 3/hour
+    assert limiter.without_store()["local_limiter"] == 20
+    assert health.status_code == 503 and "store" in health.text and "error" in health.text, health.text

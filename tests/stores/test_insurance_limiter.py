@@ -5,9 +5,11 @@ timeout), a limiter under ``on_error="open"`` decides each check with its own lo
 ``MemoryStore``: ``N`` requests against a limit of ``L`` admit exactly ``L``, through the
 middleware, the policy middleware, the FastAPI dependency (the edge) and ``Limiter.hit``. With
 ``fallback=None`` they all pass (``Limiter.hit`` raises); under ``on_error="closed"`` they get 503.
-Once the server is back the store decides again. Every check decided without the store is counted
-by reason (``Limiter.without_store``, ``ratewarden_checks_without_store_total``) and logged at most
-once a second, with the count since the previous line.
+Once the server is back the store decides again, charged first with what was admitted without it;
+an outage starts from what the store last said was left, split among the workers. Every check
+decided without the store is counted by reason (``Limiter.without_store``,
+``ratewarden_checks_without_store_total``) and logged at most once a second, with the count since
+the previous line.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from ratewarden.metrics import Metrics
 from ratewarden.policy import PolicyMiddleware
 from ratewarden.stores.base import client_error, failure_reason, no_reply
 from ratewarden.stores.breaker import Breaker
+from ratewarden.stores.memcached import MemcachedStore
 from ratewarden.stores.redis import RedisStore
 from tests.core.asgi import request
-from tests.servers import RedisStandalone
+from tests.servers import Memcached, RedisStandalone
 
 LIMIT = 5
 REQUESTS = 12
@@ -114,19 +117,21 @@ async def test_middleware_admits_exactly_the_limit_while_the_store_fails(server:
         assert (await request(app, "/x")).status == 200  # the store decides: 1 used on the server
         with fault(server, kind):
             statuses = [(await request(app, "/x")).status for _ in range(REQUESTS)]
-        assert statuses == [200] * LIMIT + [429] * (REQUESTS - LIMIT)
+        # The insurance limiter starts from what the store last said was left: LIMIT - 1.
+        assert statuses == [200] * (LIMIT - 1) + [429] * (REQUESTS - LIMIT + 1)
         reason = "unreachable" if kind == "down" else "timeout"
         assert limiter.without_store() == {
             "timeout": 0, "unreachable": 0, "error": 0, "local_limiter": REQUESTS, "over_limit_cache": 0,
             reason: REQUESTS,
         }
-        # Back: the store decides again, from its own counts (the local ones are not copied to it).
+        # Back: the store decides again, charged first with what was admitted without it.
         await answering(limiter)
         before = await remaining_on_the_store(limiter, CLIENT, rule)
         assert before == (LIMIT if kind == "down" else LIMIT - 1)  # a killed server lost its data
-        statuses = [(await request(app, "/x")).status for _ in range(before + 1)]
-        assert statuses == [200] * before + [429]
-        assert await remaining_on_the_store(limiter, CLIENT, rule) == 0  # its counts grew
+        statuses = [(await request(app, "/x")).status for _ in range(3)]
+        # What the killed server lost (1) is all that is admitted again.
+        assert statuses == ([200, 429, 429] if kind == "down" else [429] * 3)
+        assert await remaining_on_the_store(limiter, CLIENT, rule) == 0
         assert limiter.without_store()["local_limiter"] == REQUESTS  # nothing more decided without it
     finally:
         await limiter.close()
@@ -146,9 +151,11 @@ async def test_limiter_hit_admits_exactly_the_limit_while_the_store_fails(server
         assert counts["local_limiter"] == REQUESTS + 1
         assert counts["unreachable" if kind == "down" else "timeout"] == REQUESTS + 1
         await answering(limiter)
-        assert await remaining_on_the_store(limiter, "client") == LIMIT  # nothing charged on the store
-        assert (await limiter.hit("client", RATE)).allowed
-        assert await remaining_on_the_store(limiter, "client") == LIMIT - 1  # the store decides again
+        assert await remaining_on_the_store(limiter, "client") == LIMIT  # nothing charged on the store yet
+        # The first check the store answers charges it first with what was admitted without it.
+        assert not (await limiter.hit("client", RATE)).allowed
+        assert await remaining_on_the_store(limiter, "client") == 0
+        assert await remaining_on_the_store(limiter, "other") == LIMIT - 1
     finally:
         await limiter.close()
 
@@ -363,3 +370,107 @@ def test_store_error_reasons() -> None:
     assert failure_reason(StoreError("x", reason="timeout")) == "timeout"
     copy = pickle.loads(pickle.dumps(StoreError("gone", reason="unreachable")))
     assert (str(copy), copy.reason) == ("gone", "unreachable")
+
+
+# -- an outage costs what was left, and is charged back (issue 28, finding 8) ------------------
+
+
+SEEDED_RATE = "20/hour"
+
+
+@pytest.mark.parametrize("kind", ["down", "paused"])
+async def test_an_outage_admits_what_the_store_had_left_split_among_workers(server: RedisStandalone, kind: str) -> None:
+    """12 of 20 used on the store, then it fails: each of 2 workers' insurance limiters starts from
+    the store's last answer (8 left) and admits its half, 4, not a whole new limit of 20. Once the
+    store answers, the first check charges it those 4 first (the same pipeline)."""
+    limiter = new_limiter(server, workers=2)
+    try:
+        await answering(limiter)
+        assert all([(await limiter.hit("client", SEEDED_RATE)).allowed for _ in range(12)])
+        with fault(server, kind):
+            outage = [(await limiter.hit("client", SEEDED_RATE)).allowed for _ in range(20)]
+        assert outage.count(True) == 4 and outage[:4] == [True] * 4
+        await answering(limiter)
+        assert (await limiter.hit("client", SEEDED_RATE)).allowed
+        # The store counts what was admitted without it: 12 + 4 + 1 (a killed server lost its 12).
+        limits = limiter.limits(SEEDED_RATE)
+        (decision,) = await limiter.store.peek(limiter.keys_for("client", limits), limits)
+        left = decision.remaining
+        assert left == (20 - 4 - 1 if kind == "down" else 20 - 12 - 4 - 1)
+    finally:
+        await limiter.close()
+
+
+async def test_a_denied_key_stays_denied_through_an_outage(server: RedisStandalone) -> None:
+    """The store's last answer was a denial (0 left): the insurance limiter admits nothing more."""
+    limiter = new_limiter(server)
+    try:
+        await answering(limiter)
+        assert [(await limiter.hit("client", RATE)).allowed for _ in range(LIMIT + 1)] == [True] * LIMIT + [False]
+        with fault(server, "paused"):
+            assert not any([(await limiter.hit("client", RATE)).allowed for _ in range(REQUESTS)])
+    finally:
+        await limiter.close()
+
+
+def test_the_blocking_path_seeds_and_charges_back(server: RedisStandalone) -> None:
+    """``hit_blocking`` (WSGI apps, threads) notes the store's answers and settles what is owed, as
+    ``hit`` does: the store restarted empty ends at exactly what was admitted over the outage."""
+    limiter = new_limiter(server)
+    store = limiter.store
+    (limit,) = limiter.limits(SEEDED_RATE)
+    keys = limiter.keys_for("client", [limit])
+
+    def check() -> bool:
+        try:
+            return store.hit_blocking(keys, [limit], [1.0]).allowed
+        except StoreError as exc:
+            decision = limiter.decide_without_store(exc, keys, [limit], [1.0])
+            assert decision is not None
+            return decision.allowed
+
+    try:
+        assert all(check() for _ in range(15))
+        with fault(server, "down"):
+            outage = [check() for _ in range(10)]
+        assert outage == [True] * 5 + [False] * 5
+        deadline = time.monotonic() + 10
+        while True:  # the restarted server accepts again
+            try:
+                back = store.hit_blocking(keys, [limit], [1.0])
+                break
+            except StoreError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert back.allowed  # the killed server lost the 15: only the 5 are charged back, after this check
+        assert store.peek_blocking(keys, [limit])[0].remaining == 20 - 1 - 5
+    finally:
+        limiter.close_sync()
+
+
+async def test_memcached_outage_is_seeded_and_charged_back(memcached_server: Memcached) -> None:
+    """The same on memcached: 8 of 20 left at its last answer, 8 admitted while it is down, and the
+    restarted (empty) memcached charged those 8 by the first check it answers."""
+    limiter = Limiter(MemcachedStore(memcached_server.url, timeout=0.05), prefix=f"i{uuid.uuid4().hex[:10]}")
+    limits = limiter.limits(SEEDED_RATE)
+    keys = limiter.keys_for("client", limits)
+    try:
+        assert all([(await limiter.hit("client", SEEDED_RATE)).allowed for _ in range(12)])
+        memcached_server.server.stop()
+        try:
+            outage = [(await limiter.hit("client", SEEDED_RATE)).allowed for _ in range(20)]
+        finally:
+            memcached_server.server.start()
+        assert outage == [True] * 8 + [False] * 12
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert (await limiter.store.hit(keys, limits, [1.0])).allowed
+                break
+            except StoreError:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        (decision,) = await limiter.store.peek(keys, limits)
+        assert decision.remaining == 20 - 1 - 8
+    finally:
+        await limiter.close()

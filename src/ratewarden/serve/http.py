@@ -425,17 +425,21 @@ class ServeApp:
         await _send(send, int(status), [(b"content-type", b"application/json")], bytes(payload))
 
     async def _healthz(self, send: Send) -> None:
-        """200 ``ok`` when a configuration is loaded and the store answers, else 503 and why."""
+        """200 ``ok`` when a configuration is loaded, the store answers and no check failed on it
+        lately (``Limiter.store_failing``), else 503 and why."""
         if self.policy_app is None and self.rls is None:
             await _send_text(send, 503, "no configuration loaded\n")
             return
         store = innermost(self.limiter.store)
-        if not store.local:
-            limits = self.limiter.limits("1/s")
-            error = await probe_store(store, self.limiter.keys_for("ratewarden:healthz", limits), limits, 2.0)
-            if error is not None:
-                await _send_text(send, 503, f"store unavailable: {store_problem(error)}\n")
-                return
+        limits = self.limiter.limits("1/s")
+        error = await probe_store(store, self.limiter.keys_for("ratewarden:healthz", limits), limits, 2.0)
+        if error is not None:
+            await _send_text(send, 503, f"store unavailable: {store_problem(error)}\n")
+            return
+        error = self.limiter.store_failing()
+        if error is not None:
+            await _send_text(send, 503, f"store failing (checks failed on it lately): {store_problem(error)}\n")
+            return
         await _send_text(send, 200, "ok\n")
 
     async def _metrics(self, send: Send) -> None:

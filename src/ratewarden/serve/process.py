@@ -277,7 +277,7 @@ class Worker:
 
     def __init__(self, config: ServeConfig, store_url: str) -> None:
         self.config = config
-        self.limiter = Limiter(open_store(store_url), on_error=config.on_error)
+        self.limiter = Limiter(open_store(store_url), on_error=config.on_error, workers=config.workers)
         self.metrics = _metrics() if config.metrics else None
         policy = load_policy(config.policy) if config.policy is not None else None
         self.rls = _rate_limit_service(_load_envoy(config.envoy), self.limiter, config) if config.envoy else None

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 from ...decision import Decision
 from ...limits import Limit
 from ..base import Store, StoreError, combine, no_reply
+from ..insurance import Ledger
 from ..rejections import RejectionCache
 from .cas import adjusted_write, backoff, evaluate, peek_decisions, writes
 from .encoding import decode, expiry, memcached_key
@@ -92,6 +93,7 @@ class Blocking(Store):
     cas_conflicts: int
     _client: Any  # the async client: ``closed`` once the store is closed
     _rejections: RejectionCache
+    ledger: Ledger
 
     def _init_blocking(self, host: str, port: int, size: int) -> None:
         """Remember where the synchronous connections go; nothing is opened before a check."""
@@ -124,7 +126,7 @@ class Blocking(Store):
         client = self._sync_take(held)
         handed: _Interrupted | None = None
         try:
-            return self._sync_check(client, keys, mkeys, limits, costs, epoch)
+            decision = self._sync_check(client, keys, mkeys, limits, costs, epoch)
         except _Interrupted as exc:
             handed = exc
             raise self._sync_failed(exc.__cause__ or exc) from exc.__cause__
@@ -132,6 +134,11 @@ class Blocking(Store):
             raise self._sync_failed(exc) from exc
         finally:
             self._sync_give(held, client, handed)
+        ledger = self.ledger
+        ledger.note_check(keys, limits, decision)
+        if ledger.owed:
+            ledger.settle_blocking(self)
+        return decision
 
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """``peek`` in the calling thread: one ``get`` of every key, charging nothing.

@@ -17,6 +17,7 @@ from ...decision import Decision
 from ...errors import ConfigurationError
 from ...limits import Limit
 from ..base import no_reply
+from ..insurance import Ledger
 from ..rejections import RejectionCache
 from ..urls import parse_store_url
 from ._aiomcache import ClientException
@@ -88,6 +89,9 @@ class MemcachedStore(Batches, Blocking):
         self._silent_at = -1  # ``_heard.count`` when a command last timed out (-1: not silent)
         self._silence = None  # resolved when a command times out
         self.cas_conflicts = 0  # lost compare-and-swap races (retried)
+        #: The last answer per key, and what a limiter's insurance limiter admitted during an outage
+        #: (charged back by the first check that succeeds after it).
+        self.ledger = Ledger()
         self._init_blocking(host, port, size)  # hit_blocking's own synchronous client (pymemcache)
 
     def __repr__(self) -> str:
@@ -116,9 +120,15 @@ class MemcachedStore(Batches, Blocking):
             if cached is not None:
                 return cached
         if len(keys) == 1:
-            return await self._coalesced(keys[0], limits[0], costs[0])
-        mkeys = [memcached_key(k) for k in keys]
-        return await self._run(mkeys, lambda: self._cas_hit(keys, mkeys, limits, costs), "hit")
+            decision = await self._coalesced(keys[0], limits[0], costs[0])
+        else:
+            mkeys = [memcached_key(k) for k in keys]
+            decision = await self._run(mkeys, lambda: self._cas_hit(keys, mkeys, limits, costs), "hit")
+        ledger = self.ledger
+        ledger.note_check(keys, limits, decision)
+        if ledger.owed:
+            await ledger.settle(self)
+        return decision
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Charge (positive) or refund (negative) ``amounts[i]`` on ``keys[i]`` without a limit

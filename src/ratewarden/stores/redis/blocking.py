@@ -176,6 +176,7 @@ class BlockingClient:
             raise bad_reply(self.url, reply) from exc
         if not decision.allowed and self.store.cache_rejections and 0 < decision.retry_after < math.inf:
             rejected.remember(keys[index], costs[index], sent_at + decision.retry_after, decision, epoch, sent_at)
+        self.store.ledger.note(keys[index], decision)
         return decision
 
     def _hit_across_slots(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:

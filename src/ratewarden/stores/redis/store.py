@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import time
@@ -17,6 +18,7 @@ from ...errors import ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine, no_reply
 from ..deadline import wait_for_store
+from ..insurance import Ledger
 from ..rejections import Denials
 from ..urls import parse_store_url
 from .blocking import BlockingClient, read_decisions
@@ -125,6 +127,9 @@ class RedisStore(Store):
         # key: (until, cost, decision), shared with hit_blocking's threads (``rejections.Denials``)
         self._rejected = Denials()
         self._loop_hits = 0  # checks the event loop answered from the cache (threads: _rejected.thread_hits)
+        #: The last answer per key, and what a limiter's insurance limiter admitted during an outage
+        #: (charged back by the first check that succeeds after it).
+        self.ledger = Ledger()
         # hit_blocking's synchronous client (redis-py's), built on its first check
         self._blocking = BlockingClient(
             cfg, timeout=self.timeout, connect_timeout=connect, pool_size=self.pool_size, clock=clock,
@@ -149,7 +154,11 @@ class RedisStore(Store):
             return await self._hit_across_slots(keys, limits, costs)
         epoch = rejected.epoch
         sent_at = self._now()
-        reply = await self._request("h", keys, limits, costs)
+        ledger = self.ledger
+        if ledger.owed and self.coalesce:
+            reply = await self._hit_charging_back(keys, limits, costs)
+        else:
+            reply = await self._request("h", keys, limits, costs)
         try:
             index = reply[5]
             limit = limits[index]  # decoded inline, not by decision_at: the hot path
@@ -160,13 +169,42 @@ class RedisStore(Store):
             raise bad_reply(self.url, reply) from exc
         if not decision.allowed and self.cache_rejections and 0 < decision.retry_after < math.inf:
             rejected.remember(keys[index], costs[index], sent_at + decision.retry_after, decision, epoch, sent_at)
+        ledger.note(keys[index], decision)
+        if ledger.owed:  # not coalescing: charged back after the check
+            await ledger.settle(self)
         return decision
+
+    def _hit_charging_back(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Awaitable[Reply]:
+        """The check, after what the insurance limiter admitted during an outage (``ledger``): the
+        charges are queued first, into the same pipeline, so the store counts them before this
+        check and the others sent with it; if the pipeline fails, they stay owed."""
+        owed, owed_limits, amounts, untils = self.ledger.take()
+        self._rejected.invalidate(owed)
+        for idx in slot_groups(owed, self._cluster) if owed else ():
+            charge = (
+                [owed[i] for i in idx], [owed_limits[i] for i in idx], [amounts[i] for i in idx], [untils[i] for i in idx]
+            )
+            future = self._pipeline.request("a", charge[0], charge[1], charge[2])
+            future.add_done_callback(functools.partial(self._charged_back, charge))
+        return self._request("h", keys, limits, costs)
+
+    def _charged_back(
+        self, charge: tuple[list[str], list[Limit], list[float], list[float]], future: asyncio.Future[Reply]
+    ) -> None:
+        """A charge-back's reply: a failed one stays owed (``ledger``); either way the keys' cached
+        rejections go (the count changed, or may have)."""
+        self._rejected.invalidate(charge[0])
+        if future.cancelled() or future.exception() is not None:
+            self.ledger.owe_again(*charge)
 
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         """``hit`` for synchronous code, on redis-py's synchronous client in the calling thread (the
         same script, keys, deadline and failures; see ``blocking``), answering from the rejection
         cache first and filling it, as ``hit`` does."""
-        return self._blocking.hit(keys, limits, costs)
+        decision = self._blocking.hit(keys, limits, costs)
+        if self.ledger.owed:
+            self.ledger.settle_blocking(self)
+        return decision
 
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """``peek`` on the synchronous client (``blocking``): one script call (per slot)."""
