@@ -23,7 +23,11 @@ DEFAULT_BYTES: Final = 4 << 20
 
 def size_of(value: object) -> int:
     """The bytes an entry's key or value owns: strings and bytes, numbers, and tuples of them, as
-    ``sys.getsizeof`` counts them; any other object is shared (a plan, a limit) and counts 0."""
+    ``sys.getsizeof`` counts them; any other object is shared (a plan, a limit) and counts 0.
+
+    Args:
+        value: A cache entry's key or value.
+    """
     if isinstance(value, (str, bytes, int, float)):
         return sys.getsizeof(value)
     if isinstance(value, tuple):
