@@ -41,9 +41,10 @@ BanStatus = Literal[403, 429]
 
 log = logging.getLogger("ratewarden.policy.bans")
 
-# Reads a ban state: with one unit per second and a burst of one, a zero-cost GCRA check reports
-# reset_after = until - now for any stored (until,).
-_UNTIL = Limit(Rate(1, 1.0), "gcra", "ban")
+# Reads a ban state: with a burst of one, a zero-cost GCRA check reports reset_after = until - now
+# for any stored (until,). The period is longer than any ban, so a ban never reads as a state "a
+# period ahead of the clock" (a clock stepped back) and dropped.
+_UNTIL = Limit(Rate(1, float(2**31)), "gcra", "ban")
 _UNTIL_LIST = [_UNTIL]
 _LEVELS = 1000  # offences a key can accumulate (far past max_duration anyway)
 # Longer keys are not cached (their bans are read from the store each time): the cache's memory
