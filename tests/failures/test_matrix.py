@@ -38,6 +38,7 @@ from tests.failures.harness import (
     cluster_ok,
     memory_backend,
 )
+from tests.timing import Stopwatch
 
 FAULT_REQUESTS = 3  # requests sent while the fault lasts
 TIMEOUT = 0.1  # store timeout (Redis standalone, Sentinel, Memcached)
@@ -157,13 +158,12 @@ async def run_fault(
             tasks = [asyncio.ensure_future(driver.attempt(client)) for _ in range(FAULT_REQUESTS)]
             await asyncio.sleep(0.02)
             assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
-            started = time.perf_counter()
-            for t in tasks:
-                t.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            elapsed = time.perf_counter() - started
+            with Stopwatch() as clock:
+                for t in tasks:
+                    t.cancel()
+                results = await asyncio.gather(*tasks, return_exceptions=True)
             assert all(isinstance(r, asyncio.CancelledError) for r in results), results
-            assert elapsed < SLACK, f"cancelled checks took {elapsed:.3f}s to end"
+            assert clock.within(SLACK), f"cancelled checks took too long to end: {clock}"
             return []
         # Held until every request sent during the fault is answered, or clearly hangs.
         pending = [asyncio.ensure_future(timed(driver.attempt(client))) for _ in range(FAULT_REQUESTS)]
@@ -206,7 +206,7 @@ async def test_cell(
             waiters = await driver.before_fault()
         calls = driver.calls
         failures_before = check_failures(metrics)
-        with caplog.at_level(logging.INFO, logger="ratewarden"):
+        with caplog.at_level(logging.INFO, logger="ratewarden"), Stopwatch() as clock:
             timings = await run_fault(driver, backend, fault, boom, waiters, bound, a)
         waiter_timings = timings[FAULT_REQUESTS:]
         timings = timings[:FAULT_REQUESTS]
@@ -215,11 +215,11 @@ async def test_cell(
 
         # Never a 500, never a crash.
         assert not [o for o in outcomes + [o for o, _ in waiter_timings] if o.startswith("error")], (outcomes, waiter_timings)
-        # Never a hang past the bound.
+        # Never a hang past the bound (plus what a busy machine made the fault's requests wait for a core).
         slowest = max((t for _, t in timings), default=0.0)
-        assert slowest < bound, f"a request took {slowest:.3f}s (bound {bound:.3f}s): {timings}"
+        assert slowest < bound + clock.waited, f"a request took {slowest:.3f}s (bound {bound:.3f}s, {clock}): {timings}"
         for _, elapsed in waiter_timings:
-            assert elapsed < MAX_WAIT + bound, f"the delayed request took {elapsed:.3f}s"
+            assert elapsed < MAX_WAIT + bound + clock.waited, f"the delayed request took {elapsed:.3f}s ({clock})"
         if fault.mode == "hold":
             if backend.fallback and not boom:
                 # The breaker's local fallback decides: limiting goes on, per process.

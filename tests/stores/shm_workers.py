@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
 from typing import Any
 
 from ratewarden.algorithms import ALGORITHMS
@@ -13,6 +12,7 @@ from ratewarden.limits import Limit
 from ratewarden.rates import Rate
 from ratewarden.stores.memory import MemoryStore
 from ratewarden.stores.shared_memory import SharedMemoryStore
+from tests.timing import Stopwatch
 from tests.vectors.runner import FakeClock
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)
@@ -139,11 +139,11 @@ def final_check(name: str, directory: str, out: Any) -> None:
     """Open the table after the chaos and do one check of every kind."""
     store = SharedMemoryStore(name, max_keys=1000, directory=directory)
     limit = Limit(Rate(5, 60.0), "gcra")
-    start = time.monotonic()
-    store.hit_now(["rw:{final}"], [limit], [1.0])
-    store.peek_now(["rw:{final}"], [limit])
-    store.reset_now(["rw:{final}"])
-    out.put(time.monotonic() - start)
+    with Stopwatch() as clock:
+        store.hit_now(["rw:{final}"], [limit], [1.0])
+        store.peek_now(["rw:{final}"], [limit])
+        store.reset_now(["rw:{final}"])
+    out.put(clock)
 
 
 def die_at(point: str, store: SharedMemoryStore, action: Any) -> None:
