@@ -261,15 +261,15 @@ def test_quick_floods_once_on_the_first_shared_store(tmp_path: Path) -> None:
 
 
 def test_explicit_values_are_kept_whatever_the_mode(tmp_path: Path) -> None:
-    """``--quick`` shortens only what was not given: an explicit ``--iterations 3`` or
-    ``--duration 10`` (the plain defaults) stays as given."""
+    """``--quick`` shortens only what was not given: an explicit ``--iterations 5`` or
+    ``--duration 10`` (a plain default) stays as given."""
     quick = cli._plan(_args("--quick", "--out", str(tmp_path)))
     assert not isinstance(quick, str)
-    assert (quick[0].iterations, quick[0].duration, quick[0].flood_duration) == (5, 2.0, 2.0)
-    told = cli._plan(_args("--quick", "--iterations", "3", "--duration", "10", "--flood-duration", "3",
+    assert (quick[0].iterations, quick[0].duration, quick[0].flood_duration) == (3, 2.0, 2.0)
+    told = cli._plan(_args("--quick", "--iterations", "5", "--duration", "10", "--flood-duration", "3",
                            "--out", str(tmp_path)))
     assert not isinstance(told, str)
-    assert (told[0].iterations, told[0].duration, told[0].flood_duration) == (3, 10.0, 3.0)
+    assert (told[0].iterations, told[0].duration, told[0].flood_duration) == (5, 10.0, 3.0)
     plain = cli._plan(_args("--scenario", "flood", "--out", str(tmp_path)))
     assert not isinstance(plain, str)
     assert (plain[0].iterations, plain[0].flood_duration) == (3, 3.0)
