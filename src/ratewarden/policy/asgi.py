@@ -28,7 +28,7 @@ from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .bans import Bans
-from .core import PolicyCore, policy_in_rules, refund_amounts, refunded
+from .core import PolicyCore, listed, policy_in_rules, refund_amounts, refunded
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -154,7 +154,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
                 if ctx.ban_key is not None:
                     await self._strike(ctx)
                 group = ctx.group if rt.show_group else ""
-                body, headers = rejection(decision, self.header_style, self.headers != "off", None, group)
+                body, headers = rejection(decision, self.header_style, self.headers != "off", listed(ctx), group)
                 return 429, headers, body
         extra, settle = self._answer_headers(ctx)
         if settle:
@@ -209,11 +209,11 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         with_rate_headers = self.headers != "off"
         if self.on_limit is not None:
             answer = self.on_limit(scope, decision)
-            await send_on_limit(answer, scope, receive, send, decision, self.header_style, with_rate_headers)
+            await send_on_limit(answer, scope, receive, send, decision, self.header_style, with_rate_headers, listed(ctx))
             return
         # The default 429 with this middleware's extra body fields: ``remaining`` and the caller's ``group``.
         group = ctx.group if ctx.runtime.show_group else ""
-        await send_limited(send, decision, self.header_style, with_rate_headers, None, group)
+        await send_limited(send, decision, self.header_style, with_rate_headers, listed(ctx), group)
 
     async def _strike(self, ctx: PolicyContext) -> None:
         """Count a refusal toward the client's ban (``ctx.ban_key`` is set when bans are on)."""

@@ -21,7 +21,7 @@ from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
 from ..metrics import Metrics
-from ..rules import CompiledRule, Rule, RuleSet
+from ..rules import CompiledRule, Rule, RuleSet, policy_of
 from ..types import Scope
 from .admin import Operations
 from .bans import Bans
@@ -32,7 +32,7 @@ from .runtime import Plan, Runtime
 from .schema import Policy
 from .tiers import PolicyRule
 
-__all__ = ["PolicyCore", "ban_answer", "owner", "policy_in_rules", "refund_amounts", "refunded"]
+__all__ = ["PolicyCore", "ban_answer", "listed", "owner", "policy_in_rules", "refund_amounts", "refunded"]
 
 log = logging.getLogger("ratewarden")
 _PLAN_CACHE_LIMIT = 4096
@@ -107,6 +107,13 @@ def refund_amounts(rule: CompiledRule, scope: Scope) -> list[float]:
         scope: The request's scope, for a cost function.
     """
     return [-c for c in rule_costs(rule, scope)]
+
+
+def listed(ctx: PolicyContext) -> bytes:
+    """The ``RateLimit-Policy`` value of the request: every limit of the rules it was charged to
+    (a tiered rule's as its caller's group), as ``RateLimitMiddleware`` lists them."""
+    rules = ctx.rules
+    return policy_of(rules if isinstance(rules, tuple) else tuple(rules))
 
 
 class PolicyCore(Operations):
@@ -298,7 +305,10 @@ class PolicyCore(Operations):
         """What serving adds: the rate-limit and shadow headers, and whether after-response charges
         are to be settled."""
         decision = ctx.decision
-        extra = rate_limit_headers(decision, self.header_style) if decision is not None and self.headers == "always" else []
+        extra = (
+            rate_limit_headers(decision, self.header_style, listed(ctx))
+            if decision is not None and self.headers == "always" else []
+        )
         if ctx.would_deny is not None or ctx.shadow:
             extra = [*extra, *self._shadow_headers(ctx)]
         return extra, ctx.plan.charged and decision is not None and ctx.would_deny is None

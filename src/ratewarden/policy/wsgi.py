@@ -37,7 +37,7 @@ from ..rules import CompiledRule, Rule, RuleSet
 from ..types import Scope
 from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans
-from .core import PolicyCore, policy_in_rules, refund_amounts, refunded
+from .core import PolicyCore, listed, policy_in_rules, refund_amounts, refunded
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -272,7 +272,7 @@ class WSGIPolicyMiddleware(PolicyCore):
             except Exception as exc:
                 log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
         group = ctx.group if ctx.runtime.show_group else ""
-        body, headers = rejection(decision, self.header_style, self.headers != "off", None, group)
+        body, headers = rejection(decision, self.header_style, self.headers != "off", listed(ctx), group)
         start_response(_STATUS_LINES[429], _text(headers))
         return [body]
 

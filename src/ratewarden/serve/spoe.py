@@ -5,8 +5,8 @@ as a NOTIFY frame (``spoe.conf``'s ``check`` message: ``method``, ``uri``, ``hea
 ``req.hdrs_bin`` and ``ip``), many in flight at once; the agent answers each with an ACK setting
 transaction variables: ``status`` (200, 429, 403, or 503 when the store is down under
 ``--on-error closed``), the rate-limit headers (``ratelimit``, ``ratelimit_policy``,
-``x_ratelimit_limit``, ``x_ratelimit_remaining``, ``x_ratelimit_reset``, ``retry_after``) and, for a
-refusal, its problem+json ``body``. The decision is ``ServeApp.decide``'s, the one ``/check``
+``x_ratelimit_limit``, ``x_ratelimit_remaining``, ``x_ratelimit_reset``, ``retry_after``, and
+``ratelimit_shadow`` when a shadow limit would have refused) and, for a refusal, its problem+json ``body``. The decision is ``ServeApp.decide``'s, the one ``/check``
 makes: the same policy, tiers, bans and counts.
 
 No connection per check and no HTTP to parse: the cheapest way for HAProxy to ask a service.
@@ -64,7 +64,7 @@ MIN_FRAME_SIZE = 256
 MAX_BUFFERED = 1024 * 1024
 #: The answer's headers set as variables (``-`` becomes ``_`` in the variable's name).
 _KEPT = (b"ratelimit", b"ratelimit-policy", b"x-ratelimit-limit", b"x-ratelimit-remaining", b"x-ratelimit-reset",
-         b"retry-after")
+         b"retry-after", b"ratelimit-shadow")
 _VARIABLES = {name: name.decode().replace("-", "_") for name in _KEPT}
 _PLAIN_TEXT = "text/plain; charset=utf-8"
 

@@ -1,0 +1,435 @@
+"""The doors of the conformance matrix: each builds its own configuration from a case's rules,
+sends the case's request through a real client of that door, and returns what came back.
+
+HTTP doors are spoken to with httpx (``ASGITransport``/``WSGITransport``: the whole app, in
+process), ``ratewarden serve``'s HTTP API through uvicorn on a loopback port, gRPC with the
+published Envoy API's client, and SPOE over a raw socket with the SPOP client of
+``tests/serve/test_spoe.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import re
+import socket
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ratewarden import Decision, Limit, Limiter, MemoryStore, RateLimitMiddleware, Rule, RuleSet
+from ratewarden.errors import StoreError
+from ratewarden.keys import KeyFunc, client_ip, header, query_param
+from ratewarden.policy import PolicyMiddleware, WSGIPolicyMiddleware, parse_policy
+from ratewarden.rates import parse_rates
+from ratewarden.serve.http import ServeApp
+from ratewarden.wsgi import RateLimitMiddleware as WSGIRateLimitMiddleware
+
+from .cases import NOW, TRACKED, Case
+
+Answer = tuple[int, dict[str, str]]  # status, the TRACKED headers present
+
+
+def frozen() -> float:
+    return NOW
+
+
+class FailingStore(MemoryStore):
+    """Every check fails, as an unreachable store's would."""
+
+    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        raise StoreError("down", reason="unreachable")
+
+    def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
+        raise StoreError("down", reason="unreachable")
+
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        raise StoreError("down", reason="unreachable")
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        raise StoreError("down", reason="unreachable")
+
+
+def store_for(case: Case) -> MemoryStore:
+    return FailingStore(clock=frozen) if case.failing_store else MemoryStore(clock=frozen)
+
+
+def limiter_for(store: MemoryStore, case: Case) -> Limiter:
+    return Limiter(store, on_error="closed" if case.failing_store else "open")
+
+
+def charged(store: MemoryStore, case: Case) -> dict[str, int]:
+    """Units charged to each rate of the case's rules, summed over every key the store holds."""
+    out: dict[str, int] = {}
+    keys = list(store._data)
+    for spec in case.rules:
+        if spec.bypass:
+            continue
+        for text, rate in zip(spec.rate.split(";"), parse_rates(spec.rate), strict=True):
+            limit = Limit(rate, "fixed_window")
+            mine = [k for k in keys if k.endswith(limit.suffix)]
+            used = sum(limit.quota - d.remaining for d in store.peek_now(mine, [limit] * len(mine)))
+            if used:
+                out[text.strip()] = out.get(text.strip(), 0) + int(used)
+    return out
+
+
+def tracked(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in headers:
+        name = name.lower()
+        if name in TRACKED:
+            out[name] = value if name not in out else f"{out[name]}, {value}"
+    return out
+
+
+def url(case: Case) -> str:
+    return case.path + (f"?{case.query}" if case.query else "")
+
+
+# -- configurations ----------------------------------------------------------------------------------
+
+
+def key_function(spec: str) -> KeyFunc:
+    kind, _, arg = spec.partition(":")
+    if kind == "header":
+        return header(arg)
+    if kind == "query":
+        return query_param(arg)
+    return client_ip
+
+
+def rules_of(case: Case) -> list[Rule]:
+    out = []
+    for spec in case.rules:
+        if spec.bypass:
+            out.append(Rule(spec.path, bypass=True, name=spec.name))
+            continue
+        out.append(Rule(
+            spec.path, spec.rate, key=key_function(spec.key), algorithm="fixed_window",
+            methods=spec.methods or None, name=spec.name, cost=spec.cost, shadow=spec.shadow,
+        ))
+    return out
+
+
+def policy_text(case: Case) -> str:
+    lines = ["version = 1", ""]
+    for spec in case.rules:
+        lines += ["[[rules]]", f"name = {json.dumps(spec.name)}", f"path = {json.dumps(spec.path)}"]
+        if spec.bypass:
+            lines += ["bypass = true", ""]
+            continue
+        rates = [r.strip() for r in spec.rate.split(";")]
+        lines += [f"rate = {json.dumps(rates if len(rates) > 1 else rates[0])}", f"key = {json.dumps(spec.key)}",
+                  'algorithm = "fixed_window"', f"cost = {spec.cost}"]
+        if spec.methods:
+            lines.append(f"methods = {json.dumps(list(spec.methods))}")
+        if spec.shadow:
+            lines.append("shadow = true")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def django_rules(case: Case) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for spec in case.rules:
+        rule: dict[str, Any] = {"path": spec.path, "name": spec.name}
+        if spec.bypass:
+            rule["bypass"] = True
+        else:
+            kind, _, arg = spec.key.partition(":")
+            rule.update(rate=spec.rate, algorithm="fixed_window", cost=spec.cost, shadow=spec.shadow,
+                        key={"query": f"get:{arg}", "header": spec.key}.get(kind, "ip"))
+            if spec.methods:
+                rule["methods"] = list(spec.methods)
+        out.append(rule)
+    return out
+
+
+# -- the apps behind the middleware --------------------------------------------------------------------
+
+
+async def asgi_ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"" if scope["method"].upper() == "HEAD" else b"ok"})
+
+
+def wsgi_ok(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"ok"]
+
+
+def asgi_method(app: Any, method: str) -> Any:
+    """``app`` seeing ``method`` as the server gave it (httpx upper-cases every method it sends)."""
+
+    async def shim(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope["method"] = method
+        await app(scope, receive, send)
+
+    return shim
+
+
+def wsgi_method(app: Any, method: str) -> Any:
+    def shim(environ: dict[str, Any], start_response: Any) -> Any:
+        environ["REQUEST_METHOD"] = method
+        return app(environ, start_response)
+
+    return shim
+
+
+# -- doors ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    answers: list[Answer]
+    store: MemoryStore
+
+
+async def _send_async(client: httpx.AsyncClient, case: Case) -> list[Answer]:
+    out = []
+    for _ in range(case.sends):
+        r = await client.request(case.method.upper(), url(case), headers=dict(case.request_headers))
+        out.append((r.status_code, tracked(r.headers.items())))
+    return out
+
+
+def _send_sync(client: httpx.Client, case: Case) -> list[Answer]:
+    out = []
+    for _ in range(case.sends):
+        r = client.request(case.method.upper(), url(case), headers=dict(case.request_headers))
+        out.append((r.status_code, tracked(r.headers.items())))
+    return out
+
+
+async def run_asgi(case: Case, make: Callable[[Any, Limiter], Any]) -> Run:
+    store = store_for(case)
+    limiter = limiter_for(store, case)
+    app = asgi_method(make(asgi_ok, limiter), case.method)
+    transport = httpx.ASGITransport(app=app, client=(case.client, 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        return Run(await _send_async(client, case), store)
+
+
+def run_wsgi(case: Case, app: Any, store: MemoryStore) -> Run:
+    transport = httpx.WSGITransport(app=wsgi_method(app, case.method), remote_addr=case.client)
+    with httpx.Client(transport=transport, base_url="http://testserver") as client:
+        return Run(_send_sync(client, case), store)
+
+
+async def door_asgi(case: Case) -> Run:
+    return await run_asgi(case, lambda app, limiter: RateLimitMiddleware(app, limiter, rules_of(case)))
+
+
+async def door_asgi_policy(case: Case) -> Run:
+    policy = parse_policy(policy_text(case), "toml", "case.toml")
+    return await run_asgi(case, lambda app, limiter: PolicyMiddleware(app, limiter, policy=policy))
+
+
+async def door_wsgi(case: Case) -> Run:
+    store = store_for(case)
+    return run_wsgi(case, WSGIRateLimitMiddleware(wsgi_ok, limiter_for(store, case), rules_of(case)), store)
+
+
+async def door_wsgi_policy(case: Case) -> Run:
+    store = store_for(case)
+    policy = parse_policy(policy_text(case), "toml", "case.toml")
+    return run_wsgi(case, WSGIPolicyMiddleware(wsgi_ok, limiter_for(store, case), policy=policy), store)
+
+
+async def door_flask(case: Case) -> Run:
+    from flask import Flask
+
+    from ratewarden.flask import RateLimiter
+
+    store = store_for(case)
+    app = Flask("conformance")
+    extension = RateLimiter(app, limiter=limiter_for(store, case))
+
+    def items() -> str:
+        return "ok"
+
+    view: Any = items
+    # The rules' own matching says which apply (none when a bypass rule matches); each is a @limit.
+    names = {r.rule.name for r in RuleSet(rules_of(case)).match(case.method, case.path)}
+    for spec in reversed(case.rules):
+        if spec.name in names:
+            view = extension.limit(spec.rate, key=key_function(spec.key), cost=spec.cost,
+                                   methods=list(spec.methods) or None, algorithm="fixed_window")(view)
+    app.add_url_rule(case.path, "items", view, methods=["GET", "POST", "PUT"])
+    return run_wsgi(case, app, store)
+
+
+async def door_django(case: Case) -> Run:
+    import django
+    from django.conf import settings as django_settings
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.test.utils import override_settings
+
+    if not django_settings.configured:  # as tests/django/conftest.py configures it, when it has not
+        from tests.django import settings as test_settings
+
+        django_settings.configure(**{n: getattr(test_settings, n) for n in dir(test_settings) if n.isupper()})
+        django.setup()
+    store = store_for(case)
+    settings = {
+        "STORE": store, "RULES": django_rules(case), "ON_ERROR": "closed" if case.failing_store else "open",
+    }
+    with override_settings(ROOT_URLCONF="tests.conformance.django_urls", MIDDLEWARE=["ratewarden.django.RateLimitMiddleware"],
+                           RATEWARDEN=settings):
+        return run_wsgi(case, WSGIHandler(), store)
+
+
+# -- ratewarden serve ----------------------------------------------------------------------------------
+
+
+class Dispatch:
+    """One ASGI app for a whole module's uvicorn: each request goes to the case app named by its
+    ``X-Conformance-Case`` header (one server, a fresh ``ServeApp`` and store per case)."""
+
+    def __init__(self) -> None:
+        self.apps: dict[str, Any] = {}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        name = dict(scope["headers"]).get(b"x-conformance-case", b"").decode()
+        await self.apps[name](scope, receive, send)
+
+
+@dataclass
+class Serve:
+    dispatch: Dispatch
+    port: int
+
+
+def serve_app(case: Case) -> tuple[ServeApp, MemoryStore]:
+    store = store_for(case)
+    return ServeApp(limiter_for(store, case), parse_policy(policy_text(case), "toml", "case.toml")), store
+
+
+async def door_serve_check(case: Case, serve: Serve, key: str) -> Run:
+    app, store = serve_app(case)
+    serve.dispatch.apps[key] = app
+    headers = {
+        **case.request_headers, "X-Original-URI": url(case), "X-Original-Method": case.method,
+        "X-Real-IP": case.client, "X-Conformance-Case": key,
+    }
+    out = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{serve.port}") as client:
+        for _ in range(case.sends):
+            r = await client.get("/check", headers=headers)
+            out.append((r.status_code, tracked(r.headers.items())))
+    return Run(out, store)
+
+
+async def door_serve_v1_check(case: Case, serve: Serve, key: str) -> Run:
+    app, store = serve_app(case)
+    serve.dispatch.apps[key] = app
+    body = {"method": case.method, "path": url(case), "headers": dict(case.request_headers), "client": case.client,
+            "cost": case.cost}
+    out = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{serve.port}") as client:
+        for _ in range(case.sends):
+            r = await client.post("/v1/check", json=body, headers={"X-Conformance-Case": key})
+            if r.status_code != 200:  # the description itself was refused
+                out.append((r.status_code, tracked(r.headers.items())))
+                continue
+            answer = r.json()
+            out.append((answer["status"], tracked(answer["headers"].items())))
+    return Run(out, store)
+
+
+async def door_spoe(case: Case) -> Run:
+    from ratewarden.serve.spoe import start_spoe
+    from tests.serve.test_spoe import Spop
+
+    app, store = serve_app(case)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.setblocking(False)
+    server = await start_spoe(app, sock)
+    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+    conn = Spop(reader, writer)
+    out = []
+    try:
+        await conn.hello()
+        for i in range(case.sends):
+            answer = await conn.check(1, i + 1, uri=url(case), method=case.method, headers=dict(case.request_headers),
+                                      ip=ipaddress.ip_address(case.client))
+            status = answer.pop("status")
+            assert isinstance(status, int)
+            out.append((status, tracked((k.replace("_", "-"), str(v)) for k, v in answer.items())))
+    finally:
+        await conn.close()
+        server.close()
+        await server.wait_closed()
+    return Run(out, store)
+
+
+# -- gRPC (Envoy's rate limit service) -------------------------------------------------------------------
+
+
+async def door_grpc(case: Case) -> Run:
+    import grpc  # type: ignore[import-untyped]
+    from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2  # type: ignore[import-untyped]
+    from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[import-untyped]
+
+    from ratewarden.serve.envoy_config import parse_envoy_config
+    from ratewarden.serve.grpc import start_grpc
+    from ratewarden.serve.rls import RateLimitService
+
+    assert case.envoy is not None
+    store = store_for(case)
+    domain = parse_envoy_config(case.envoy.config)
+    service = RateLimitService({domain.domain: domain}, limiter_for(store, case))
+    server, port = await start_grpc(service, "127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    descriptors = [
+        ratelimit_pb2.RateLimitDescriptor(entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in d])
+        for d in case.envoy.descriptors
+    ]
+    request = rls_pb2.RateLimitRequest(domain="case", descriptors=descriptors, hits_addend=case.envoy.hits)
+    stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+    out: list[Answer] = []
+    try:
+        for _ in range(case.sends):
+            try:
+                answer = await stub.ShouldRateLimit(request, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                out.append((503, {}))
+                continue
+            status = 200 if answer.overall_code == rls_pb2.RateLimitResponse.OK else 429
+            out.append((status, tracked((h.key, h.value) for h in answer.response_headers_to_add)))
+    finally:
+        await channel.close()
+        await server.stop(None)
+    return Run(out, store)
+
+
+def rename(headers: Mapping[str, str | None], names: Mapping[str, str]) -> dict[str, str | None]:
+    """``headers`` with each rule name (quoted, as the headers carry it) replaced by the door's."""
+    if not names:
+        return dict(headers)
+    quoted = re.compile('"(' + "|".join(re.escape(n) for n in names) + ')([-"])')
+    return {
+        name: value if value is None else quoted.sub(lambda m: f'"{names[m[1]]}{m[2]}', value)
+        for name, value in headers.items()
+    }
+
+
+@contextlib.contextmanager
+def uvicorn_serving(dispatch: Dispatch) -> Iterator[Serve]:
+    from tests.servers import uvicorn_in_thread
+
+    with uvicorn_in_thread(dispatch) as port:
+        yield Serve(dispatch, port)
+
