@@ -217,10 +217,14 @@ class _Expression:
         return self.text
 
 
-def _text_signature(node: ast.FunctionDef | ast.AsyncFunctionDef, first: str) -> str | None:
+def _text_signature(node: ast.FunctionDef | ast.AsyncFunctionDef, first: str, module: str) -> str | None:
     """``(a, b=1)`` for ``node``'s parameters (``first``: ``"$"`` marks the bound first parameter,
     ``"drop"`` leaves it out, ``""`` keeps it), or None when a default is neither a literal nor a
-    name (inspect looks a name up in the module: a constant such as ``max_keys=DEFAULT_MAX_KEYS``)."""
+    name. A name is written qualified by ``module`` (``algorithm=ratewarden.limiter.DEFAULT_ALGORITHM``):
+    inspect evaluates it, in the module of a function but in ``sys.modules`` for a method (a method
+    has no ``__module__``), so only a qualified name resolves in both; a name whose value is not a
+    constant (``fallback=client_ip``) gives no valid text signature, and such a function gets a Python
+    wrapper at run time (``ratewarden._mypyc.attach_signatures``)."""
     args = node.args
     kinds = inspect.Parameter
     positional = [*args.posonlyargs, *args.args]
@@ -239,7 +243,7 @@ def _text_signature(node: ast.FunctionDef | ast.AsyncFunctionDef, first: str) ->
     for arg, kind, default in spec:
         value: Any = inspect.Parameter.empty
         if isinstance(default, (ast.Name, ast.Attribute)):  # inspect reads a constant's value in the module
-            value = _Expression(ast.unparse(default))
+            value = _Expression(f"{module}.{ast.unparse(default)}")
         elif default is not None:
             try:
                 value = ast.literal_eval(default)
@@ -275,7 +279,7 @@ def _document_generated_c(extensions: list[Any]) -> None:
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 functions.setdefault(names.private_name(module, node.name),
-                                     _c_doc(node.name, _text_signature(node, ""), _docstring(node)))
+                                     _c_doc(node.name, _text_signature(node, "", module), _docstring(node)))
                 docs.setdefault(names.private_name(module, node.name), _docstring(node) or "")
             elif isinstance(node, ast.ClassDef):
                 cls = names.private_name(module, node.name)
@@ -295,9 +299,9 @@ def _document_generated_c(extensions: list[Any]) -> None:
                         init = member
                     first = "" if "staticmethod" in decorators else "$"
                     functions.setdefault(names.private_name(module, f"{node.name}.{member.name}"),
-                                         _c_doc(member.name, _text_signature(member, first), _docstring(member)))
+                                         _c_doc(member.name, _text_signature(member, first, module), _docstring(member)))
                     docs.setdefault(names.private_name(module, f"{node.name}.{member.name}"), _docstring(member) or "")
-                signature = _text_signature(init, "drop") if init is not None else None
+                signature = _text_signature(init, "drop", module) if init is not None else None
                 types[cls] = _c_doc(node.name, signature, _docstring(node))
 
     done: set[str] = set()

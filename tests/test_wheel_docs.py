@@ -8,12 +8,14 @@ gives compiled classes their signature (setup.py). The reference is the pure pac
 install) both sides are the same source, so the comparison holds trivially there.
 
 A compiled function is a builtin: its signature comes from a ``__text_signature__``, which holds
-no annotations, and only defaults that are constants (``fallback=CLIENT_IP`` is not). Its
-parameters, their kinds and defaults are compared, when the pure defaults are constants.
+no annotations, and only defaults that are constants; its parameters, their kinds and defaults are
+compared. One whose default is not a constant (``fallback=client_ip``) is a Python wrapper with the
+source's signature, compared in full, as are the ``Limiter`` coroutines before Python 3.12.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -160,11 +162,75 @@ def test_same_signature_as_the_pure_package(twin: types.ModuleType, qualname: st
     if isinstance(installed, type) or not isinstance(installed, types.BuiltinFunctionType):
         assert_same_signature(qualname, installed, pure)
         return
-    # A compiled function: its text signature has the parameters, and defaults only when constants.
+    # A compiled function: its text signature has the parameters, and defaults that are constants
+    # (one with another default is a Python wrapper, compared above).
     defaults = [p.default for p in inspect.signature(pure).parameters.values() if p.default is not p.empty]
-    if not all(isinstance(d, CONSTANTS) for d in defaults):
-        pytest.skip(f"{qualname}: a default that is not a constant has no text signature")
+    assert all(isinstance(d, CONSTANTS) for d in defaults), f"{qualname}: {installed!r} should be a Python wrapper"
     assert_same_signature(qualname, installed, pure, annotations=False)
+
+
+def public_callables() -> list[tuple[str, str, str, str | None]]:
+    """(qualified name, module, name, method) of each public function and class, and of each public
+    method of those classes (what ``help()`` lists)."""
+    found: list[tuple[str, str, str, str | None]] = []
+    for qualname, module, name in PUBLIC:
+        found.append((qualname, module, name, None))
+        try:
+            obj = getattr(importlib.import_module(module), name, None)
+        except ImportError:  # reported by the test itself
+            continue
+        if isinstance(obj, type):
+            found += [(f"{qualname}.{attr}", module, name, attr) for attr, member in vars(obj).items()
+                      if not attr.startswith("_") and callable(member) and not isinstance(member, type)]
+    return found
+
+
+CALLABLES = public_callables()
+
+
+@pytest.mark.parametrize(("qualname", "module", "name", "method"), CALLABLES, ids=[c[0] for c in CALLABLES])
+def test_every_public_callable_has_a_signature(twin: types.ModuleType, qualname: str, module: str, name: str,
+                                               method: str | None) -> None:
+    """``inspect.signature`` (``help()``, editors) works on the installed package wherever it does
+    on the source: no "builtin has invalid signature"."""
+    installed, pure = pair(twin, module, name)
+    if method is not None:
+        installed, pure = inspect.getattr_static(installed, method), inspect.getattr_static(pure, method)
+        if isinstance(pure, (staticmethod, classmethod)):
+            installed, pure = getattr(installed, "__func__", installed), pure.__func__
+    try:
+        expected = inspect.signature(pure)
+    except (ValueError, TypeError):
+        return
+    got = inspect.signature(installed)
+    if undocumentable(installed):
+        return  # a compiled async def before 3.12 reads as "()": no __dict__ to tell it otherwise
+    compiled_method = isinstance(installed, (types.MethodDescriptorType, types.ClassMethodDescriptorType))
+    skip = 1 if method is not None and compiled_method else 0  # its $self or $cls: positional-only
+    left, right = list(got.parameters.values())[skip:], list(expected.parameters.values())[skip:]
+    assert [p.name for p in left] == [p.name for p in right], f"{qualname}: {got} != {expected}"
+    for mine, theirs in zip(left, right, strict=True):
+        assert mine.kind == theirs.kind and same_default(mine.default, theirs.default), f"{qualname}: {got} != {expected}"
+
+
+@pytest.mark.parametrize("method", ["hit", "peek", "reset", "clear", "close", "check_store"])
+def test_the_limiter_coroutines_are_documented_on_every_python(twin: types.ModuleType, method: str) -> None:
+    """The main API shows its signature and docstring on every Python, 3.10 and 3.11 included."""
+    installed, pure = (getattr(cls, method) for cls in pair(twin, "ratewarden.limiter", "Limiter"))
+    assert installed.__doc__ == pure.__doc__ and installed.__doc__
+    assert_same_signature(f"Limiter.{method}", installed, pure)
+    assert inspect.iscoroutinefunction(installed)
+    assert pydoc.render_doc(installed, renderer=pydoc.plaintext).count(pure.__doc__.strip().splitlines()[0]) == 1
+
+
+def test_the_wrappers_call_the_compiled_functions() -> None:
+    """A wrapper (``header``'s, ``Limiter.hit``'s) does what the function does."""
+    key = ratewarden.keys.header("X-API-Key", hashed=False)
+    assert key({"type": "http", "headers": [(b"x-api-key", b"k1")]}) == "x-api-key:k1"
+    assert key({"type": "http", "headers": [], "client": ("192.0.2.1", 1)}) == "192.0.2.1"
+    limiter = ratewarden.Limiter(ratewarden.MemoryStore())
+    assert [limiter.hit_sync("a", "1/min").allowed for _ in range(2)] == [True, False]
+    assert asyncio.run(limiter.peek("a", "1/min", algorithm="fixed_window")).remaining == 0
 
 
 def test_help_shows_the_documentation() -> None:

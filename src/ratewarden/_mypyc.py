@@ -17,11 +17,12 @@ import ast
 import contextlib
 import copy
 import inspect
+import re
 import sys
 import textwrap
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
-from types import CodeType, FunctionType, ModuleType
+from types import BuiltinFunctionType, CodeType, FunctionType, MethodDescriptorType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["attach_signatures", "is_compiled", "mypyc_attr", "repair_compiled_abcs"]
@@ -64,19 +65,104 @@ def attach_signatures(package: str = "ratewarden") -> None:
     computed on first use (nothing at import, nothing on the request path), and it follows
     subclasses the way ``inspect`` does: an interpreted subclass without its own ``__init__`` has
     its compiled base's signature, one with an ``__init__`` its own.
+
+    What no ``__signature__`` can document gets a Python wrapper with the source's signature and
+    docstring (``_python_wrapper``): a compiled function whose default is not a constant
+    (``header(name, *, fallback=client_ip)``: a builtin has no ``__dict__`` and its text signature
+    holds constants only), and before Python 3.12, where a compiled ``async def`` has no ``__dict__``
+    either, the ``Limiter`` coroutines applications call (``_PYTHON_COROUTINES``).
     """
     prefix = package + "."
+    replaced: dict[int, tuple[object, object]] = {}
     for name, module in list(sys.modules.items()):
         if not name.startswith(prefix) or not is_compiled(module):
             continue
-        for obj in list(vars(module).values()):
+        for attr, obj in list(vars(module).items()):
             if isinstance(obj, type) and obj.__module__ == name and "__signature__" not in obj.__dict__:
                 with contextlib.suppress(TypeError, AttributeError):  # an immutable type: its text signature
                     obj.__signature__ = _COMPILED_SIGNATURE  # type: ignore[attr-defined]
-                for member in list(vars(obj).values()):
+                for member_name, member in list(vars(obj).items()):
                     _sign_coroutine(member, module)
+                    if _needs_wrapper(member, f"{name}.{obj.__qualname__}", member_name):
+                        wrapper = _python_wrapper(member, module, obj)
+                        if wrapper is not None:
+                            with contextlib.suppress(TypeError, AttributeError):
+                                setattr(obj, member_name, wrapper)
+            elif getattr(obj, "__module__", None) == name and _needs_wrapper(obj, name, attr):
+                wrapper = _python_wrapper(obj, module, None)
+                if wrapper is not None:
+                    replaced[id(obj)] = (obj, wrapper)
             else:
                 _sign_coroutine(obj, module)
+    if replaced:  # every module that imported the compiled function sees the wrapper
+        for name, module in list(sys.modules.items()):
+            if name == package or name.startswith(prefix):
+                for attr, obj in list(vars(module).items()):
+                    found = replaced.get(id(obj))
+                    if found is not None and found[0] is obj:
+                        setattr(module, attr, found[1])
+
+
+_PYTHON_COROUTINES = {"ratewarden.limiter.Limiter": frozenset({"hit", "peek", "reset", "clear", "close", "check_store"})}
+"""Before Python 3.12, these compiled coroutines are wrapped (``_python_wrapper``) to show their signature
+and docstring: the main API, called by applications rather than on the request path."""
+_NAME_DEFAULT = re.compile(r"=\s*[A-Za-z_]")
+
+
+def _needs_wrapper(obj: object, owner: str, name: str) -> bool:
+    """Whether ``obj`` (``owner.name``) is a compiled function ``inspect`` cannot describe right."""
+    if type(obj).__name__ == "Function compiled with mypyc":
+        return sys.version_info < (3, 12) and name in _PYTHON_COROUTINES.get(owner, ())
+    if not isinstance(obj, (BuiltinFunctionType, MethodDescriptorType)) or name.startswith("_"):
+        return False
+    text = getattr(obj, "__text_signature__", None)
+    if not text or not _NAME_DEFAULT.search(text):
+        return False  # no default that inspect must look up (or no signature at all)
+    try:
+        inspect.signature(obj)
+    except ValueError:
+        return True
+    return False
+
+
+def _python_wrapper(native: Any, module: ModuleType, owner: type | None) -> FunctionType | None:
+    """A Python function of ``native``'s source signature and docstring that calls it: its ``def``
+    compiled with the body ``return native(...)`` (``await``-ed for an ``async def``) in the module's
+    namespace, as ``_stub_signature`` does. None when the source cannot be found."""
+    tree = _source(module)
+    node: ast.AST | None = tree
+    name = str(getattr(native, "__name__", "")).rsplit(".", 1)[-1]
+    for part in (owner.__qualname__.split(".") if owner is not None else []):
+        body = getattr(node, "body", [])
+        node = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
+    found = next((n for n in getattr(node, "body", []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.name == name), None)
+    if tree is None or found is None:
+        return None
+    args = found.args
+    call = [a.arg for a in (*args.posonlyargs, *args.args)]
+    call += [f"*{args.vararg.arg}"] if args.vararg else []
+    call += [f"{a.arg}={a.arg}" for a in args.kwonlyargs]
+    call += [f"**{args.kwarg.arg}"] if args.kwarg else []
+    is_async = isinstance(found, ast.AsyncFunctionDef)
+    forward = ast.parse(f"def f():\n    return {'await ' if is_async else ''}__compiled__({', '.join(call)})\n").body[0]
+    stub = copy.copy(found)
+    docstring = found.body[:1] if ast.get_docstring(found, clean=False) is not None else []
+    stub.body = [*docstring, *forward.body]  # type: ignore[attr-defined]
+    stub.decorator_list = []
+    for statement in forward.body:  # type: ignore[attr-defined]
+        ast.increment_lineno(statement, found.lineno)
+    future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
+    code = ast.fix_missing_locations(ast.Module(body=[future, stub], type_ignores=[]))
+    namespace = {**vars(module), "__compiled__": native}
+    try:
+        exec(compile(code, getattr(module, "__file__", None) or "?", "exec"), namespace)
+    except Exception:  # a default that needs the class body's names: left as it is
+        return None
+    wrapper: FunctionType = namespace[found.name]
+    wrapper.__module__ = module.__name__
+    wrapper.__qualname__ = f"{owner.__qualname__}.{found.name}" if owner is not None else found.name
+    return wrapper
 
 
 def _sign_coroutine(func: object, module: ModuleType) -> None:
