@@ -292,9 +292,14 @@ class Limiter:
         self._batch_start = -1.0
 
     async def check_store(self, timeout: float = STORE_CHECK_TIMEOUT) -> StoreError | None:
-        """Ask the store once, at start-up, whether it answers: a ``peek`` of one key, which charges
-        and writes nothing. ``RateLimitMiddleware`` calls it when the server starts the app (ASGI
-        lifespan ``startup``); call it yourself from your app's start-up otherwise.
+        """Ask the store once, at start-up, whether it answers, and return the ``StoreError`` when it
+        does not (``None`` when it does): returned, never raised, so that one bad store does not keep
+        the app from starting. To refuse to start instead, raise it yourself:
+        ``if (error := await limiter.check_store()) is not None: raise error``.
+
+        The check is a ``peek`` of one key, which charges and writes nothing.
+        ``RateLimitMiddleware`` calls it when the server starts the app (ASGI lifespan ``startup``);
+        call it yourself from your app's start-up otherwise.
 
         A store that cannot answer (a wrong password, an unreachable host, a TLS or permission
         problem) is logged once, at ERROR on the ``ratewarden`` logger, naming the store (password
@@ -303,8 +308,6 @@ class Limiter:
         logged at its first failed check instead. Either way it is logged once per limiter; further
         failures are the warnings of ``decide_without_store`` (one line a second at most). A local
         store (memory, shared memory) is not checked: it has nothing to reach.
-
-        Returns the ``StoreError`` when the check failed, else ``None``.
 
         Args:
             timeout: Seconds to wait for the answer, on top of the store's own timeouts (default 5).

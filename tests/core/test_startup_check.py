@@ -185,6 +185,21 @@ async def test_check_store_returns_the_error_and_logs_it_once(caplog: pytest.Log
         await limiter.close()
 
 
+async def test_check_store_returns_the_error_under_either_policy_and_the_caller_may_raise_it() -> None:
+    """The documented contract: the error is returned (the app starts, the failure policy applies),
+    under ``on_error="closed"`` too; ``raise`` it to refuse to start."""
+    limiter = Limiter(RedisStore(_unreachable()), on_error="closed")
+    try:
+        error = await limiter.check_store()
+        assert isinstance(error, StoreError) and error.reason == "unreachable"
+        with pytest.raises(StoreError, match=r"unreachable|connect|refused"):
+            if (error := await limiter.check_store()) is not None:
+                raise error
+        assert limiter.check_store.__doc__ is not None and "never raised" in limiter.check_store.__doc__
+    finally:
+        await limiter.close()
+
+
 async def test_a_breaker_fallback_does_not_hide_the_store(caplog: pytest.LogCaptureFixture) -> None:
     store = Breaker(RedisStore(_unreachable()), fallback=MemoryStore())
     limiter = Limiter(store)
