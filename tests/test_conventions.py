@@ -3,8 +3,11 @@
 1. One import guard per optional library: the ``try: import <lib> ... except ImportError: raise
    ImportError("... pip install 'ratewarden[<extra>]'")`` that names the extra to install is
    written once per library; redis-py is imported only by ``stores/redis/_redis.py``.
-2. Every deliberate start-up (configuration) error is a ``ConfigurationError``: ``raise
-   ValueError`` is left only where the value comes with each call (``ALLOWED_VALUE_ERRORS``).
+2. Every error the package raises on purpose is a ``RatewardenError``: no bare ``raise
+   ValueError`` or ``raise RuntimeError`` (a start-up value is a ``ConfigurationError``, a value
+   given with one call an ``ArgumentError``, a call where ratewarden cannot work a ``UsageError``;
+   each also the builtin error it replaces), and every exception class defined in the package
+   derives from ``RatewardenError``.
 
 ``ratewarden/bench`` (the benchmark harness) is left out: the libraries it imports are the
 benchmarks' own tools (a sync redis client to start servers, other rate limiters), not the
@@ -24,23 +27,6 @@ EXCLUDED = ("bench/",)
 #: The optional libraries the package imports (its extras, and tomli on Python 3.10).
 OPTIONAL = ("redis", "aiomcache", "pymemcache", "yaml", "tomli", "prometheus_client", "opentelemetry",
             "fastapi", "starlette", "uvicorn")
-
-#: ``raise ValueError`` left on purpose, as (module, function): values that come with each call,
-#: not configuration given at start-up.
-ALLOWED_VALUE_ERRORS = {
-    # A request's cost given to ``Limiter.hit`` / ``hit_sync`` (often computed from the request);
-    # its twin for a non-number is a ``TypeError``.
-    ("limiter.py", "_check_cost"),
-    # ``Store.adjust`` given keys, limits and amounts of different lengths: a broken call of the
-    # store API (the limiter and ``charges.adjust`` build them together), not a setting.
-    ("stores/redis/store.py", "adjust"),
-    ("stores/memcached/store.py", "adjust"),
-    ("stores/shared_memory/store.py", "adjust_now"),
-    # A negative integer given to the SPOP encoder (HAProxy's varints are unsigned): a broken call
-    # of the codec with a value of each frame, not a setting.
-    ("serve/spop.py", "encode_varint"),
-    ("serve/spop.py", "_encode_typed"),
-}
 
 REDIS_MISSING = "RedisStore needs the redis client: pip install 'ratewarden[redis]'"
 
@@ -136,32 +122,54 @@ def test_without_redis_py_every_way_in_names_the_extra() -> None:
     assert out.stdout.splitlines() == [REDIS_MISSING] * 8
 
 
-def _value_error_raises() -> list[tuple[str, str, int]]:
-    """``(module, enclosing function, line)`` of every ``raise ValueError``."""
-    found: list[tuple[str, str, int]] = []
+BARE = ("ValueError", "RuntimeError")
 
-    def visit(rel: str, node: ast.AST, function: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
-            if isinstance(child, ast.Raise) and child.exc is not None:
-                exc = child.exc.func if isinstance(child.exc, ast.Call) else child.exc
-                if isinstance(exc, ast.Name) and exc.id == "ValueError":
-                    found.append((rel, function, child.lineno))
-            visit(rel, child, inner)
 
+def _bare_raises() -> list[str]:
+    """``module:line`` of every ``raise ValueError`` / ``raise RuntimeError``."""
+    found: list[str] = []
     for rel, tree in _modules():
-        visit(rel, tree, "<module>")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(exc, ast.Name) and exc.id in BARE:
+                    found.append(f"{rel}:{node.lineno} ({exc.id})")
     return found
 
 
-def test_start_up_errors_are_configuration_errors() -> None:
-    """``raise ValueError`` only where ``ALLOWED_VALUE_ERRORS`` says why; a new start-up check
-    raises ``ConfigurationError`` (``ratewarden.errors``), itself a ``ValueError``."""
-    stray = [f"{rel}:{line} (in {function})" for rel, function, line in _value_error_raises()
-             if (rel, function) not in ALLOWED_VALUE_ERRORS]
-    assert not stray, "raise ConfigurationError for a bad start-up value, not ValueError: " + ", ".join(stray)
+def test_errors_raised_on_purpose_are_ratewarden_errors() -> None:
+    """A bad start-up value raises ``ConfigurationError``, a bad value of one call
+    ``ArgumentError``, a call where ratewarden cannot work ``UsageError`` (``ratewarden.errors``)."""
+    stray = _bare_raises()
+    assert not stray, "raise ConfigurationError, ArgumentError or UsageError, not a bare builtin: " + ", ".join(stray)
 
 
-def test_the_allow_list_is_not_stale() -> None:
-    present = {(rel, function) for rel, function, _ in _value_error_raises()}
-    assert ALLOWED_VALUE_ERRORS - present <= {("stores/shared_memory/store.py", "adjust_now")}, ALLOWED_VALUE_ERRORS - present
+def _exception_classes() -> dict[str, list[str]]:
+    """``module:Class`` -> the names of its bases, for every class named like an error."""
+    found: dict[str, list[str]] = {}
+    for rel, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and (
+                    node.name.endswith(("Error", "Exceeded", "Unavailable", "Request"))):
+                found[f"{rel}:{node.name}"] = [ast.unparse(base) for base in node.bases]
+    return found
+
+
+def test_every_error_class_derives_from_ratewarden_error() -> None:
+    """Each public error class of the package is a ``RatewardenError``, so ``except
+    RatewardenError`` catches everything ratewarden raises on purpose."""
+    import importlib
+
+    from ratewarden.errors import RatewardenError
+
+    outside = []
+    for where, _bases in _exception_classes().items():
+        rel, name = where.split(":")
+        module = "ratewarden." + rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except ImportError:  # an optional framework not installed
+            continue
+        if isinstance(cls, type) and issubclass(cls, BaseException) and not issubclass(cls, RatewardenError):
+            outside.append(where)
+    assert not outside, "errors outside RatewardenError: " + ", ".join(outside)

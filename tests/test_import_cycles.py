@@ -19,9 +19,6 @@ PACKAGE = "ratewarden"
 #: Imports inside functions kept on purpose for an optional dependency, as (importer, imported):
 #: not arrows of the graph.
 OPTIONAL_LAZY = {
-    # ``ratewarden.errors.RateLimitExceeded`` is ``ratewarden.fastapi``'s, imported on first use
-    # (module ``__getattr__``; and under TYPE_CHECKING) so that ``ratewarden.errors`` needs no FastAPI.
-    ("ratewarden.errors", "ratewarden.fastapi"),
     # ``from . import _native``: the optional compiled table of the shared-memory store (a C
     # extension, absent from a pure-Python install), tried when a segment opens.
     ("ratewarden.stores.shared_memory.segment", "ratewarden.stores.shared_memory"),

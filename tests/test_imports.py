@@ -1,9 +1,8 @@
 """The import paths the README names work as written, and the core never imports FastAPI.
 
 - ``from ratewarden.stores import open_store`` (the README names ``open_store``);
-- ``from ratewarden.errors import RateLimitExceeded`` (the FastAPI dependency's error, defined in
-  ``ratewarden.fastapi``): lazily, so ``import ratewarden.errors`` needs no FastAPI, and without
-  FastAPI the import fails saying which extra to install;
+- ``from ratewarden.errors import RateLimitExceeded``: the base of the FastAPI dependency's and the
+  Flask extension's errors, so ``ratewarden.errors`` (and the core) imports neither framework;
 - the ``test`` extra brings the HTTP client that the README's ``TestClient`` examples need.
 """
 
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import ratewarden.errors
 import ratewarden.fastapi
+import ratewarden.flask
 import ratewarden.stores
 import ratewarden.stores.urls
 
@@ -40,46 +40,29 @@ def test_open_store_is_importable_from_stores() -> None:
 def test_rate_limit_exceeded_is_importable_from_errors() -> None:
     from ratewarden.errors import RateLimitExceeded
 
-    assert RateLimitExceeded is ratewarden.fastapi.RateLimitExceeded
+    assert issubclass(ratewarden.fastapi.RateLimitExceeded, RateLimitExceeded)
+    assert issubclass(ratewarden.flask.RateLimitExceeded, RateLimitExceeded)
     assert issubclass(RateLimitExceeded, ratewarden.errors.RatewardenError)
-    assert ratewarden.errors.RateLimitExceeded is RateLimitExceeded
+    assert "RateLimitExceeded" in ratewarden.errors.__all__
 
 
-def test_errors_module_does_not_import_fastapi() -> None:
+def test_errors_module_does_not_import_a_framework() -> None:
     out = _run(
         "import sys\n"
+        "sys.modules['fastapi'] = sys.modules['flask'] = None  # as if neither were installed\n"
         "import ratewarden, ratewarden.errors, ratewarden.stores\n"
         "from ratewarden.errors import *\n"
-        "from ratewarden.stores import open_store\n"
-        "loaded = sorted(m for m in ('fastapi', 'starlette', 'ratewarden.fastapi') if m in sys.modules)\n"
-        "assert not loaded, loaded\n"
         "from ratewarden.errors import RateLimitExceeded\n"
-        "assert 'ratewarden.fastapi' in sys.modules\n"
+        "from ratewarden.stores import open_store\n"
+        "loaded = sorted(m for m in ('starlette', 'werkzeug', 'ratewarden.fastapi', 'ratewarden.flask') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
     )
     assert out.returncode == 0, out.stderr
-
-
-def test_rate_limit_exceeded_without_fastapi_names_the_extra() -> None:
-    out = _run(
-        "import sys\n"
-        "sys.modules['fastapi'] = None  # as if FastAPI were not installed\n"
-        "import ratewarden.errors\n"
-        "from ratewarden.errors import *\n"
-        "try:\n"
-        "    from ratewarden.errors import RateLimitExceeded\n"
-        "except ImportError as exc:\n"
-        "    print(exc)\n"
-        "else:\n"
-        "    raise SystemExit('imported without FastAPI')\n"
-        "assert not hasattr(ratewarden.errors, 'NoSuchError')\n"
-    )
-    assert out.returncode == 0, out.stderr
-    assert "pip install 'ratewarden[fastapi]'" in out.stdout
 
 
 def test_readme_says_where_rate_limit_exceeded_lives() -> None:
     assert "from ratewarden.errors import RateLimitExceeded" in README
-    assert "ratewarden.fastapi.RateLimitExceeded" in README or "from ratewarden.fastapi import RateLimitExceeded" in README
+    assert "ratewarden.fastapi.RateLimitExceeded" in README and "ratewarden.flask.RateLimitExceeded" in README
 
 
 def _extras() -> dict[str, list[str]]:

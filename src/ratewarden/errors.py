@@ -5,9 +5,7 @@
   (``ratewarden.policy.PolicyError``, which lists every problem found), an option of a
   ``Limiter``, ``Rule``, store, middleware or policy section, an argument an operation cannot
   use (``Bans.block`` for ``-1`` seconds). Raised when the value is given, never at the first
-  request. A plain ``ValueError`` is left only for values that come with each call rather
-  than from configuration (a negative ``cost`` given to ``Limiter.hit``; ``Store.adjust``
-  given keys, limits and amounts of different lengths).
+  request.
 - ``StoreError``: a store could not answer (unreachable, timed out, an error reply); the
   original exception is kept as ``__cause__``, and ``reason`` says which (``"timeout"``,
   ``"unreachable"`` or ``"error"``).
@@ -16,10 +14,20 @@
 - ``AmbiguousRequest`` (a ``LimitUnavailable``): the request repeats a keyed query parameter with
   different values, so who to charge is ambiguous; refused (400) whatever the failure policy.
 
-``RateLimitExceeded`` (a request over its limit, raised by the FastAPI dependency) is also a
-``RatewardenError``, and a Starlette ``HTTPException``. It is defined in ``ratewarden.fastapi``
-(it needs FastAPI); ``from ratewarden.errors import RateLimitExceeded`` works too, importing
-``ratewarden.fastapi`` on first use, so the core never imports FastAPI.
+- ``RateLimitExceeded``: a request is over its limit (``decision`` says which limit and when to
+  retry). The FastAPI dependency raises ``ratewarden.fastapi.RateLimitExceeded`` (a Starlette
+  ``HTTPException``) and the Flask extension ``ratewarden.flask.RateLimitExceeded`` (a werkzeug
+  ``TooManyRequests``): both are this class, each also its framework's HTTP exception, so this
+  module needs neither framework.
+- ``ArgumentError`` (also a ``ValueError``): a value given with one call rather than at start-up
+  cannot be used (a negative ``cost`` given to ``Limiter.hit``; ``Store.adjust`` given keys, limits
+  and amounts of different lengths).
+- ``UsageError`` (also a ``RuntimeError``): ratewarden was called where it cannot work (a sync
+  call on its own loop thread, a Flask view of an app ``init_app`` was not called for, a reload or
+  a ban on a middleware not given a policy file or bans).
+- The ``ratewarden serve`` errors: ``ServeError`` (a /check request it cannot decide),
+  ``RlsRequestError`` (an Envoy RLS request it cannot answer, also a ``ValueError``) and
+  ``SpopError`` (a HAProxy SPOP frame it cannot use), defined with the service.
 """
 
 from __future__ import annotations
@@ -27,11 +35,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .fastapi import RateLimitExceeded as RateLimitExceeded  # for type checkers; lazy below
+    from .decision import Decision
 
-# ``RateLimitExceeded`` is left out of ``__all__``: ``from ratewarden.errors import *`` must not
-# need FastAPI.
-__all__ = ["AmbiguousRequest", "ConfigurationError", "LimitUnavailable", "RatewardenError", "StoreError"]
+__all__ = [
+    "AmbiguousRequest",
+    "ArgumentError",
+    "ConfigurationError",
+    "LimitUnavailable",
+    "RateLimitExceeded",
+    "RatewardenError",
+    "StoreError",
+    "UsageError",
+]
 
 
 class RatewardenError(Exception):
@@ -40,6 +55,25 @@ class RatewardenError(Exception):
 
 class ConfigurationError(RatewardenError, ValueError):
     """A value given at start-up cannot be used; the message names it and shows a valid one."""
+
+
+class ArgumentError(RatewardenError, ValueError):
+    """A value given with one call (not configuration) cannot be used; the message names it."""
+
+
+class UsageError(RatewardenError, RuntimeError):
+    """ratewarden was called where it cannot work; the message says what to do instead."""
+
+
+class RateLimitExceeded(RatewardenError):
+    """A request is over its limit; ``decision`` is the denying decision.
+
+    The framework integrations raise subclasses that are also their framework's HTTP exception
+    (``ratewarden.fastapi.RateLimitExceeded``, ``ratewarden.flask.RateLimitExceeded``), so
+    ``except RateLimitExceeded`` (or an exception handler registered for it) catches either.
+    """
+
+    decision: Decision
 
 
 class StoreError(RatewardenError):
@@ -82,17 +116,3 @@ def _store_error(kind: type[StoreError], args: tuple[object, ...], reason: str) 
     error.reason = reason
     return error
 
-
-def __getattr__(name: str) -> object:
-    # ``RateLimitExceeded`` is an ``HTTPException``: defined with the FastAPI integration, and
-    # imported from there only when asked for (FastAPI is an optional extra).
-    if name == "RateLimitExceeded":
-        try:
-            from .fastapi import RateLimitExceeded
-        except ModuleNotFoundError as exc:
-            raise ImportError(
-                f"ratewarden.errors.RateLimitExceeded is the FastAPI dependency's error and needs FastAPI "
-                f"(pip install 'ratewarden[fastapi]'): {exc}"
-            ) from exc
-        return RateLimitExceeded
-    raise AttributeError(f"module 'ratewarden.errors' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from ._mypyc import mypyc_attr
 from .algorithms import AlgorithmName
 from .caches import remember
 from .decision import Decision
-from .errors import ConfigurationError
+from .errors import ArgumentError, ConfigurationError
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .loop_thread import LoopThread
 from .rates import Rate, freeze_rates
@@ -38,8 +38,8 @@ from .stores.base import Store, StoreError
 from .stores.insurance import Ledger
 from .stores.memory import MemoryStore
 
-# Storage keys (storage_keys.py) and the store's health (store_health.py) are imported from here
-# as before.
+# Storage keys (storage_keys.py) and the store's health (store_health.py) are re-exported as part
+# of this module's API.
 __all__ = [
     "WITHOUT_STORE_REASONS", "FailurePolicy", "Fallback", "Limiter", "safe_key", "storage_key", "store_problem",
     "without_store_totals",
@@ -534,4 +534,4 @@ def _check_cost(cost: float) -> None:
     if isinstance(cost, bool) or not isinstance(cost, (int, float)):
         raise TypeError(f"cost must be a number, got {type(cost).__name__} {cost!r}")
     if not 0 <= cost < math.inf:
-        raise ValueError(f"cost must be zero or positive, got {cost!r}")
+        raise ArgumentError(f"cost must be zero or positive, got {cost!r}")

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from .errors import UsageError
+
 __all__ = ["LoopThread"]
 
 _T = TypeVar("_T")
@@ -44,7 +46,7 @@ class LoopThread:
         """
         if threading.current_thread() is self._thread:
             coro.close()
-            raise RuntimeError("a sync ratewarden call cannot be made on its own loop thread: await the async one")
+            raise UsageError("a sync ratewarden call cannot be made on its own loop thread: await the async one")
         return asyncio.run_coroutine_threadsafe(coro, self.start()).result()
 
     def start(self) -> asyncio.AbstractEventLoop:

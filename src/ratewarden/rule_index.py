@@ -35,7 +35,7 @@ class RuleIndex:
 
     A glob rule is placed in a trie of path segments at its leading literal segments (a whole
     literal path, or the segments before its first wildcard); a path's candidates are the rules
-    placed along its segments, then checked with ``Rule.applies`` as before, so answers are the same
+    placed along its segments, each then checked with ``Rule.applies``, so answers are the same
     as trying every rule in order. Regex rules, and rules of a subclass overriding ``applies``, are
     candidates for every path.
 

@@ -22,7 +22,7 @@ from .rule_index import Placement, RuleIndex, placement
 from .storage_keys import MAX_KEY_LENGTH, safe_key, storage_key
 from .types import Scope
 
-# compile_path and normalize_path live in paths.py, imported from here as before.
+# compile_path and normalize_path live in paths.py; re-exported as part of this module's API.
 __all__ = ["CompiledRule", "Rule", "RuleSet", "compile_path", "normalize_path", "policy_of"]
 
 CostFunc = Callable[[Scope], float]
@@ -343,7 +343,7 @@ def _lookup(
     rules: tuple[tuple[Rule, CompiledRule], ...], index: RuleIndex, method: str, path: str, websocket: bool
 ) -> tuple[CompiledRule, ...]:
     """Match the rules ``index`` gives as candidates for ``path`` (a cache miss): the same answer as
-    ``_scan``, which tries them all."""
+    trying every rule in order."""
     bare = _without_slash(path)
     positions = index.candidates(path)
     if bare is not None:
@@ -366,24 +366,6 @@ def _without_slash(path: str) -> str | None:
     applies to both spellings, since some applications serve both (``StaticFiles`` serves
     ``/files/a.txt/`` as ``/files/a.txt``); a bypass applies to the spelling it matches only."""
     return path[:-1] if len(path) > 1 and path[-1] == "/" else None
-
-
-def _scan(
-    rules: tuple[tuple[Rule, CompiledRule], ...], method: str, path: str, websocket: bool
-) -> tuple[CompiledRule, ...]:
-    """Match the rules one by one: the reference ``_lookup`` must agree with."""
-    bare = _without_slash(path)
-    matched: list[CompiledRule] = []
-    for rule, compiled in rules:
-        if rule.websocket != websocket and not rule.bypass:
-            continue
-        if rule.bypass:
-            if rule.applies(method, path):
-                matched = []
-                break
-        elif rule.applies(method, path) or (bare is not None and rule.applies(method, bare)):
-            matched.append(compiled)
-    return tuple(matched)
 
 
 _policies: dict[tuple[CompiledRule, ...], bytes] = {}

@@ -1,5 +1,4 @@
-"""``value_of`` and ``set_value``: ``mapping.get(key)`` and ``mapping[key] = value`` for ASGI scopes
-and messages.
+"""``value_of``: ``mapping.get(key)`` for ASGI scopes and messages.
 
 A scope or message is typed as a mapping (``ratewarden.types``), so compiled code would look ``get``
 up as a method on every call; they are dicts in practice, which ``value_of`` reads as one. It is the
@@ -9,10 +8,10 @@ Subscripts (``scope["path"]``, ``message["headers"] = ...``) need no such fork.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["set_value", "value_of"]
+__all__ = ["value_of"]
 
 
 def value_of(mapping: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -30,14 +29,3 @@ def value_of(mapping: Mapping[str, Any], key: str, default: Any = None) -> Any:
         return mapping.get(key, default)
     return mapping.get(key, default)  # another Mapping: its own get
 
-
-def set_value(mapping: MutableMapping[str, Any], key: str, value: Any) -> None:
-    """``mapping[key] = value`` (compiled, a dict's store is as fast through the mapping type: no
-    fork needed).
-
-    Args:
-        mapping: An ASGI scope, message or state.
-        key: What to set.
-        value: Its new value.
-    """
-    mapping[key] = value

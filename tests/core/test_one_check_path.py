@@ -19,7 +19,7 @@ from ratewarden.enforcement.check import LimitUnavailable, check, check_rules, d
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.limits import Limit
 from ratewarden.rules import CompiledRule
-from ratewarden.scopes import set_value, value_of
+from ratewarden.scopes import value_of
 from tests.core.asgi import http_scope, request
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ratewarden"
@@ -191,7 +191,7 @@ def test_scopes_read_and_write_any_mapping() -> None:
     scope = PlainMapping(client=("203.0.113.7", 1))
     assert value_of(scope, "client") == ("203.0.113.7", 1)
     assert value_of(scope, "missing", "default") == "default"
-    set_value(scope, "state", PlainMapping())  # type: ignore[arg-type]
+    scope["state"] = PlainMapping()
     assert isinstance(value_of(scope, "state"), PlainMapping)
     context = context_for(scope)  # type: ignore[arg-type]
     assert context_for(scope) is context  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 Regression: with 10,000 prefix rules an unseen path (chosen by the client) tried all 10,000
 patterns (1.1-1.8 ms against 5 us with 10 rules). The trie must give exactly the answers of the
-linear scan (``_scan``): rule order, bypass first, methods, the WebSocket flag, regex rules and
+linear scan (``_scan`` here): rule order, bypass first, methods, the WebSocket flag, regex rules and
 subclasses overriding ``Rule.applies``.
 """
 
@@ -18,9 +18,27 @@ from hypothesis import strategies as st
 import ratewarden.rules as rules_module
 from ratewarden import Rule, RuleSet
 from ratewarden._mypyc import is_compiled
-from ratewarden.rules import RuleIndex, _lookup, _scan, normalize_path
+from ratewarden.rules import CompiledRule, RuleIndex, _lookup, _without_slash, normalize_path
 
 SEGMENTS = ["api", "v1", "v2", "users", "a", "x.txt", "apix", ""]
+
+
+def _scan(
+    rules: tuple[tuple[Rule, CompiledRule], ...], method: str, path: str, websocket: bool
+) -> tuple[CompiledRule, ...]:
+    """Match the rules one by one, in order: the reference ``_lookup`` must agree with."""
+    bare = _without_slash(path)
+    matched: list[CompiledRule] = []
+    for rule, compiled in rules:
+        if rule.websocket != websocket and not rule.bypass:
+            continue
+        if rule.bypass:
+            if rule.applies(method, path):
+                matched = []
+                break
+        elif rule.applies(method, path) or (bare is not None and rule.applies(method, bare)):
+            matched.append(compiled)
+    return tuple(matched)
 
 
 def table(ruleset: RuleSet) -> Any:

@@ -1,4 +1,4 @@
-"""Gateway bench (issue 24, seed 003 reproduced with its peers): ``ratewarden bench --gateway``.
+"""Gateway bench (seed 003 reproduced with its peers): ``ratewarden bench --gateway``.
 
 **Latency through the gateway.** Seed 003's load (premium, standard and basic API keys; PUT with a
 1 KiB body and GET alternating; 15 concurrent keep-alive workers; a few hundred requests per variant,

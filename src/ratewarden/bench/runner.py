@@ -32,8 +32,8 @@ WORKER_CONFIGS = (
     ("traffik", "shm"), ("slowapi", "memory"), ("bare", "none"),
 )
 WORKER_STORES = ("memory", "shm", "redis")
-# The flood scenarios' stores when --store is not given: the shared ones first (where issue 19's
-# over-admission was), memory for reference.
+# The flood scenarios' stores when --store is not given: the shared ones first (where a limiter
+# that is not exact admits too many), memory for reference.
 FLOOD_STORES = ("redis", "memcached", "memory")
 
 _LOGGERS = ("ratewarden", "traffik", "slowapi", "limits", "asyncio")

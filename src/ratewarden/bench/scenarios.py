@@ -247,7 +247,7 @@ def _live() -> list[Scenario]:
 
 
 def _floods() -> list[Scenario]:
-    """The flood of issue 19: 1,000 connections from one client IP against one uvicorn worker,
+    """The flood: 1,000 connections from one client IP against one uvicorn worker,
     100/hour fixed window per client IP, on the shared stores (Redis, Memcached) and memory. What it
     checks is the admitted count: an exact limiter admits 100 and no more, however fast it answers
     the rest."""

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from types import TracebackType
 
+from ..errors import RatewardenError
 from .adapters.base import StoreSpec
 
 __all__ = ["STORES", "BenchError", "StoreService", "free_cluster_port", "free_port"]
@@ -34,7 +35,7 @@ _MEMCACHED_COUNTERS = ("cmd_get", "cmd_set", "cmd_touch", "incr_hits", "incr_mis
 _INSTALL = {"redis": "redis-server", "redis-cluster": "redis-server redis-tools", "memcached": "memcached"}
 
 
-class BenchError(Exception):
+class BenchError(RatewardenError):
     """A user-fixable problem (bad flag, unreachable store, missing tool): printed without a traceback."""
 
 

@@ -1,4 +1,4 @@
-"""WSGI benchmark (issue 23): bare Flask and Django, flask-limiter, django-ratelimit and ratewarden's
+"""WSGI benchmark: bare Flask and Django, flask-limiter, django-ratelimit and ratewarden's
 WSGI integrations (``ratewarden.wsgi.RateLimitMiddleware``, ``ratewarden.flask``, ``ratewarden.django``),
 timed in one process by direct PEP 3333 calls (no socket, no server): a fresh environ per request,
 ``app(environ, start_response)``, the body consumed and ``close()`` called.

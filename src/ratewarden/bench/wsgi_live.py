@@ -1,4 +1,4 @@
-"""Live WSGI rows (issue 23): Flask and Django apps under gunicorn (sync workers, 2 by default) on
+"""Live WSGI rows: Flask and Django apps under gunicorn (sync workers, 2 by default) on
 loopback, loaded by wrk, the way the live ASGI scenarios run (``drivers.live``, ``runner``).
 
 Two scenarios, one hot key each (``X-Client-ID``, a fresh value every wrk run, so no run finds a

@@ -24,7 +24,7 @@ from ..errors import ConfigurationError
 from ..starlette import answer_response
 from ..types import ASGIApp, Receive, Scope, Send
 from .dependency import RateLimit, RateLimitExceeded
-from .dependency import route_context as route_context  # its old home
+from .dependency import route_context as route_context  # re-exported: importable from here
 from .edge import EdgeAnswer, EdgeLayer
 from .openapi import document_limits
 from .routes import edge_layer

@@ -24,7 +24,8 @@ from ..enforcement.answers import (
     too_many_requests_problem,
 )
 from ..enforcement.check import LimitUnavailable, check_rules
-from ..errors import AmbiguousRequest, RatewardenError
+from ..errors import AmbiguousRequest
+from ..errors import RateLimitExceeded as _RateLimitExceeded
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..keys import KeyFunc, client_ip
 from ..limiter import Limiter
@@ -46,8 +47,10 @@ _UNAVAILABLE_HEADERS = tuple(
 )
 
 
-class RateLimitExceeded(HTTPException, RatewardenError):
-    """Raised by ``RateLimit`` when a request is over its limit.
+class RateLimitExceeded(_RateLimitExceeded, HTTPException):
+    """Raised by ``RateLimit`` when a request is over its limit: a ``ratewarden.errors.RateLimitExceeded``
+    (first in its bases, so a handler for that one is found before a generic ``HTTPException``
+    handler) and a Starlette ``HTTPException``.
 
     Args:
         decision: The denying decision.

@@ -18,7 +18,7 @@ from ..context import context_for
 from ..decision import Decision
 from ..enforcement.blocking import check_blocking
 from ..enforcement.check import LimitUnavailable
-from ..errors import AmbiguousRequest, ConfigurationError
+from ..errors import AmbiguousRequest, ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc
 from ..limiter import Limiter
@@ -291,5 +291,5 @@ class RateLimiter:
 def _state() -> AppState:
     state = current_app.extensions.get(EXTENSION_KEY)
     if not isinstance(state, AppState):
-        raise RuntimeError(f"RateLimiter.init_app was not called for the app {current_app.name!r}")
+        raise UsageError(f"RateLimiter.init_app was not called for the app {current_app.name!r}")
     return state

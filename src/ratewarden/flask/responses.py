@@ -20,6 +20,7 @@ from ..enforcement.answers import (
     rejection,
     unavailable_answer,
 )
+from ..errors import RateLimitExceeded as _RateLimitExceeded
 from ..headers import HeaderStyle, rate_limit_headers
 
 __all__ = ["RateLimitExceeded", "add_headers", "answer_response", "unavailable_response"]
@@ -51,8 +52,9 @@ def unavailable_response(exc: BaseException | None = None) -> Response:
     return answer_response(503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
 
 
-class RateLimitExceeded(TooManyRequests):
-    """Raised on a denied request; Flask answers it with ``response``, the problem+json 429, unless
+class RateLimitExceeded(_RateLimitExceeded, TooManyRequests):
+    """Raised on a denied request (a werkzeug ``TooManyRequests`` and a
+    ``ratewarden.errors.RateLimitExceeded``); Flask answers it with ``response``, the problem+json 429, unless
     the app has an ``errorhandler(429)`` (or for ``RateLimitExceeded``), which receives it with
     ``decision`` to build its own answer (``Retry-After`` and the rate-limit headers are added to that
     answer if it lacks them).

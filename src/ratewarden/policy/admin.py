@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..charges import adjust
 from ..decision import Decision
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, UsageError
 from ..limiter import Limiter
 from ..rules import CompiledRule
 from .bans import Bans
@@ -26,7 +26,7 @@ class Operations:
     def _bans(self) -> Bans:
         bans = self._runtime.bans
         if bans is None:
-            raise RuntimeError("bans are not configured (pass bans=Bans(...) or add [bans] to the policy)")
+            raise UsageError("bans are not configured (pass bans=Bans(...) or add [bans] to the policy)")
         return bans
 
     async def block(self, key: str, seconds: float) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..decision import Decision
 from ..enforcement.answers import problem_body
 from ..enforcement.check import rule_costs
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..limiter import Limiter
 from ..metrics import Metrics
@@ -205,7 +205,7 @@ class PolicyCore(Operations):
     def reload(self) -> bool:
         """Reload the policy file now (an admin call); ``False`` if it was invalid (old one kept)."""
         if self.reloader is None:
-            raise RuntimeError("this middleware was not given a policy file to reload")
+            raise UsageError("this middleware was not given a policy file to reload")
         return self.reloader.reload()
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, unquote
 
 from ..caches import remember
 from ..context import STATE_KEY
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, RatewardenError
 from ..headers import HeaderStyle
 from ..limiter import Limiter
 from ..metrics import Metrics
@@ -127,7 +127,7 @@ def costed_policy(policy: Policy) -> Policy:
     return replace(policy, rules=rules)
 
 
-class ServeError(Exception):
+class ServeError(RatewardenError):
     """A request the service cannot decide (a bad description, no policy loaded): answered with
     ``status`` and the message, never a crash."""
 

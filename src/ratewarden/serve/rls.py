@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from ..caches import remember
 from ..decision import Decision
-from ..errors import LimitUnavailable
+from ..errors import LimitUnavailable, RatewardenError
 from ..headers import policy_value, reset_seconds, retry_after_header
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM, Limit
@@ -55,7 +55,7 @@ UINT32_MAX = 2**32 - 1
 Code = Literal["OK", "OVER_LIMIT"]
 
 
-class RlsRequestError(ValueError):
+class RlsRequestError(RatewardenError, ValueError):
     """A request the service cannot answer (empty domain, no descriptors, an empty entry...)."""
 
 

@@ -16,6 +16,8 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from ..errors import ArgumentError, RatewardenError
+
 __all__ = [
     "ACK",
     "AGENT_DISCONNECT",
@@ -66,7 +68,7 @@ _HEADER = struct.Struct(">BI")  # type, flags
 _LENGTH = struct.Struct(">I")
 
 
-class SpopError(Exception):
+class SpopError(RatewardenError):
     """A frame the agent cannot use; ``status`` is the DISCONNECT status code that says why
     (SPOE.txt: 3 too big, 4 invalid, 8 unsupported version, 10 fragmentation not supported...)."""
 
@@ -79,7 +81,7 @@ def encode_varint(value: int) -> bytes:
     """``value`` (>= 0) as HAProxy's variable-length integer: one byte below 240, else a first byte
     with its top 4 bits set carrying the low 4 bits, then 7 bits a byte (the top bit: more follow)."""
     if value < 0:
-        raise ValueError(f"a varint is not negative, got {value}")
+        raise ArgumentError(f"a varint is not negative, got {value}")
     if value < 240:
         return bytes((value,))
     out = bytearray(((value | 0xF0) & 0xFF,))
@@ -164,7 +166,7 @@ def _encode_typed(value: Value) -> bytes:
         return bytes((_BOOL | (_TRUE if value else 0),))
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"only unsigned integers are sent, got {value}")
+            raise ArgumentError(f"only unsigned integers are sent, got {value}")
         return bytes((_UINT32 if value < 2**32 else _UINT64,)) + encode_varint(value)
     if isinstance(value, str):
         raw = value.encode("utf-8", "surrogateescape")

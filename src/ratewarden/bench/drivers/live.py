@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ...errors import RatewardenError
 from ..adapters.base import StoreSpec
 from ..results import Run
 from ..scenarios import Scenario
@@ -41,7 +42,7 @@ __all__ = ["MANY_KEYS", "LiveError", "LiveServer", "ServerStartError", "ServerSt
 MANY_KEYS = 10_000
 
 
-class LiveError(RuntimeError):
+class LiveError(RatewardenError, RuntimeError):
     """The live run cannot proceed (missing wrk, server failed to start...); the message says what to fix."""
 
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from ...decision import Decision
-from ...errors import ConfigurationError
+from ...errors import ArgumentError, ConfigurationError
 from ...limits import Limit
 from ..base import no_reply
 from ..insurance import Ledger
@@ -134,7 +134,7 @@ class MemcachedStore(Batches, Blocking):
         """Charge (positive) or refund (negative) ``amounts[i]`` on ``keys[i]`` without a limit
         check, exactly as ``ratewarden.charges.adjusted_state`` computes it."""
         if not len(keys) == len(limits) == len(amounts):
-            raise ValueError("adjust: keys, limits and amounts must have the same length")
+            raise ArgumentError("adjust: keys, limits and amounts must have the same length")
         self._rejections.invalidate(keys)
         mkeys = [memcached_key(k) for k in keys]
         try:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...decision import Decision
-from ...errors import ConfigurationError
+from ...errors import ArgumentError, ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine, no_reply
 from ..deadline import wait_for_store
@@ -404,7 +404,7 @@ class RedisStore(Store):
         if not keys:
             return []
         if not len(keys) == len(limits) == len(amounts):
-            raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
+            raise ArgumentError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
         self._rejected.invalidate(keys)
         try:
             return await self._peek_at(keys, limits, amounts, "a")

@@ -78,7 +78,7 @@ def charge_one(
     overflow allowance is then charged instead: ``charge_overflow``)."""
     # The one inlined copy of find/read/write (table.py), for a clean entry found: calling them
     # (and load's Slot, settle, later) made a hot-key check ~1.1 µs slower in the interpreter
-    # (2.1 -> 3.3 µs, ctypes mutex), ~55 % (measured, issue 22). The write keeps table.write's
+    # (2.1 -> 3.3 µs, ctypes mutex), ~55 % (measured). The write keeps table.write's
     # next_expiry bound, through the same FIELDS writer (its read costs ~0.09 µs of the check).
     mm = seg.mm
     mask = region.mask

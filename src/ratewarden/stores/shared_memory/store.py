@@ -22,7 +22,7 @@ from ..._mypyc import mypyc_attr
 from ...algorithms import State
 from ...caches import remember
 from ...decision import Decision
-from ...errors import ConfigurationError
+from ...errors import ArgumentError, ConfigurationError
 from ...limits import Limit
 from ..base import Store, combine
 from ..urls import parse_local_url
@@ -224,7 +224,7 @@ class SharedMemoryStore(Store):
         locks = seg.locks
         # locks.lock/unlock inlined, with the thread lock (the one copy): calling them (through
         # lock/unlock wrappers for one key) cost a hot-key check ~0.17 µs in the interpreter
-        # (2.17 -> 2.34 µs, ctypes mutex; measured for issue 22). A robust mutex excludes
+        # (2.17 -> 2.34 µs, ctypes mutex; measured). A robust mutex excludes
         # this process's threads too; an fcntl lock belongs to the process, so threads first take
         # the process's thread lock.
         if native is None:
@@ -297,7 +297,7 @@ class SharedMemoryStore(Store):
             amounts: Units per key: positive charges, negative refunds.
         """
         if not len(keys) == len(limits) == len(amounts):
-            raise ValueError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
+            raise ArgumentError(f"adjust: {len(keys)} keys, {len(limits)} limits and {len(amounts)} amounts must match")
         self.check_limits(limits)
         seg = self._segment()
         return operations.adjust(seg, [self._slot(seg, key) for key in keys], limits, amounts, self.clock())
