@@ -4,9 +4,10 @@ PY := $(VENV)/bin/python
 EXTRAS := dev,fastapi,flask,django,wsgi,redis,memcached,policy,metrics,serve,bench
 # CPython 3.10+ interpreters on this machine, oldest first (pyenv, PATH); `make test` runs the
 # wheel passes on the oldest (with the oldest supported optional dependencies) and the newest.
-PYTHONS := $(shell scripts/pythons.sh)
-OLDEST := $(firstword $(PYTHONS))
-NEWEST := $(lastword $(PYTHONS))
+# (Expanded where used: `make bench` does not look for them.)
+PYTHONS = $(shell scripts/pythons.sh)
+OLDEST = $(firstword $(PYTHONS))
+NEWEST = $(lastword $(PYTHONS))
 # What `make bench` runs: the compiled wheel, built as pip builds it and installed in its own venv.
 WHEEL_VENV := build/venv-wheel
 SOURCES := $(shell find src/ratewarden -name __pycache__ -prune -o -print)
@@ -17,6 +18,7 @@ setup: $(VENV)/.installed
 
 # Redis, Memcached, wrk, HAProxy, nginx, a C compiler and the Python headers, from Debian when missing.
 system-deps:
+	@echo "== system packages: Redis, Memcached, wrk, HAProxy, nginx, a C compiler, the Python headers (installed when missing)"
 	@bash scripts/install-system-deps.sh
 
 # The development venv: an editable, pure-Python install with every extra (lint, the pure pass).
@@ -31,10 +33,11 @@ $(WHEEL_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCE
 	scripts/bench-venv.sh $(WHEEL_VENV)
 	touch $@
 
-# Users install compiled wheels, so the benchmark runs one. A first run on a fresh machine takes about
-# 4 minutes on 2 cores (system packages, the wheel, then the bench's ~3 minutes), a later one ~3 minutes.
+# Users install compiled wheels, so the benchmark runs one. On 2 quiet cores a first run takes about
+# 4 minutes (the wheel's build about 1.5, its install with the bench extras under half a minute, the bench
+# about 2), a later one about 2; a source change rebuilds the wheel.
 bench: $(WHEEL_VENV)/.installed
-	@echo "== make bench: ratewarden bench --quick (about 3 min); the reports go to bench-results/"
+	@echo "== make bench: ratewarden bench --quick (about 2 min); the reports go to bench-results/"
 	$(WHEEL_VENV)/bin/ratewarden bench --quick --out bench-results
 
 demo: setup
