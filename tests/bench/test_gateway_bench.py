@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
-from ratewarden.bench import gateway as g
+from ratewarden.bench.gateway import run
 from ratewarden.bench.gateway_load import LoadResult, Plan, Sample
+from ratewarden.bench.gateway_report import write
+from ratewarden.bench.gateway_rows import GatewayReport, keys_for, round_row
+from ratewarden.bench.gateway_setup import GROUPS, VARIANTS, GatewayOptions
 
 LIMITS = {"premium": 12, "standard": 6, "basic": 3}
 PER_KEY = 15  # requests per key in the tiny run: every group goes over its limit
@@ -30,24 +33,24 @@ needs_gateways = pytest.mark.skipif(not _have_all(), reason="needs haproxy, ngin
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[g.GatewayReport, Path]:
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[GatewayReport, Path]:
     pytest.importorskip("grpc")
     if not _have_all():
         pytest.skip("needs haproxy, nginx and wrk")
-    opts = g.GatewayOptions(rounds=1, warmup=0, requests=PER_KEY * 3, workers=5, rate=0.0, max_seconds=20.0,
+    opts = GatewayOptions(rounds=1, warmup=0, requests=PER_KEY * 3, workers=5, rate=0.0, max_seconds=20.0,
                             keys_per_group=1, limits=LIMITS, capacity=True, capacity_seconds=1.0,
                             capacity_rounds=1, capacity_connections=4)
-    report = g.run(opts, log=lambda _: None)
+    report = run(opts, log=lambda _: None)
     out = tmp_path_factory.mktemp("gateway")
-    g.write(out, report)
+    write(out, report)
     return report, out
 
 
 @needs_gateways
-def test_every_variant_ran_with_the_seed_columns(tiny: tuple[g.GatewayReport, Path]) -> None:
+def test_every_variant_ran_with_the_seed_columns(tiny: tuple[GatewayReport, Path]) -> None:
     report, _ = tiny
-    assert [v.key for v in report.variants] == list(g.VARIANTS)
-    assert {"haproxy-ratewarden", "haproxy-floor", "haproxy-spoe", "haproxy-spoe-floor"} <= set(g.VARIANTS)
+    assert [v.key for v in report.variants] == list(VARIANTS)
+    assert {"haproxy-ratewarden", "haproxy-floor", "haproxy-spoe", "haproxy-spoe-floor"} <= set(VARIANTS)
     for v in report.variants:
         assert v.missing == "", (v.key, v.missing)
         assert len(v.rounds) == 1
@@ -55,7 +58,7 @@ def test_every_variant_ran_with_the_seed_columns(tiny: tuple[g.GatewayReport, Pa
         assert rnd.requests == PER_KEY * 3 and rnd.unsent == 0
         assert set(rnd.latency_ms) >= {"mean", "p95", "p99"}
         assert rnd.rps > 0
-        assert [gr.group for gr in v.groups()] == list(g.GROUPS)
+        assert [gr.group for gr in v.groups()] == list(GROUPS)
         for gr in v.groups():
             assert gr.requests == PER_KEY
             assert gr.other == 0, (v.key, gr)
@@ -67,7 +70,7 @@ def test_every_variant_ran_with_the_seed_columns(tiny: tuple[g.GatewayReport, Pa
 
 
 @needs_gateways
-def test_limiting_rows_are_exact_per_tier(tiny: tuple[g.GatewayReport, Path]) -> None:
+def test_limiting_rows_are_exact_per_tier(tiny: tuple[GatewayReport, Path]) -> None:
     report, _ = tiny
     for v in report.variants:
         for gr in v.groups():
@@ -86,7 +89,7 @@ def test_limiting_rows_are_exact_per_tier(tiny: tuple[g.GatewayReport, Path]) ->
 
 
 @needs_gateways
-def test_capacity_rows_and_targets(tiny: tuple[g.GatewayReport, Path]) -> None:
+def test_capacity_rows_and_targets(tiny: tuple[GatewayReport, Path]) -> None:
     report, _ = tiny
     assert [(c.protocol, c.server) for c in report.capacity] == [
         ("http", "floor"), ("grpc", "floor"), ("http", "floor-headers"), ("http", "ours"), ("grpc", "ours")]
@@ -108,14 +111,14 @@ def test_capacity_rows_and_targets(tiny: tuple[g.GatewayReport, Path]) -> None:
 
 
 @needs_gateways
-def test_outputs(tiny: tuple[g.GatewayReport, Path]) -> None:
+def test_outputs(tiny: tuple[GatewayReport, Path]) -> None:
     _, out = tiny
     data = json.loads((out / "gateway.json").read_text())
-    assert [v["key"] for v in data["variants"]] == list(g.VARIANTS)
+    assert [v["key"] for v in data["variants"]] == list(VARIANTS)
     assert data["options"]["limits"] == LIMITS
     with (out / "gateway.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(g.VARIANTS) * (len(g.GROUPS) + 1)
+    assert len(rows) == len(VARIANTS) * (len(GROUPS) + 1)
     native = {r["group"]: r for r in rows if r["variant"] == "haproxy-native"}
     assert native["basic"]["admitted"] == "3" and native["basic"]["limit"] == "3" and native["basic"]["exact"] == "yes"
     assert native["all"]["over_limit"] == "False"
@@ -130,7 +133,7 @@ def test_outputs(tiny: tuple[g.GatewayReport, Path]) -> None:
 
 def _result(oks: list[int], n: int) -> tuple[Plan, LoadResult]:
     """Made-up answers: key i (one per group) got ``oks[i]`` 200s, then 429s, of ``n`` each."""
-    plan = Plan(g.keys_for("x", 0, 1), n * 3)
+    plan = Plan(keys_for("x", 0, 1), n * 3)
     res = LoadResult(seconds=1.0)
     for k, ok in enumerate(oks):
         res.samples += [Sample(k, 200 if i < ok else 429, 0.001) for i in range(n)]
@@ -139,31 +142,31 @@ def _result(oks: list[int], n: int) -> tuple[Plan, LoadResult]:
 
 def test_exactness_verdicts() -> None:
     limits = {"premium": 10, "standard": 5, "basic": 2}
-    rw = g.VARIANTS["haproxy-ratewarden"]
+    rw = VARIANTS["haproxy-ratewarden"]
     plan, res = _result([10, 4, 3], 12)  # exact, under, over
-    row = g.round_row(0, rw, plan, res, limits)
+    row = round_row(0, rw, plan, res, limits)
     verdicts = {gr.group: gr.exact for gr in row.groups}
     assert verdicts == {"premium": "yes", "standard": "NO", "basic": "⚠ over"}
     assert [gr.over_limit for gr in row.groups] == [False, False, True]
     plan, res = _result([8, 5, 2], 8)  # fewer requests than the premium limit: all of them is exact
-    assert all(gr.exact == "yes" for gr in g.round_row(0, rw, plan, res, limits).groups)
+    assert all(gr.exact == "yes" for gr in round_row(0, rw, plan, res, limits).groups)
     # nginx limit_req leaks: 60 r/m over a 1 s run lets one more through, "within", not over
-    leaky = g.VARIANTS["nginx-limit_req"]
+    leaky = VARIANTS["nginx-limit_req"]
     plan, res = _result([12, 5, 2], 12)
-    row = g.round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
+    row = round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
     assert row.groups[0].exact == "yes"
     plan, res = _result([12, 6, 2], 12)
-    row = g.round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
+    row = round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
     assert row.groups[1].exact == "⚠ over"  # 5 r/m leaks nothing in 1 s
-    none = g.round_row(0, g.VARIANTS["haproxy"], *_result([12, 12, 12], 12))
+    none = round_row(0, VARIANTS["haproxy"], *_result([12, 12, 12], 12))
     assert [gr.exact for gr in none.groups] == ["—"] * 3 and none.groups[0].limit is None
 
 
 def test_nginx_leaky_bucket_within() -> None:
-    leaky = g.VARIANTS["nginx-limit_req"]
+    leaky = VARIANTS["nginx-limit_req"]
     plan, res = _result([61, 5, 2], 70)
     res.seconds = 2.0  # 60 r/m leaks 2 more in 2 s: 61 admitted is within its allowance of 62
-    row = g.round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
+    row = round_row(0, leaky, plan, res, {"premium": 60, "standard": 5, "basic": 2})
     assert row.groups[0].exact == "within" and row.groups[0].allowance == 62 and not row.groups[0].over_limit
 
 

@@ -112,7 +112,7 @@ def register(subparsers: Any) -> None:
 
 
 def _gateway_variants() -> list[str]:
-    from ..bench.gateway import VARIANTS
+    from ..bench.gateway_setup import VARIANTS
 
     return list(VARIANTS)
 
@@ -216,13 +216,14 @@ def _run_wsgi(args: argparse.Namespace) -> int:
 
 def _run_gateway(args: argparse.Namespace) -> int:
     """``--gateway``: seed 003's scenario through HAProxy and nginx, and the service's capacity (``bench.gateway``)."""
-    from ..bench import gateway
+    from ..bench import gateway, gateway_report
+    from ..bench.gateway_setup import VARIANTS, GatewayOptions
     from ..bench.services import BenchError
 
-    variants = _csv(args.gateway_variants) or list(gateway.VARIANTS)
-    unknown = [v for v in variants if v not in gateway.VARIANTS]
+    variants = _csv(args.gateway_variants) or list(VARIANTS)
+    unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        return _fail(f"unknown --gateway-variants {', '.join(unknown)}; choose from {', '.join(gateway.VARIANTS)}")
+        return _fail(f"unknown --gateway-variants {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     rounds = _given(args.iterations, 5)
     if rounds < 1 or args.warmup < 0 or args.gateway_requests < 1 or args.gateway_rate < 0 \
             or args.capacity_seconds <= 0:
@@ -232,7 +233,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     problem = _unwritable(out)
     if problem:
         return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
-    opts = gateway.GatewayOptions(rounds=rounds, warmup=args.warmup, requests=args.gateway_requests,
+    opts = GatewayOptions(rounds=rounds, warmup=args.warmup, requests=args.gateway_requests,
                                   rate=args.gateway_rate, variants=variants, capacity=not args.no_capacity,
                                   capacity_seconds=args.capacity_seconds, capacity_rounds=rounds)
     before = os.getloadavg()
@@ -243,8 +244,8 @@ def _run_gateway(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     report.meta = {"command": "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
                    "load": _load_line(before, os.getloadavg()), "seconds": round(time.monotonic() - t0, 1)}
-    paths = gateway.write(out, report)
-    print(gateway.summary(report))
+    paths = gateway_report.write(out, report)
+    print(gateway_report.summary(report))
     print(f"reports: {', '.join(str(p) for p in paths)}")
     return 0
 
