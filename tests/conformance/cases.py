@@ -106,7 +106,6 @@ ENVOY_ONLY_DESCRIPTORS = "Envoy's API has no method, path, query or headers: onl
 ENVOY_SKIP = Difference(ENVOY_ONLY_DESCRIPTORS, skip=True)
 ENVOY_ONE_RATE = Difference("Envoy gives a descriptor one rate: several limits are several descriptors (several-rules)", skip=True)
 ZERO_RATE = "a rate of 0 is a ConfigurationError; only Envoy's requests_per_unit: 0 refuses every request"
-ZERO_HEADERS = "a limit of 0 refuses with its headers, like any limit, and no Retry-After: nothing ever fits"
 NO_REQUEST_COST = "the request carries no cost of its own (only a rule's cost)"
 #: Doors whose requests carry a cost of their own.
 REQUEST_COST_DOORS = ("serve-v1-check", "grpc")
@@ -268,12 +267,7 @@ CASES: tuple[Case, ...] = (
         },
         {},
         envoy=_envoy("  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 0}\n", descriptors=(CLIENT,)),
-        differences={
-            **_each((*RULE_DOORS, *POLICY_DOORS), Difference(ZERO_RATE, skip=True)),
-            "grpc": Difference(
-                ZERO_HEADERS, xfail="gRPC refuses a requests_per_unit: 0 descriptor with no rate-limit headers at all, "
-                "where every other refusal carries those of the limit that refused"),
-        },
+        differences=_each((*RULE_DOORS, *POLICY_DOORS), Difference(ZERO_RATE, skip=True)),
     ),
     Case(
         "request-cost",

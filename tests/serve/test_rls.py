@@ -141,7 +141,21 @@ async def test_requests_per_unit_zero_is_always_over() -> None:
     rls = service(EXAMPLE_3)
     blocked = await rls.should_rate_limit("edge_proxy_per_ip", [d(("remote_address", "50.0.0.5"))])
     assert not blocked.overall_ok and blocked.statuses[0].code == "OVER_LIMIT"
+    # Refused by a limit of 0: its headers, as any refusal has, and no Retry-After (nothing ever fits).
+    headers = dict(blocked.headers)
+    assert headers["ratelimit-policy"] == '"edge_proxy_per_ip.remote_address_50.0.0.5";q=0;w=1'
+    assert headers["ratelimit"].startswith('"edge_proxy_per_ip.remote_address_50.0.0.5";r=0;t=')
+    assert (headers["x-ratelimit-limit"], headers["x-ratelimit-remaining"]) == ("0", "0")
+    assert "retry-after" not in headers
     assert await ok_count(rls, "edge_proxy_per_ip", [d(("remote_address", "50.0.0.1"))], 15) == 10
+    # Beside a counted descriptor, the limit of 0 decides, both are listed, and nothing is charged.
+    both = await rls.should_rate_limit(
+        "edge_proxy_per_ip", [d(("remote_address", "50.0.0.2")), d(("remote_address", "50.0.0.5"))])
+    assert not both.overall_ok and [s.code for s in both.statuses] == ["OK", "OVER_LIMIT"]
+    assert dict(both.headers)["ratelimit-policy"] == (
+        '"edge_proxy_per_ip.remote_address";q=10;w=1, "edge_proxy_per_ip.remote_address_50.0.0.5";q=0;w=1')
+    assert dict(both.headers)["x-ratelimit-limit"] == "0"
+    assert await ok_count(rls, "edge_proxy_per_ip", [d(("remote_address", "50.0.0.2"))], 15) == 10
 
 
 async def test_replaces() -> None:

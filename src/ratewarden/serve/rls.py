@@ -132,6 +132,7 @@ class _Plan:
     shadow: bool = False
     period: int = 1
     decision: Decision | None = None
+    name: str = ""  # a zero plan's limit name in the headers (a counted plan's is its limit's)
 
 
 class RateLimitService:
@@ -155,7 +156,7 @@ class RateLimitService:
         self.max_descriptors = max_descriptors
         self.max_entries = max_entries
         self._overrides: dict[tuple[int, str, str], Limit] = {}
-        self._policies: dict[tuple[Limit, ...], str] = {}
+        self._policies: dict[tuple[Limit | tuple[str, int], ...], str] = {}
         self._keys: dict[tuple[object, ...], str] = {}
         self._namespaces: dict[str, str] = {}
 
@@ -265,7 +266,8 @@ class RateLimitService:
             shadow = rate_limit.shadow_mode
         period = UNIT_SECONDS[unit]
         if limit is None:  # requests_per_unit 0: every request is over
-            return _Plan(index, "zero", current, cost=cost, shadow=shadow, period=period), name
+            label = name or (match.rate_limit.full_key if override is None and match is not None else f"0/{period * 1000}")
+            return _Plan(index, "zero", current, cost=cost, shadow=shadow, period=period, name=label), name
         cache_key = (domain, entries, limit.suffix, tuple(shared.items()) if shared else ())
         key = self._keys.get(cache_key, "")
         if not key:
@@ -356,7 +358,7 @@ class RateLimitService:
         statuses: list[DescriptorStatus] = []
         overall_ok = True
         closest: _Plan | None = None
-        shown: list[Limit] = []
+        shown: list[_Plan] = []  # the enforced limits, listed in RateLimit-Policy
         for plan in plans:
             kind = plan.kind
             if kind == "none":
@@ -369,6 +371,11 @@ class RateLimitService:
                 over = True
                 remaining = 0
                 reset = _window_left(plan.period)
+                if not plan.shadow:  # refused by a limit of 0: its headers, as any limit's refusal has
+                    plan.decision = Decision(False, 0, 0, reset, math.inf, float(plan.period), plan.name)
+                    shown.append(plan)
+                    if closest is None or _closer(plan, closest):
+                        closest = plan
             else:
                 decision = plan.decision
                 assert decision is not None
@@ -376,8 +383,7 @@ class RateLimitService:
                 remaining = min(max(0, decision.remaining), UINT32_MAX)
                 reset = decision.reset_after
                 if not plan.shadow:
-                    assert plan.limit is not None
-                    shown.append(plan.limit)
+                    shown.append(plan)
                     if closest is None or _closer(plan, closest):
                         closest = plan
             if plan.shadow:
@@ -391,18 +397,22 @@ class RateLimitService:
             headers = self._headers(closest, shown, not overall_ok)
         return RlsAnswer(overall_ok, statuses, headers)
 
-    def _headers(self, plan: _Plan, shown: list[Limit], over: bool) -> list[tuple[str, str]]:
+    def _headers(self, plan: _Plan, shown: list[_Plan], over: bool) -> list[tuple[str, str]]:
         """``headers.rate_limit_headers`` (both styles) of the plan's decision, as text, listing every
-        enforced limit in ``RateLimit-Policy``; ``Retry-After`` when the request is over."""
-        limit = plan.limit
+        enforced limit in ``RateLimit-Policy`` (a limit of 0 as ``q=0``); ``Retry-After`` when the
+        request is over and can fit later."""
         decision = plan.decision
-        assert decision is not None and limit is not None
-        policies = tuple(dict.fromkeys(shown))
+        assert decision is not None
+        policies = tuple(dict.fromkeys(p.limit if p.limit is not None else (p.name, p.period) for p in shown))
         policy = self._policies.get(policies)
         if policy is None:
-            policy = policy_value(policies).decode("latin-1")
+            policy = ", ".join(
+                policy_value((item,)).decode("latin-1") if isinstance(item, Limit) else f'"{item[0]}";q=0;w={item[1]}'
+                for item in policies
+            )
             remember(self._policies, policies, policy, 1024)
-        name = limit.name.encode("latin-1", "replace").decode("latin-1")
+        label = plan.limit.name if plan.limit is not None else plan.name
+        name = label.encode("latin-1", "replace").decode("latin-1")
         remaining = str(decision.remaining)
         reset = str(reset_seconds(decision))
         headers = [
