@@ -27,6 +27,7 @@ from ratewarden.bench.results import Run
 from ratewarden.bench.runner import Options, Result, Task, _add_ratios, _row, plan_tasks, run_all
 from ratewarden.bench.scenarios import FLOOD_CONNECTIONS, SCENARIOS, Scenario, resolve
 from ratewarden.cli import bench as cli
+from ratewarden.cli import bench_plan
 
 FLOOD = ("flood.middleware", "flood.dependency")
 needs_wrk = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
@@ -50,7 +51,7 @@ def test_flood_resolves_by_group_and_key() -> None:
 
 
 def test_cli_floods_redis_memcached_and_memory_unless_told(tmp_path: Path) -> None:
-    planned = cli._plan(_args("--scenario", "flood", "--out", str(tmp_path), "--flood-duration", "1.5"))
+    planned = bench_plan.plan(_args("--scenario", "flood", "--out", str(tmp_path), "--flood-duration", "1.5"))
     assert not isinstance(planned, str)
     opts, _ = planned
     expected = [s for s in ("redis", "memcached") if shutil.which(f"{s}-server" if s == "redis" else s)]
@@ -59,9 +60,9 @@ def test_cli_floods_redis_memcached_and_memory_unless_told(tmp_path: Path) -> No
     tasks = plan_tasks(opts)
     assert {t.concurrency for t in tasks} == {1000}
     assert [t.library for t in tasks].count("bare") == 2  # once per flood scenario, not per store
-    told = cli._plan(_args("--scenario", "flood.middleware", "--store", "redis", "--out", str(tmp_path)))
+    told = bench_plan.plan(_args("--scenario", "flood.middleware", "--store", "redis", "--out", str(tmp_path)))
     assert not isinstance(told, str) and told[0].flood_stores == ["redis"]
-    assert cli._plan(_args("--scenario", "flood", "--flood-duration", "0", "--out", str(tmp_path))) == (
+    assert bench_plan.plan(_args("--scenario", "flood", "--flood-duration", "0", "--out", str(tmp_path))) == (
         "--concurrency, --iterations, --duration and --flood-duration must be positive (--warmup >= 0)")
 
 
@@ -250,7 +251,7 @@ def test_flood_runs_end_to_end_on_redis(tmp_path: Path) -> None:
 
 
 def test_quick_floods_once_on_the_first_shared_store(tmp_path: Path) -> None:
-    planned = cli._plan(_args("--quick", "--out", str(tmp_path)))
+    planned = bench_plan.plan(_args("--quick", "--out", str(tmp_path)))
     assert not isinstance(planned, str)
     opts, _ = planned
     flood = [t for t in plan_tasks(opts) if t.scenario.group == "flood"]
@@ -263,13 +264,13 @@ def test_quick_floods_once_on_the_first_shared_store(tmp_path: Path) -> None:
 def test_explicit_values_are_kept_whatever_the_mode(tmp_path: Path) -> None:
     """``--quick`` shortens only what was not given: an explicit ``--iterations 5`` or
     ``--duration 10`` (a plain default) stays as given."""
-    quick = cli._plan(_args("--quick", "--out", str(tmp_path)))
+    quick = bench_plan.plan(_args("--quick", "--out", str(tmp_path)))
     assert not isinstance(quick, str)
     assert (quick[0].iterations, quick[0].duration, quick[0].flood_duration) == (3, 2.0, 2.0)
-    told = cli._plan(_args("--quick", "--iterations", "5", "--duration", "10", "--flood-duration", "3",
+    told = bench_plan.plan(_args("--quick", "--iterations", "5", "--duration", "10", "--flood-duration", "3",
                            "--out", str(tmp_path)))
     assert not isinstance(told, str)
     assert (told[0].iterations, told[0].duration, told[0].flood_duration) == (5, 10.0, 3.0)
-    plain = cli._plan(_args("--scenario", "flood", "--out", str(tmp_path)))
+    plain = bench_plan.plan(_args("--scenario", "flood", "--out", str(tmp_path)))
     assert not isinstance(plain, str)
     assert (plain[0].iterations, plain[0].flood_duration) == (3, 3.0)

@@ -26,6 +26,7 @@ from ratewarden.bench.results import Run, spread
 from ratewarden.bench.runner import Options, Result, Task, _add_ratios, _groups, _row, plan_tasks, run_all
 from ratewarden.bench.scenarios import MEASURES, QUICK_LIVE, SCENARIOS
 from ratewarden.cli import bench as cli
+from ratewarden.cli import bench_plan
 
 ALLOWED = MEASURES["allowed"]
 REJECTED = MEASURES["rejected"]
@@ -80,7 +81,7 @@ def _md_line(md: str, title: str, lib: str) -> list[str]:
 
 def test_quick_has_an_all_allowed_live_row_beside_the_hot_key(tmp_path: Path) -> None:
     assert "live.allowed" in QUICK_LIVE and "live.light" in QUICK_LIVE
-    planned = cli._plan(_args("--quick", "--out", str(tmp_path)))
+    planned = bench_plan.plan(_args("--quick", "--out", str(tmp_path)))
     assert not isinstance(planned, str)
     opts, _ = planned
     live_tasks = [t for t in plan_tasks(opts) if t.scenario.group == "live"]

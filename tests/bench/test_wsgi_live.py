@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ratewarden.bench import wsgi_apps, wsgi_live
+from ratewarden.bench import wsgi_apps, wsgi_live, wsgi_live_apps
 from ratewarden.bench.results import Row, Run
 from ratewarden.cli import bench as cli
 
@@ -96,11 +96,11 @@ def test_counted_sums_the_answers_of_every_worker(tmp_path: Path) -> None:
         start_response(next(statuses), [])
         return [b""]
 
-    counted = wsgi_apps.Counted(app, str(tmp_path))
+    counted = wsgi_live_apps.Counted(app, str(tmp_path))
     for _ in range(5):
         wsgi_apps.call(counted, wsgi_apps.base_environ())
     (tmp_path / "99999999").write_bytes((3).to_bytes(8, "little") + bytes(24))  # another worker's file
-    assert wsgi_apps.read_counts(str(tmp_path)) == (2, {"2xx": 5, "429": 1, "403": 1, "other": 1})
+    assert wsgi_live_apps.read_counts(str(tmp_path)) == (2, {"2xx": 5, "429": 1, "403": 1, "other": 1})
     assert sorted(os.listdir(tmp_path)) == sorted([str(os.getpid()), "99999999"])
 
 

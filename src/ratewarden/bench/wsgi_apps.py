@@ -1,7 +1,7 @@
 """The apps of the WSGI benchmark (``ratewarden.bench.wsgi``): bare Flask and Django, flask-limiter,
 django-ratelimit, ratewarden's WSGI integrations and the floors, each built for a given limit; the
-PEP 3333 calls that time them (``call``, ``timed``, ``burst``); and ``gunicorn_app`` for the live rows
-(``gunicorn 'ratewarden.bench.wsgi_apps:gunicorn_app("flask-limiter", "allow")'``).
+PEP 3333 calls that time them (``call``, ``timed``, ``burst``). The live rows serve them under
+gunicorn through ``wsgi_live_apps``.
 
 This module is also Django's ``ROOT_URLCONF`` in the benchmark process (``urlpatterns``).
 """
@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 __all__ = [
-    "ALLOW", "COUNT_SLOTS", "EXACT_CALLS", "EXACT_LIMIT", "EXACT_THREADS", "KEY_HEADER", "LIVE_VARIANTS", "PATH",
-    "Counted", "Floor429", "FloorHeaders", "FloorRedis", "WSGIApp", "base_environ", "burst", "call", "django_bare",
-    "django_ratelimit_app", "flask_bare", "flask_limiter_app", "gunicorn_app", "live_app", "read_counts",
-    "rw_django", "rw_django_mw", "rw_flask", "rw_wsgi_flask", "timed", "use_django_cache",
+    "ALLOW", "EXACT_CALLS", "EXACT_LIMIT", "EXACT_THREADS", "KEY_HEADER", "PATH", "Floor429", "FloorHeaders",
+    "FloorRedis", "WSGIApp", "base_environ", "burst", "call", "django_bare", "django_handler",
+    "django_ratelimit_app", "flask_bare", "flask_limiter_app", "rw_django", "rw_django_mw", "rw_flask",
+    "rw_limiter", "rw_wsgi_flask", "timed", "use_django_cache",
 ]
 
 ALLOW = 10**9  # a limit never reached in a run: every request allowed
@@ -213,7 +213,7 @@ def flask_limiter_app(limit: int, storage_uri: str, *, per: str = "hour", key: s
     return app
 
 
-def _rw_limiter(store: str, redis_url: str, timeout: float | None = None) -> Any:
+def rw_limiter(store: str, redis_url: str, timeout: float | None = None) -> Any:
     """ratewarden's ``Limiter`` on ``store``: ``memory``, ``shm`` (``redis_url`` is then the store's
     ``shm://`` URL) or ``redis`` (its check timeout ``timeout``, else the store's default)."""
     from ratewarden import Limiter
@@ -256,7 +256,7 @@ def rw_wsgi_flask(limit: int, store: str, redis_url: str = "", *, per: str = "ho
 
     k = _rw_key(key)
     rule = Rule(PATH, f"{limit}/{per}") if k is None else Rule(PATH, f"{limit}/{per}", key=k)
-    return RateLimitMiddleware(flask_bare(), _rw_limiter(store, redis_url, timeout), [rule])
+    return RateLimitMiddleware(flask_bare(), rw_limiter(store, redis_url, timeout), [rule])
 
 
 def rw_flask(limit: int, store: str, redis_url: str = "", *, per: str = "hour", key: str = "ip",
@@ -267,7 +267,7 @@ def rw_flask(limit: int, store: str, redis_url: str = "", *, per: str = "hour", 
     from ratewarden.flask import RateLimiter  # type: ignore[import-not-found,unused-ignore]
 
     app = Flask(_uid("bench"))
-    ext = RateLimiter(app, limiter=_rw_limiter(store, redis_url, timeout), key=_rw_key(key))
+    ext = RateLimiter(app, limiter=rw_limiter(store, redis_url, timeout), key=_rw_key(key))
 
     @app.get(PATH)
     @ext.limit(f"{limit}/{per}")
@@ -326,7 +326,7 @@ def _plain_view(request: Any) -> Any:
     return JsonResponse({"ok": True})
 
 
-def _django_handler(middleware: Sequence[str] = ()) -> WSGIApp:
+def django_handler(middleware: Sequence[str] = ()) -> WSGIApp:
     from django.conf import settings
     from django.core.handlers.wsgi import WSGIHandler  # type: ignore[import-untyped]
 
@@ -346,7 +346,7 @@ def django_bare(redis_url: str = "") -> tuple[WSGIApp, str]:
 
         urlpatterns.append(path(PATH[1:], _plain_view, name="bare"))
         _clear_url_caches()
-    return _django_handler(), PATH
+    return django_handler(), PATH
 
 
 def django_ratelimit_app(limit: int, redis_url: str = "", *, per: str = "hour",
@@ -376,7 +376,7 @@ def rw_django(limit: int, store: str, redis_url: str = "") -> tuple[WSGIApp, str
     from ratewarden.django import limit as rw_limit
 
     handler, _ = django_bare(redis_url)
-    view = rw_limit(f"{limit}/hour", key="ip", limiter=_rw_limiter(store, redis_url))(_plain_view)
+    view = rw_limit(f"{limit}/hour", key="ip", limiter=rw_limiter(store, redis_url))(_plain_view)
     return handler, _django_route(_uid("rwd"), view)
 
 
@@ -395,7 +395,7 @@ def _rw_django_settings(store: str, redis_url: str) -> None:
     from django.urls import path as route
 
     value = {
-        "STORE": _rw_limiter(store, redis_url).store,
+        "STORE": rw_limiter(store, redis_url).store,
         "ON_ERROR": "closed",
         "RULES": [
             {"path": f"/rwmw-{store}-{_RUN}-allow", "rate": f"{ALLOW}/hour"},
@@ -420,7 +420,7 @@ def rw_django_mw(limit: int, store: str, redis_url: str = "") -> tuple[WSGIApp, 
 
     django_bare(redis_url)
     _rw_django_settings(store, redis_url)
-    handler = _django_handler(["ratewarden.django.RateLimitMiddleware"])
+    handler = django_handler(["ratewarden.django.RateLimitMiddleware"])
     if limit == ALLOW:
         which = "allow"
     elif limit == 1:
@@ -430,137 +430,3 @@ def rw_django_mw(limit: int, store: str, redis_url: str = "") -> tuple[WSGIApp, 
         _rw_django_exact_used[store] = used + 1
         which = f"exact{used}"
     return handler, f"/rwmw-{store}-{_RUN}-{which}"
-
-
-# ---------------------------------------------------------------------------------------------- gunicorn
-
-#: The apps ``gunicorn_app`` serves (the live rows of ``ratewarden.bench.wsgi_live``).
-LIVE_VARIANTS = ("flask bare", "django bare", "floor: fixed 429", "flask-limiter", "ratewarden.flask",
-                 "ratewarden.wsgi", "django-ratelimit", "ratewarden.django")
-#: ratewarden's Redis check timeout in the live rows: with several servers' workers on few cores (and
-#: fail-closed checks), the default would time the scheduler, as the ASGI multi-worker rows found.
-LIVE_REDIS_TIMEOUT = 1.0
-#: What each worker counts by the status of its answers (``Counted``), in this order.
-COUNT_SLOTS = ("2xx", "429", "403", "other")
-
-
-class Counted:
-    """``app`` counting its answers by status (``COUNT_SLOTS``) in a small file of the directory
-    ``directory`` named after the worker's pid (memory-mapped: a count costs no system call). The
-    harness sums the files: the admitted count of every worker, answers wrk never read included."""
-
-    def __init__(self, app: WSGIApp, directory: str) -> None:
-        import threading
-
-        self.app, self.directory = app, directory
-        self._lock = threading.Lock()  # gthread workers answer from several threads
-        self._pid = 0
-        self._map: Any = None
-        self._open()
-
-    def _open(self) -> None:
-        import mmap
-
-        path = os.path.join(self.directory, str(os.getpid()))
-        with open(path, "a+b") as f:
-            f.truncate(8 * len(COUNT_SLOTS))
-            self._map = mmap.mmap(f.fileno(), 8 * len(COUNT_SLOTS))
-        self._pid = os.getpid()
-
-    def _bump(self, status: str) -> None:
-        slot = 0 if status[:1] == "2" else {"429": 1, "403": 2}.get(status[:3], 3)
-        with self._lock:
-            if self._pid != os.getpid():  # forked after the app was built (--preload)
-                self._open()
-            at = 8 * slot
-            self._map[at:at + 8] = (int.from_bytes(self._map[at:at + 8], "little") + 1).to_bytes(8, "little")
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            self._bump(status)
-            return start_response(status, headers, exc_info)
-
-        return self.app(environ, start)
-
-
-def read_counts(directory: str) -> tuple[int, dict[str, int]]:
-    """(workers that have counted, their answers summed by ``COUNT_SLOTS``) from ``Counted``'s files."""
-    total = dict.fromkeys(COUNT_SLOTS, 0)
-    files = 0
-    for name in os.listdir(directory):
-        try:
-            with open(os.path.join(directory, name), "rb") as f:
-                raw = f.read(8 * len(COUNT_SLOTS))
-        except OSError:
-            continue
-        if len(raw) < 8 * len(COUNT_SLOTS):
-            continue
-        files += 1
-        for i, slot in enumerate(COUNT_SLOTS):
-            total[slot] += int.from_bytes(raw[8 * i:8 * i + 8], "little")
-    return files, total
-
-
-def _rw_django_mw_live(limit: int, store: str, url: str, per: str, key: str) -> tuple[WSGIApp, str]:
-    """Django + ``ratewarden.django.RateLimitMiddleware`` with one ``settings.RATEWARDEN`` rule on
-    ``PATH`` (a gunicorn worker serves this one app)."""
-    from django.conf import settings
-    from django.test.signals import setting_changed
-
-    import ratewarden.django  # noqa: F401 - fails here, not in the middleware chain, if it does not import
-
-    django_bare(url if store == "redis" else "")
-    rule: dict[str, Any] = {"path": PATH, "rate": f"{limit}/{per}"}
-    if key == "header":
-        rule["key"] = f"header:{KEY_HEADER}"
-    value = {"STORE": _rw_limiter(store, url, LIVE_REDIS_TIMEOUT).store, "ON_ERROR": "closed", "RULES": [rule]}
-    settings.RATEWARDEN = value
-    setting_changed.send(sender=None, setting="RATEWARDEN", value=value, enter=True)
-    return _django_handler(["ratewarden.django.RateLimitMiddleware"]), PATH
-
-
-def live_app(variant: str, limit: int, store: str, url: str = "", *, per: str = "hour",
-             key: str = "ip") -> tuple[WSGIApp, str]:
-    """One of ``LIVE_VARIANTS`` limited to ``limit`` per ``per`` on ``store``: ratewarden on ``memory``,
-    ``shm`` (``url``: its ``shm://`` URL) or ``redis``; the peers on their per-process memory (flask-limiter
-    ``memory://``, django-ratelimit ``LocMemCache``) unless ``store`` is ``redis`` (``url``)."""
-    redis_url = url if store == "redis" else ""
-    if variant == "flask bare":
-        return flask_bare(), PATH
-    if variant == "floor: fixed 429":
-        return Floor429(flask_bare()), PATH
-    if variant == "django bare":
-        return django_bare(redis_url)
-    if variant == "flask-limiter":
-        return flask_limiter_app(limit, redis_url or "memory://", per=per, key=key), PATH
-    if variant == "ratewarden.flask":
-        return rw_flask(limit, store, url, per=per, key=key, timeout=LIVE_REDIS_TIMEOUT), PATH
-    if variant == "ratewarden.wsgi":
-        return rw_wsgi_flask(limit, store, url, per=per, key=key, timeout=LIVE_REDIS_TIMEOUT), PATH
-    if variant == "django-ratelimit":
-        app = django_ratelimit_app(limit, redis_url, per=per, key=key)
-        use_django_cache("redis" if redis_url else "default")
-        return app
-    if variant == "ratewarden.django":
-        return _rw_django_mw_live(limit, store, url, per, key)
-    raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(LIVE_VARIANTS)}")
-
-
-def gunicorn_app(variant: str, mode: str = "allow", store: str = "memory") -> WSGIApp:
-    """An app of ``LIVE_VARIANTS`` for gunicorn (``ratewarden.bench.wsgi_apps:gunicorn_app("flask-limiter",
-    "limit", "memory")``), every request sent to its limited route: ``mode`` is ``allow`` (a limit never
-    reached) or ``limit`` (``RW_BENCH_LIMIT`` per ``RW_BENCH_PER``, default 100 per hour). From the
-    environment: the store's URL (``RW_BENCH_STORE_URL``: Redis or ``shm://``), the key (``RW_BENCH_KEY``:
-    ``ip`` or ``header``) and the directory of the answer counts (``RW_BENCH_COUNTS``, ``Counted``)."""
-    limit = ALLOW if mode == "allow" else int(os.environ.get("RW_BENCH_LIMIT", "100"))
-    app, path = live_app(variant, limit, store, os.environ.get("RW_BENCH_STORE_URL", ""),
-                         per=os.environ.get("RW_BENCH_PER", "hour"), key=os.environ.get("RW_BENCH_KEY", "ip"))
-    if path != PATH:
-        inner = app
-
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            environ["PATH_INFO"] = path
-            return inner(environ, start_response)
-
-    counts = os.environ.get("RW_BENCH_COUNTS", "")
-    return Counted(app, counts) if counts else app

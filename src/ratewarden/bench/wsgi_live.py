@@ -48,7 +48,8 @@ from .results import Row, Run, median_run, spread
 from .runner import _clear_of_window_edge
 from .scenarios import Scenario
 from .services import BenchError, StoreService
-from .wsgi_apps import ALLOW, COUNT_SLOTS, read_counts
+from .wsgi_apps import ALLOW
+from .wsgi_live_apps import COUNT_SLOTS, read_counts
 
 __all__ = ["LIMIT", "PHASES", "SCENARIOS", "GunicornServer", "LiveVariant", "add_ratios", "as_dicts", "describe",
            "live_row", "live_table", "over_limit_lines", "run_live", "variants"]
@@ -75,7 +76,7 @@ _STORES = {
 
 @dataclass(frozen=True)
 class LiveVariant:
-    """One row: the app (a name of ``wsgi_apps.LIVE_VARIANTS``), its framework and what it is
+    """One row: the app (a name of ``wsgi_live_apps.LIVE_VARIANTS``), its framework and what it is
     (``bare``: the framework's baseline; ``floor``: no limiter, a fixed 429; ``limiter``)."""
 
     name: str
@@ -141,7 +142,7 @@ class GunicornServer(live.LiveServer):
         self.port = live.free_port()
         mode = "allow" if self.scenario.measure == "allowed" else "limit"
         store = self.store.kind if self.variant.kind == "limiter" else "memory"
-        app = f'ratewarden.bench.wsgi_apps:gunicorn_app("{self.variant.name}", "{mode}", "{store}")'
+        app = f'ratewarden.bench.wsgi_live_apps:gunicorn_app("{self.variant.name}", "{mode}", "{store}")'
         argv = [sys.executable, "-m", "gunicorn", app, "--bind", f"127.0.0.1:{self.port}",
                 "--workers", str(self.workers), "--worker-class", self.worker_class, "--threads", str(self.threads),
                 "--log-level", "warning", "--graceful-timeout", "2", "--backlog", "2048"]

@@ -5,25 +5,19 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ..bench.scenarios import MEASURES, QUICK_FLOOD, QUICK_LIVE, QUICK_SCENARIOS, SCENARIOS, resolve
+from ..bench.scenarios import MEASURES, SCENARIOS
+from .bench_plan import QUICK_LIBRARIES, csv_list, given, plan, unwritable
 
 if TYPE_CHECKING:
     from ..bench.runner import Options
 
 __all__ = ["register", "run"]
 
-QUICK_LIBRARIES = "ratewarden,traffik,slowapi,bare"
-_T = TypeVar("_T")
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 class _HelpWithDefaults(argparse.HelpFormatter):
@@ -131,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_wsgi(args)
     if args.gateway:
         return _run_gateway(args)
-    planned = _plan(args)
+    planned = plan(args)
     if isinstance(planned, str):
         return _fail(planned)
     opts, out = planned
@@ -168,15 +162,15 @@ def _run_wsgi(args: argparse.Namespace) -> int:
     from ..bench.drivers.live import LiveError, require_wrk
     from ..bench.services import BenchError, StoreService
 
-    stores = _csv(args.store or "memory")
+    stores = csv_list(args.store or "memory")
     if not stores or any(s not in ("memory", "redis") for s in stores):
         return _fail(f"--wsgi runs on --store memory and/or redis, got {args.store!r}")
     try:
-        levels = [int(c) for c in _csv(args.concurrency)]
+        levels = [int(c) for c in csv_list(args.concurrency)]
     except ValueError:
         return _fail(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
     # Live rows: 3 s wrk runs unless --duration says otherwise, 2 sync workers unless --workers does.
-    duration = _given(args.duration, 3.0)
+    duration = given(args.duration, 3.0)
     workers = args.workers or 2
     if any(c < 1 for c in levels) or duration <= 0 or args.warmup < 0 or workers < 1:
         return _fail("--concurrency, --duration and --workers must be positive (--warmup >= 0)")
@@ -186,10 +180,10 @@ def _run_wsgi(args: argparse.Namespace) -> int:
         except LiveError as exc:
             return _fail(str(exc))
     out = Path(args.out)
-    problem = _unwritable(out)
+    problem = unwritable(out)
     if problem:
         return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
-    rounds, concurrency = max(3, _given(args.iterations, 3)), (levels or [50])[0]
+    rounds, concurrency = max(3, given(args.iterations, 3)), (levels or [50])[0]
     rows: list[Any] = []
     targets: list[dict[str, Any]] = []
     live_rows: list[Any] = []
@@ -220,22 +214,22 @@ def _run_gateway(args: argparse.Namespace) -> int:
     from ..bench.gateway_setup import VARIANTS, GatewayOptions
     from ..bench.services import BenchError
 
-    variants = _csv(args.gateway_variants) or list(VARIANTS)
+    variants = csv_list(args.gateway_variants) or list(VARIANTS)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         return _fail(f"unknown --gateway-variants {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    rounds = _given(args.iterations, 5)
+    rounds = given(args.iterations, 5)
     if rounds < 1 or args.warmup < 0 or args.gateway_requests < 1 or args.gateway_rate < 0 \
             or args.capacity_seconds <= 0:
         return _fail("--iterations, --gateway-requests and --capacity-seconds must be positive "
                      "(--warmup and --gateway-rate >= 0)")
     out = Path(args.out)
-    problem = _unwritable(out)
+    problem = unwritable(out)
     if problem:
         return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
     opts = GatewayOptions(rounds=rounds, warmup=args.warmup, requests=args.gateway_requests,
-                                  rate=args.gateway_rate, variants=variants, capacity=not args.no_capacity,
-                                  capacity_seconds=args.capacity_seconds, capacity_rounds=rounds)
+                          rate=args.gateway_rate, variants=variants, capacity=not args.no_capacity,
+                          capacity_seconds=args.capacity_seconds, capacity_rounds=rounds)
     before = os.getloadavg()
     t0 = time.monotonic()
     try:
@@ -258,135 +252,6 @@ def _load_line(before: tuple[float, float, float], after: tuple[float, float, fl
     cores = len(os.sched_getaffinity(0))
     busy = " (above the core count: other work competed for the CPU)" if max(before[0], after[0]) > cores else ""
     return f"load average (1/5/15 min) {fmt(before)} at the start, {fmt(after)} at the end, on {cores} cores{busy}"
-
-
-def _plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
-    """The run the arguments ask for, or what is wrong with them (before anything runs): the
-    checks run in this order, and the first failing one gives the message."""
-    names, duration, flood_duration, iterations = _quick_defaults(args)
-    warmup_duration = max(1.0, min(2.0, duration / 2))
-    scenarios = _scenarios(args, names)
-    if isinstance(scenarios, str):
-        return scenarios
-    libraries = _libraries(args)
-    if isinstance(libraries, str):
-        return libraries
-    store_plan = _stores(args, scenarios)
-    if isinstance(store_plan, str):
-        return store_plan
-    stores, worker_stores, flood_stores = store_plan
-    try:
-        levels = [int(c) for c in _csv(args.concurrency)]
-    except ValueError:
-        return f"--concurrency takes comma-separated integers, got {args.concurrency!r}"
-    if any(c < 1 for c in levels) or iterations < 1 or args.warmup < 0 or duration <= 0 \
-            or flood_duration <= 0:
-        return "--concurrency, --iterations, --duration and --flood-duration must be positive (--warmup >= 0)"
-    if args.workers < 0 or args.workers == 1:
-        return f"--workers takes 2 or more (0 = one per core, at least 2), got {args.workers}"
-    from ..bench.drivers.live import LiveError, require_wrk
-
-    if any(s.mode == "live" for s in scenarios):
-        try:
-            require_wrk()
-        except LiveError as exc:
-            return str(exc)
-    out = Path(args.out)
-    problem = _unwritable(out)
-    if problem:
-        return f"--out {out}: {problem}; give a directory that can be created and written"
-    from ..bench.runner import Options
-
-    opts = Options(scenarios=scenarios, libraries=libraries, stores=stores, iterations=iterations,
-                   warmup=args.warmup, concurrency=levels or None, duration=duration,
-                   warmup_duration=warmup_duration, redis_url=args.redis_url, memcached_url=args.memcached_url,
-                   redis_cluster_url=args.redis_cluster_url, workers=args.workers,
-                   worker_stores=worker_stores, flood_stores=flood_stores, flood_duration=flood_duration)
-    return opts, out
-
-
-def _quick_defaults(args: argparse.Namespace) -> tuple[list[str], float, float, int]:
-    """The scenarios ``--quick`` adds (when no ``--scenario`` is given), and the live duration,
-    flood duration and iterations: ``--quick`` shortens the ones left at their defaults."""
-    if not args.quick:
-        return [], _given(args.duration, 10.0), _given(args.flood_duration, 3.0), _given(args.iterations, 3)
-    names = list(QUICK_SCENARIOS + QUICK_LIVE + QUICK_FLOOD) if args.scenario is None else []
-    # Short live iterations, the usual 3 interleaved rounds (min, median, max: how noisy the machine was):
-    # make bench's first run, wheel build included, stays within about 4 minutes on 2 cores.
-    return names, _given(args.duration, 2.0), _given(args.flood_duration, 2.0), _given(args.iterations, 3)
-
-
-def _given(value: _T | None, default: _T) -> _T:
-    """An option's value, or the mode's default when it was not given."""
-    return default if value is None else value
-
-
-def _scenarios(args: argparse.Namespace, names: list[str]) -> list[Any] | str:
-    """The scenarios named (``--scenario``, else all or the quick ones) that ``--driver`` runs."""
-    for value in args.scenario or ([] if args.quick else ["all"]):
-        names = names + _csv(value)
-    try:
-        scenarios = resolve(names)
-    except KeyError as exc:
-        return f"unknown scenario {exc.args[0]!r}; run `ratewarden bench --list` to see them"
-    if args.driver == "inprocess":
-        scenarios = [s for s in scenarios if s.mode != "live"]
-    elif args.driver == "live":
-        scenarios = [s for s in scenarios if s.mode == "live"]
-    if not scenarios:
-        return "no scenario left to run (check --scenario and --driver)"
-    return scenarios
-
-
-def _libraries(args: argparse.Namespace) -> list[str] | str:
-    """The libraries to compare (``--library``, else every one or the quick ones), each importable."""
-    from ..bench.adapters import LIBRARIES, load
-
-    libraries = _csv(args.library or (QUICK_LIBRARIES if args.quick else ",".join(LIBRARIES)))
-    for lib in libraries:
-        if lib not in LIBRARIES:
-            return f"unknown library {lib!r}; choose from {', '.join(LIBRARIES)}"
-        try:
-            load(lib)
-        except ImportError as exc:
-            return str(exc)
-    return libraries
-
-
-def _stores(args: argparse.Namespace, scenarios: list[Any]) -> tuple[list[str], list[str], list[str]] | str:
-    """The stores of the in-process runs, of the multi-worker scenario and of the floods
-    (``--store`` for all three, else each one's defaults)."""
-    from ..bench.runner import WORKER_STORES
-    from ..bench.services import STORES
-
-    stores = _csv(args.store or "memory")
-    worker_stores = stores if args.store else list(WORKER_STORES)
-    if not args.store and not args.redis_url and shutil.which("redis-server") is None \
-            and any(s.workers != 1 for s in scenarios):
-        print("ratewarden bench: redis-server is not installed and no --redis-url given: the multi-worker "
-              "scenario runs without its Redis row", file=sys.stderr)
-        worker_stores.remove("redis")
-    flood_stores = stores if args.store else _flood_stores(args, scenarios)
-    if args.quick and not args.store:
-        flood_stores = flood_stores[:1]  # one store: the first shared one available
-    for store in stores:
-        if store not in STORES:
-            return f"unknown store {store!r}; choose from {', '.join(STORES)}"
-    return stores, worker_stores, flood_stores
-
-
-def _flood_stores(args: argparse.Namespace, scenarios: list[Any]) -> list[str]:
-    """The flood scenarios' default stores: Redis and Memcached where a server can be had (a URL, or
-    the binary to start one), then memory."""
-    from ..bench.runner import FLOOD_STORES
-
-    have = {"redis": bool(args.redis_url) or shutil.which("redis-server") is not None,
-            "memcached": bool(args.memcached_url) or shutil.which("memcached") is not None}
-    missing = [kind for kind, ok in have.items() if not ok]
-    if missing and any(s.group == "flood" for s in scenarios) and not args.quick:
-        print(f"ratewarden bench: {' and '.join(missing)} not installed and no URL given: the flood scenarios "
-              f"run without {'that store' if len(missing) == 1 else 'those stores'}", file=sys.stderr)
-    return [s for s in FLOOD_STORES if have.get(s, True)]
 
 
 def _meta(opts: Options) -> Any:
@@ -426,22 +291,6 @@ def _meta(opts: Options) -> Any:
                                "nothing pinned; a fresh hot key per iteration, runs kept clear of a window "
                                "boundary; CPU and RSS summed over the uvicorn processes",
     } if any(s.workers != 1 for s in opts.scenarios) else {}))
-
-
-def _unwritable(out: Path) -> str:
-    """Why the reports could not be written into ``out`` ("" when they can): checked before the
-    run, by creating the directory and a probe file, so a bad ``--out`` never costs the results."""
-    import tempfile
-
-    if out.exists() and not out.is_dir():
-        return "is an existing file, not a directory"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".ratewarden-probe-"):
-            pass
-    except OSError as exc:
-        return f"not writable ({exc.strerror or exc})"
-    return ""
 
 
 def _run_with_progress(opts: Any) -> list[Any]:

@@ -122,78 +122,99 @@ def limit(
         view_is_async = iscoroutinefunction(view) or _async_class_view(view)
         if not view_is_async and callable(key) and iscoroutinefunction(key):
             raise ConfigurationError(f"limit() on {label}: an async key function needs an async view")
-
-        def applies(request: Any) -> bool:
-            return methods is None or request.method in methods
-
-        def finish(request: Any, outcome: Outcome, config: DjangoConfig) -> Any:
-            decision, answer = outcome
-            if decision is not None and not decision.allowed:
-                request.limited = True
-                if block:
-                    return answer
-            elif answer is not None:  # the fail-closed 503
-                return answer
-            elif not getattr(request, "limited", False):
-                request.limited = False
-            return None
-
-        def mode(config: DjangoConfig) -> tuple[HeaderMode, HeaderStyle]:
-            return headers or config.headers, header_style or config.header_style
-
-        def with_headers(response: Any, outcome: Outcome, config: DjangoConfig, policy: bytes) -> Any:
-            decision = outcome[0]
-            wanted, style = mode(config)
-            if decision is not None and decision.allowed and wanted == "always":
-                add_headers(response, decision, style, policy)
-            return response
-
-        async def call_async(request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if not applies(request):
-                result = view(request, *args, **kwargs)
-                return await result if _awaitable(result) else result
-            config, checker, rules = bound.get()
-            outcome: Outcome = (None, None)
-            if checker.enabled:
-                wanted, style = mode(config)
-                on_limit = config.on_limit if block else None
-                outcome = await outcome_async(checker, rules, request, wanted, style, rules[0].policy, on_limit)
-            answer = finish(request, outcome, config)
-            if answer is not None:
-                return answer
-            result = view(request, *args, **kwargs)
-            if _awaitable(result):
-                result = await result
-            return with_headers(result, outcome, config, rules[0].policy)
-
+        guarded = _Guarded(view, bound, methods, block, headers, header_style)
         if view_is_async:
 
             @functools.wraps(view)
             async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-                return await call_async(request, args, kwargs)
+                return await guarded.call_async(request, args, kwargs)
 
             return markcoroutinefunction(async_wrapper)
 
         @functools.wraps(view)
         def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            if in_event_loop():  # a sync dispatch() of an async class-based view: its handler's coroutine
-                return call_async(request, args, kwargs)
-            if not applies(request):
-                return view(request, *args, **kwargs)
-            config, checker, rules = bound.get()
-            outcome: Outcome = (None, None)
-            if checker.enabled:
-                wanted, style = mode(config)
-                on_limit = config.on_limit if block else None
-                outcome = outcome_sync(checker, rules, request, wanted, style, rules[0].policy, on_limit)
-            answer = finish(request, outcome, config)
-            if answer is not None:
-                return answer
-            return with_headers(view(request, *args, **kwargs), outcome, config, rules[0].policy)
+            return guarded.call_sync(request, args, kwargs)
 
         return wrapper
 
     return decorate
+
+
+class _Guarded:
+    """One view under ``@limit``: each request its method counts is checked against the bound rule,
+    then answered (429, or the fail-closed 503) or passed to the view, whose allowed response gets
+    the rate-limit headers."""
+
+    __slots__ = ("block", "bound", "header_style", "headers", "methods", "view")
+
+    def __init__(self, view: View, bound: _Bound, methods: frozenset[str] | None, block: bool,
+                 headers: HeaderMode | None, header_style: HeaderStyle | None) -> None:
+        self.view = view
+        self.bound = bound
+        self.methods = methods
+        self.block = block
+        self.headers = headers
+        self.header_style = header_style
+
+    def applies(self, request: Any) -> bool:
+        return self.methods is None or request.method in self.methods
+
+    def mode(self, config: DjangoConfig) -> tuple[HeaderMode, HeaderStyle]:
+        return self.headers or config.headers, self.header_style or config.header_style
+
+    def finish(self, request: Any, outcome: Outcome) -> Any:
+        """The answer instead of the view's (None: call the view), ``request.limited`` set."""
+        decision, answer = outcome
+        if decision is not None and not decision.allowed:
+            request.limited = True
+            if self.block:
+                return answer
+        elif answer is not None:  # the fail-closed 503
+            return answer
+        elif not getattr(request, "limited", False):
+            request.limited = False
+        return None
+
+    def with_headers(self, response: Any, outcome: Outcome, config: DjangoConfig, policy: bytes) -> Any:
+        decision = outcome[0]
+        wanted, style = self.mode(config)
+        if decision is not None and decision.allowed and wanted == "always":
+            add_headers(response, decision, style, policy)
+        return response
+
+    async def call_async(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self.applies(request):
+            result = self.view(request, *args, **kwargs)
+            return await result if _awaitable(result) else result
+        config, checker, rules = self.bound.get()
+        outcome: Outcome = (None, None)
+        if checker.enabled:
+            wanted, style = self.mode(config)
+            on_limit = config.on_limit if self.block else None
+            outcome = await outcome_async(checker, rules, request, wanted, style, rules[0].policy, on_limit)
+        answer = self.finish(request, outcome)
+        if answer is not None:
+            return answer
+        result = self.view(request, *args, **kwargs)
+        if _awaitable(result):
+            result = await result
+        return self.with_headers(result, outcome, config, rules[0].policy)
+
+    def call_sync(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if in_event_loop():  # a sync dispatch() of an async class-based view: its handler's coroutine
+            return self.call_async(request, args, kwargs)
+        if not self.applies(request):
+            return self.view(request, *args, **kwargs)
+        config, checker, rules = self.bound.get()
+        outcome: Outcome = (None, None)
+        if checker.enabled:
+            wanted, style = self.mode(config)
+            on_limit = config.on_limit if self.block else None
+            outcome = outcome_sync(checker, rules, request, wanted, style, rules[0].policy, on_limit)
+        answer = self.finish(request, outcome)
+        if answer is not None:
+            return answer
+        return self.with_headers(self.view(request, *args, **kwargs), outcome, config, rules[0].policy)
 
 
 def _async_class_view(view: View) -> bool:

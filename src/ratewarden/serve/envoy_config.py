@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..algorithms import ALGORITHMS, AlgorithmName, algorithm_name, unknown_algorithm
+from ..algorithms import AlgorithmName
 from ..limits import DEFAULT_ALGORITHM, Limit
 from ..policy.schema import PolicyError, Problem
 from ..rates import Rate
+from .envoy_yaml import Reader, kind_of
 
 if TYPE_CHECKING:
     import yaml
@@ -62,7 +63,6 @@ _DESCRIPTOR_FIELDS = (
     "value_to_metric", "share_threshold", "metadata", "algorithm",
 )
 _RATE_LIMIT_FIELDS = ("unit", "requests_per_unit", "unlimited", "name", "replaces")
-_UINT32_MAX = 2**32 - 1
 
 
 class EnvoyConfigError(PolicyError):
@@ -154,107 +154,6 @@ def is_envoy_config(document: object) -> bool:
     return isinstance(document, Mapping) and "domain" in document
 
 
-class _Reader:
-    """Walks the composed YAML nodes, collecting every problem with its line."""
-
-    def __init__(self, source: str) -> None:
-        import yaml
-
-        self.yaml = yaml
-        self.source = source
-        self.problems: list[Problem] = []
-
-    def error(self, path: str, node: yaml.Node | None, message: str) -> None:
-        line = int(node.start_mark.line) + 1 if node is not None else None
-        self.problems.append(Problem(path, message, line, self.source))
-
-    def mapping(self, node: yaml.Node, path: str, allowed: Sequence[str]) -> dict[str, tuple[yaml.Node, yaml.Node]]:
-        """The mapping's fields by name; unknown and repeated fields are problems."""
-        if not isinstance(node, self.yaml.MappingNode):
-            self.error(path, node, f"expected a mapping of fields ({', '.join(allowed)}), got {_kind(node)}")
-            return {}
-        found: dict[str, tuple[yaml.Node, yaml.Node]] = {}
-        for key_node, value_node in node.value:
-            name = str(key_node.value) if isinstance(key_node, self.yaml.ScalarNode) else "?"
-            where = f"{path}.{name}" if path else name
-            if name not in allowed:
-                hint = _close(name, allowed)
-                self.error(where, key_node, f"unknown field {name!r}{hint}; allowed here: {', '.join(allowed)}")
-            elif name in found:
-                self.error(where, key_node, f"field {name!r} is given twice")
-            else:
-                found[name] = (key_node, value_node)
-        return found
-
-    def string(self, node: yaml.Node, path: str) -> str:
-        if isinstance(node, self.yaml.ScalarNode) and node.tag != "tag:yaml.org,2002:null":
-            return str(node.value)
-        if isinstance(node, self.yaml.ScalarNode):
-            return ""
-        self.error(path, node, f"expected a string, got {_kind(node)}")
-        return ""
-
-    def boolean(self, node: yaml.Node, path: str) -> bool:
-        if isinstance(node, self.yaml.ScalarNode):
-            if node.tag == "tag:yaml.org,2002:bool":
-                return str(node.value).lower() in ("true", "yes", "on", "y")
-            if node.tag == "tag:yaml.org,2002:null":
-                return False
-        self.error(path, node, f"expected true or false, got {_describe(node)}")
-        return False
-
-    def uint32(self, node: yaml.Node, path: str) -> int:
-        if isinstance(node, self.yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int":
-            try:
-                number = int(str(node.value).replace("_", ""), 0)
-            except ValueError:
-                number = -1
-            if 0 <= number <= _UINT32_MAX:
-                return number
-        self.error(path, node, f"expected a whole number from 0 to {_UINT32_MAX}, got {_describe(node)}")
-        return 0
-
-    def sequence(self, node: yaml.Node, path: str) -> list[yaml.Node]:
-        if isinstance(node, self.yaml.SequenceNode):
-            return list(node.value)
-        if isinstance(node, self.yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
-            return []
-        self.error(path, node, f"expected a list, got {_kind(node)}")
-        return []
-
-    def algorithm(self, node: yaml.Node, path: str) -> AlgorithmName | None:
-        name = self.string(node, path)
-        if name in ALGORITHMS:
-            return algorithm_name(name)
-        self.error(path, node, unknown_algorithm(name))
-        return None
-
-
-def _kind(node: yaml.Node) -> str:
-    import yaml
-
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    return _describe(node)
-
-
-def _describe(node: yaml.Node) -> str:
-    import yaml
-
-    if isinstance(node, yaml.ScalarNode):
-        return repr(node.value)
-    return _kind(node)
-
-
-def _close(name: str, allowed: Sequence[str]) -> str:
-    import difflib
-
-    match = difflib.get_close_matches(name, allowed, n=1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
-
-
 def parse_envoy_config(text: str, source: str = "<envoy config>") -> EnvoyDomain:
     """Parse one envoyproxy/ratelimit configuration; every problem raises ``EnvoyConfigError``.
 
@@ -264,7 +163,7 @@ def parse_envoy_config(text: str, source: str = "<envoy config>") -> EnvoyDomain
     """
     import yaml
 
-    reader = _Reader(source)
+    reader = Reader(source)
     try:
         document = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -294,7 +193,7 @@ def parse_envoy_config(text: str, source: str = "<envoy config>") -> EnvoyDomain
 
 
 def _load_descriptors(
-    reader: _Reader, parent: EnvoyDescriptor, nodes: Sequence[yaml.Node], path: str, parent_key: str,
+    reader: Reader, parent: EnvoyDescriptor, nodes: Sequence[yaml.Node], path: str, parent_key: str,
     default: AlgorithmName,
 ) -> None:
     """Load ``nodes`` as ``parent``'s children (the Go service's ``loadDescriptors``)."""
@@ -303,7 +202,7 @@ def _load_descriptors(
 
 
 def _load_descriptor(
-    reader: _Reader, parent: EnvoyDescriptor, node: yaml.Node, where: str, parent_key: str, default: AlgorithmName
+    reader: Reader, parent: EnvoyDescriptor, node: yaml.Node, where: str, parent_key: str, default: AlgorithmName
 ) -> None:
     """Load one descriptor into ``parent.children``."""
     fields = reader.mapping(node, where, _DESCRIPTOR_FIELDS)
@@ -346,7 +245,7 @@ def _load_descriptor(
         )
     metadata = value_of("metadata")
     if metadata is not None and not isinstance(metadata, reader.yaml.MappingNode):
-        reader.error(f"{where}.metadata", metadata, f"expected a mapping, got {_kind(metadata)}")
+        reader.error(f"{where}.metadata", metadata, f"expected a mapping, got {kind_of(metadata)}")
     rate_limit = None
     rate_node = value_of("rate_limit")
     if rate_node is not None:
@@ -367,7 +266,7 @@ def _load_descriptor(
 
 
 def _load_rate_limit(
-    reader: _Reader, node: yaml.Node, path: str, full_key: str, shadow: bool, algorithm: AlgorithmName
+    reader: Reader, node: yaml.Node, path: str, full_key: str, shadow: bool, algorithm: AlgorithmName
 ) -> EnvoyRateLimit | None:
     fields = reader.mapping(node, path, _RATE_LIMIT_FIELDS)
     before = len(reader.problems)
