@@ -153,3 +153,19 @@ def test_a_key_function_the_door_cannot_call_is_refused_where_it_is_declared() -
         Rule("/x", "1/s", key=get_user)  # zero arguments: only the Flask door calls it that way
     with pytest.raises(ConfigurationError, match="cost: two"):
         Rule("/x", "1/s", cost=two)  # type: ignore[arg-type]
+
+
+def broken_cost(scope: Any) -> float:
+    raise RuntimeError("pricing service down")
+
+
+async def test_a_cost_function_that_raises_charges_the_rules_own_cost_on_asgi(caplog: pytest.LogCaptureFixture) -> None:
+    app = RateLimitMiddleware(hello_asgi, Limiter(MemoryStore()), [Rule("/**", "2/min", cost=broken_cost, name="api")])
+    with caplog.at_level(logging.WARNING, logger="ratewarden"):
+        assert [(await asgi_request(app, "/x")).status for _ in range(4)] == [200, 200, 429, 429]
+    assert any("rule 'api' charges cost 1 instead" in r.getMessage() for r in caplog.records)
+
+
+def test_a_cost_function_that_raises_charges_the_rules_own_cost_on_wsgi() -> None:
+    app = WSGIRateLimitMiddleware(hello, Limiter(MemoryStore()), [Rule("/**", "2/min", cost=broken_cost)])
+    assert statuses(app, "/x", 4) == [200, 200, 429, 429]

@@ -248,7 +248,8 @@ async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Sco
 
 def rule_costs(rule: CompiledRule, scope: Scope) -> Sequence[float]:
     """What the request costs under each of ``rule``'s limits (its cost function's answer, when it
-    has one).
+    has one). A cost function that raises is logged and counted, and the rule's own cost (1) is
+    charged: a failing cost function never lifts the limit.
 
     Args:
         rule: A rule the request matched.
@@ -256,7 +257,13 @@ def rule_costs(rule: CompiledRule, scope: Scope) -> Sequence[float]:
     """
     if rule.cost_fn is None:
         return rule.costs
-    return [float(rule.cost_fn(scope))] * len(rule.limits)
+    try:
+        return [float(rule.cost_fn(scope))] * len(rule.limits)
+    except AmbiguousRequest:
+        raise
+    except Exception as exc:  # never unlimited: the rule's own cost (1) is charged instead
+        log_failure("cost function", exc, f"; rule {rule.rule.name!r} charges cost {rule.cost:g} instead")
+        return rule.costs
 
 
 def add_charge(
