@@ -59,6 +59,7 @@ LOG_INTERVAL = 1.0
 #: Keys the insurance limiter remembers having seeded in an outage (emptied whole when full: a key
 #: seeded again is only brought down to its share, never up).
 SEEDED = 16_384
+SEEDED_BYTES = SEEDED * 512
 #: ``Limiter.store_failing``'s default: a failed check this recent (seconds) means the store fails.
 FAILING_FOR = 5.0
 
@@ -117,7 +118,7 @@ class Limiter:
         if isinstance(fallback, str):
             if fallback != "local":
                 raise ConfigurationError(f"fallback must be a local store, 'local' or None, got {fallback!r}")
-            self._owns_fallback = not isinstance(self.store, MemoryStore)
+            self._owns_fallback = not (self.store.local and isinstance(self.store, MemoryStore))
             self.fallback = MemoryStore() if self._owns_fallback else None
         elif isinstance(fallback, Store):
             fallback.require("local", "Limiter(fallback=...)")
@@ -251,7 +252,7 @@ class Limiter:
                 continue
             left = ledger.last_remaining(key, now) if ledger is not None else None
             if left is None and workers == 1:  # the whole limit: nothing to bring down
-                remember(seeded, key, now + limit.rate.period, SEEDED)
+                remember(seeded, key, now + limit.rate.period, SEEDED, SEEDED_BYTES)
                 continue
             share = (limit.rate.limit if left is None else max(0, left)) // workers
             (current,) = fallback.peek_now((key,), (limit,))
@@ -259,7 +260,7 @@ class Limiter:
             if current.remaining > share and fallback.supports("adjust"):
                 (current,) = fallback.adjust_now((key,), (limit,), (current.remaining - share,))
                 until = current.reset_after
-            remember(seeded, key, now + (until if until > 0 else limit.rate.period), SEEDED)
+            remember(seeded, key, now + (until if until > 0 else limit.rate.period), SEEDED, SEEDED_BYTES)
 
     def store_failing(self, within: float = FAILING_FOR) -> StoreError | None:
         """The store's last failure, when a check failed in the last ``within`` seconds and the

@@ -474,3 +474,21 @@ async def test_memcached_outage_is_seeded_and_charged_back(memcached_server: Mem
         assert decision.remaining == 20 - 1 - 8
     finally:
         await limiter.close()
+
+
+def test_the_ledger_is_bounded_whatever_the_keys() -> None:
+    """A flood of distinct keys: the last answers stay at most ``ANSWERS`` (emptied whole when
+    full), the charges owed at most ``OWED`` (beyond, counted as ``dropped``), a long key kept too."""
+    from ratewarden.decision import Decision
+    from ratewarden.stores.insurance import ANSWERS, OWED, Ledger
+
+    ledger = Ledger()
+    (limit,) = make_limits("5/hour")
+    answer = Decision(True, 5, 4, 3600.0, 0.0)
+    for i in range(ANSWERS + 100):
+        ledger.note(f"rw:{{|{i}}}:{limit.suffix}", answer)
+        ledger.owe([f"rw:{{|{i}}}:{limit.suffix}"], [limit], [1.0], answer)
+    assert len(ledger.answers) <= ANSWERS and len(ledger.owed) == OWED and ledger.dropped == 100
+    long_key = "rw:{|" + "k" * 200 + "}:" + limit.suffix
+    ledger.note(long_key, answer)
+    assert ledger.last_remaining(long_key, time.monotonic()) == 4

@@ -20,8 +20,10 @@ from .base import Store
 
 __all__ = ["ANSWERS", "OWED", "Ledger"]
 
-#: Keys whose last answer a store keeps (emptied whole when full, as every lookup cache).
+#: Keys whose last answer a store keeps (emptied whole when full, as every lookup cache), and their
+#: bytes at most: room for the longest storage keys (a client key of ``MAX_KEY_LENGTH``).
 ANSWERS = 16_384
+ANSWER_BYTES = ANSWERS * 512
 #: Keys whose local admissions wait to be charged back; beyond, new keys' are not kept (``dropped``).
 OWED = 16_384
 
@@ -49,7 +51,7 @@ class Ledger:
         """
         now = time.monotonic()
         self.answered_at = now
-        remember(self.answers, key, (decision.remaining, now + decision.reset_after), ANSWERS)
+        remember(self.answers, key, (decision.remaining, now + decision.reset_after), ANSWERS, ANSWER_BYTES)
 
     def note_check(self, keys: Sequence[str], limits: Sequence[Limit], decision: Decision) -> None:
         """The store answered ``decision`` for a check of ``keys``: noted for the key whose limit
