@@ -46,6 +46,16 @@ each test (``pytest_configure``) and in the end-of-run listing (``pytest_session
 def pytest_configure(config: pytest.Config) -> None:
     for message, category in _THIRD_PARTY:
         config.addinivalue_line("filterwarnings", f"ignore:{message}:{category.__name__}")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_FromWorkers())
+
+
+class _FromWorkers:
+    """Under pytest-xdist (``-n``), the controller lists what the workers found left open."""
+
+    @staticmethod
+    def pytest_testnodedown(node: object, error: object) -> None:
+        _LEFT_OPEN.extend(getattr(node, "workeroutput", {}).get("left_open", ()))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -92,10 +102,10 @@ def _collect_garbage() -> Iterator[None]:
 _LEFT_OPEN: list[str] = []
 
 
-def pytest_sessionfinish() -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """What survived a test and was left open later (a module- or session-scoped fixture's client,
     torn down after the per-test collection and frozen with it) is listed at the end of the run,
-    not raised: it cannot be pinned on one test."""
+    not raised: it cannot be pinned on one test. An xdist worker hands its list to the controller."""
     gc.unfreeze()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
@@ -104,6 +114,9 @@ def pytest_sessionfinish() -> None:
         gc.collect()
         gc.collect()
     _LEFT_OPEN.extend(str(w.message) for w in caught if issubclass(w.category, ResourceWarning))
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["left_open"] = list(_LEFT_OPEN)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
