@@ -76,7 +76,7 @@ HOT_MODULES = [
     "src/ratewarden/asgi/middleware.py",
     "src/ratewarden/asgi/websocket.py",
     "src/ratewarden/fastapi/edge.py",
-    "src/ratewarden/enforcement/blocking.py",
+    "src/ratewarden/enforcement/sync_check.py",
     "src/ratewarden/wsgi/scope.py",
     "src/ratewarden/wsgi/middleware.py",
     "src/ratewarden/serve/spop.py",

@@ -160,7 +160,7 @@ async def test_a_write_that_fails_puts_back_what_the_check_wrote(memcached_serve
                 try:
                     raise ConnectionResetError("lost")
                 except ConnectionResetError as exc:
-                    from ratewarden.stores.memcached.blocking import _Interrupted
+                    from ratewarden.stores.memcached.sync_client import _Interrupted
 
                     raise _Interrupted(list(written[:-1]), token, False) from exc
             return original(client, key, data, token, exptime, written)
@@ -194,7 +194,7 @@ async def test_a_put_back_that_fails_is_tried_again(memcached_server: Memcached)
                 try:
                     raise ConnectionResetError("lost")
                 except ConnectionResetError as exc:
-                    from ratewarden.stores.memcached.blocking import _Interrupted
+                    from ratewarden.stores.memcached.sync_client import _Interrupted
 
                     raise _Interrupted(list(written[:-1]), token, False) from exc
             return original_write(client, key, data, token, exptime, written)

@@ -1,5 +1,5 @@
 """One request's check, shared by the middleware and ``@limit``: the request's scope, the check
-(``enforcement.blocking.check_blocking`` in sync code, ``enforcement.check.check_rules`` in async
+(``enforcement.sync_check.check_blocking`` in sync code, ``enforcement.check.check_rules`` in async
 code), and the answer: a response to send instead of the view's, or ``None`` to go on."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 from ..decision import Decision
 from ..enforcement.answers import limited_headers
-from ..enforcement.blocking import check_blocking
 from ..enforcement.check import LimitUnavailable, check_rules
+from ..enforcement.sync_check import check_blocking
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
 from ..rules import CompiledRule

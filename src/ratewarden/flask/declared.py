@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from ..algorithms import AlgorithmName
 from ..callables import accepts
-from ..enforcement.blocking import require_sync_keys
+from ..enforcement.sync_check import require_sync_keys
 from ..keys import KeyFunc, client_ip
 from ..limits import DEFAULT_ALGORITHM
 from ..rules import CompiledRule, CostFunc, Rule, http_methods

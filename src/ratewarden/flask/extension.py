@@ -1,6 +1,6 @@
 """``RateLimiter``: the Flask extension. Limits are declared with decorators (``limit``,
 ``shared_limit``, ``exempt``, ``request_filter``); each request is charged once, all or nothing, to
-every limit that applies (``enforcement.blocking.check_blocking``): before Flask's dispatch by the
+every limit that applies (``enforcement.sync_check.check_blocking``): before Flask's dispatch by the
 WSGI layer ``fast.FastCheck`` where it can decide alone, else by a ``before_request`` hook; the
 rate-limit headers are added by that layer's ``start_response`` or by an ``after_request`` hook."""
 
@@ -16,8 +16,8 @@ from werkzeug.wrappers import Response as BaseResponse
 from ..algorithms import AlgorithmName
 from ..context import context_for
 from ..decision import Decision
-from ..enforcement.blocking import check_blocking
 from ..enforcement.check import LimitUnavailable
+from ..enforcement.sync_check import check_blocking
 from ..errors import AmbiguousRequest, ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc

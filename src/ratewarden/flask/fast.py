@@ -26,7 +26,7 @@ from ..caches import remember
 from ..context import context_for
 from ..decision import Decision
 from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection, unavailable_answer
-from ..enforcement.blocking import check_blocking
+from ..enforcement.sync_check import check_blocking
 from ..errors import AmbiguousRequest, LimitUnavailable
 from ..rules import CompiledRule, policy_of
 from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHeaders, _text_headers

@@ -4,7 +4,7 @@ metrics, hot reload and 429/403 bytes, checked synchronously.
 
 The request enters as the scope ``ratewarden.wsgi.scope_of`` builds from the environ, goes through
 the stages of the ASGI middleware (``core.PolicyCore``: group choice, record, shadow header, ban
-answer) and is checked with ``enforcement.blocking.check_blocking``. Where the ASGI middleware
+answer) and is checked with ``enforcement.sync_check.check_blocking``. Where the ASGI middleware
 awaits, this one blocks the server thread: bans are read and written with the store's ``*_blocking``
 methods (``peek_blocking``, ``hit_blocking``, ``reset_blocking``), refunds made with ``adjust_blocking``
 (local stores, ``RedisStore`` and ``MemcachedStore`` have them all), and a delayed request sleeps
@@ -25,9 +25,9 @@ from typing import Any
 from ..context import STATE_KEY
 from ..decision import Decision
 from ..enforcement.answers import problem_headers, rejection, unavailable_answer
-from ..enforcement.blocking import check_blocking, require_sync_keys
 from ..enforcement.check import LimitUnavailable, report_failure
 from ..enforcement.options import check_header_options
+from ..enforcement.sync_check import check_blocking, require_sync_keys
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import key_text

@@ -20,8 +20,8 @@ from ..enforcement.answers import (
     rejection,
     unavailable_answer,
 )
-from ..enforcement.blocking import check_blocking, require_sync_keys
 from ..enforcement.options import check_header_options
+from ..enforcement.sync_check import check_blocking, require_sync_keys
 from ..errors import AmbiguousRequest, LimitUnavailable
 from ..headers import HeaderMode, HeaderStyle, add_rate_limit_headers
 from ..limiter import Limiter

@@ -22,10 +22,10 @@ from ..rejections import RejectionCache
 from ..urls import parse_store_url
 from ._aiomcache import ClientException
 from .batches import Batches
-from .blocking import Blocking, peek_decisions
 from .connections import Client, Heard, Pool
 from .encoding import memcached_key
 from .protocol import deleted, ok, values_reader
+from .sync_client import Blocking, peek_decisions
 
 _T = TypeVar("_T")
 

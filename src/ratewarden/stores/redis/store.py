@@ -21,7 +21,6 @@ from ..deadline import wait_for_store
 from ..insurance import Ledger
 from ..rejections import Denials
 from ..urls import parse_store_url
-from .blocking import BlockingClient, read_decisions
 from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
 from .errors import (
@@ -37,6 +36,7 @@ from .errors import (
 from .gate import ConnectionGate, Turn
 from .pipeline import Exchange, Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs
+from .sync_client import BlockingClient, read_decisions
 from .topology import close_client, make_client, pool_limit, slot_groups, spans_slots
 
 __all__ = ["RedisStore"]
