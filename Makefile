@@ -56,17 +56,25 @@ docs: setup
 # exists); the suite on the compiled wheel installed in a fresh venv, oldest and newest Python.
 test: setup lint docs test-pure test-wheels
 
+# Each pass runs the suite in JOBS pytest-xdist worker processes (each starts its own servers on free
+# ports, in its own temporary directories); JOBS=0 runs it in one process.
+JOBS ?= 2
+XDIST = -n $(JOBS) --dist worksteal
+
+# The pure-Python pass leaves out what does not differ from the wheel passes: the bench harness and its
+# load runs (tests/bench: no compiled module of its own; the newest wheel pass runs them) and the compiled
+# docstrings' comparison (trivially equal on the pure package).
 test-pure: setup
-	RATEWARDEN_EXPECT_COMPILED=0 $(PY) -m pytest
+	RATEWARDEN_EXPECT_COMPILED=0 $(PY) -m pytest $(XDIST) --ignore=tests/bench --ignore=tests/test_wheel_docs.py
 
 test-wheels: setup
 	@[ -n "$(OLDEST)" ] || { echo "no CPython 3.10+ found for the wheel passes"; exit 1; }
-	scripts/test-wheel.sh $(OLDEST) scripts/oldest-deps.txt -- --ignore=tests/bench
-	@if [ "$(NEWEST)" != "$(OLDEST)" ]; then scripts/test-wheel.sh $(NEWEST); fi
+	scripts/test-wheel.sh $(OLDEST) scripts/oldest-deps.txt -- $(XDIST) --ignore=tests/bench
+	@if [ "$(NEWEST)" != "$(OLDEST)" ]; then scripts/test-wheel.sh $(NEWEST) -- $(XDIST); fi
 
 # Every CPython found, each a compiled wheel and the whole suite (newest dependencies).
 matrix: setup
-	@for py in $(PYTHONS); do scripts/test-wheel.sh $$py || exit 1; done
+	@for py in $(PYTHONS); do scripts/test-wheel.sh $$py -- $(XDIST) || exit 1; done
 
 # Release artifacts: sdist, then the wheel built from that sdist; metadata and contents checked.
 dist: setup

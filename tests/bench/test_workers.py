@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,12 +12,6 @@ from ratewarden.bench.reports.markdown import workers_tables
 from ratewarden.bench.runner import WORKER_CONFIGS, Options, plan_tasks, run_all
 from ratewarden.bench.scenarios import SCENARIOS
 from ratewarden.cli import main
-
-SHM = Path("/dev/shm") if os.path.isdir("/dev/shm") else None
-
-
-def _bench_dirs() -> set[str]:
-    return {p.name for p in SHM.glob("ratewarden-bench-*")} if SHM else set()
 
 
 def test_plan_runs_each_librarys_one_host_options_with_at_least_two_workers() -> None:
@@ -41,8 +36,17 @@ def test_one_worker_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.redis  # the harness starts its own redis-server
-def test_shared_stores_allow_exactly_the_limit_across_workers_and_memory_does_not() -> None:
-    before = _bench_dirs()
+def test_shared_stores_allow_exactly_the_limit_across_workers_and_memory_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[str] = []  # the directories this run creates (another run may create its own meanwhile)
+    mkdtemp = tempfile.mkdtemp
+
+    def recorded(*args: Any, **kwargs: Any) -> str:
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
     opts = Options(scenarios=[SCENARIOS["live.workers"]], libraries=["ratewarden", "slowapi", "traffik"],
                    iterations=1, warmup=0, duration=2.0, concurrency=[20], workers=2)
     results = run_all(opts)
@@ -69,7 +73,8 @@ def test_shared_stores_allow_exactly_the_limit_across_workers_and_memory_does_no
     if traffik.row is None:
         line = next(cells for cells in table.body if cells[0] == "traffik")
         assert "did not start" in line[-1] and len(line[-1]) > len("did not start: ")
-    assert _bench_dirs() == before  # the run's shm directory is removed
+    shm_dirs = [Path(d) for d in made if Path(d).name.startswith("ratewarden-bench-")]
+    assert shm_dirs and not any(d.exists() for d in shm_dirs)  # the run's shm directory is removed
 
 
 def test_a_server_whose_workers_fail_to_start_is_reported_and_stopped() -> None:
