@@ -8,13 +8,12 @@ import asyncio
 import contextlib
 import functools
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...decision import Decision
-from ...errors import ArgumentError, ConfigurationError
+from ...errors import ArgumentError
 from ...limits import Limit
 from ..base import Store, combine, no_reply
 from ..deadline import wait_for_store
@@ -23,6 +22,7 @@ from ..rejections import Denials
 from ..urls import parse_store_url
 from .clock import ScriptClock
 from .connections import ClusterConnections, PackedConnections, eval_script
+from .deletes import delete_keys, delete_prefixed
 from .errors import (
     CLIENT_ERRORS,
     CONNECTION_ERRORS,
@@ -34,6 +34,7 @@ from .errors import (
     store_name,
 )
 from .gate import ConnectionGate, Turn
+from .options import RedisOptions
 from .pipeline import Exchange, Pipeline
 from .protocol import PackedCommands, Reply, ScriptArgs
 from .sync_client import BlockingClient, read_decisions
@@ -83,19 +84,9 @@ class RedisStore(Store):
         cfg = parse_store_url(url, ("standalone", "sentinel", "cluster"))
         self.url = cfg.text
         self.kind = cfg.kind
-        self.timeout = float(timeout if timeout is not None else cfg.option("timeout", 0.1))  # type: ignore[arg-type]
-        connect = float(connect_timeout if connect_timeout is not None else cfg.option("connect_timeout", 1.0))  # type: ignore[arg-type]
-        self.pool_size = int(pool_size if pool_size is not None else cfg.option("pool_size", 8))  # type: ignore[call-overload]
-        self.coalesce = bool(coalesce if coalesce is not None else cfg.option("coalesce", 1))
-        self.cache_rejections = bool(cache if cache is not None else cfg.option("cache", 1))
-        if not self.timeout > 0:
-            raise ConfigurationError(f"{self!r}: timeout must be positive, got {self.timeout!r} seconds")
-        if self.pool_size < 1:
-            raise ConfigurationError(f"{self!r}: pool_size must be at least 1, got {self.pool_size}")
-        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
-            path = cfg.options.get(name)
-            if path is not None and not os.path.isfile(str(path)):
-                raise ConfigurationError(f"store URL {self.url!r}: {name} file {path!r} does not exist")
+        options = RedisOptions.of(cfg, timeout, connect_timeout, pool_size, coalesce, cache)
+        self.timeout, connect, self.pool_size = options.timeout, options.connect_timeout, options.pool_size
+        self.coalesce, self.cache_rejections = options.coalesce, options.cache
         self.prefix = prefix
         self.clock = clock
         self._cluster = cfg.kind == "cluster"
@@ -199,7 +190,7 @@ class RedisStore(Store):
 
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         """``hit`` for synchronous code, on redis-py's synchronous client in the calling thread (the
-        same script, keys, deadline and failures; see ``blocking``), answering from the rejection
+        same script, keys, deadline and failures; see ``sync_client``), answering from the rejection
         cache first and filling it, as ``hit`` does."""
         decision = self._blocking.hit(keys, limits, costs)
         if self.ledger.owed:
@@ -207,7 +198,7 @@ class RedisStore(Store):
         return decision
 
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        """``peek`` on the synchronous client (``blocking``): one script call (per slot)."""
+        """``peek`` on the synchronous client (``sync_client``): one script call (per slot)."""
         return self._blocking.peek(keys, limits)
 
     def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
@@ -417,47 +408,17 @@ class RedisStore(Store):
             return
         turn = Turn()
         try:
-            if self._cluster:
-                await self._call(
-                    asyncio.gather(*(self._gate.run(turn, self._client.delete, key) for key in keys)), turn, "reset"
-                )
-            else:
-                await self._call(self._gate.run(turn, self._client.delete, *keys), turn, "reset")
+            await self._call(delete_keys(self._client, self._gate, turn, self._cluster, list(keys)), turn, "reset")
         finally:  # nor a denial read while it was under way
             self._rejected.invalidate(keys)
 
     async def clear(self) -> None:
         """Delete every ``<prefix>:*`` key (on every primary of a cluster)."""
         self._rejected.clear()
-
-        turn = Turn()  # the gate's turns, not its timeout: clear is not bounded by the timeout
-
-        async def scan_and_delete() -> None:
-            batch: list[Any] = []
-            keys = self._client.scan_iter(match=f"{self.prefix}:*", count=1000).__aiter__()
-            while True:
-                async with self._gate.slot(turn):  # a SCAN call when the last page is used up
-                    try:
-                        key = await keys.__anext__()
-                    except StopAsyncIteration:
-                        break
-                batch.append(key)
-                if len(batch) >= 500:
-                    await self._delete_many(turn, batch)
-                    batch = []
-            if batch:
-                await self._delete_many(turn, batch)
-
         try:
-            await scan_and_delete()
+            await delete_prefixed(self._client, self._gate, self._cluster, self.prefix)
         except CONNECTION_ERRORS as exc:  # not bounded by the timeout: a large scan takes long
             raise self.store_error("clear", exc) from exc
-
-    async def _delete_many(self, turn: Turn, keys: list[Any]) -> None:
-        if self._cluster:
-            await asyncio.gather(*(self._gate.run(turn, self._client.delete, k) for k in keys))
-        else:
-            await self._gate.run(turn, self._client.delete, *keys)
 
     async def close(self) -> None:
         """Close every connection the store opened: its own, and the client's (each even if
