@@ -498,7 +498,7 @@ def test_docs_envoy_json_runs(tmp_path: Path) -> None:
 
 def test_files_are_sorted_into_the_policy_and_envoy_configurations(tmp_path: Path) -> None:
     from ratewarden.errors import ConfigurationError
-    from ratewarden.serve.process import envoy_files, parse_address
+    from ratewarden.serve.config import envoy_files, parse_address
 
     root = DOC.parents[1]
     (tmp_path / "envoy").mkdir()

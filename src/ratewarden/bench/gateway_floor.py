@@ -1,7 +1,7 @@
 """The gateway bench's floor service: ``ratewarden serve``'s own stack answering a fixed OK.
 
 Run as ``python -m ratewarden.bench.gateway_floor --http PORT [--grpc PORT] [--spoe PORT]``. It serves exactly as a
-``ratewarden serve`` worker does (``serve.process``: uvicorn on asyncio's loop with httptools, no
+``ratewarden serve`` worker does (``serve.worker``: uvicorn on asyncio's loop with httptools, no
 lifespan, access log, server or date header; a pre-bound listening socket; ``grpc.aio`` in the same
 event loop), but the HTTP app answers every request with a fixed ``200`` and an empty body and the
 gRPC servicer every ``ShouldRateLimit`` with a fixed ``OK``, checking nothing. The capacity ratio
@@ -127,10 +127,10 @@ def floor_servicer() -> Any:
 
 
 def _server(sock: socket.socket, headers: bool) -> Any:
-    """The uvicorn server ``ratewarden serve`` builds (``serve.process._uvicorn_server``), for the floor app."""
-    from ..serve import process
+    """The uvicorn server ``ratewarden serve`` builds (``serve.worker.uvicorn_server``), for the floor app."""
+    from ..serve.worker import uvicorn_server
 
-    make: Any = process._uvicorn_server
+    make: Any = uvicorn_server
     return make(headers_floor_app if headers else floor_app, sock)
 
 

@@ -99,8 +99,9 @@ _POSITIVE = ("http_max_connections", "http_timeout", "http_max_header_size", "sp
 
 def _run(args: argparse.Namespace) -> int:
     from ..errors import ConfigurationError
+    from ..serve.config import ServeConfig, envoy_files, parse_address
     from ..serve.http import DEFAULT_TRUSTED
-    from ..serve.process import ServeConfig, envoy_files, parse_address, run
+    from ..serve.process import run
 
     try:
         policy, envoy = envoy_files(args.files)

@@ -18,25 +18,35 @@ import inspect
 import ipaddress
 import json
 import logging
-import math
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..caches import remember
 from ..context import STATE_KEY
-from ..errors import ConfigurationError, RatewardenError
+from ..errors import ConfigurationError
 from ..headers import HeaderStyle
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..policy.asgi import PolicyMiddleware
 from ..policy.schema import Policy
-from ..policy.tiers import PolicyRule
-from ..rules import Rule
 from ..store_health import innermost, probe_store, store_problem
 from ..types import Receive, Scope, Send
+from .costs import COST_KEY, MAX_COST, costed_policy
+from .http_io import (
+    MAX_BODY,
+    Headers,
+    ServeError,
+    field,
+    json_object,
+    read_body,
+    respond,
+    seconds,
+    send_answer,
+    send_error,
+    send_text,
+)
 
 __all__ = ["DEFAULT_TRUSTED", "MAX_BODY", "MAX_COST", "ServeApp", "ServeError", "costed_policy", "parse_networks"]
 
@@ -44,8 +54,6 @@ log = logging.getLogger("ratewarden.serve")
 
 #: Callers whose ``X-Real-IP``/``X-Forwarded-For`` (and JSON ``client``) are believed by default.
 DEFAULT_TRUSTED: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
-#: The largest request body read (``/v1/check``, ``/json``); more is answered 413.
-MAX_BODY = 64 * 1024
 _DENY_STATUSES = {401, 403, 429}
 _BODY_HEADERS = (b"content-type", b"content-length")  # a JSON check's answer describes the decision, not the body
 _CACHE_LIMIT = 4096  # entries in each per-app cache of parsed addresses (cleared when full)
@@ -53,7 +61,6 @@ _MISSING = ""  # not cached (no address is the empty string)
 _METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-_Headers = list[tuple[bytes, bytes]]
 
 
 def parse_networks(cidrs: Iterable[str]) -> tuple[_Network, ...]:
@@ -91,49 +98,6 @@ async def _allow(scope: Scope, receive: Receive, send: Send) -> None:
     """The app behind the policy (``PolicyMiddleware.answer`` answers for it: 200, empty body)."""
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b""})
-
-
-_COST_KEY = "ratewarden.serve.cost"  # in the rewritten scope's state: the JSON check's cost
-#: The largest ``cost`` a JSON check may ask for.
-MAX_COST = 1_000_000
-
-
-def _scaled(rule: Rule) -> Rule:
-    """``rule`` with its cost multiplied by the check's ``cost`` (read from the scope's state)."""
-    base = rule.cost
-
-    def cost(scope: Scope) -> float:
-        own = base(scope) if callable(base) else base
-        return float(own) * float(scope["state"].get(_COST_KEY, 1))
-
-    common: dict[str, Any] = {
-        "name": rule.name, "methods": rule.methods, "algorithm": rule.algorithm, "shadow": rule.shadow, "cost": cost,
-    }
-    if isinstance(rule, PolicyRule):
-        if rule.tiers is not None:
-            return PolicyRule(rule.path, tiers=rule.tiers, delay=rule.delay, charge=rule.charge, **common)
-        return PolicyRule(rule.path, rule.rate, key=rule.key, delay=rule.delay, charge=rule.charge, **common)
-    return Rule(rule.path, rule.rate, key=rule.key, **common)
-
-
-def costed_policy(policy: Policy) -> Policy:
-    """``policy`` whose rules charge a check's ``cost`` times their own (bypass rules unchanged): the
-    same names, limits and keys, so the same counts.
-
-    Args:
-        policy: A validated policy.
-    """
-    rules = [rule if rule.bypass or rule.websocket else _scaled(rule) for rule in policy.rules]
-    return replace(policy, rules=rules)
-
-
-class ServeError(RatewardenError):
-    """A request the service cannot decide (a bad description, no policy loaded): answered with
-    ``status`` and the message, never a crash."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class ServeApp:
@@ -233,10 +197,10 @@ class ServeApp:
             else:
                 raise ServeError(404, f"no such endpoint {path!r}: use /check, /v1/check, /json, /healthz or /metrics")
         except ServeError as exc:
-            await _send_error(send, exc.status, str(exc))
+            await send_error(send, exc.status, str(exc))
         except Exception as exc:  # a bug or a broken store client: answered, logged, never a dropped connection
             log.exception("check failed: %s: %s", type(exc).__name__, exc, extra={"event": "check_failed"})
-            await _send_error(send, 500, f"the check failed: {type(exc).__name__} (see the service's log)")
+            await send_error(send, 500, f"the check failed: {type(exc).__name__} (see the service's log)")
 
     @staticmethod
     def _need(method: str, *allowed: str) -> None:
@@ -301,7 +265,7 @@ class ServeApp:
 
     @staticmethod
     def _described(
-        method: str, uri: str, headers: _Headers, client: str | None, scheme: str, cost: float = 1,
+        method: str, uri: str, headers: Headers, client: str | None, scheme: str, cost: float = 1,
         server: object = None,
     ) -> Scope:
         """The described request as the ASGI scope the policy reads (its ``state`` receives the
@@ -324,7 +288,7 @@ class ServeApp:
             "headers": headers,
             "client": (client, 0) if client is not None else None,
             "server": server,
-            "state": {_COST_KEY: cost} if cost != 1 else {},
+            "state": {COST_KEY: cost} if cost != 1 else {},
         }
 
     async def _check(self, scope: Scope, send: Send) -> None:
@@ -336,7 +300,7 @@ class ServeApp:
                 if not value.isdigit() or int(value) not in _DENY_STATUSES:
                     raise ServeError(400, f"deny_status must be 401, 403 or 429, got {value[:20]!r}")
                 deny = int(value)
-        raw: _Headers = list(scope.get("headers", ()))
+        raw: Headers = list(scope.get("headers", ()))
         headers = dict(raw)
         method = headers.get(b"x-original-method") or headers.get(b"x-forwarded-method") or b"GET"
         uri = headers.get(b"x-original-uri") or headers.get(b"x-forwarded-uri") or b"/"
@@ -346,11 +310,11 @@ class ServeApp:
             method.decode("latin-1"), uri.decode("latin-1"), raw, client, scheme, scope.get("server"))
         if status == 429:
             status = deny
-        await _respond(send, status, out, body)
+        await respond(send, status, out, body)
 
     async def decide(
-        self, method: str, uri: str, headers: _Headers, client: str | None, scheme: str = "http", server: object = None
-    ) -> tuple[int, _Headers, bytes]:
+        self, method: str, uri: str, headers: Headers, client: str | None, scheme: str = "http", server: object = None
+    ) -> tuple[int, Headers, bytes]:
         """The policy's answer for a request described by a gateway: ``(status, complete header list,
         body)``: 200, or the refusal (429, 403, 503 under a closed failure policy) with its body. The
         one decision of ``/check`` and the SPOE agent; ``ServeError`` for a description it cannot use.
@@ -368,17 +332,17 @@ class ServeApp:
 
     async def _check_json(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/check``: the decision for a request described as JSON."""
-        data = _json_object(await _read_body(receive))
-        method = _field(data, "method", str, "GET")
+        data = json_object(await read_body(receive))
+        method = field(data, "method", str, "GET")
         path = data.get("path")
         if not isinstance(path, str):
             raise ServeError(400, "'path' is required: the original request's path, e.g. \"/api/items?page=2\"")
-        raw_headers = _field(data, "headers", dict, {})
-        stated = _field(data, "client", str, None)
+        raw_headers = field(data, "headers", dict, {})
+        stated = field(data, "client", str, None)
         cost = data.get("cost", 1)
         if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost <= MAX_COST:
             raise ServeError(400, f"'cost' must be a number from 0 to {MAX_COST}, got {json.dumps(cost)[:40]}")
-        headers: _Headers = []
+        headers: Headers = []
         for name, value in raw_headers.items():
             if not isinstance(value, str):
                 raise ServeError(400, f"header {name!r} must be a string, got {type(value).__name__}")
@@ -405,105 +369,45 @@ class ServeApp:
             result.update(
                 limit=decision.limit,
                 remaining=decision.remaining,
-                reset=_seconds(decision.reset_after),
-                retry_after=_seconds(decision.retry_after) if not decision.allowed else 0,
+                reset=seconds(decision.reset_after),
+                retry_after=seconds(decision.retry_after) if not decision.allowed else 0,
             )
         body = json.dumps(result).encode()
-        await _send(send, 200, [(b"content-type", b"application/json")], body)
+        await send_answer(send, 200, [(b"content-type", b"application/json")], body)
 
     async def _rls_json(self, receive: Receive, send: Send) -> None:
         """``POST /json``: Envoy's ``ShouldRateLimit`` as JSON (``serve.grpc.rls_json``)."""
         if self.rls is None:
             raise ServeError(404, "no envoy rate limit configuration is loaded: give ratewarden serve one")
-        body = await _read_body(receive)
+        body = await read_body(receive)
         # Imported on first use: it needs grpcio and the generated Envoy API (the ``serve`` extra).
         rls_json = importlib.import_module(f"{__package__}.grpc").rls_json
         result: Any = rls_json(self.rls, body)
         if inspect.isawaitable(result):
             result = await result
         status, payload = result
-        await _send(send, int(status), [(b"content-type", b"application/json")], bytes(payload))
+        await send_answer(send, int(status), [(b"content-type", b"application/json")], bytes(payload))
 
     async def _healthz(self, send: Send) -> None:
         """200 ``ok`` when a configuration is loaded, the store answers and no check failed on it
         lately (``Limiter.store_failing``), else 503 and why."""
         if self.policy_app is None and self.rls is None:
-            await _send_text(send, 503, "no configuration loaded\n")
+            await send_text(send, 503, "no configuration loaded\n")
             return
         store = innermost(self.limiter.store)
         limits = self.limiter.limits("1/s")
         error = await probe_store(store, self.limiter.keys_for("ratewarden:healthz", limits), limits, 2.0)
         if error is not None:
-            await _send_text(send, 503, f"store unavailable: {store_problem(error)}\n")
+            await send_text(send, 503, f"store unavailable: {store_problem(error)}\n")
             return
         error = self.limiter.store_failing()
         if error is not None:
-            await _send_text(send, 503, f"store failing (checks failed on it lately): {store_problem(error)}\n")
+            await send_text(send, 503, f"store failing (checks failed on it lately): {store_problem(error)}\n")
             return
-        await _send_text(send, 200, "ok\n")
+        await send_text(send, 200, "ok\n")
 
     async def _metrics(self, send: Send) -> None:
         if self.metrics is None:
             raise ServeError(404, "no metrics: they need prometheus-client (pip install 'ratewarden[metrics]') and no --no-metrics")
         body = self.exposition() if self.exposition is not None else self.metrics.exposition()
-        await _send(send, 200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)
-
-
-def _seconds(value: float) -> float | None:
-    return None if math.isinf(value) else round(value, 3)
-
-
-def _field(data: dict[str, Any], name: str, kind: type, default: Any) -> Any:
-    value = data.get(name, default)
-    if not isinstance(value, kind) and not (value is None and default is None):  # null only where it is the default
-        what = "null" if value is None else type(value).__name__
-        raise ServeError(400, f"{name!r} must be {'an object' if kind is dict else 'a string'}, got {what}")
-    return value
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ServeError(400, f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ServeError(400, "the body is not valid JSON: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ServeError(400, f"the body must be a JSON object, got {type(data).__name__}")
-    return data
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = bytes(message.get("body", b""))
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise ServeError(413, f"the body is larger than {MAX_BODY} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-async def _respond(send: Send, status: int, headers: _Headers, body: bytes) -> None:
-    """Answer with ``headers`` as they are (the complete list: content length included)."""
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _send(send: Send, status: int, headers: _Headers, body: bytes) -> Awaitable[None]:
-    return _respond(send, status, [*headers, (b"content-length", b"%d" % len(body))], body)
-
-
-async def _send_text(send: Send, status: int, text: str) -> None:
-    await _send(send, status, [(b"content-type", b"text/plain; charset=utf-8")], text.encode())
-
-
-async def _send_error(send: Send, status: int, message: str) -> None:
-    body = json.dumps({"status": status, "error": message}).encode()
-    await _send(send, status, [(b"content-type", b"application/json")], body)
+        await send_answer(send, 200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], body)

@@ -1,0 +1,269 @@
+"""One ``ratewarden serve`` worker process (``Worker``): its limiter and app, uvicorn for HTTP,
+gRPC and HAProxy's SPOE in the same event loop, its reloads (``SIGHUP`` and file changes), its
+metrics (summed over the workers) and its graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..limiter import Limiter
+from ..policy.loader import load_policy
+from ..policy.reload import PolicyReloader
+from ..policy.schema import Policy
+from ..stores import open_store
+from . import bounds
+from .config import ServeConfig, load_envoy
+from .http import ServeApp
+from .logs import event, log
+
+__all__ = ["GRACE", "Worker", "run_worker", "shared_metrics_directory", "uvicorn_server"]
+
+#: Seconds a worker waits for in-flight requests (HTTP and gRPC) when asked to stop.
+GRACE = 10
+
+
+def _rate_limit_service(domains: Any, limiter: Limiter, config: ServeConfig) -> Any:
+    rls: Any = importlib.import_module(f"{__package__}.rls")
+    return rls.RateLimitService(domains, limiter, max_descriptors=config.max_descriptors, max_entries=config.max_entries)
+
+
+def uvicorn_server(app: ServeApp, sock: socket.socket, config: ServeConfig | None = None) -> Any:
+    """A uvicorn server for ``app`` that leaves the signals to us, with ``config``'s HTTP bounds."""
+    import uvicorn
+
+    from .http_server import bounded_protocol
+
+    class Server(uvicorn.Server):
+        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+            pass
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:  # uvicorn >= 0.29
+            yield
+
+    bounded = config or ServeConfig()
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    protocol = bounded_protocol(
+        http, max_connections=bounded.http_max_connections, timeout=bounded.http_timeout,
+        max_header_size=bounded.http_max_header_size,
+    )
+    server_config = uvicorn.Config(
+        # proxy_headers off: uvicorn would otherwise replace a loopback caller's address with its
+        # X-Forwarded-For, and the check's own trusted-proxy rule would then see a stranger.
+        app, lifespan="off", log_config=None, access_log=False, http=protocol, proxy_headers=False,
+        timeout_graceful_shutdown=GRACE, server_header=False, date_header=False,
+        timeout_keep_alive=bounds.HTTP_TIMEOUT_KEEP_ALIVE, h11_max_incomplete_event_size=bounded.http_max_header_size,
+    )
+    return Server(server_config)
+
+
+def _metrics() -> Any:
+    if importlib.util.find_spec("prometheus_client") is None:
+        return None
+    from ..metrics import Metrics
+
+    return Metrics()
+
+
+_MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def shared_metrics_directory() -> str | None:
+    """For several workers: a directory where prometheus-client keeps every worker's counters (set
+    in the environment before any worker imports it), so ``/metrics`` shows their totals."""
+    if os.environ.get(_MULTIPROCESS) or importlib.util.find_spec("prometheus_client") is None:
+        return None
+    directory = tempfile.mkdtemp(prefix="ratewarden-serve-metrics-")
+    os.environ[_MULTIPROCESS] = directory
+    return directory
+
+
+def _total_exposition(metrics: Any) -> Callable[[], bytes]:
+    """``/metrics`` for workers: every worker's counters and histograms summed (prometheus-client's
+    multiprocess mode), then this worker's own collectors (store caches, checks without the store)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    class Families:
+        def __init__(self, families: list[Any]) -> None:
+            self.families = families
+
+        def collect(self) -> list[Any]:
+            return self.families
+
+    def exposition() -> bytes:
+        shared = CollectorRegistry()
+        MultiProcessCollector(shared)  # type: ignore[no-untyped-call, unused-ignore]
+        families = list(shared.collect())
+        summed = {family.name for family in families}
+        families += [family for family in metrics.registry.collect() if family.name not in summed]
+        return bytes(generate_latest(Families(families)))  # type: ignore[arg-type, unused-ignore]
+
+    return exposition
+
+
+class Worker:
+    """One worker process: the app, its reloads and its servers."""
+
+    def __init__(self, config: ServeConfig, store_url: str) -> None:
+        self.config = config
+        self.limiter = Limiter(open_store(store_url), on_error=config.on_error, workers=config.workers)
+        self.metrics = _metrics() if config.metrics else None
+        policy = load_policy(config.policy) if config.policy is not None else None
+        self.rls = _rate_limit_service(load_envoy(config.envoy), self.limiter, config) if config.envoy else None
+        shared = self.metrics is not None and bool(os.environ.get(_MULTIPROCESS)) and config.workers > 1
+        self.app = ServeApp(
+            self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls,
+            exposition=_total_exposition(self.metrics) if shared else None,
+        )
+        self.reloader = PolicyReloader(config.policy, self._apply, interval=config.watch or 1.0) if config.policy else None
+        self._envoy_signature = self._signature()
+
+    def _apply(self, policy: Policy) -> None:
+        self.app.apply_policy(policy)
+
+    def _signature(self) -> tuple[tuple[int, int, int], ...]:
+        out = []
+        for path in self.config.envoy:
+            try:
+                st = path.stat()
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append((0, 0, 0))
+        return tuple(out)
+
+    def reload(self, reason: str) -> None:
+        """Reload every file now (``SIGHUP``); a broken one keeps what is in force."""
+        if self.reloader is not None:
+            ok = self.reloader.reload()
+            self._report(ok, "policy", self.config.policy, reason, self.reloader.last_error)
+        if self.config.envoy:
+            self._reload_envoy(reason)
+
+    def poll(self) -> None:
+        """Reload the files that changed."""
+        if self.reloader is not None:
+            changed = self.reloader.check()
+            if changed is not None:
+                self._report(changed, "policy", self.config.policy, "file changed", self.reloader.last_error)
+        if self.config.envoy and self._signature() != self._envoy_signature:
+            self._reload_envoy("file changed")
+
+    def _reload_envoy(self, reason: str) -> None:
+        self._envoy_signature = self._signature()
+        try:
+            domains = load_envoy(self.config.envoy)
+        except Exception as exc:
+            self._report(False, "envoy", self.config.envoy, reason, exc)
+            return
+        if self.rls is not None:
+            self.rls.replace(domains)
+        self._report(True, "envoy", self.config.envoy, reason, None)
+
+    @staticmethod
+    def _report(ok: bool, kind: str, path: object, reason: str, error: BaseException | None) -> None:
+        if ok:
+            event(logging.INFO, "reloaded", f"{kind} configuration reloaded", kind=kind, path=path, reason=reason)
+        else:
+            event(
+                logging.ERROR, "reload_rejected", f"{kind} reload rejected, keeping the previous configuration",
+                kind=kind, path=path, reason=reason, error=str(error),
+            )
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.watch)
+            try:
+                await asyncio.to_thread(self.poll)
+            except Exception:
+                log.exception("watching the configuration failed; will retry", extra={"event": "watch_failed"})
+
+    async def serve(self, sock: socket.socket, parent: int | None = None, spoe: socket.socket | None = None) -> None:
+        """Serve HTTP on ``sock`` (gRPC and HAProxy's SPOE on ``spoe`` when configured) until
+        ``SIGTERM``/``SIGINT`` (or, for a forked worker, until its ``parent`` is gone)."""
+        loop = asyncio.get_running_loop()
+        server = uvicorn_server(self.app, sock, self.config)
+        grpc_server: Any = None
+        spoe_server: asyncio.Server | None = None
+        spoe_agent: Any = None
+        stopping: list[asyncio.Task[Any]] = []
+
+        def stop(reason: str) -> None:
+            if server.should_exit:
+                return
+            event(logging.INFO, "stopping", "stopping: finishing in-flight requests", reason=reason)
+            server.should_exit = True
+            if spoe_server is not None:  # no new SPOE connection; open ones end when HAProxy closes them
+                spoe_server.close()
+            if grpc_server is not None:  # both servers drain at once
+                stopping.append(loop.create_task(grpc_server.stop(GRACE)))
+
+        def hup() -> None:
+            loop.run_in_executor(None, self.reload, "SIGHUP")
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop, signal.Signals(signum).name)
+        loop.add_signal_handler(signal.SIGHUP, hup)
+        if self.rls is not None and self.config.grpc is not None:
+            grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
+            started = await grpc_module.start_grpc(
+                self.rls, *self.config.grpc, reuse_port=self.config.workers > 1,
+                max_message_size=self.config.grpc_max_message_size,
+            )
+            grpc_server = started[0] if isinstance(started, tuple) else started
+        if spoe is not None:
+            from .spoe import SpoeAgent, start_spoe
+
+            spoe_agent = SpoeAgent(
+                self.app, max_connections=self.config.spoe_max_connections, timeout_hello=self.config.spoe_timeout_hello,
+                timeout_idle=self.config.spoe_timeout_idle, timeout_frame=self.config.spoe_timeout_frame,
+                message=self.config.spoe_message,
+            )
+            spoe_server = await start_spoe(self.app, spoe, spoe_agent)
+        tasks = [asyncio.create_task(self._watch())] if self.config.watch > 0 else []
+        if parent is not None:
+            tasks.append(asyncio.create_task(_orphaned(parent, stop)))
+        await self.limiter.check_store()
+        event(logging.INFO, "worker_started", "worker serving", http="{}:{}".format(*sock.getsockname()[:2]))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            for task in tasks:
+                task.cancel()
+            if spoe_server is not None:  # served through the HTTP drain; ended before the store closes
+                spoe_server.close()
+                await spoe_agent.close()
+            if grpc_server is not None:
+                await (stopping[0] if stopping else grpc_server.stop(GRACE))
+            if self.metrics is not None:
+                self.metrics.close()
+            await self.limiter.close()
+            event(logging.INFO, "worker_stopped", "worker stopped")
+
+
+async def _orphaned(parent: int, stop: Callable[[str], None]) -> None:
+    """Stop a forked worker whose supervisor died (it was killed: it could not pass the signal on)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    stop("supervisor gone")
+
+
+def run_worker(
+    config: ServeConfig, sock: socket.socket, store_url: str, parent: int | None = None, spoe: socket.socket | None = None
+) -> int:
+    try:
+        worker = Worker(config, store_url)
+    except Exception as exc:
+        event(logging.ERROR, "worker_failed", f"the worker could not start: {exc}", error=type(exc).__name__)
+        return 1
+    asyncio.run(worker.serve(sock, parent, spoe))
+    return 0
