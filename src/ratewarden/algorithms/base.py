@@ -9,12 +9,18 @@ from typing import Final, Protocol
 from ..decision import Decision
 from ..rates import Rate
 
-__all__ = ["Algorithm", "State", "clock_stepped_back"]
+__all__ = ["STEP_BACK", "Algorithm", "State", "clock_stepped_back"]
 
 log = logging.getLogger("ratewarden.algorithms")
 
 _WARN_EVERY: Final = 600.0  # seconds between two warnings of a clock stepped back
 _warned_at: list[float] = [-_WARN_EVERY]  # when the last one was logged (time.monotonic)
+
+STEP_BACK: Final = 30.0
+"""How far ahead of the clock (and more than its period) a state must be to be taken for a clock
+stepped back and dropped. A late clock reading is behind by what a store's deadline and the
+scheduler allow, seconds at worst under load (a short window's state is often more than a period
+ahead of a late reading); a clock stepped back after running ahead is usually far more."""
 
 State = tuple[float, ...]
 """An algorithm's stored state: a flat tuple of floats, so every store can hold it."""
@@ -35,10 +41,12 @@ class Algorithm(Protocol):
 
 def clock_stepped_back(ahead: float, period: float) -> None:
     """Warn (at most every ten minutes) that a key's state was ``ahead`` seconds ahead of the
-    clock, more than its ``period``: the clock stepped back, and the algorithm counts from now.
+    clock, more than its ``period`` and ``STEP_BACK``: the clock stepped back, and the algorithm
+    counts from now.
 
-    A late clock reading (read before another check wrote the state) is behind by milliseconds,
-    never by a whole period; only a clock stepped back (corrected after running ahead) is. Keeping
+    A late clock reading (read before another check wrote the state) is behind by what the store's
+    deadline and the scheduler allow, never by ``STEP_BACK``; a clock stepped back (corrected after
+    running ahead) often is. Keeping
     such a state would refuse the key until the clock catches up with it, while ``Retry-After``
     counts from the state's own time. The Redis script does the same and logs to the Redis log.
 

@@ -16,7 +16,7 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State, clock_stepped_back
+from .base import STEP_BACK, State, clock_stepped_back
 
 
 def fixed_window(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
@@ -33,7 +33,7 @@ def fixed_window_of(
     if state is not None:
         if state[0] == start:
             count = state[1]
-        elif state[0] - now > period:  # the clock stepped back: the state is stale
+        elif state[0] - now > max(period, STEP_BACK):  # the clock stepped back: the state is stale
             clock_stepped_back(state[0] - now, period)
         elif state[0] > start:  # a late clock reading: the newer window stands (time never goes back)
             start = now = state[0]

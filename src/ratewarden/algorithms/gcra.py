@@ -26,7 +26,7 @@ from typing import Final
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State, clock_stepped_back
+from .base import STEP_BACK, State, clock_stepped_back
 
 _EXACT: Final = 9_007_199_254_740_992  # 2**53: integers below it are exact doubles
 
@@ -49,7 +49,7 @@ def gcra(state: State | None, now: float, cost: float, rate: Rate) -> tuple[Stat
         tat = math.ceil(state[0] / q)
         if tat > start:
             ahead = tat - start
-            if (ahead - window) * q > rate.period:  # past B*T + period: the clock stepped back
+            if (ahead - window) * q > max(rate.period, STEP_BACK):  # past B*T + period: the clock stepped back
                 clock_stepped_back((ahead - window) * q, rate.period)
                 ahead = 0
     used = ahead + math.ceil(cost * step)

@@ -12,7 +12,7 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State, clock_stepped_back
+from .base import STEP_BACK, State, clock_stepped_back
 
 
 def sliding_log(state: State | None, now: float, cost: float, rate: Rate) -> tuple[State | None, Decision]:
@@ -20,7 +20,7 @@ def sliding_log(state: State | None, now: float, cost: float, rate: Rate) -> tup
     period = rate.period
     horizon = now - period
     log: State = ()
-    if state and state[-1] - now > period:  # the clock stepped back: the log is stale
+    if state and state[-1] - now > max(period, STEP_BACK):  # the clock stepped back: the log is stale
         clock_stepped_back(state[-1] - now, period)
     elif state:
         if state[-1] > now:  # a late clock reading: stamps stay in order (time never goes back)

@@ -12,7 +12,7 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State, clock_stepped_back
+from .base import STEP_BACK, State, clock_stepped_back
 
 
 def sliding_window(
@@ -27,7 +27,7 @@ def sliding_window(
             current, previous = state[1], state[2]
         elif state[0] == start - period:
             previous = state[1]
-        elif state[0] - now > period:  # the clock stepped back: the state is stale
+        elif state[0] - now > max(period, STEP_BACK):  # the clock stepped back: the state is stale
             clock_stepped_back(state[0] - now, period)
         elif state[0] > start:  # a late clock reading: the newer window stands (time never goes back)
             start = now = state[0]

@@ -14,7 +14,7 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import State, clock_stepped_back
+from .base import STEP_BACK, State, clock_stepped_back
 
 
 def token_bucket_debt(
@@ -23,7 +23,7 @@ def token_bucket_debt(
     capacity = rate.capacity
     debt = rate.max_debt
     per_second = rate.limit / rate.period
-    if state is not None and state[1] - now > rate.period:  # the clock stepped back: the state is stale
+    if state is not None and state[1] - now > max(rate.period, STEP_BACK):  # the clock stepped back: the state is stale
         clock_stepped_back(state[1] - now, rate.period)
         state = None
     if state is None:

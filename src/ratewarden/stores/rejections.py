@@ -22,8 +22,8 @@ itself, lock-free (only the loop writes that count), and the threads' in ``threa
 one read (never a fresher one a thread put meanwhile). ``invalidate`` (adjust, reset) moves
 ``epoch`` on: a denial read before it (``remember(..., epoch=...)`` with the epoch taken before
 its round trip) is not remembered after it, so a cache never outlives a reset it raced with.
-A remembered denial that would hold more than a period longer than when it was made (its clock
-stepped back: ``algorithms.base.clock_stepped_back``) is dropped, as the algorithms drop the state.
+A clock reading older than a remembered denial (a late reading, or a clock stepped back) is never
+answered from it: the store decides, by the algorithms' rules (``algorithms.base.STEP_BACK``).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class Denials:
             if entry is None:
                 continue
             until, cached_cost, d = entry
-            if now >= until or until - now > d.retry_after + d.period:  # expired, or the clock stepped back
+            if now >= until or until - now > d.retry_after:  # expired, or a reading older than the denial
                 with self.lock:
                     if entries.get(key) is entry:
                         del entries[key]
@@ -253,7 +253,7 @@ def _decision_at(entry: _Entry, now: float) -> Decision | None:
         return decision
     d = entry.decision
     left = entry.until - now
-    if left > d.retry_after + d.period:  # the clock stepped back: the store drops the state
+    if left > d.retry_after:  # a reading older than the denial (late, or the clock stepped back): the store decides
         return None
     return Decision(
         False, d.limit, d.remaining, max(0.0, d.reset_after - (d.retry_after - left)), left, d.period, d.policy

@@ -68,6 +68,9 @@ end
 -- than a period ahead of the clock is no late reading but a clock stepped back: it is dropped and
 -- the key counts from now (algorithms/base.py clock_stepped_back), with a warning in the Redis log.
 
+-- Late readings are bounded by store deadlines and scheduling: seconds at worst. A state is taken
+-- for a clock stepped back only when it is ahead by more than its period and STEP_BACK seconds.
+local STEP_BACK = 30
 local warned = false
 local function stepped_back(ahead, period)
   if not warned then
@@ -85,7 +88,7 @@ local function fixed_window(st, cost, limit, period)
     local s = nums(st)
     if s[1] == start then
       count = s[2]
-    elseif s[1] - now > period then
+    elseif s[1] - now > math.max(period, STEP_BACK) then
       stepped_back(s[1] - now, period)
     elseif s[1] > start then
       start = s[1]
@@ -113,7 +116,7 @@ local function sliding_window(st, cost, limit, period)
       current, previous = s[2], s[3]
     elseif s[1] == start - period then
       previous = s[2]
-    elseif s[1] - now > period then
+    elseif s[1] - now > math.max(period, STEP_BACK) then
       stepped_back(s[1] - now, period)
     elseif s[1] > start then
       start = s[1]
@@ -170,7 +173,7 @@ local function sliding_log(key, cost, limit, period)
   local last = nil
   if n > 0 then
     last = tonumber(redis.call('LINDEX', key, -1))
-    if last - now > period then
+    if last - now > math.max(period, STEP_BACK) then
       stepped_back(last - now, period)
     elseif last > now then
       now = last
@@ -179,7 +182,7 @@ local function sliding_log(key, cost, limit, period)
   log_at[key] = now
   local horizon = now - period
   local first = 0
-  if last and last - now > period then first = n end  -- stale: every stamp goes
+  if last and last - now > math.max(period, STEP_BACK) then first = n end  -- stale: every stamp goes
   while first < n and tonumber(redis.call('LINDEX', key, first)) <= horizon do first = first + 1 end
   local used = n - first
   local units = ceil(cost)
@@ -205,7 +208,7 @@ local function token_bucket(st, cost, capacity, per_second, period)
   local now = now
   local tokens
   local s = st and nums(st)
-  if s and s[2] - now > period then
+  if s and s[2] - now > math.max(period, STEP_BACK) then
     stepped_back(s[2] - now, period)
     s = nil
   end
@@ -228,7 +231,7 @@ local function token_bucket_debt(st, cost, capacity, per_second, debt, period)
   local now = now
   local tokens
   local s = st and nums(st)
-  if s and s[2] - now > period then
+  if s and s[2] - now > math.max(period, STEP_BACK) then
     stepped_back(s[2] - now, period)
     s = nil
   end
@@ -253,7 +256,7 @@ local function leaky_bucket(st, cost, capacity, per_second, period)
   local now = now
   local level = 0
   local s = st and nums(st)
-  if s and s[2] - now > period then
+  if s and s[2] - now > math.max(period, STEP_BACK) then
     stepped_back(s[2] - now, period)
     s = nil
   end
@@ -289,7 +292,7 @@ local function gcra(st, cost, burst, interval, period)
     local tat = ceil(tonumber(st) / q)
     if tat > start then
       ahead = tat - start
-      if (ahead - window) * q > period then  -- past B*T + period: the clock stepped back
+      if (ahead - window) * q > math.max(period, STEP_BACK) then  -- past B*T + period: the clock stepped back
         stepped_back((ahead - window) * q, period)
         ahead = 0
       end
