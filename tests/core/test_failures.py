@@ -111,9 +111,10 @@ async def test_fail_open_by_default(
     if name in ("store error", "store timeout"):
         # A remote store's StoreError: the limiter's local insurance limiter decides (5/min).
         assert [r.status for r in replies] == [200] * 5 + [429] * 3
-    elif name.endswith("key raises"):  # charged to key-error:<client address>: still 5/min
+    elif name.endswith("key raises") or name == "cost raises":
+        # key-error:<client address> is charged, or the rule's own cost: still 5/min
         assert [r.status for r in replies] == [200] * 5 + [429] * 3
-    else:  # a cost function, or a store that crashed (not a StoreError): let through
+    else:  # a store that crashed (not a StoreError): let through
         assert [r.status for r in replies] == [200] * 8
     assert all(r.body == b"served" for r in replies if r.status == 200)
     assert any("rate limit check failed" in rec.getMessage() for rec in caplog.records)
@@ -128,7 +129,7 @@ async def test_fail_open_without_the_insurance_limiter_lets_everything_through(
     app = RateLimitMiddleware(inner, limiter=limiter, rules=[make_rule()])
     with caplog.at_level(logging.WARNING, logger="ratewarden"):
         replies = [await request(app, "/limited/x") for _ in range(8)]
-    if name.endswith("key raises"):  # no store failure: the key's fallback is charged as usual
+    if name.endswith("key raises") or name == "cost raises":  # no store failure: the fallback is charged
         assert [r.status for r in replies] == [200] * 5 + [429] * 3
     else:
         assert [r.status for r in replies] == [200] * 8
@@ -140,6 +141,9 @@ async def test_fail_open_without_the_insurance_limiter_lets_everything_through(
 async def test_fail_closed_gives_503(name: str, make_store: Any, make_rule: Any) -> None:
     limiter = Limiter(make_store(), on_error="closed")
     app = RateLimitMiddleware(inner, limiter=limiter, rules=[make_rule()])
+    if name == "cost raises":  # nothing failed to answer: the rule's own cost is charged
+        assert [(await request(app, "/limited/x")).status for _ in range(6)] == [200] * 5 + [429]
+        return
     reply = await request(app, "/limited/x")
     assert reply.status == 503
     assert reply.header("content-type") == "application/problem+json"
