@@ -1,7 +1,7 @@
-"""No import cycles among ratewarden's modules (issue 22), read from the source's AST.
+"""No import cycles among ratewarden's modules, read from the source's AST.
 
 The graph has an arrow for every ``import``/``from`` of a ratewarden module: at the top of a file,
-inside a function (where a cycle used to hide) and under ``if TYPE_CHECKING:``. Importing
+inside a function (where a cycle hides easily) and under ``if TYPE_CHECKING:``. Importing
 ``a.b.c`` also runs the packages ``a.b`` (``__init__``) it passes through, unless the importer is
 inside them already, so those get an arrow too. Imports by name at run time (``importlib``) are
 data, not arrows: ``stores.urls.OPENERS`` names the stores that way.
@@ -27,7 +27,7 @@ OPTIONAL_LAZY = {
 #: Cycles still there, each the set of its modules; a cycle may shrink or go, never grow or appear.
 KNOWN_CYCLES: list[frozenset[str]] = []
 
-#: The cycles issue 22 removed: none of these modules may be in a cycle again.
+#: Modules whose cycles were taken apart: none of them may be in a cycle again.
 FIXED = {
     "ratewarden.fastapi", "ratewarden.fastapi.routes", "ratewarden.fastapi.openapi", "ratewarden.fastapi.dependency",
     "ratewarden.charges", "ratewarden.stores", "ratewarden.stores.urls", "ratewarden.stores.memory",
@@ -144,7 +144,7 @@ def describe(cycle: frozenset[str], edges: dict[str, dict[str, int]]) -> str:
 
 
 def test_the_graph_sees_imports_inside_functions() -> None:
-    """The reader is not blind to what issue 22 was about: a lazy import is an arrow."""
+    """The reader sees what a lazy import hides: it is an arrow."""
     edges = graph()
     assert "ratewarden.fastapi" in edges["ratewarden.cli.demo"]  # imported inside main()
     assert "ratewarden.fastapi" not in edges["ratewarden.errors"]  # OPTIONAL_LAZY
