@@ -44,7 +44,7 @@ def _capacity_targets(protocol: str, floor_name: str, fl: CapacityRow | None, us
 
 
 def targets(report: GatewayReport) -> list[dict[str, Any]]:
-    """The issue's targets, each as target / ours / floor from the medians and the minima over rounds.
+    """The targets, each as target / ours / floor from the medians and the minima over rounds.
 
     * HAProxy + ratewarden adds <= 1 ms p99 over HAProxy without limiting; floor: the same Lua asking a
       fixed-200 service.

@@ -263,7 +263,7 @@ def _find(rows: Sequence[Row], name: str, store: str, kind: str) -> Row | None:
 
 
 def targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
-    """The issue's targets, each with target / ours / floor (µs) from the medians and from the minima
+    """The targets, each with target / ours / floor (µs) from the medians and from the minima
     of the rounds (on a shared machine the minima are the steadier), and whether each is met.
 
     * allowed: ratewarden's extra over bare Flask <= 0.05x flask-limiter's extra (memory), <= 0.25x
