@@ -26,6 +26,7 @@ from .store_health import (
     STORE_CHECK_TIMEOUT,
     WITHOUT_STORE_REASONS,
     cached_rejections,
+    check_failure,
     count_without_store,
     innermost,
     log_without_store,
@@ -76,13 +77,13 @@ class Limiter:
             through) and logs; ``"closed"`` answers 503 (``Limiter.hit`` raises ``StoreError``).
         enabled: ``False`` turns every integration into a pass-through (e.g. in tests).
         fallback: The insurance limiter: under ``on_error="open"``, a check the store fails
-            (``StoreError``) is decided by this local store instead, with the same keys, limits and
-            costs, so an outage limits per process instead of not at all. ``"local"`` (the default)
-            is a ``MemoryStore()`` of this limiter's own (none for a ``MemoryStore``, which cannot
-            fail); ``None`` lets such checks through unchecked (``Limiter.hit`` raises the
-            ``StoreError``). A key starts from what the store last said was left for it (a remote
-            store's ``ledger``), this process's share of it (``workers``); what it admits is
-            charged to the store by the first check that succeeds once the store answers again.
+            (``StoreError``, or any other exception: a bug) is decided by this local store instead,
+            with the same keys, limits and costs, so an outage limits per process instead of not at
+            all. ``"local"`` (the default) is a ``MemoryStore()`` of this limiter's own (for a
+            ``MemoryStore``, made when it first fails); ``None`` lets such checks through unchecked
+            (``Limiter.hit`` raises the ``StoreError``). A key starts from what the store last said
+            was left for it (a remote store's ``ledger``), this process's share of it (``workers``);
+            what it admits is charged to the store by the first check that succeeds once it answers.
         workers: How many processes share the store's limits (each has its own insurance limiter,
             which admits ``1/workers`` of what is left); the default ``None`` reads the
             ``WEB_CONCURRENCY`` environment variable (uvicorn's, gunicorn's), else 1.
@@ -118,8 +119,8 @@ class Limiter:
         if isinstance(fallback, str):
             if fallback != "local":
                 raise ConfigurationError(f"fallback must be a local store, 'local' or None, got {fallback!r}")
-            self._owns_fallback = not (self.store.local and isinstance(self.store, MemoryStore))
-            self.fallback = MemoryStore() if self._owns_fallback else None
+            self._owns_fallback = True  # a MemoryStore's is made when it fails (decide_without_store)
+            self.fallback = None if self.store.local and isinstance(self.store, MemoryStore) else MemoryStore()
         elif isinstance(fallback, Store):
             fallback.require("local", "Limiter(fallback=...)")
             self.fallback = fallback
@@ -187,10 +188,11 @@ class Limiter:
             if store.local:
                 return store.hit_now(keys, limits, costs)
             return await store.hit(keys, limits, costs)
-        except StoreError as exc:
-            decision = self.decide_without_store(exc, keys, limits, costs)
+        except Exception as exc:  # a StoreError, or a bug in the store (check_failure)
+            error = check_failure(store, exc)
+            decision = self.decide_without_store(error, keys, limits, costs)
             if decision is None:
-                raise
+                raise error from error.__cause__
             return decision
 
     def decide_without_store(
@@ -199,8 +201,7 @@ class Limiter:
         """A check the store failed: counted by ``error.reason`` (``without_store``), logged (at
         most once a second, with the count since the last line) and, under ``on_error="open"``,
         decided by the insurance limiter (``fallback``). ``None`` when nothing decided it (no
-        fallback, or fail-closed): the caller applies ``on_error``. Every integration's check
-        calls it when the store raises ``StoreError``; it runs only then.
+        fallback, or fail-closed): the caller applies ``on_error``. Every check calls it when its store raises.
 
         Args:
             error: What the store raised.
@@ -208,8 +209,6 @@ class Limiter:
             limits: The limit checked on each key.
             costs: What the request costs under each limit.
         """
-        if not self._store_reported:  # nothing checked the store at start-up: this is the first word of it
-            self._report_store(error, "failed a check, its first failure (nothing checked it at start-up)")
         reason = error.reason if error.reason in FAILURE_REASONS else "error"
         self._without[reason] += 1
         count_without_store(reason)
@@ -218,6 +217,8 @@ class Limiter:
             self._seeded.clear()
             if self._owns_fallback:
                 self.fallback = MemoryStore()  # a new outage: nothing carried over from the last one
+        if not self._store_reported:  # nothing checked the store at start-up: this is the first word of it
+            self._report_store(error, "failed a check, its first failure (nothing checked it at start-up)")
         self._last_failure = now
         self._last_error = error
         if self._batch_start < 0:
@@ -463,10 +464,11 @@ class Limiter:
             costs = [cost] * len(limits)
             try:
                 return self.store.hit_now(keys, limits, costs)
-            except StoreError as exc:
-                decision = self.decide_without_store(exc, keys, limits, costs)
+            except Exception as exc:
+                error = check_failure(self.store, exc)
+                decision = self.decide_without_store(error, keys, limits, costs)
                 if decision is None:
-                    raise
+                    raise error from error.__cause__
                 return decision
         return self._sync_loop.run(self.hit(key, rate, cost, algorithm, namespace))
 

@@ -9,11 +9,12 @@ import logging
 import time
 from collections.abc import Sequence
 
+from .errors import RatewardenError
 from .limits import Limit
-from .stores.base import Store, StoreError, failure_reason
+from .stores.base import Store, StoreError, client_error, failure_reason
 
 __all__ = [
-    "STORE_CHECK_KEY", "STORE_CHECK_TIMEOUT", "WITHOUT_STORE_REASONS", "cached_rejections", "probe_store",
+    "STORE_CHECK_KEY", "STORE_CHECK_TIMEOUT", "WITHOUT_STORE_REASONS", "cached_rejections", "check_failure", "probe_store",
     "store_problem", "without_store_totals",
 ]
 
@@ -107,6 +108,23 @@ async def probe_store(store: Store, keys: Sequence[str], limits: Sequence[Limit]
         log.debug("rate limit store %r answered its start-up check in %.1f ms", store, (time.monotonic() - started) * 1000)
         return None
     return error
+
+
+def check_failure(store: Store, exc: Exception) -> StoreError:
+    """What a check whose store raised ``exc`` counts as: a ``StoreError`` as is; any other exception
+    (a bug in the store or its client, a corrupt local store: ``IndexError``, ``MemoryError``...) as
+    a ``StoreError`` naming the store and the exception's type (``reason="error"``, ``exc`` its
+    cause), so it is decided as every store failure is (counted, logged, the insurance limiter, 503
+    under fail-closed), never let through unchecked. A ``RatewardenError`` that is not a
+    ``StoreError`` (a configuration or argument error: the caller's) is raised again.
+
+    Args:
+        store: The limiter's store.
+        exc: What the check raised.
+    """
+    if isinstance(exc, RatewardenError) and not isinstance(exc, StoreError):
+        raise exc
+    return client_error(repr(store), "hit", exc)
 
 
 def log_without_store(store: Store, error: StoreError, since: dict[str, int], seconds: float) -> None:

@@ -17,7 +17,7 @@ from ..keys import client_ip, key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
-from ..stores.base import StoreError
+from ..stores.base import StoreError, client_error
 from ..types import Scope
 
 __all__ = [
@@ -149,11 +149,8 @@ def _charge(limiter: Limiter, rule: CompiledRule, key: str) -> Checked:
         if cached is not None:
             return cached
         return _hit(limiter, keys, rule.limits, rule.costs, "rate limit check")
-    except StoreError as exc:
+    except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
         return store_failed(limiter, "rate limit check", exc, rule.storage_keys(key), rule.limits, rule.costs)
-    except Exception as exc:
-        report_failure(limiter, "rate limit check", exc)
-        return None
 
 
 async def _charge_later(limiter: Limiter, rule: CompiledRule, scope: Scope, pending: Awaitable[object]) -> Decision | None:
@@ -185,11 +182,8 @@ async def _hit(
         if store.local:
             return store.hit_now(keys, limits, costs)
         return await store.hit(keys, limits, costs)
-    except StoreError as exc:
+    except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
         return store_failed(limiter, what, exc, keys, limits, costs)
-    except Exception as exc:
-        report_failure(limiter, what, exc)
-        return None
 
 
 async def check_rules(
@@ -303,12 +297,14 @@ async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: 
 
 
 def store_failed(
-    limiter: Limiter, what: str, exc: StoreError, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    limiter: Limiter, what: str, exc: Exception, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
 ) -> Decision | None:
     """A check the store failed, as every integration answers it: ``Limiter.decide_without_store``
     counts and logs it and, under fail-open, decides it with the insurance limiter; without one,
     fail-open returns ``None`` (no decision: the request goes through) and fail-closed raises
-    ``LimitUnavailable``.
+    ``LimitUnavailable``. Any exception from the store counts: one that is not a ``StoreError`` (a
+    bug in the store or its client, a corrupt local store, even a ``ConfigurationError`` it raises
+    at check time) is counted by its own type and decided as a ``StoreError`` naming it.
 
     Args:
         limiter: Whose store failed (its ``fallback`` and ``on_error`` apply).
@@ -319,7 +315,8 @@ def store_failed(
         costs: What the request costs under each limit.
     """
     _count_failure(what, exc)
-    decision = limiter.decide_without_store(exc, keys, limits, costs)
+    error = exc if isinstance(exc, StoreError) else client_error(repr(limiter.store), "hit", exc)
+    decision = limiter.decide_without_store(error, keys, limits, costs)
     if decision is None and limiter.on_error == "closed":
         raise LimitUnavailable(what) from exc
     return decision

@@ -17,7 +17,6 @@ from ..keys import key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
-from ..stores.base import StoreError
 from ..types import Scope
 from .check import add_charge, key_failed, log_failure, report_failure, store_failed
 
@@ -99,11 +98,8 @@ def _hit(limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: 
     """The store's answer, with the failure policy applied (``what`` failed)."""
     try:
         return limiter.store.hit_blocking(keys, limits, costs)
-    except StoreError as exc:
+    except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
         return store_failed(limiter, what, exc, keys, limits, costs)
-    except Exception as exc:
-        report_failure(limiter, what, exc)
-        return None
 
 
 def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> None:
