@@ -1,9 +1,9 @@
 """``PolicyMiddleware``: ``RateLimitMiddleware`` plus the operational features — a reloadable
 policy file, tiers, global shadow mode, bans, delays, after-response charging and metrics.
 
-A request goes through named stages over one ``PolicyContext`` (``request_context.py``): refuse if
-banned, choose the caller's group, check, delay, record, then refuse or serve (and settle
-after-response charges). It is a separate class so the plain middleware's hot path carries none
+A request is decided by the policy core (``decision_plan.py``: its plan, then its outcome, neither
+doing I/O), driven here through the store by awaiting it: refuse if banned, choose the caller's
+group, check, delay, record, then refuse or serve (and settle after-response charges). It is a separate class so the plain middleware's hot path carries none
 of this; features left off here cost a few attribute checks per request. WebSocket traffic is
 handled exactly as by ``RateLimitMiddleware``.
 """
@@ -16,19 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from ..asgi.middleware import RateLimitMiddleware
-from ..asgi.responses import send_limited, send_on_limit, send_problem, send_unavailable
+from ..asgi.responses import send_answer, send_on_limit
 from ..charges import adjust
-from ..context import STATE_KEY
 from ..decision import Decision
-from ..enforcement.answers import problem_headers, rejection, unavailable_answer
-from ..enforcement.check import LimitUnavailable, check_rules, report_failure
+from ..enforcement.check import LimitUnavailable, check_rules
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .bans import Bans
-from .core import PolicyCore, listed, policy_in_rules, refund_amounts, refunded
+from .core import PolicyCore, policy_in_rules, refund_amounts, refunded
+from .decision_plan import REFUSE, Outcome, failed, listed
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -86,104 +85,79 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         super().__init__(app, limiter, rules, **kwargs)
         self._start_policy(policy, watch, sighup, shadow, bans, metrics, shadow_header, show_group)
 
-    # -- request path: a pipeline of stages over one PolicyContext -------------------------------
+    # -- request path: the decision core's plan and outcome, the store awaited --------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        rt = self._runtime
-        matched = rt.rules.match(scope["method"], scope["path"])
-        if not matched or not self.limiter.enabled:
+        ctx = self._plan_request(scope)
+        if ctx is None:
             await self.app(scope, receive, send)
             return
-        ctx = PolicyContext(rt, matched, self._plan(matched))
-        scope.setdefault("state", {})[STATE_KEY] = ctx
-        try:
-            if rt.bans is not None and await self._refuse_if_banned(ctx, scope, send):
-                return
-            if ctx.plan.tiered:
-                self._choose_group(ctx, scope)
-            rules = ctx.rules  # empty when the caller's group is unlimited
-            decision = await check_rules(self.limiter, rules, scope) if rules else None
-            if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
-                decision = await self._delay(ctx, scope, decision)
-        except LimitUnavailable as exc:
-            await send_unavailable(send, exc)
+        outcome = await self._decide(ctx, scope)
+        if outcome.verdict is not REFUSE:
+            await self._serve(ctx, outcome, scope, receive, send)
             return
-        if decision is not None:
-            self._record(ctx, decision)
-            if not decision.allowed and not rt.shadow:
-                await self._refuse(ctx, scope, receive, send, decision)
-                return
-        await self._serve(ctx, scope, receive, send)
+        if outcome.strike:
+            await self._strike(ctx)
+        decision = outcome.decision
+        if decision is not None and self.on_limit is not None:
+            answer = self.on_limit(scope, decision)
+            with_rate_headers = self.headers != "off"
+            await send_on_limit(answer, scope, receive, send, decision, self.header_style, with_rate_headers, listed(ctx))
+            return
+        await send_answer(send, outcome.status, outcome.body, outcome.headers)
 
     async def answer(self, scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """What this middleware answers an HTTP request when the app behind it answers ``200`` with an
         empty body: ``(status, complete header list, body)``, returned rather than sent, and the app
-        not called (``ratewarden serve``'s checks). The stages are ``__call__``'s (keep the two alike);
-        a refusal is the default 429 (``on_limit`` answers with an app, so it is not used here).
+        not called (``ratewarden serve``'s checks). The decision is ``__call__``'s (``_decide``); a
+        refusal is the default 429 (``on_limit`` answers with an app, so it is not used here).
 
         Args:
             scope: An HTTP scope; its ``state`` receives the request's context, as in ``__call__``.
         """
-        rt = self._runtime
-        matched = rt.rules.match(scope["method"], scope["path"])
-        if not matched or not self.limiter.enabled:
+        ctx = self._plan_request(scope)
+        if ctx is None:
             return 200, [_NO_BODY], b""
-        ctx = PolicyContext(rt, matched, self._plan(matched))
-        scope.setdefault("state", {})[STATE_KEY] = ctx
+        outcome = await self._decide(ctx, scope)
+        if outcome.verdict is REFUSE:
+            if outcome.strike:
+                await self._strike(ctx)
+            return outcome.status, outcome.headers, outcome.body
+        if outcome.settle:
+            await self._settle(scope, ctx.rules, 200)
+        return 200, [*outcome.headers, _NO_BODY], b""
+
+    async def _decide(self, ctx: PolicyContext, scope: Scope) -> Outcome:
+        """The request's outcome: its plan driven through the store, awaiting each answer (the ban
+        read, the check, a delay's re-checks)."""
+        rt = ctx.runtime
         try:
             if rt.bans is not None:
-                banned = await self._ban_answer(ctx, scope)
-                if banned is not None:
-                    status, body, headers = banned
-                    return status, problem_headers(body, headers), body
-            if ctx.plan.tiered:
-                self._choose_group(ctx, scope)
-            rules = ctx.rules
+                key = self._ban_key(ctx, scope)
+                if key is not None and not isinstance(key, str):
+                    key = await self._awaited_ban_key(ctx, scope, key)
+                if key is not None:
+                    banned = self._banned(ctx, await rt.bans.check(self.limiter, key))
+                    if banned is not None:
+                        return banned
+            rules = self._charged(ctx, scope)  # empty when the caller's group is unlimited
             decision = await check_rules(self.limiter, rules, scope) if rules else None
             if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
                 decision = await self._delay(ctx, scope, decision)
         except LimitUnavailable as exc:
-            status, body, headers = unavailable_answer(exc)
-            return status, headers, body
-        if decision is not None:
-            self._record(ctx, decision)
-            if not decision.allowed and not rt.shadow:
-                if ctx.ban_key is not None:
-                    await self._strike(ctx)
-                group = ctx.group if rt.show_group else ""
-                body, headers = rejection(decision, self.header_style, self.headers != "off", listed(ctx), group)
-                return 429, headers, body
-        extra, settle = self._answer_headers(ctx)
-        if settle:
-            await self._settle(scope, ctx.rules, 200)
-        return 200, [*extra, _NO_BODY], b""
+            return failed(exc)
+        return self._outcome(ctx, decision)
 
-    async def _refuse_if_banned(self, ctx: PolicyContext, scope: Scope, send: Send) -> bool:
-        """Answer a banned client (``True``: done)."""
-        answer = await self._ban_answer(ctx, scope)
-        if answer is None:
-            return False
-        status, body, headers = answer
-        await send_problem(send, status, body, headers)
-        return True
-
-    async def _ban_answer(self, ctx: PolicyContext, scope: Scope) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
-        """A banned client's answer (``ban_answer``); ``None`` when it is not banned. A failing ban
-        key function skips the bans under fail-open and raises ``LimitUnavailable`` under fail-closed."""
-        bans = ctx.runtime.bans
-        assert bans is not None
+    async def _awaited_ban_key(self, ctx: PolicyContext, scope: Scope, pending: Awaitable[object]) -> str | None:
+        """The ban key once the bans' key function's awaitable answer is awaited (``None``: skipped)."""
         try:
-            value = bans.key(scope)
-            if isinstance(value, Awaitable):
-                value = await value
-            ctx.ban_key = key_text(value, scope)
+            return self._ban_key_from(ctx, scope, await pending)
         except Exception as exc:
-            report_failure(self.limiter, "ban key function", exc)
+            self._ban_key_failed(exc)
             return None
-        return self._banned(bans, await bans.check(self.limiter, ctx.ban_key))
 
     async def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
         """Hold a refused request for its turn when its rule has a ``delay``; ``None`` when the
@@ -202,19 +176,6 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             return decision
         return self._delayed(ctx, decider, waited)
 
-    async def _refuse(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
-        """Answer 429 (or ``on_limit``), counting the refusal toward a ban."""
-        if ctx.ban_key is not None:
-            await self._strike(ctx)
-        with_rate_headers = self.headers != "off"
-        if self.on_limit is not None:
-            answer = self.on_limit(scope, decision)
-            await send_on_limit(answer, scope, receive, send, decision, self.header_style, with_rate_headers, listed(ctx))
-            return
-        # The default 429 with this middleware's extra body fields: ``remaining`` and the caller's ``group``.
-        group = ctx.group if ctx.runtime.show_group else ""
-        await send_limited(send, decision, self.header_style, with_rate_headers, listed(ctx), group)
-
     async def _strike(self, ctx: PolicyContext) -> None:
         """Count a refusal toward the client's ban (``ctx.ban_key`` is set when bans are on)."""
         bans = ctx.runtime.bans
@@ -224,10 +185,11 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             except Exception as exc:
                 log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
 
-    async def _serve(self, ctx: PolicyContext, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run the app, adding rate-limit and shadow headers, then settle after-response charges."""
-        extra, settle = self._answer_headers(ctx)
-        if not extra and not ctx.plan.charged:
+    async def _serve(self, ctx: PolicyContext, outcome: Outcome, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app, adding the outcome's headers, then settle after-response charges."""
+        extra = outcome.headers
+        settle = outcome.settle
+        if not extra and not settle:
             await self.app(scope, receive, send)
             return
         status = 500

@@ -1,69 +1,32 @@
 """What the two policy middlewares share, whatever the server interface: the policy in force and
-its reloads, the per-rule-tuple plans, the choice of the caller's group, the record of a decision
-(metrics and logs), the ban answer and the ``RateLimit-Shadow`` header.
+its reloads, the admin operations, and (``decision_plan.Decider``) the plan and outcome of a
+request, which do no I/O.
 
 ``PolicyCore`` is a mixin: ``PolicyMiddleware`` (ASGI, ``asgi.py``) and ``WSGIPolicyMiddleware``
-(``wsgi.py``) each set ``limiter`` and ``rules`` and then call ``_start_policy``; each keeps its own
-request path, since one awaits and the other blocks.
+(``wsgi.py``) each set ``limiter`` and ``rules`` and then call ``_start_policy``; each drives the
+plan and outcome with its own store calls, since one awaits and the other blocks.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..decision import Decision
-from ..enforcement.answers import problem_body
 from ..enforcement.check import rule_costs
 from ..errors import ConfigurationError, UsageError
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
 from ..metrics import Metrics
-from ..rules import CompiledRule, Rule, RuleSet, policy_of
+from ..rules import CompiledRule, Rule, RuleSet
 from ..types import Scope
 from .admin import Operations
 from .bans import Bans
-from .delay import Delay
+from .decision_plan import Decider
 from .reload import PolicyReloader
-from .request_context import PolicyContext
 from .runtime import Plan, Runtime
 from .schema import Policy
-from .tiers import PolicyRule
 
-__all__ = ["PolicyCore", "ban_answer", "listed", "owner", "policy_in_rules", "refund_amounts", "refunded"]
-
-log = logging.getLogger("ratewarden")
-_PLAN_CACHE_LIMIT = 4096
-
-
-def owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
-    """The rule whose limit made ``decision`` (by policy name).
-
-    Args:
-        rules: The rules that were checked.
-        decision: Their combined decision.
-    """
-    if len(rules) > 1:
-        for rule in rules:
-            for limit in rule.limits:
-                if limit.name == decision.policy:
-                    return rule
-    return rules[0]
-
-
-def ban_answer(bans: Bans, left: float) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    """A banned request's answer: status, problem+json body and the ``Retry-After`` header.
-
-    Args:
-        bans: The bans in force (their ``status``).
-        left: Seconds left on the ban.
-    """
-    title = "Forbidden" if bans.status == 403 else "Too Many Requests"
-    seconds = max(1, math.ceil(left))
-    body = problem_body(bans.status, title, f"Too many rejected requests; blocked for {seconds}s.", retry_after=seconds)
-    return bans.status, body, [(b"retry-after", b"%d" % seconds)]
+__all__ = ["PolicyCore", "policy_in_rules", "refund_amounts", "refunded"]
 
 
 def policy_in_rules(
@@ -109,15 +72,8 @@ def refund_amounts(rule: CompiledRule, scope: Scope) -> list[float]:
     return [-c for c in rule_costs(rule, scope)]
 
 
-def listed(ctx: PolicyContext) -> bytes:
-    """The ``RateLimit-Policy`` value of the request: every limit of the rules it was charged to
-    (a tiered rule's as its caller's group), as ``RateLimitMiddleware`` lists them."""
-    rules = ctx.rules
-    return policy_of(rules if isinstance(rules, tuple) else tuple(rules))
-
-
-class PolicyCore(Operations):
-    """The policy state and the interface-neutral stages of a policy middleware (a mixin: the
+class PolicyCore(Decider, Operations):
+    """The policy state and the interface-neutral steps of a policy middleware (a mixin: the
     middleware sets ``limiter`` and ``rules``, then calls ``_start_policy``)."""
 
     limiter: Limiter
@@ -214,101 +170,3 @@ class PolicyCore(Operations):
             self.reloader.stop()
         if self.metrics is not None:
             self.metrics.close()
-
-    # -- request stages that neither await nor block -------------------------------------------
-
-    def _plan(self, matched: tuple[CompiledRule, ...]) -> Plan:
-        plan = self._plans.get(matched)
-        if plan is None:
-            plan = Plan(matched)
-            if len(self._plans) >= _PLAN_CACHE_LIMIT:
-                self._plans = {}
-            self._plans[matched] = plan
-        return plan
-
-    def _choose_group(self, ctx: PolicyContext, scope: Scope) -> None:
-        """Replace tiered rules by the rule of the caller's group (dropping unlimited groups)."""
-        rules: list[CompiledRule] = []
-        prefix = self.limiter.prefix
-        for compiled in ctx.rules:
-            rule = compiled.rule
-            if isinstance(rule, PolicyRule) and rule.tiers is not None:
-                ctx.group = rule.tiers.identity.group(scope)
-                chosen = rule.group_rules(prefix).get(ctx.group)
-                if chosen is not None:
-                    rules.append(chosen)
-            else:
-                rules.append(compiled)
-        ctx.rules = rules
-
-    def _record(self, ctx: PolicyContext, decision: Decision) -> None:
-        """Publish the decision in the context, count it and log a refusal."""
-        ctx.decision = decision
-        shadow = ctx.runtime.shadow
-        if self.metrics is None and decision.allowed:
-            return
-        name = owner(ctx.rules, decision).rule.name
-        if self.metrics is not None:
-            self.metrics.observe(name, ctx.group, decision, shadow=shadow)
-        if decision.allowed:
-            return
-        if shadow:
-            ctx.would_deny = decision
-            log.info(
-                "shadow_limited rule=%s group=%s policy=%s retry_after=%.3f",
-                name, ctx.group, decision.policy, decision.retry_after,
-            )
-        else:
-            log.info(
-                "rate_limited rule=%s group=%s policy=%s limit=%d retry_after=%.3f",
-                name, ctx.group, decision.policy, decision.limit, decision.retry_after,
-            )
-
-    def _shadow_headers(self, ctx: PolicyContext) -> list[tuple[bytes, bytes]]:
-        """``RateLimit-Shadow`` for the first decision a shadow limit would have denied; counts
-        the per-rule shadow denials."""
-        if self.metrics is not None:
-            for d in ctx.shadow:
-                self.metrics.observe_shadow_rule(d)
-        if not self.shadow_header:
-            return []
-        denied = [d for d in ctx.shadow if not d.allowed]
-        if ctx.would_deny is not None:
-            denied.insert(0, ctx.would_deny)
-        for d in denied[:1]:
-            retry = "inf" if math.isinf(d.retry_after) else str(max(1, math.ceil(d.retry_after)))
-            return [(b"ratelimit-shadow", f'"{d.policy}";deny;r={d.remaining};t={retry}'.encode("latin-1", "replace"))]
-        return []
-
-    def _banned(self, bans: Bans, left: float) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
-        """A banned request's answer (``ban_answer``), counted; ``None`` when ``left`` says no ban."""
-        if left <= 0:
-            return None
-        if self.metrics is not None:
-            self.metrics.observe_banned(bans.status)
-        return ban_answer(bans, left)
-
-    @staticmethod
-    def _delayer(ctx: PolicyContext, decision: Decision) -> tuple[CompiledRule, Delay] | None:
-        """The rule that refused (``owner``) and its ``delay``; ``None`` when it has none."""
-        decider = owner(ctx.rules, decision)
-        delay: Delay | None = getattr(decider.rule, "delay", None)
-        return None if delay is None else (decider, delay)
-
-    def _delayed(self, ctx: PolicyContext, decider: CompiledRule, waited: Decision | None) -> Decision | None:
-        """The answer of a wait, counted as delayed when it was allowed."""
-        if waited is not None and waited.allowed and self.metrics is not None:
-            self.metrics.observe_delayed(decider.rule.name, ctx.group)
-        return waited
-
-    def _answer_headers(self, ctx: PolicyContext) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """What serving adds: the rate-limit and shadow headers, and whether after-response charges
-        are to be settled."""
-        decision = ctx.decision
-        extra = (
-            rate_limit_headers(decision, self.header_style, listed(ctx))
-            if decision is not None and self.headers == "always" else []
-        )
-        if ctx.would_deny is not None or ctx.shadow:
-            extra = [*extra, *self._shadow_headers(ctx)]
-        return extra, ctx.plan.charged and decision is not None and ctx.would_deny is None

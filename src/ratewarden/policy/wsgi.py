@@ -22,10 +22,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..context import STATE_KEY
 from ..decision import Decision
-from ..enforcement.answers import problem_headers, rejection, unavailable_answer
-from ..enforcement.check import LimitUnavailable, report_failure
+from ..enforcement.check import LimitUnavailable
 from ..enforcement.options import check_header_options
 from ..enforcement.sync_check import check_blocking, require_sync_keys
 from ..errors import ConfigurationError
@@ -37,7 +35,8 @@ from ..rules import CompiledRule, Rule, RuleSet
 from ..types import Scope
 from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans
-from .core import PolicyCore, listed, policy_in_rules, refund_amounts, refunded
+from .core import PolicyCore, policy_in_rules, refund_amounts, refunded
+from .decision_plan import REFUSE, Outcome, failed
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -184,7 +183,7 @@ class WSGIPolicyMiddleware(PolicyCore):
             if _is_async(bans.key):
                 raise ConfigurationError(f"{_WHO}: the bans' key function {bans.key!r} is async; give it a plain function")
 
-    # -- request path: the stages of PolicyMiddleware, blocking -----------------------------------
+    # -- request path: the decision core's plan and outcome, the store blocking ------------------
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Handle one request (PEP 3333).
@@ -201,50 +200,37 @@ class WSGIPolicyMiddleware(PolicyCore):
         if not matched or not self.limiter.enabled:
             return self.app(environ, start_response)
         scope = scope_of(environ)
-        ctx = PolicyContext(rt, matched, self._plan(matched))
-        scope.setdefault("state", {})[STATE_KEY] = ctx
-        environ[CONTEXT_KEY] = ctx
+        ctx = environ[CONTEXT_KEY] = self._planned(rt, matched, scope)
+        outcome = self._decide(ctx, scope)
+        if outcome.verdict is not REFUSE:
+            return self._serve(ctx, outcome, scope, environ, start_response)
+        if outcome.strike:
+            self._strike(ctx)
+        start_response(_STATUS_LINES[outcome.status], _text(outcome.headers))
+        return [outcome.body]
+
+    def _decide(self, ctx: PolicyContext, scope: Scope) -> Outcome:
+        """The request's outcome: its plan driven through the store, blocking on each answer (the
+        ban read, the check, a delay's re-checks)."""
+        rt = ctx.runtime
         try:
             if rt.bans is not None:
-                banned = self._refuse_if_banned(ctx, scope, start_response)
-                if banned is not None:
-                    return banned
-            if ctx.plan.tiered:
-                self._choose_group(ctx, scope)
-            rules = ctx.rules  # empty when the caller's group is unlimited
+                key = self._ban_key(ctx, scope)
+                if key is not None and not isinstance(key, str):
+                    _discard(key)
+                    self._ban_key_failed(TypeError("the bans' key function returned an awaitable; a WSGI app cannot await it"))
+                    key = None
+                if key is not None:
+                    banned = self._banned(ctx, rt.bans.check_blocking(self.limiter, key))
+                    if banned is not None:
+                        return banned
+            rules = self._charged(ctx, scope)  # empty when the caller's group is unlimited
             decision = check_blocking(self.limiter, rules, scope) if rules else None
             if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
                 decision = self._delay(ctx, scope, decision)
         except LimitUnavailable as exc:
-            status, body, headers = unavailable_answer(exc)
-            start_response(_STATUS_LINES[status], _text(headers))
-            return [body]
-        if decision is not None:
-            self._record(ctx, decision)
-            if not decision.allowed and not rt.shadow:
-                return self._refuse(ctx, start_response, decision)
-        return self._serve(ctx, scope, environ, start_response)
-
-    def _refuse_if_banned(self, ctx: PolicyContext, scope: Scope, start_response: StartResponse) -> list[bytes] | None:
-        """Answer a banned client (``None``: not banned). A failing ban key function skips the bans
-        under fail-open and raises ``LimitUnavailable`` under fail-closed."""
-        bans = ctx.runtime.bans
-        assert bans is not None
-        try:
-            value = bans.key(scope)
-            if isinstance(value, Awaitable):
-                _discard(value)
-                raise TypeError("the bans' key function returned an awaitable; a WSGI app cannot await it")
-            ctx.ban_key = key_text(value, scope)
-        except Exception as exc:
-            report_failure(self.limiter, "ban key function", exc)
-            return None
-        answer = self._banned(bans, bans.check_blocking(self.limiter, ctx.ban_key))
-        if answer is None:
-            return None
-        status, body, headers = answer
-        start_response(_STATUS_LINES[status], _text(problem_headers(body, headers)))
-        return [body]
+            return failed(exc)
+        return self._outcome(ctx, decision)
 
     def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
         """Hold a refused request (this thread sleeps) for its turn when its rule has a ``delay``;
@@ -263,23 +249,19 @@ class WSGIPolicyMiddleware(PolicyCore):
             return decision
         return self._delayed(ctx, decider, waited)
 
-    def _refuse(self, ctx: PolicyContext, start_response: StartResponse, decision: Decision) -> list[bytes]:
-        """Answer 429 (the ASGI middleware's bytes), counting the refusal toward a ban."""
+    def _strike(self, ctx: PolicyContext) -> None:
+        """Count a refusal toward the client's ban (``ctx.ban_key`` is set when bans are on)."""
         bans = ctx.runtime.bans
         if bans is not None and ctx.ban_key is not None:
             try:
                 bans.strike_blocking(self.limiter, ctx.ban_key)
             except Exception as exc:
                 log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
-        group = ctx.group if ctx.runtime.show_group else ""
-        body, headers = rejection(decision, self.header_style, self.headers != "off", listed(ctx), group)
-        start_response(_STATUS_LINES[429], _text(headers))
-        return [body]
 
-    def _serve(self, ctx: PolicyContext, scope: Scope, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        """Run the app, adding rate-limit and shadow headers; after-response charges are settled
-        when the app gives its status (or 500 if it raises first). The body passes untouched."""
-        extra, settle = self._answer_headers(ctx)
+    def _serve(self, ctx: PolicyContext, outcome: Outcome, scope: Scope, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Run the app, adding the outcome's headers; after-response charges are settled when the
+        app gives its status (or 500 if it raises first). The body passes untouched."""
+        extra, settle = outcome.headers, outcome.settle
         if not extra and not settle:
             return self.app(environ, start_response)
         rules = ctx.rules

@@ -1,0 +1,319 @@
+"""The policy's decision without I/O: what a request needs read and charged (the plan), and what
+the store's answers make of it (the outcome). Nothing here awaits or blocks; the doors drive it.
+
+A door (``PolicyMiddleware.__call__`` and ``.answer``, ``WSGIPolicyMiddleware``) runs::
+
+    ctx = core._plan_request(scope)          # None: no rule applies, pass the request on
+    key = core._ban_key(ctx, scope)          # bans on: read the ban (awaiting or blocking), then
+    outcome = core._banned(ctx, left)        # the ban's 403/429, or None: not banned
+    rules = core._charged(ctx, scope)        # the rules to charge (the caller's group chosen)
+    decision = check(limiter, rules, scope)  # the store (awaiting or blocking), a delay
+    outcome = core._outcome(ctx, decision)   # allow, shadow or refuse: status, headers, body
+    outcome = failed(exc)                    # the check raised LimitUnavailable: 400 or 503
+
+and then does what the outcome asks: answer it, strike the ban counter (``Outcome.strike``), serve
+the app with ``Outcome.headers`` and refund after-response charges (``Outcome.settle``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Sequence
+
+from ..context import STATE_KEY
+from ..decision import Decision
+from ..enforcement.answers import problem_body, problem_headers, rejection, unavailable_answer
+from ..enforcement.check import report_failure
+from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..keys import key_text
+from ..limiter import Limiter
+from ..metrics import Metrics
+from ..rules import CompiledRule, policy_of
+from ..types import Scope
+from .bans import Bans
+from .delay import Delay
+from .request_context import PolicyContext
+from .runtime import Plan, Runtime
+from .tiers import PolicyRule
+
+__all__ = ["ALLOW", "REFUSE", "SHADOW", "Decider", "Outcome", "ban_answer", "failed", "listed", "owner"]
+
+ALLOW = "allow"
+"""The request is served (it was allowed, or nothing was decided)."""
+REFUSE = "refuse"
+"""The request is answered with ``Outcome.status`` (429, a ban's 403/429, 400 or 503) and not served."""
+SHADOW = "shadow"
+"""A limit would have refused the request, but the policy is in shadow mode: it is served."""
+
+log = logging.getLogger("ratewarden")
+_PLAN_CACHE_LIMIT = 4096
+_Headers = list[tuple[bytes, bytes]]
+
+
+class Outcome:
+    """What a door does with a request once the store answered.
+
+    ``verdict`` is ``ALLOW``, ``SHADOW`` or ``REFUSE``. A refusal carries its complete answer
+    (``status``, ``headers``, ``body``); a served request carries the headers to add to the app's
+    response (rate-limit and ``RateLimit-Shadow``) with ``status`` 200 and an empty ``body``.
+    """
+
+    __slots__ = ("body", "decision", "headers", "settle", "status", "strike", "verdict")
+
+    def __init__(
+        self, verdict: str, status: int, headers: _Headers, body: bytes = b"",
+        decision: Decision | None = None, strike: bool = False, settle: bool = False,
+    ) -> None:
+        self.verdict = verdict
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.decision = decision  # the limits' decision (None: a ban, a failure, nothing decided)
+        self.strike = strike  # count this refusal toward the client's ban (``ctx.ban_key``)
+        self.settle = settle  # refund after-response charges once the response's status is known
+
+
+def failed(exc: BaseException) -> Outcome:
+    """The outcome of a check that raised ``LimitUnavailable``: 400 for an ``AmbiguousRequest``,
+    else the fail-closed 503 (``unavailable_answer``).
+
+    Args:
+        exc: What the check raised.
+    """
+    status, body, headers = unavailable_answer(exc)
+    return Outcome(REFUSE, status, headers, body)
+
+
+def owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
+    """The rule whose limit made ``decision`` (by policy name).
+
+    Args:
+        rules: The rules that were checked.
+        decision: Their combined decision.
+    """
+    if len(rules) > 1:
+        for rule in rules:
+            for limit in rule.limits:
+                if limit.name == decision.policy:
+                    return rule
+    return rules[0]
+
+
+def ban_answer(bans: Bans, left: float) -> tuple[int, bytes, _Headers]:
+    """A banned request's answer: status, problem+json body and the ``Retry-After`` header.
+
+    Args:
+        bans: The bans in force (their ``status``).
+        left: Seconds left on the ban.
+    """
+    title = "Forbidden" if bans.status == 403 else "Too Many Requests"
+    seconds = max(1, math.ceil(left))
+    body = problem_body(bans.status, title, f"Too many rejected requests; blocked for {seconds}s.", retry_after=seconds)
+    return bans.status, body, [(b"retry-after", b"%d" % seconds)]
+
+
+def listed(ctx: PolicyContext) -> bytes:
+    """The ``RateLimit-Policy`` value of the request: every limit of the rules it was charged to
+    (a tiered rule's as its caller's group), as ``RateLimitMiddleware`` lists them."""
+    rules = ctx.rules
+    return policy_of(rules if isinstance(rules, tuple) else tuple(rules))
+
+
+class Decider:
+    """The plan and outcome steps of a policy middleware (a mixin of ``PolicyCore``, which sets
+    these attributes): each reads the policy in force and the request, and none does I/O."""
+
+    limiter: Limiter
+    headers: HeaderMode
+    header_style: HeaderStyle
+    metrics: Metrics | None
+    shadow_header: bool
+    _runtime: Runtime
+    _plans: dict[tuple[CompiledRule, ...], Plan]
+
+    def _plan_request(self, scope: Scope) -> PolicyContext | None:
+        """The request's plan: the policy in force, the rules it matched and what they need beyond
+        a plain check (bans to read, a group to choose, a delay, after-response charges), left in
+        the scope's ``state``; ``None`` when no rule applies (the request passes untouched).
+
+        Args:
+            scope: The request as an ASGI HTTP scope (the WSGI door and ``ratewarden serve`` build one).
+        """
+        rt = self._runtime
+        matched = rt.rules.match(scope["method"], scope["path"])
+        if not matched or not self.limiter.enabled:
+            return None
+        return self._planned(rt, matched, scope)
+
+    def _planned(self, rt: Runtime, matched: tuple[CompiledRule, ...], scope: Scope) -> PolicyContext:
+        """``_plan_request`` for rules already matched under the policy ``rt``."""
+        plan = self._plans.get(matched)
+        if plan is None:
+            plan = Plan(matched)
+            if len(self._plans) >= _PLAN_CACHE_LIMIT:
+                self._plans = {}
+            self._plans[matched] = plan
+        ctx = PolicyContext(rt, matched, plan)
+        scope.setdefault("state", {})[STATE_KEY] = ctx
+        return ctx
+
+    def _ban_key(self, ctx: PolicyContext, scope: Scope) -> str | Awaitable[object] | None:
+        """Who the bans read (``ctx.ban_key``); an awaitable when the bans' key function answered one
+        (the door awaits it and passes its value to ``_ban_key_from``); ``None`` when the key function
+        raised under fail-open (the bans are skipped; fail-closed raises ``LimitUnavailable``).
+
+        Args:
+            ctx: The request's plan (bans on).
+            scope: The request's scope.
+        """
+        bans = ctx.runtime.bans
+        assert bans is not None
+        try:
+            value = bans.key(scope)
+            if isinstance(value, Awaitable):
+                return value
+            ctx.ban_key = key_text(value, scope)
+        except Exception as exc:
+            self._ban_key_failed(exc)
+            return None
+        return ctx.ban_key
+
+    def _ban_key_from(self, ctx: PolicyContext, scope: Scope, value: object) -> str:
+        """The ban key from the awaited answer of the bans' key function (``ctx.ban_key``).
+
+        Args:
+            ctx: The request's plan.
+            scope: The request's scope.
+            value: The key function's answer.
+        """
+        ctx.ban_key = key_text(value, scope)
+        return ctx.ban_key
+
+    def _ban_key_failed(self, exc: Exception) -> None:
+        """The bans' key function raised: skip the bans under fail-open (``None``), raise
+        ``LimitUnavailable`` under fail-closed (and for an ``AmbiguousRequest`` under either).
+
+        Args:
+            exc: What it raised.
+        """
+        report_failure(self.limiter, "ban key function", exc)
+
+    def _banned(self, ctx: PolicyContext, left: float) -> Outcome | None:
+        """The refusal of a banned client, counted; ``None`` when ``left`` (seconds left on its ban,
+        as the store or the ban cache said) is no ban.
+
+        Args:
+            ctx: The request's plan.
+            left: Seconds left on the ban.
+        """
+        if left <= 0:
+            return None
+        bans = ctx.runtime.bans
+        assert bans is not None
+        if self.metrics is not None:
+            self.metrics.observe_banned(bans.status)
+        status, body, headers = ban_answer(bans, left)
+        return Outcome(REFUSE, status, problem_headers(body, headers), body)
+
+    def _charged(self, ctx: PolicyContext, scope: Scope) -> Sequence[CompiledRule]:
+        """The rules to charge (``ctx.rules``): the matched ones, a tiered rule replaced by the rule of
+        the caller's group (``ctx.group``), an unlimited group's dropped. Empty: nothing to charge.
+
+        Args:
+            ctx: The request's plan.
+            scope: The request's scope (its identity).
+        """
+        if not ctx.plan.tiered:
+            return ctx.rules
+        rules: list[CompiledRule] = []
+        prefix = self.limiter.prefix
+        for compiled in ctx.rules:
+            rule = compiled.rule
+            if isinstance(rule, PolicyRule) and rule.tiers is not None:
+                ctx.group = rule.tiers.identity.group(scope)
+                chosen = rule.group_rules(prefix).get(ctx.group)
+                if chosen is not None:
+                    rules.append(chosen)
+            else:
+                rules.append(compiled)
+        ctx.rules = rules
+        return rules
+
+    def _outcome(self, ctx: PolicyContext, decision: Decision | None) -> Outcome:
+        """What the limits' decision (``None``: nothing decided) makes of the request, recorded in its
+        context, the metrics and the log: the 429 when a limit refused it outside shadow mode, else
+        the headers to add to the app's response (rate-limit, ``RateLimit-Shadow``).
+
+        Args:
+            ctx: The request's plan.
+            decision: The store's answer for the rules to charge.
+        """
+        if decision is not None:
+            self._record(ctx, decision)
+            if not decision.allowed and not ctx.runtime.shadow:
+                group = ctx.group if ctx.runtime.show_group else ""
+                body, headers = rejection(decision, self.header_style, self.headers != "off", listed(ctx), group)
+                return Outcome(REFUSE, 429, headers, body, decision, ctx.ban_key is not None)
+            extra = rate_limit_headers(decision, self.header_style, listed(ctx)) if self.headers == "always" else []
+        else:
+            extra = []
+        verdict = ALLOW
+        if ctx.would_deny is not None or ctx.shadow:
+            shadowed = self._shadow_headers(ctx)
+            if shadowed is not None:
+                verdict = SHADOW
+                if self.shadow_header:
+                    extra.append(shadowed)
+        settle = ctx.plan.charged and decision is not None and ctx.would_deny is None
+        return Outcome(verdict, 200, extra, b"", decision, False, settle)
+
+    def _record(self, ctx: PolicyContext, decision: Decision) -> None:
+        """Publish the decision in the context, count it and log a refusal."""
+        ctx.decision = decision
+        shadow = ctx.runtime.shadow
+        if self.metrics is None and decision.allowed:
+            return
+        name = owner(ctx.rules, decision).rule.name
+        if self.metrics is not None:
+            self.metrics.observe(name, ctx.group, decision, shadow=shadow)
+        if decision.allowed:
+            return
+        if shadow:
+            ctx.would_deny = decision
+            log.info(
+                "shadow_limited rule=%s group=%s policy=%s retry_after=%.3f",
+                name, ctx.group, decision.policy, decision.retry_after,
+            )
+        else:
+            log.info(
+                "rate_limited rule=%s group=%s policy=%s limit=%d retry_after=%.3f",
+                name, ctx.group, decision.policy, decision.limit, decision.retry_after,
+            )
+
+    def _shadow_headers(self, ctx: PolicyContext) -> tuple[bytes, bytes] | None:
+        """``RateLimit-Shadow`` for the first decision a shadow limit would have denied (``None``:
+        none would have); counts the per-rule shadow denials."""
+        if self.metrics is not None:
+            for d in ctx.shadow:
+                self.metrics.observe_shadow_rule(d)
+        denied = ctx.would_deny
+        if denied is None:
+            denied = next((d for d in ctx.shadow if not d.allowed), None)
+            if denied is None:
+                return None
+        retry = "inf" if math.isinf(denied.retry_after) else str(max(1, math.ceil(denied.retry_after)))
+        return b"ratelimit-shadow", f'"{denied.policy}";deny;r={denied.remaining};t={retry}'.encode("latin-1", "replace")
+
+    @staticmethod
+    def _delayer(ctx: PolicyContext, decision: Decision) -> tuple[CompiledRule, Delay] | None:
+        """The rule that refused (``owner``) and its ``delay``; ``None`` when it has none."""
+        decider = owner(ctx.rules, decision)
+        delay: Delay | None = getattr(decider.rule, "delay", None)
+        return None if delay is None else (decider, delay)
+
+    def _delayed(self, ctx: PolicyContext, decider: CompiledRule, waited: Decision | None) -> Decision | None:
+        """The answer of a wait, counted as delayed when it was allowed."""
+        if waited is not None and waited.allowed and self.metrics is not None:
+            self.metrics.observe_delayed(decider.rule.name, ctx.group)
+        return waited
