@@ -19,7 +19,7 @@ from ..asgi.middleware import RateLimitMiddleware
 from ..asgi.responses import send_answer, send_on_limit
 from ..charges import adjust
 from ..decision import Decision
-from ..enforcement.check import LimitUnavailable, check_rules
+from ..enforcement.check import Checked, LimitUnavailable, check, check_rules, decided
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
@@ -95,7 +95,9 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         if ctx is None:
             await self.app(scope, receive, send)
             return
-        outcome = await self._decide(ctx, scope)
+        outcome = self._decide(ctx, scope)
+        if not isinstance(outcome, Outcome):
+            outcome = await outcome
         if outcome.verdict is not REFUSE:
             await self._serve(ctx, outcome, scope, receive, send)
             return
@@ -121,7 +123,9 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         ctx = self._plan_request(scope)
         if ctx is None:
             return 200, [_NO_BODY], b""
-        outcome = await self._decide(ctx, scope)
+        outcome = self._decide(ctx, scope)
+        if not isinstance(outcome, Outcome):
+            outcome = await outcome
         if outcome.verdict is REFUSE:
             if outcome.strike:
                 await self._strike(ctx)
@@ -130,26 +134,53 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             await self._settle(scope, ctx.rules, 200)
         return 200, [*outcome.headers, _NO_BODY], b""
 
-    async def _decide(self, ctx: PolicyContext, scope: Scope) -> Outcome:
-        """The request's outcome: its plan driven through the store, awaiting each answer (the ban
-        read, the check, a delay's re-checks)."""
-        rt = ctx.runtime
+    def _decide(self, ctx: PolicyContext, scope: Scope) -> Outcome | Awaitable[Outcome]:
+        """The request's outcome: its plan driven through the store, at once where the store answers
+        without waiting (``enforcement.check.check``), else an awaitable of it (a ban read, a store
+        that asks its server, a delay's re-checks)."""
+        if ctx.runtime.bans is not None:
+            return self._decide_banned(ctx, scope)
+        return self._decide_check(ctx, scope)
+
+    def _decide_check(self, ctx: PolicyContext, scope: Scope) -> Outcome | Awaitable[Outcome]:
+        """``_decide`` once the bans let the request through: the check of the rules to charge."""
         try:
-            if rt.bans is not None:
-                key = self._ban_key(ctx, scope)
-                if key is not None and not isinstance(key, str):
-                    key = await self._awaited_ban_key(ctx, scope, key)
-                if key is not None:
-                    banned = self._banned(ctx, await rt.bans.check(self.limiter, key))
-                    if banned is not None:
-                        return banned
             rules = self._charged(ctx, scope)  # empty when the caller's group is unlimited
-            decision = await check_rules(self.limiter, rules, scope) if rules else None
-            if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
+            checked = check(self.limiter, rules if isinstance(rules, tuple) else tuple(rules), scope) if rules else None
+        except LimitUnavailable as exc:
+            return failed(exc)
+        if checked is None:
+            return self._outcome(ctx, None)
+        if isinstance(checked, Decision) and (checked.allowed or not ctx.plan.delayed or ctx.runtime.shadow):
+            return self._outcome(ctx, checked)
+        return self._decide_later(ctx, scope, checked)
+
+    async def _decide_later(self, ctx: PolicyContext, scope: Scope, checked: Checked) -> Outcome:
+        """``_decide_check`` when the check must be awaited, or a refusal waits for its turn (``delay``)."""
+        try:
+            decision = await decided(checked)
+            if decision is not None and not decision.allowed and ctx.plan.delayed and not ctx.runtime.shadow:
                 decision = await self._delay(ctx, scope, decision)
         except LimitUnavailable as exc:
             return failed(exc)
         return self._outcome(ctx, decision)
+
+    async def _decide_banned(self, ctx: PolicyContext, scope: Scope) -> Outcome:
+        """``_decide`` with bans on: the ban read (awaited) first, then the check."""
+        bans = ctx.runtime.bans
+        assert bans is not None
+        try:
+            key = self._ban_key(ctx, scope)
+            if key is not None and not isinstance(key, str):
+                key = await self._awaited_ban_key(ctx, scope, key)
+            if key is not None:
+                banned = self._banned(ctx, await bans.check(self.limiter, key))
+                if banned is not None:
+                    return banned
+        except LimitUnavailable as exc:
+            return failed(exc)
+        outcome = self._decide_check(ctx, scope)
+        return outcome if isinstance(outcome, Outcome) else await outcome
 
     async def _awaited_ban_key(self, ctx: PolicyContext, scope: Scope, pending: Awaitable[object]) -> str | None:
         """The ban key once the bans' key function's awaitable answer is awaited (``None``: skipped)."""
