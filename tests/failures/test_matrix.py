@@ -230,7 +230,12 @@ async def test_cell(
             served = outcomes.count("served") + [o for o, _ in waiter_timings].count("served")
             assert driver.calls - calls == served, "fail-closed let a request or message reach the app"
             for outcome, _ in waiter_timings:  # a delayed request whose re-check met the fault
-                assert outcome == ("served" if open_ or backend.fallback else "unavailable"), waiter_timings
+                if open_ and not backend.fallback:
+                    # The insurance limiter is seeded from the store's last answer for the key, which
+                    # the waiter found exhausted: it may refuse the re-check, never error or hang.
+                    assert outcome in ("served", "limited"), waiter_timings
+                else:
+                    assert outcome == ("served" if open_ or backend.fallback else "unavailable"), waiter_timings
             # Logged, and (store faults) counted.
             if boom:
                 assert any("rate limit check failed" in m for m in log), log
