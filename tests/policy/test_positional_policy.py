@@ -60,7 +60,7 @@ def test_wsgi_policy_middleware_takes_a_positional_policy(policy: Any) -> None:
 @pytest.mark.parametrize("middleware", [PolicyMiddleware, WSGIPolicyMiddleware])
 def test_a_policy_given_twice_is_refused(middleware: Any) -> None:
     policy = parse_policy(POLICY)
-    with pytest.raises(ConfigurationError, match="given twice.*as policy="):
+    with pytest.raises(ConfigurationError, match=r"given twice.*as policy="):
         middleware(hello, Limiter(MemoryStore()), policy, policy=policy)
 
 
