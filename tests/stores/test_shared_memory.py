@@ -123,7 +123,7 @@ def test_a_thread_waiting_for_a_region_lets_the_others_run(
     def check() -> None:
         import threading
 
-        store = SharedMemoryStore(unique_name(), max_keys=100, directory=shm_dir, lock="mutex")
+        store = SharedMemoryStore(unique_name(), max_keys=100, directory=shm_dir, lock="mutex", lock_timeout=60.0)
         limit = Limit(Rate(5, 3600.0), "gcra")
         assert store.hit_now(["rw:{k}"], [limit], [1.0]).remaining == 4
         seg = store._segment()

@@ -198,13 +198,13 @@ class _Refusing(RegionLocks):
         self.mutex = inner.mutex
         self.failure: BaseException | int | None = failure
 
-    def lock(self, region: Region) -> int:
+    def lock(self, region: Region, timeout: float) -> int:
         failure, self.failure = self.failure, None
         if isinstance(failure, BaseException):
             raise failure
         if failure is not None:
             return failure
-        return self.inner.lock(region)
+        return self.inner.lock(region, timeout)
 
     def unlock(self, region: Region) -> None:
         self.inner.unlock(region)

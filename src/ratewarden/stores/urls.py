@@ -236,14 +236,14 @@ def load(name: str) -> object:
 
 #: Options of ``shm://<name>`` and ``memory://`` URLs, with their types.
 LOCAL_OPTIONS: dict[str, dict[str, type]] = {
-    "shm": {"max_keys": int, "log_size": int, "directory": str},
+    "shm": {"max_keys": int, "log_size": int, "directory": str, "lock_timeout": float},
     "memory": {"max_keys": int},
 }
 _LOCAL_LEAST = {"max_keys": 1, "log_size": 0}  # the smallest value each numeric option accepts
 
 
 def parse_local_url(url: str) -> tuple[str, str, dict[str, object]]:
-    """Parse ``shm://<name>?max_keys=..&log_size=..&directory=..`` or ``memory://?max_keys=..``
+    """Parse ``shm://<name>?max_keys=..&log_size=..&directory=..&lock_timeout=..`` or ``memory://?max_keys=..``
     into ``(kind, name, options)``, naming any mistake.
 
     Args:

@@ -4,14 +4,19 @@
  * the robust mutexes through ctypes and reads entries with struct). A Table holds one process's
  * view of a table file (a buffer export of its mmap) and the offsets of its regions:
  *
- *   lock(r) / unlock(r) / consistent(r)   region r's robust mutex (the GIL is released only if
- *                                          the mutex is contended)
- *   begin(r, digest, now)                 lock region r and find the entry of `digest`: its state
+ *   lock(r, timeout) / unlock(r) / consistent(r)
+ *                                          region r's robust mutex (the GIL is released only if
+ *                                          the mutex is contended); lock waits `timeout` seconds
+ *                                          at most (then ETIMEDOUT), and returns EINVAL without
+ *                                          calling pthread for a mutex whose kind words are not
+ *                                          a fresh mutex's (bytes overwritten: garbage can make
+ *                                          pthread wait forever or abort the process)
+ *   begin(r, digest, now, timeout)        lock region r and find the entry of `digest`: its state
  *                                          (None once expired) with the lock held, or an int:
  *                                          -1 = lock held, take the general path (an insert or
  *                                          delete left half-done, key absent, entry dirty, or a
- *                                          field out of range); > 0 = pthread_mutex_lock's error
- *                                          (the lock is held only for EOWNERDEAD)
+ *                                          field out of range); > 0 = lock()'s error (the lock
+ *                                          is held only for EOWNERDEAD)
  *   commit(r, expires, state)             write that entry's state (dirty while written, unless
  *                                          state is None), never moving its expiry earlier, keep
  *                                          the region's next_expiry a bound, and unlock region r
@@ -26,6 +31,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -33,6 +39,8 @@
 #endif
 
 #define LAYOUT_VERSION 2
+#define TIMED 1  /* lock() and begin() take a timeout (segment.py checks it) */
+#define SIGNATURE_WORDS 16
 #define R_OP 8
 #define R_NEXT_EXPIRY 24
 #define MUTEX 64
@@ -66,6 +74,9 @@ typedef struct {
     Region *regions;
     Py_ssize_t busy;           /* locks held or awaited through this object (close() refuses) */
     int crash_at;              /* tests: SIGKILL this process at a step of commit() */
+    int words;                 /* the words a fresh mutex has non-zero (its kind): offsets, values */
+    Py_ssize_t word_at[SIGNATURE_WORDS];
+    uint32_t word[SIGNATURE_WORDS];
 } Table;
 
 static Region *
@@ -96,10 +107,59 @@ region_of(Table *self, PyObject *arg)
  * the kernel (a futex wait and wake cost more than the whole check). */
 #define SPINS 100
 
-/* 0 or pthread_mutex_lock's error; the lock is held on 0 and EOWNERDEAD. */
-static int
-take(Table *self, Region *region)
+static inline uint32_t
+u32_at(const char *p)
 {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static double
+monotonic(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Wait for a contended mutex until `timeout` seconds from now: 0, ETIMEDOUT or the lock's error.
+ * glibc 2.30+ waits on the monotonic clock; elsewhere trylock and short sleeps. */
+static int
+wait_for(pthread_mutex_t *mutex, double timeout)
+{
+    double deadline = monotonic() + timeout;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
+    struct timespec at;
+    at.tv_sec = (time_t)deadline;
+    at.tv_nsec = (long)((deadline - (double)at.tv_sec) * 1e9);
+    if (at.tv_nsec >= 1000000000L)
+        at.tv_nsec = 999999999L;
+    return pthread_mutex_clocklock(mutex, CLOCK_MONOTONIC, &at);
+#else
+    long pause = 50000;  /* ns */
+    int rc = EBUSY;
+    while (rc == EBUSY) {
+        if (monotonic() >= deadline)
+            return ETIMEDOUT;
+        struct timespec nap = {0, pause};
+        nanosleep(&nap, NULL);
+        pause = pause < 2500000 ? pause * 2 : 5000000;
+        rc = pthread_mutex_trylock(mutex);
+    }
+    return rc;
+#endif
+}
+
+/* 0 or pthread_mutex_lock's error (ETIMEDOUT after `timeout` seconds, EINVAL for a mutex whose kind
+ * words were overwritten); the lock is held on 0 and EOWNERDEAD. */
+static int
+take(Table *self, Region *region, double timeout)
+{
+    const char *raw = (const char *)region->mutex;
+    for (int w = 0; w < self->words; w++)
+        if (u32_at(raw + self->word_at[w]) != self->word[w])
+            return EINVAL;
     int rc = pthread_mutex_trylock(region->mutex);
     for (int spin = 0; rc == EBUSY && spin < SPINS; spin++) {
         RELAX();
@@ -108,7 +168,7 @@ take(Table *self, Region *region)
     if (rc == EBUSY) {
         self->busy++;  /* a waiter: close() must not unmap under it */
         Py_BEGIN_ALLOW_THREADS
-        rc = pthread_mutex_lock(region->mutex);
+        rc = wait_for(region->mutex, timeout);
         Py_END_ALLOW_THREADS
         self->busy--;
     }
@@ -126,12 +186,19 @@ release(Table *self, Region *region)
 }
 
 static PyObject *
-Table_lock(Table *self, PyObject *arg)
+Table_lock(Table *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Region *region = region_of(self, arg);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "lock(region, timeout) takes 2 arguments");
+        return NULL;
+    }
+    Region *region = region_of(self, args[0]);
     if (region == NULL)
         return NULL;
-    return PyLong_FromLong(take(self, region));
+    double timeout = PyFloat_AsDouble(args[1]);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(take(self, region, timeout));
 }
 
 static PyObject *
@@ -153,19 +220,11 @@ Table_consistent(Table *self, PyObject *arg)
     return PyLong_FromLong(pthread_mutex_consistent(region->mutex));
 }
 
-static inline uint32_t
-u32_at(const char *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 static PyObject *
 Table_begin(Table *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "begin(region, digest, now) takes 3 arguments");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "begin(region, digest, now, timeout) takes 4 arguments");
         return NULL;
     }
     Region *region = region_of(self, args[0]);
@@ -179,7 +238,10 @@ Table_begin(Table *self, PyObject *const *args, Py_ssize_t nargs)
     double now = PyFloat_AsDouble(args[2]);
     if (now == -1.0 && PyErr_Occurred())
         return NULL;
-    int rc = take(self, region);
+    double timeout = PyFloat_AsDouble(args[3]);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    int rc = take(self, region, timeout);
     if (rc)
         return PyLong_FromLong(rc);
     if (u32_at(region->head + R_OP))
@@ -369,6 +431,25 @@ Table_init(Table *self, PyObject *args, PyObject *kwds)
         Py_DECREF(seq);
         return -1;
     }
+    pthread_mutex_t fresh;
+    pthread_mutexattr_t attr;
+    memset(&fresh, 0, sizeof fresh);
+    if (pthread_mutexattr_init(&attr) || pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)
+        || pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST) || pthread_mutex_init(&fresh, &attr)) {
+        PyErr_SetString(PyExc_OSError, "cannot initialise a process-shared robust mutex");
+        PyBuffer_Release(&self->view);
+        Py_DECREF(seq);
+        return -1;
+    }
+    pthread_mutexattr_destroy(&attr);
+    self->words = 0;
+    for (Py_ssize_t at = 0; at + 4 <= (Py_ssize_t)sizeof fresh && self->words < SIGNATURE_WORDS; at += 4) {
+        uint32_t v = u32_at((const char *)&fresh + at);
+        if (v) {
+            self->word_at[self->words] = at;
+            self->word[self->words++] = v;
+        }
+    }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     Region *regions = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Region));
     if (regions == NULL) {
@@ -435,7 +516,8 @@ Table_set_crash_at(Table *self, PyObject *value, void *Py_UNUSED(closure))
 }
 
 static PyMethodDef Table_methods[] = {
-    {"lock", (PyCFunction)Table_lock, METH_O, "Lock region r's mutex; returns 0 or the error (EOWNERDEAD: held)."},
+    {"lock", (PyCFunction)(void (*)(void))Table_lock, METH_FASTCALL,
+     "Lock region r's mutex within timeout seconds; returns 0 or the error (EOWNERDEAD: held)."},
     {"unlock", (PyCFunction)Table_unlock, METH_O, "Unlock region r's mutex."},
     {"consistent", (PyCFunction)Table_consistent, METH_O, "Mark region r's mutex consistent after EOWNERDEAD."},
     {"begin", (PyCFunction)(void (*)(void))Table_begin, METH_FASTCALL,
@@ -481,6 +563,7 @@ PyInit__native(void)
     Py_INCREF(&TableType);
     if (PyModule_AddObject(m, "Table", (PyObject *)&TableType) < 0
         || PyModule_AddIntConstant(m, "LAYOUT_VERSION", LAYOUT_VERSION) < 0
+        || PyModule_AddIntConstant(m, "TIMED", TIMED) < 0
         || PyModule_AddIntConstant(m, "R_OP", R_OP) < 0
         || PyModule_AddIntConstant(m, "MUTEX", MUTEX) < 0
         || PyModule_AddIntConstant(m, "E_DIGEST", E_DIGEST) < 0

@@ -3,7 +3,8 @@ counting the live keys and reading one key's state.
 
 The check stays in ``store.py`` (``hit_now``, with ``slots.charge_one``: the hot path); these run
 far less often and use the general helpers (``locks``, ``slots``, ``table``). Each
-takes the thread lock and its regions' locks itself, in ascending order (``locks.locked``).
+takes the thread lock and its regions' locks itself, in ascending order, within the table's
+``lock_timeout`` (``locks.held``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ...charges import adjusted_state
 from ...decision import Decision
 from ...limits import Limit
 from .layout import hold_of
-from .locks import locked
+from .locks import held
 from .segment import Segment
 from .slots import Slot, load
 from .table import clear as clear_table
@@ -27,7 +28,7 @@ __all__ = ["adjust", "clear", "live_keys", "peek", "reset", "state_of"]
 def peek(seg: Segment, slots: Sequence[Slot], limits: Sequence[Limit], now: float) -> list[Decision]:
     """Each limit's decision for a zero-cost request on its slot; charges nothing."""
     out = []
-    with seg.tlock, locked(seg, [s.region for s in slots]):
+    with held(seg, [s.region for s in slots]):
         for slot, limit in zip(slots, limits, strict=True):
             load(seg, slot, limit, now)
             _, decision = limit.fn(slot.state, now, 0.0, limit.rate)
@@ -43,7 +44,7 @@ def adjust(
     a key whose whole limit is back is deleted, a new key is stored only while its region has room."""
 
     out = []
-    with seg.tlock, locked(seg, [s.region for s in slots]):
+    with held(seg, [s.region for s in slots]):
         for slot, limit, amount in zip(slots, limits, amounts, strict=True):
             region = slot.region
             off = load(seg, slot, limit, now)
@@ -65,7 +66,7 @@ def adjust(
 
 def reset(seg: Segment, slots: Sequence[Slot]) -> None:
     """Delete the slots' entries."""
-    with seg.tlock, locked(seg, [s.region for s in slots]):
+    with held(seg, [s.region for s in slots]):
         for slot in slots:
             pos = find(seg, slot.region, slot.digest, slot.home)
             if pos >= 0:
@@ -74,7 +75,7 @@ def reset(seg: Segment, slots: Sequence[Slot]) -> None:
 
 def clear(seg: Segment) -> None:
     """Empty every region and the overflow states."""
-    with seg.tlock, locked(seg, [*seg.regions, seg.overflow]):
+    with held(seg, [*seg.regions, seg.overflow]):
         clear_table(seg)
 
 
@@ -85,7 +86,7 @@ def live_keys(seg: Segment) -> int:
 
 def state_of(seg: Segment, slot: Slot, now: float) -> State | None:
     """The live state in ``slot``, or ``None`` when it has none or it expired."""
-    with seg.tlock, locked(seg, [slot.region]):
+    with held(seg, [slot.region]):
         pos = find(seg, slot.region, slot.digest, slot.home)
         if pos < 0:
             return None

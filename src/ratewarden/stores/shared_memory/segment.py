@@ -16,6 +16,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,13 +73,15 @@ def segment_path(name: str, directory: str | os.PathLike[str] | None = None) -> 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class RegionLocks:
     """A table's region locks, of the kind its file records, chosen once when it is mapped
-    (``Segment.locks``): ``lock`` returns 0, or ``pthread_mutex_lock``'s error (the lock is held
-    only on ``EOWNERDEAD``, then ``consistent`` takes it over). ``locks.py`` holds what surrounds
-    them (a dead holder's half-done write, the thread lock ``fcntl`` locks need)."""
+    (``Segment.locks``): ``lock`` returns 0, ``ETIMEDOUT`` (not free within ``timeout`` seconds:
+    a holder stuck, or a lock word overwritten), ``EINVAL`` (the mutex's bytes are not a mutex's),
+    or ``pthread_mutex_lock``'s error (the lock is held only on ``EOWNERDEAD``, then ``consistent``
+    takes it over). ``locks.py`` holds what surrounds them (a dead holder's half-done write, the
+    thread lock ``fcntl`` locks need)."""
 
     mutex = False  # a robust mutex (belongs to a thread), not an fcntl lock (belongs to the process)
 
-    def lock(self, region: Region) -> int:
+    def lock(self, region: Region, timeout: float) -> int:
         raise NotImplementedError
 
     def unlock(self, region: Region) -> None:
@@ -91,15 +94,33 @@ class RegionLocks:
 @mypyc_attr(allow_interpreted_subclasses=True)
 class FileLocks(RegionLocks):
     """An ``fcntl`` byte-range lock on the region's byte (dropped by the kernel when its holder
-    dies). ``lockf`` is an attribute so a benchmark can swap it (e.g. for ``flock``)."""
+    dies), asked for without waiting, again after short sleeps until the deadline. ``lockf`` is an
+    attribute so a benchmark can swap it (e.g. for ``flock``)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.lockf: Callable[[int, int, int, int], object] = fcntl.lockf
 
-    def lock(self, region: Region) -> int:
-        self.lockf(self.fd, fcntl.LOCK_EX, 1, region.lock)
-        return 0
+    def lock(self, region: Region, timeout: float) -> int:
+        if self._try(region):
+            return 0
+        deadline = time.monotonic() + timeout
+        pause = 0.00005
+        while time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+            if self._try(region):
+                return 0
+        return errno.ETIMEDOUT
+
+    def _try(self, region: Region) -> bool:
+        try:
+            self.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, region.lock)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return True
 
     def unlock(self, region: Region) -> None:
         self.lockf(self.fd, fcntl.LOCK_UN, 1, region.lock)
@@ -110,20 +131,29 @@ class FileLocks(RegionLocks):
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class CtypesMutexes(RegionLocks):
-    """The region's robust mutex through ``ctypes`` (``mutex.py``): where the C helpers are not built."""
+    """The region's robust mutex through ``ctypes`` (``mutex.py``): where the C helpers are not
+    built. A mutex whose kind words are not a fresh mutex's (overwritten) is never handed to the
+    C library (``EINVAL``)."""
 
     mutex = True
 
-    def __init__(self) -> None:
+    def __init__(self, mm: mmap.mmap) -> None:
         pthread = robust_mutexes()
         if pthread is None:
             raise SharedMemoryError("this platform has no process-shared robust mutexes")
-        self.mutex_lock: Callable[[int], int] = pthread.lock
+        self.mm = mm
+        self.signature = [(MUTEX + at, value) for at, value in pthread.signature]
+        self.lock_within: Callable[[int, float], int] = pthread.lock_within
         self.mutex_unlock: Callable[[int], int] = pthread.unlock
         self.mutex_consistent: Callable[[int], int] = pthread.consistent
 
-    def lock(self, region: Region) -> int:
-        return self.mutex_lock(region.addr)
+    def lock(self, region: Region, timeout: float) -> int:
+        mm = self.mm
+        base = region.base
+        for at, value in self.signature:
+            if mm[base + at : base + at + 4] != value:
+                return errno.EINVAL
+        return self.lock_within(region.addr, timeout)
 
     def unlock(self, region: Region) -> None:
         self.mutex_unlock(region.addr)
@@ -142,8 +172,8 @@ class NativeMutexes(RegionLocks):
     def __init__(self, native: Table) -> None:
         self.native = native
 
-    def lock(self, region: Region) -> int:
-        return self.native.lock(region.number)
+    def lock(self, region: Region, timeout: float) -> int:
+        return self.native.lock(region.number, timeout)
 
     def unlock(self, region: Region) -> None:
         self.native.unlock(region.number)
@@ -157,8 +187,10 @@ class Segment:
     """One process's open mapping of a table file, shared by every store object in the process
     (POSIX record locks belong to the process, so two mappings would not exclude each other)."""
 
-    def __init__(self, path: Path, max_keys: int, log_size: int, lock: str) -> None:
+    def __init__(self, path: Path, max_keys: int, log_size: int, lock: str, lock_timeout: float = 0.5) -> None:
         self.path = path
+        # Seconds a lock (the thread lock, then the region's) may take before the call fails.
+        self.lock_timeout = lock_timeout
         self.pid = os.getpid()
         self.users = 0
         # Excludes this process's threads (fcntl locks belong to the process); with mutexes it
@@ -196,7 +228,7 @@ class Segment:
             # The region locks, chosen once: every lock and unlock goes through them (locks.py).
             self.locks: RegionLocks = (
                 FileLocks(self.fd) if not self.mutex
-                else CtypesMutexes() if self.native is None
+                else CtypesMutexes(self.mm) if self.native is None
                 else NativeMutexes(self.native)
             )
         except BaseException:
@@ -217,7 +249,7 @@ class Segment:
             from . import _native
         except ImportError:
             return None
-        if _native.LAYOUT_VERSION != LAYOUT_VERSION or sys.byteorder != "little":
+        if _native.LAYOUT_VERSION != LAYOUT_VERSION or getattr(_native, "TIMED", 0) != 1 or sys.byteorder != "little":
             return None
         spans = [(r.base, r.index, r.entries, r.mask) for r in [*self.regions, self.overflow]]
         return _native.Table(self.mm, self.esize, self.floats, spans)
@@ -345,7 +377,7 @@ _segments: dict[tuple[int, str], Segment] = {}
 _segments_lock = threading.Lock()
 
 
-def attach(path: Path, max_keys: int, log_size: int, lock: str) -> Segment:
+def attach(path: Path, max_keys: int, log_size: int, lock: str, lock_timeout: float = 0.5) -> Segment:
     """This process's mapping of ``path`` (opened on first use, and again after a fork)."""
     pid = os.getpid()
     with _segments_lock:
@@ -361,12 +393,16 @@ def attach(path: Path, max_keys: int, log_size: int, lock: str) -> Segment:
             del _segments[(pid, str(path))]
             seg = None
         if seg is None:
-            seg = Segment(path, max_keys, log_size, lock)
+            seg = Segment(path, max_keys, log_size, lock, lock_timeout)
             _segments[(pid, str(path))] = seg
-        elif seg.max_keys != max_keys or seg.floats != max(3, log_size) or lock not in ("auto", seg.lock_kind):
+        elif (
+            seg.max_keys != max_keys or seg.floats != max(3, log_size) or lock not in ("auto", seg.lock_kind)
+            or seg.lock_timeout != lock_timeout
+        ):
             raise SharedMemoryError(
                 f"{path} is already open in this process with max_keys={seg.max_keys}, "
-                f"log_size={seg.floats}, lock={seg.lock_kind!r}; open it with the same settings"
+                f"log_size={seg.floats}, lock={seg.lock_kind!r}, lock_timeout={seg.lock_timeout}; "
+                "open it with the same settings"
             )
         seg.users += 1
         return seg

@@ -11,6 +11,7 @@ hold the general versions every other path uses.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -29,8 +30,8 @@ from ..urls import parse_local_url
 from . import operations
 from .errors import SharedMemoryError
 from .layout import DEFAULT_LOG_SIZE, DEFAULT_MAX_KEYS, DIGEST, LOCKS, R_OP, Region
+from .locks import held, lock_failed, taken
 from .locks import lock as lock_region
-from .locks import locked, taken
 from .locks import unlock as unlock_region
 from .segment import Segment, attach, detach, segment_path
 from .slots import Slot, charge_all, charge_one, charge_overflow
@@ -73,6 +74,10 @@ class SharedMemoryStore(Store):
         clock: Seconds since the epoch; replace it to test with a fake clock.
         lock: ``"mutex"`` (process-shared robust mutexes, Linux), ``"lockf"``, or ``"auto"``: the mutexes
             where the platform has them.
+        lock_timeout: Seconds a check waits for a lock (default 0.5; a holder keeps one for
+            microseconds) before it fails with ``SharedMemoryError`` (``reason="timeout"``): a
+            process stopped while holding it, or a table whose bytes were overwritten, never hangs
+            a worker. Every store of one table in a process uses the same value.
     """
 
     local = True
@@ -88,6 +93,7 @@ class SharedMemoryStore(Store):
         log_size: int = DEFAULT_LOG_SIZE,
         clock: Callable[[], float] = time.time,
         lock: str = "auto",
+        lock_timeout: float = 0.5,
     ) -> None:
         if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
             raise ConfigurationError(f"max_keys must be a positive integer, got {max_keys!r}")
@@ -97,15 +103,18 @@ class SharedMemoryStore(Store):
             raise ConfigurationError(f"log_size must be an integer from 0 to 65536, got {log_size!r}")
         if lock != "auto" and lock not in LOCKS:
             raise ConfigurationError(f"lock must be 'auto', 'mutex' or 'lockf', got {lock!r}")
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not 0 < lock_timeout <= 3600:
+            raise ConfigurationError(f"lock_timeout must be a number of seconds above 0, at most 3600, got {lock_timeout!r}")
         self.name = name
         self.lock = lock
+        self.lock_timeout = float(lock_timeout)
         self.path = segment_path(name, directory)
         self.max_keys = max_keys
         self.log_size = log_size
         self.clock = clock
         self.overflowed = 0  # new keys this process charged to a shared overflow state
         self._overflow_logged = False
-        self._seg: Segment | None = attach(self.path, max_keys, log_size, lock)
+        self._seg: Segment | None = attach(self.path, max_keys, log_size, lock, self.lock_timeout)
         self._pid = os.getpid()
         self._forks = FORKS.count
         self._checked: set[str] = set()
@@ -136,7 +145,7 @@ class SharedMemoryStore(Store):
         if seg is None:
             raise SharedMemoryError(f"{self!r} is closed")
         if self._pid != os.getpid():  # forked: map the file again in this process
-            self._seg = seg = attach(self.path, self.max_keys, self.log_size, self.lock)
+            self._seg = seg = attach(self.path, self.max_keys, self.log_size, self.lock, self.lock_timeout)
             self._pid = os.getpid()
             self._where.clear()
         self._forks = FORKS.count
@@ -228,10 +237,10 @@ class SharedMemoryStore(Store):
         # this process's threads too; an fcntl lock belongs to the process, so threads first take
         # the process's thread lock.
         if native is None:
-            if not seg.mutex:
-                seg.tlock.acquire()
+            if not seg.mutex and not seg.tlock.acquire(timeout=seg.lock_timeout):
+                raise lock_failed(seg, errno.ETIMEDOUT, None)
             try:
-                got = locks.lock(region)
+                got = locks.lock(region, seg.lock_timeout)
             except BaseException:
                 if not seg.mutex:
                     seg.tlock.release()
@@ -239,7 +248,7 @@ class SharedMemoryStore(Store):
         else:
             # The C helpers (_native.c): one call locks the region and reads the key's state if
             # its entry is there and clean, another writes the new state and unlocks.
-            state = native.begin(region.number, digest, now)
+            state = native.begin(region.number, digest, now, seg.lock_timeout)
             if not isinstance(state, int):
                 try:
                     new_state, decision = limit.fn(state, now, cost, limit.rate)
@@ -279,7 +288,7 @@ class SharedMemoryStore(Store):
         for limit in limits:
             self._check_limit(limit)
         slots = [self._slot(seg, key) for key in keys]
-        with seg.tlock, locked(seg, [s.region for s in slots]):
+        with held(seg, [s.region for s in slots]):
             decisions = charge_all(seg, slots, limits, costs, now, self._overflow_slot)
         return combine(decisions)
 
