@@ -79,6 +79,7 @@ class Case:
     client: str = "10.0.0.1"
     cost: int = 1  # the request's own cost: JSON /v1/check's ``cost``, gRPC's ``hits_addend``
     failing_store: bool = False  # every check raises StoreError; the limiter fails closed
+    crashing_store: bool = False  # every check raises RuntimeError (a bug); the limiter fails open
     envoy: Envoy | None = None
     differences: Mapping[str, Difference] = field(default_factory=dict)
 
@@ -334,6 +335,18 @@ CASES: tuple[Case, ...] = (
         failing_store=True,
         envoy=_envoy(_descriptor("client", "2/min"), descriptors=(CLIENT,)),
         differences={"grpc": Difference("gRPC answers a failed store with UNAVAILABLE, no headers", headers={"retry-after": None})},
+    ),
+    Case(  # a store that raises something other than StoreError is a failed check: never unlimited
+        "store-crash-insurance-limits",
+        (RuleSpec("api", rate="2/hour"),),
+        (200, 200, 429),
+        {
+            "ratelimit-policy": '"api";q=2;w=3600', "ratelimit": ANY,
+            "x-ratelimit-limit": "2", "x-ratelimit-remaining": "0", "x-ratelimit-reset": ANY, "retry-after": ANY,
+        },
+        {},
+        crashing_store=True,
+        envoy=_envoy(_descriptor("client", "2/hour"), descriptors=(CLIENT,)),
     ),
 )
 

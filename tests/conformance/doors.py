@@ -54,7 +54,25 @@ class FailingStore(MemoryStore):
         raise StoreError("down", reason="unreachable")
 
 
+class CrashingStore(MemoryStore):
+    """Every check raises something other than ``StoreError``, as a bug in a store would."""
+
+    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        raise RuntimeError("a bug in the store")
+
+    def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
+        raise RuntimeError("a bug in the store")
+
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        raise RuntimeError("a bug in the store")
+
+    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        raise RuntimeError("a bug in the store")
+
+
 def store_for(case: Case) -> MemoryStore:
+    if case.crashing_store:
+        return CrashingStore(clock=frozen)
     return FailingStore(clock=frozen) if case.failing_store else MemoryStore(clock=frozen)
 
 
