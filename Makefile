@@ -35,7 +35,7 @@ $(WHEEL_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCE
 
 # Users install compiled wheels, so the benchmark runs one. On 2 quiet cores a first run takes about
 # 4 minutes (the wheel's build about 1.5, its install with the bench extras under half a minute, the bench
-# about 2), a later one about 2; a source change rebuilds the wheel.
+# about 2), a later one about 2.5; a source change rebuilds the wheel.
 bench: $(WHEEL_VENV)/.installed
 	@echo "== make bench: ratewarden bench --quick (about 2 min); the reports go to bench-results/"
 	$(WHEEL_VENV)/bin/ratewarden bench --quick --out bench-results
