@@ -377,9 +377,13 @@ async def test_envoy_json_endpoint(tmp_path: Path) -> None:
     assert bad.status_code == 400
 
 
-async def test_corrupt_shared_memory_table_is_limited_and_healthz_says_so(tmp_path: Path) -> None:
-    """A shared-memory table whose body was overwritten fails every check: the insurance limiter
-    decides them (3 of 20 against 3/hour, not 20), and ``/healthz`` says 503 with the reason."""
+@pytest.mark.parametrize("garbage", ["ones", "random-63", "random-80"])
+async def test_corrupt_shared_memory_table_is_limited_and_healthz_says_so(tmp_path: Path, garbage: str) -> None:
+    """A shared-memory table whose body was overwritten (``\\xff``, or seeded random bytes over the
+    whole file, its locks included) fails every check, at once: the insurance limiter decides them
+    (3 of 20 against 3/hour, not 20), and ``/healthz`` says 503 with the reason."""
+    import random
+
     from ratewarden.stores import SharedMemoryStore
     from ratewarden.stores.shared_memory import segment_path
     from ratewarden.stores.shared_memory.layout import HEADER_SIZE
@@ -390,8 +394,10 @@ async def test_corrupt_shared_memory_table_is_limited_and_healthz_says_so(tmp_pa
     async with await _client(_app(limiter=limiter)) as c:
         assert (await c.get("/healthz")).status_code == 200
         with open(path, "r+b") as f:
-            f.seek(HEADER_SIZE)
-            f.write(b"\xff" * (path.stat().st_size - HEADER_SIZE))
+            start = HEADER_SIZE if garbage == "ones" else 0
+            f.seek(start)
+            size = path.stat().st_size - start
+            f.write(b"\xff" * size if garbage == "ones" else random.Random(garbage).randbytes(size))
         statuses = [(await c.get("/check", headers=_original("/api/a"))).status_code for _ in range(20)]
         health = await c.get("/healthz")
     await limiter.close()
