@@ -7,6 +7,7 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..enforcement.check import key_value
 from ..errors import AmbiguousRequest
 from ..limiter import Limiter
 from ..policy.loader import load_policy
@@ -133,7 +134,7 @@ def _charged(rule: Rule, scope: dict[str, Any]) -> str:
         how = "no API key" if api_key is None else "API key"
         limits = "unlimited" if rates is None else "; ".join(str(r) for r in parse_rates(rates))
         return f"    group {group} ({how}), charged as {key}: {limits}"
-    return f"    charged as {rule.key(scope)}"
+    return f"    charged as {key_value(rule.key, scope)}"
 
 
 def _other_methods(policy: Policy, method: str, path: str) -> list[str]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from ..context import context_for
 from ..decision import Decision
 from ..errors import AmbiguousRequest, LimitUnavailable
-from ..keys import client_ip, key_text
+from ..keys import ClientIP, client_ip, key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
@@ -22,7 +22,7 @@ from ..types import Scope
 
 __all__ = [
     "KEY_ERROR_PREFIX", "Checked", "LimitUnavailable", "add_charge", "check", "check_rules", "decided", "key_failed",
-    "log_failure", "report_failure", "rule_costs", "store_failed",
+    "key_later", "key_of", "key_value", "log_failure", "report_failure", "rule_costs", "store_failed",
 ]
 
 log = logging.getLogger("ratewarden")
@@ -62,18 +62,63 @@ def log_failure(what: str, exc: BaseException, outcome: str = "") -> None:
         log.warning("rate limit check failed (%s): %s: %s%s", what, type(exc).__name__, exc, outcome)
 
 
-async def _raw_key_of(rule: CompiledRule, scope: Scope) -> str:
-    value = rule.key(scope)
-    if rule.key_is_async or isinstance(value, Awaitable):
-        value = await value  # type: ignore[misc]
-    return key_text(value, scope)
+def key_value(key: Callable[[Scope], object], scope: Scope, client: ClientIP | None = None) -> str | Awaitable[object]:
+    """Call a key function: its answer as text (``key_text``: no value is the client's address), or
+    the awaitable it answered (``key_later`` awaits it). An exception is the caller's to handle.
+
+    Args:
+        key: The key function (a rule's, the bans').
+        scope: The request's scope.
+        client: ``key`` when it is a ``ClientIP`` (called natively), else ``None``.
+    """
+    raw = client.__call__(scope) if client is not None else key(scope)
+    if type(raw) is str and raw:
+        return raw
+    if isinstance(raw, Awaitable):
+        return raw
+    return key_text(raw, scope)
 
 
-async def _key_of(limiter: Limiter, rule: CompiledRule, scope: Scope) -> str:
+def key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> str | Awaitable[object]:
+    """The client's key for ``rule`` (``key_value``), or ``key_failed``'s when its key function raised:
+    the one key lookup of every check (async, blocking, shadow); ``key_later`` finishes an awaitable.
+
+    Args:
+        limiter: Whose ``on_error`` applies when the key function raises; ``None`` lets the exception
+            through (a shadow rule: its caller logs it).
+        rule: The rule the request matched.
+        scope: The request's scope.
+    """
     try:
-        return await _raw_key_of(rule, scope)
+        return key_value(rule.key, scope, rule.client_ip)
     except Exception as exc:
+        if limiter is None:
+            raise
         return key_failed(limiter, rule, scope, exc)
+
+
+async def key_later(
+    limiter: Limiter | None, rule: CompiledRule | None, scope: Scope, pending: Awaitable[object]
+) -> str:
+    """``key_of`` for a key function that answered an awaitable: awaited, as text, the same fallback.
+
+    Args:
+        limiter: As for ``key_of``.
+        rule: The rule whose key it is; ``None`` (the bans') lets an exception through.
+        scope: The request's scope.
+        pending: What ``key_of`` (or ``key_value``) returned in place of a key.
+    """
+    try:
+        return key_text(await pending, scope)
+    except Exception as exc:
+        if limiter is None or rule is None:
+            raise
+        return key_failed(limiter, rule, scope, exc)
+
+
+async def _key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> str:
+    found = key_of(limiter, rule, scope)
+    return found if isinstance(found, str) else await key_later(limiter, rule, scope, found)
 
 
 def key_failed(limiter: Limiter, rule: CompiledRule, scope: Scope, exc: Exception) -> str:
@@ -121,17 +166,9 @@ def check(limiter: Limiter, rules: tuple[CompiledRule, ...], scope: Scope) -> Ch
     rule = rules[0]
     if not rule.checked_inline:
         return _check_all(limiter, rules, scope, False)
-    try:
-        client = rule.client_ip
-        raw = client.__call__(scope) if client is not None else rule.key(scope)  # native call for ClientIP
-        if type(raw) is str and raw:
-            key = raw
-        elif isinstance(raw, Awaitable):  # a sync key with an async fallback
-            return _charge_later(limiter, rule, scope, raw)
-        else:  # no value: the client IP then
-            key = key_text(raw, scope)
-    except Exception as exc:
-        key = key_failed(limiter, rule, scope, exc)
+    key = key_of(limiter, rule, scope)
+    if not isinstance(key, str):  # a sync key with an async fallback
+        return _charge_later(limiter, rule, scope, key)
     return _charge(limiter, rule, key)
 
 
@@ -155,11 +192,7 @@ def _charge(limiter: Limiter, rule: CompiledRule, key: str) -> Checked:
 
 async def _charge_later(limiter: Limiter, rule: CompiledRule, scope: Scope, pending: Awaitable[object]) -> Decision | None:
     """``_charge`` once the key function's awaitable answer is awaited."""
-    try:
-        key = key_text(await pending, scope)
-    except Exception as exc:
-        key = key_failed(limiter, rule, scope, exc)
-    return await decided(_charge(limiter, rule, key))
+    return await decided(_charge(limiter, rule, await key_later(limiter, rule, scope, pending)))
 
 
 async def decided(checked: Checked) -> Decision | None:
@@ -282,7 +315,7 @@ def add_charge(
 async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> None:
     for rule in rules:
         try:
-            key = await _raw_key_of(rule, scope)
+            key = await _key_of(None, rule, scope)
             limits = rule.message_limits if message else rule.limits
             costs = rule.message_costs if message else rule.costs
             decision = await limiter.store.hit(rule.storage_keys(key, message=message), limits, costs)

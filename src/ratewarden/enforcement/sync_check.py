@@ -8,19 +8,18 @@ cost functions must be synchronous here; an async one is refused when the integr
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 
 from ..context import context_for
 from ..decision import Decision
 from ..errors import ConfigurationError, LimitUnavailable
-from ..keys import key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
 from ..types import Scope
-from .check import add_charge, key_failed, log_failure, report_failure, store_failed
+from .check import add_charge, key_failed, key_of, log_failure, report_failure, store_failed
 
-__all__ = ["check_blocking", "require_sync_keys"]
+__all__ = ["check_blocking", "require_sync_keys", "sync_key_of"]
 
 log = logging.getLogger("ratewarden")
 
@@ -40,22 +39,25 @@ def require_sync_keys(rules: Sequence[CompiledRule], integration: str) -> None:
             )
 
 
-def _key_of(rule: CompiledRule, scope: Scope) -> str:
-    value = rule.key(scope)
-    if isinstance(value, Awaitable):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()  # a coroutine never awaited: closed, so Python does not warn about it
-        raise TypeError(f"rule {rule.rule.name!r}: the key function returned an awaitable; synchronous code cannot await it")
-    return key_text(value, scope)
+def sync_key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> str:
+    """``check.key_of`` for synchronous code: a key function that answers an awaitable failed (it
+    cannot be awaited here), with ``key_of``'s fallback.
 
-
-def _key_or_fallback(limiter: Limiter, rule: CompiledRule, scope: Scope) -> str:
-    """The client's key, or ``key_failed``'s when the key function raised (never no key)."""
-    try:
-        return _key_of(rule, scope)
-    except Exception as exc:
-        return key_failed(limiter, rule, scope, exc)
+    Args:
+        limiter: Whose ``on_error`` applies when the key function fails; ``None`` raises instead.
+        rule: The rule the request matched.
+        scope: The request's scope.
+    """
+    found = key_of(limiter, rule, scope)
+    if isinstance(found, str):
+        return found
+    close = getattr(found, "close", None)
+    if close is not None:
+        close()  # a coroutine never awaited: closed, so Python does not warn about it
+    exc = TypeError(f"rule {rule.rule.name!r}: the key function returned an awaitable; synchronous code cannot await it")
+    if limiter is None:
+        raise exc
+    return key_failed(limiter, rule, scope, exc)
 
 
 def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> Decision | None:
@@ -70,7 +72,7 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
     """
     if len(rules) == 1 and rules[0].checked_inline:
         rule = rules[0]
-        key = _key_or_fallback(limiter, rule, scope)
+        key = sync_key_of(limiter, rule, scope)
         return _hit(limiter, rule.storage_keys(key), rule.limits, rule.costs, "rate limit check")
     keys: list[str] = []
     limits: list[Limit] = []
@@ -81,7 +83,7 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
             if rule.shadow:
                 shadow.append(rule)
                 continue
-            add_charge(keys, limits, costs, rule, _key_or_fallback(limiter, rule, scope), scope)
+            add_charge(keys, limits, costs, rule, sync_key_of(limiter, rule, scope), scope)
     except LimitUnavailable:
         raise
     except Exception as exc:  # a cost function
@@ -105,7 +107,7 @@ def _hit(limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: 
 def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> None:
     for rule in rules:
         try:
-            key = _key_of(rule, scope)
+            key = sync_key_of(None, rule, scope)
             decision = limiter.store.hit_blocking(rule.storage_keys(key), rule.limits, rule.costs)
         except Exception as exc:
             log_failure("shadow rule", exc)
