@@ -121,10 +121,10 @@ def new_client() -> str:
 
 
 def timed(app: WSGIApp, client: str) -> tuple[Reply, float]:
-    """The reply, and how long it took less the time spent waiting for a core (a busy machine's share)."""
+    """The reply, and how long it took less what a busy machine added (``Stopwatch.slack``)."""
     with Stopwatch() as clock:
         reply = request(app, "/limited", remote=client)
-    return reply, clock.elapsed - clock.waited
+    return reply, clock.elapsed - clock.slack
 
 
 def exact_limit(app: WSGIApp) -> None:
