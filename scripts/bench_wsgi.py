@@ -1,11 +1,11 @@
-"""WSGI rows (issue 23): bare Flask / Django, flask-limiter, django-ratelimit and ratewarden's WSGI
+"""WSGI rows: bare Flask / Django, flask-limiter, django-ratelimit and ratewarden's WSGI
 integrations, in one process by direct PEP 3333 calls, then (``--live``) under gunicorn and wrk.
 
 In-process: a fresh environ per request, ``app(environ, start_response)``, the body consumed; the
 variants interleaved in ``--rounds`` rounds of ``--requests`` requests; min and median µs per request,
 the extra over the bare app of the same framework, and exactness (a burst of 150 requests from 8
 threads against a fresh limit of 100: admitted must be 100). Memory rows, then Redis rows (a private
-``redis-server`` on a free loopback port). Then the issue's targets, each as target / ours / floor.
+``redis-server`` on a free loopback port). Then the targets, each as target / ours / floor.
 
     .venv/bin/python scripts/bench_wsgi.py                       # memory + Redis, 7 rounds x 2000
     .venv/bin/python scripts/bench_wsgi.py --rounds 5 --requests 1000 --no-redis

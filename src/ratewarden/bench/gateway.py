@@ -1,13 +1,13 @@
-"""Gateway bench (seed 003 reproduced with its peers): ``ratewarden bench --gateway``.
+"""Gateway bench (the reference set-up reproduced with its peers): ``ratewarden bench --gateway``.
 
-**Latency through the gateway.** Seed 003's load (premium, standard and basic API keys; PUT with a
+**Latency through the gateway.** The reference set-up's load (premium, standard and basic API keys; PUT with a
 1 KiB body and GET alternating; 15 concurrent keep-alive workers; a few hundred requests per variant,
-paced to the seed's measured ~750 req/s and cut off after ``max_seconds``) against a fast backend
+paced to the reference set-up's measured ~750 req/s and cut off after ``max_seconds``) against a fast backend
 (nginx ``return 200``), through these variants, all up at once and run INTERLEAVED in rounds (every
 variant once per round, the order rotated), each round with fresh API keys:
 
 * ``haproxy``: HAProxy, no limiting;
-* ``haproxy-native``: HAProxy's stick tables + a map file of API key -> group (the seed's mechanism);
+* ``haproxy-native``: HAProxy's stick tables + a map file of API key -> group (the reference set-up's mechanism);
 * ``haproxy-ratewarden``: the shipped ``haproxy.cfg`` + ``ratewarden.lua`` (``ratewarden.serve.gateways``)
   asking ``ratewarden serve`` (``/check``) about every request;
 * ``haproxy-floor``: the same shipped files asking a service that answers a fixed 200 without checking
@@ -19,7 +19,7 @@ variant once per round, the order rotated), each round with fresh API keys:
 * ``nginx``: nginx, no limiting; ``nginx-limit_req``: nginx's own ``limit_req``; ``nginx-ratewarden``:
   the shipped ``nginx.conf`` (``auth_request`` to ``ratewarden serve``).
 
-Per variant: the seed's per-group table (requests, average latency, limited, success rate) plus
+Per variant: the reference set-up's per-group table (requests, average latency, limited, success rate) plus
 admitted / limit per group with an exactness flag; latency average, p95 and p99 and throughput, min
 and median over the rounds.
 

@@ -1,9 +1,9 @@
-"""The gateway bench's clients: seed 003's load generator (asyncio, raw HTTP/1.1 keep-alive), wrk for
+"""The gateway bench's clients: the reference set-up's load generator (asyncio, raw HTTP/1.1 keep-alive), wrk for
 the HTTP capacity runs, and a gRPC ``ShouldRateLimit`` load loop (run as
 ``python -m ratewarden.bench.gateway_load grpc --port P --seconds S --concurrency C``, pinned to its
 own core by the caller, printing one JSON line).
 
-The load generator: ``workers`` connections (15, as the seed), each taking the next request of a
+The load generator: ``workers`` connections (15, as in the reference set-up), each taking the next request of a
 fixed plan (API keys round-robin over the groups, PUT with a 1 KiB body and GET alternating, a fresh
 object path each), paced to ``rate`` requests/s over all workers (0: as fast as they go) and cut
 off after ``max_seconds``. Latency is taken per request from its first byte written to its answer's
@@ -114,7 +114,7 @@ async def run_load(port: int, plan: Plan) -> LoadResult:
     requests = [plan.request(i, host) for i in range(plan.requests)]
     result = LoadResult()
     conns = [_Conn(port) for _ in range(plan.workers)]
-    for conn in conns:  # connected before the clock starts, as the seed's workers are
+    for conn in conns:  # connected before the clock starts, as the reference set-up's workers are
         await conn.open()
     nxt = 0
     start = time.perf_counter()

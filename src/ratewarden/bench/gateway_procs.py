@@ -6,7 +6,7 @@ Every process runs in the foreground on free loopback ports with its files in a 
 for the error message, and is stopped by its own pid (SIGTERM, then SIGKILL) at the end.
 
 Limits (per API key, per minute, the same for every limiter): ``GROUP_LIMITS``. HAProxy's native
-variant is the seed's mechanism: a map file of API key -> group, a map of group -> limit, one
+variant is the reference set-up's mechanism: a map file of API key -> group, a map of group -> limit, one
 stick-table entry per key holding ``http_req_rate(1m)``. nginx's ``limit_req`` is a leaky bucket:
 ``rate=Lr/m burst=L-1 nodelay`` admits L at once and one more every 60/L s.
 """
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-#: Requests per minute per API key, by group (the seed's tiers: basic is the one that gets limited).
+#: Requests per minute per API key, by group (the reference set-up's tiers: basic is the one that gets limited).
 GROUP_LIMITS: Mapping[str, int] = {"premium": 100, "standard": 40, "basic": 20}
 #: The key and group the capacity runs check with: a limit never reached (every decision "allowed").
 BULK_KEY, BULK_GROUP = "capacity-key", "bulk"
@@ -121,7 +121,7 @@ class Proc:
 def policy_toml(keys: Mapping[str, str], limits: Mapping[str, int] = GROUP_LIMITS) -> str:
     """The ratewarden policy: the keys' groups, ``limits`` per minute (sliding window, the
     default), and the capacity key's group with a limit never reached; one tiered rule on every path."""
-    lines = ["# ratewarden bench --gateway: seed 003's tiers", "version = 1", "", "[settings]",
+    lines = ["# ratewarden bench --gateway: the reference set-up's tiers", "version = 1", "", "[settings]",
              'algorithm = "sliding_window"', "", "[identity]", 'sources = ["header:X-API-Key"]',
              'unknown_group = "basic"', 'anonymous_group = "basic"', "", "[identity.keys]",
              f'"{BULK_KEY}" = "{BULK_GROUP}"']
@@ -207,7 +207,7 @@ backend app
 
 
 def haproxy_native_conf(gateway: int, backend: int) -> str:
-    """HAProxy's own limiting, the seed's mechanism: ``keys.map`` (API key -> group), ``limits.map``
+    """HAProxy's own limiting, the reference set-up's mechanism: ``keys.map`` (API key -> group), ``limits.map``
     (group -> requests per minute), a stick table tracking ``http_req_rate(1m)`` per key."""
     return _HAPROXY_HEAD.format(extra="") + f"""
 frontend api

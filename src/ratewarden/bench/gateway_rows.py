@@ -20,7 +20,7 @@ __all__ = ["CapacityRow", "GatewayReport", "GroupRow", "RoundRow", "VariantRow",
 
 @dataclass
 class GroupRow:
-    """One group in one round (or summed over the rounds): the seed's columns and admitted / limit."""
+    """One group in one round (or summed over the rounds): the reference set-up's columns and admitted / limit."""
 
     group: str
     requests: int = 0

@@ -48,7 +48,7 @@ def targets(report: GatewayReport) -> list[dict[str, Any]]:
 
     * HAProxy + ratewarden adds <= 1 ms p99 over HAProxy without limiting; floor: the same Lua asking a
       fixed-200 service.
-    * its average latency <= 1.25x HAProxy without limiting (the seed measured 6.99x); same floor.
+    * its average latency <= 1.25x HAProxy without limiting (the reference set-up measured 6.99x); same floor.
     * both again for the SPOE path (``haproxy-spoe``), floor: the same SPOE asking a fixed agent.
     * capacity per protocol: floor req/s / ours req/s <= 1.3 (the cost of a decision against the cost
       of a fixed answer on the same stack); ours and floor also given as req/s.

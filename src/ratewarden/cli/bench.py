@@ -209,7 +209,7 @@ def _run_wsgi(args: argparse.Namespace) -> int:
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
-    """``--gateway``: seed 003's scenario through HAProxy and nginx, and the service's capacity (``bench.gateway``)."""
+    """``--gateway``: the reference set-up's scenario through HAProxy and nginx, and the service's capacity (``bench.gateway``)."""
     from ..bench import gateway, gateway_report
     from ..bench.gateway_setup import VARIANTS, GatewayOptions
     from ..bench.services import BenchError
