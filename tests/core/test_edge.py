@@ -440,10 +440,19 @@ async def test_fail_open_store_error_lets_the_request_through_uncharged_once() -
             calls.append(1)
             raise OSError("store down")
 
-    app = limited_app(Limiter(Broken()), Calls())
+    app = limited_app(Limiter(Broken(), fallback=None), Calls())
     reply = await request(app, "/work")
     assert reply.status == 200 and reply.header("ratelimit") is None
     assert len(calls) == 1  # the dependency did not try the store a second time
+
+
+async def test_fail_open_store_error_is_decided_by_the_insurance_limiter_by_default() -> None:
+    class Broken(MemoryStore):
+        def hit_now(self, *args: Any) -> Decision:
+            raise OSError("store down")
+
+    app = limited_app(Limiter(Broken()), Calls(), "2/min")
+    assert [(await request(app, "/work")).status for _ in range(3)] == [200, 200, 429]
 
 
 def test_websockets_pass_through(limiter: Limiter, store: MemoryStore) -> None:

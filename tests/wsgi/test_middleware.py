@@ -171,11 +171,16 @@ class FailingStore(MemoryStore):
         raise StoreError("the store is down", reason="unreachable")
 
 
-def test_fail_open_lets_requests_through() -> None:
-    app = wrap(Limiter(FailingStore(), on_error="open"), [Rule("/**", "1/min")])
+def test_fail_open_without_an_insurance_limiter_lets_requests_through() -> None:
+    app = wrap(Limiter(FailingStore(), on_error="open", fallback=None), [Rule("/**", "1/min")])
     for reply in run(app, 3, "/x"):
         assert reply.status == 200 and reply.header("x-app") == "yes"
         assert reply.header("x-ratelimit-limit") is None  # nothing was decided
+
+
+def test_fail_open_limits_with_the_insurance_limiter_by_default() -> None:
+    app = wrap(Limiter(FailingStore(), on_error="open"), [Rule("/**", "1/min")])
+    assert [r.status for r in run(app, 3, "/x")] == [200, 429, 429]
 
 
 def test_fail_open_with_an_insurance_limiter_decides_locally(clock: FakeClock) -> None:
