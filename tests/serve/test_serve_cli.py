@@ -392,6 +392,26 @@ def test_start_up_errors_exit_2(tmp_path: Path) -> None:
     assert spoe_address.returncode == 2 and "--spoe" in spoe_address.stderr and "HOST:PORT" in spoe_address.stderr
 
 
+@pytest.mark.parametrize(
+    ("blocked", "file", "named"),
+    [("uvicorn", "policy.toml", "uvicorn"), ("grpc", "envoy.yaml", "grpcio"), ("yaml", "envoy.yaml", "PyYAML")],
+)
+def test_without_the_serve_extra_exit_2_naming_what_to_install(
+    tmp_path: Path, blocked: str, file: str, named: str
+) -> None:
+    """A package of the ``serve`` extra that cannot be imported is one line naming it and the extra, exit
+    status 2, before anything starts: no traceback from a worker, no "started" line."""
+    (tmp_path / "policy.toml").write_text(POLICY.replace("{basic}", "5/hour"))
+    (tmp_path / "envoy.yaml").write_text(ENVOY)
+    code = f"import sys; sys.modules[{blocked!r}] = None; from ratewarden.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "serve", str(tmp_path / file), "--http", f"127.0.0.1:{free_port()}",
+            "--grpc", f"127.0.0.1:{free_port()}"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr and "pip install 'ratewarden[serve]'" in result.stderr
+    assert "Traceback" not in result.stderr and "started" not in result.stderr
+
+
 def test_the_policy_settings_store_is_used(tmp_path: Path, serve: Any) -> None:
     name = f"serve-cli-settings-{os.getpid()}"
     policy = tmp_path / "policy.toml"

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
+
+from ..errors import ConfigurationError
 
 __all__ = ["register"]
 
@@ -97,14 +100,47 @@ _POSITIVE = ("http_max_connections", "http_timeout", "http_max_header_size", "sp
              "max_descriptors", "max_entries")
 
 
+#: What the service imports, by the package that brings it (all in the ``serve`` extra).
+_HTTP_NEEDS = (("uvicorn", "uvicorn"),)
+_YAML_NEEDS = (("yaml", "PyYAML"),)
+_GRPC_NEEDS = (("grpc", "grpcio"), ("envoy.service.ratelimit.v3", "xds-protos"), ("google.protobuf", "protobuf"))
+
+
+def _missing(needs: tuple[tuple[str, str], ...]) -> list[str]:
+    """The packages of ``needs`` whose module cannot be imported."""
+    missing = []
+    for module, package in needs:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a submodule whose parent package is missing
+            found = False
+        if not found:
+            missing.append(package)
+    return missing
+
+
+def _check_installed(needs: tuple[tuple[str, str], ...], what: str) -> None:
+    """Refuse to start without the ``serve`` extra, before anything is bound or forked."""
+    missing = _missing(needs)
+    if missing:
+        raise ConfigurationError(
+            f"{what} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            "pip install 'ratewarden[serve]'"
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
-    from ..errors import ConfigurationError
     from ..serve.config import ServeConfig, envoy_files, parse_address
     from ..serve.http import DEFAULT_TRUSTED
     from ..serve.process import run
 
     try:
+        _check_installed(_HTTP_NEEDS, "the HTTP server")
+        if any(path.is_dir() or path.suffix.lower() in (".yaml", ".yml") for path in args.files):
+            _check_installed(_YAML_NEEDS, "a YAML file")
         policy, envoy = envoy_files(args.files)
+        if envoy:
+            _check_installed(_GRPC_NEEDS, "an Envoy configuration (served over gRPC)")
         config = ServeConfig(
             policy=policy,
             envoy=envoy,
