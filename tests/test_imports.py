@@ -80,6 +80,9 @@ def test_test_extra_brings_the_testclient_http_client() -> None:
     extras = _extras()
     assert "fastapi" in extras and "test" in extras, sorted(extras)
     assert any(re.match(r"httpx\b", requirement) for requirement in extras["test"]), extras["test"]
+    # Starlette 1.x's TestClient takes httpx2 when it is there, and warns on every import without it
+    # (StarletteDeprecationWarning); httpx2 needs Python 3.11, where FastAPI's own extras bring it.
+    assert "httpx2>=2.0; python_version >= '3.11'" in extras["test"], extras["test"]
     assert "pip install 'ratewarden[fastapi,test]'" in README
     # Said where the examples are: before the first README example that uses TestClient.
     first_testclient = README.index("from fastapi.testclient import TestClient")
