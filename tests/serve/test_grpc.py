@@ -5,6 +5,7 @@ loopback port, with a configuration copied from envoyproxy/ratelimit's README; m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -20,6 +21,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[imp
 from google.protobuf import wrappers_pb2  # type: ignore[import-untyped]
 
 from ratewarden.algorithms import ALGORITHMS
+from ratewarden.enforcement.check import failure_counts
 from ratewarden.limiter import FailurePolicy, Limiter
 from ratewarden.serve.envoy_config import parse_envoy_config
 from ratewarden.serve.grpc import rls_json, start_grpc
@@ -303,6 +305,49 @@ async def test_store_down(on_error: FailurePolicy) -> None:
         await channel.close()
         await server.stop(None)
         await limiter.close()
+
+
+@contextlib.asynccontextmanager
+async def down_store_rls(text: str, **options: Any) -> AsyncIterator[Rls]:
+    """A started service whose Redis is unreachable, and a real client of it."""
+    store = RedisStore(f"redis://127.0.0.1:{closed_port()}/0", timeout=0.5, connect_timeout=0.5)
+    limiter = Limiter(store, **options)
+    config = parse_envoy_config(text)
+    service = RateLimitService({config.domain: config}, limiter)
+    server, port = await start_grpc(service, "127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield Rls(service, rls_pb2_grpc.RateLimitServiceStub(channel))
+    finally:
+        await channel.close()
+        await server.stop(None)
+        await limiter.close()
+
+
+async def test_store_down_a_shadow_descriptor_never_refuses() -> None:
+    """Fail-closed: a shadow_mode descriptor whose store fails is OK (logged and counted as a failed
+    shadow rule, as every door's shadow rules); an enforced descriptor beside it is UNAVAILABLE."""
+    before = failure_counts().get(("shadow rule", "StoreError"), 0)
+    async with down_store_rls(EXAMPLE_6, on_error="closed") as client:
+        answer = await client.call("example6", desc(("service", "s"), ("user", "user-a")))
+        assert answer.overall_code == OK and [s.code for s in answer.statuses] == [OK]
+        assert not answer.response_headers_to_add
+        assert failure_counts().get(("shadow rule", "StoreError"), 0) == before + 1
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await client.call("example6", desc(("service", "s"), ("user", "user-a")), desc(("service", "s"), ("user", "user-b")))
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_store_down_without_an_insurance_limiter_decides_nothing() -> None:
+    """Fail-open without an insurance limiter: let through as every door lets such a request through,
+    with nothing made up: no limit stated, no remaining count, no headers; counted as a failed check."""
+    before = failure_counts().get(("store", "StoreError"), 0)
+    async with down_store_rls(EXAMPLE_2, on_error="open", fallback=None) as client:
+        answer = await client.call("messaging", desc(("to_number", "1")))
+        assert answer.overall_code == OK and [s.code for s in answer.statuses] == [OK]
+        assert not answer.statuses[0].HasField("current_limit") and answer.statuses[0].limit_remaining == 0
+        assert not answer.response_headers_to_add
+        assert failure_counts().get(("store", "StoreError"), 0) == before + 1
 
 
 async def test_an_unexpected_error_is_internal_and_the_server_keeps_serving() -> None:

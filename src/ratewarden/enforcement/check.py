@@ -22,7 +22,8 @@ from ..types import Scope
 
 __all__ = [
     "KEY_ERROR_PREFIX", "Checked", "LimitUnavailable", "add_charge", "check", "check_rules", "decided", "key_failed",
-    "key_later", "key_of", "key_value", "log_failure", "report_failure", "rule_costs", "store_failed",
+    "key_later", "key_of", "key_value", "log_failure", "report_failure", "rule_costs", "shadow_answer", "store_answer",
+    "store_failed",
 ]
 
 log = logging.getLogger("ratewarden")
@@ -185,7 +186,7 @@ def _charge(limiter: Limiter, rule: CompiledRule, key: str) -> Checked:
         cached = store.cached_rejection(keys, rule.costs)
         if cached is not None:
             return cached
-        return _hit(limiter, keys, rule.limits, rule.costs, "rate limit check")
+        return store_answer(limiter, keys, rule.limits, rule.costs, "rate limit check")
     except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
         return store_failed(limiter, "rate limit check", exc, rule.storage_keys(key), rule.limits, rule.costs)
 
@@ -206,10 +207,19 @@ async def decided(checked: Checked) -> Decision | None:
     return await checked
 
 
-async def _hit(
+async def store_answer(
     limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], what: str
 ) -> Decision | None:
-    """The store's answer to a check, with the failure policy applied (``what`` failed)."""
+    """The store's all-or-nothing answer to a check, with the failure policy applied
+    (``store_failed``): every door's charge of enforced limits, the gRPC service's included.
+
+    Args:
+        limiter: Whose store answers (its ``fallback`` and ``on_error`` apply when it fails).
+        keys: The check's storage keys.
+        limits: The limit checked on each key.
+        costs: What the request costs under each limit.
+        what: What failed, for ``failure_counts`` and ``LimitUnavailable``'s message.
+    """
     store = limiter.store
     try:
         if store.local:
@@ -217,6 +227,29 @@ async def _hit(
         return await store.hit(keys, limits, costs)
     except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
         return store_failed(limiter, what, exc, keys, limits, costs)
+
+
+async def shadow_answer(
+    limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+) -> Decision | None:
+    """A shadow limit's charge, on its own: the store's answer, or ``None`` when the store failed
+    (logged and counted as a failed ``"shadow rule"``). Never the failure policy: a limit that never
+    refuses does not refuse because its store failed (no 503 under fail-closed).
+
+    Args:
+        limiter: Whose store counts it.
+        keys: The shadow limit's storage keys.
+        limits: The limit on each key.
+        costs: What the request costs under each limit.
+    """
+    store = limiter.store
+    try:
+        if store.local:
+            return store.hit_now(keys, limits, costs)
+        return await store.hit(keys, limits, costs)
+    except Exception as exc:
+        log_failure("shadow rule", exc)
+        return None
 
 
 async def check_rules(
@@ -270,7 +303,7 @@ async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Sco
         await _check_shadow(limiter, shadow, scope, message)
     if not keys:
         return None
-    return await _hit(limiter, keys, limits, costs, "store")
+    return await store_answer(limiter, keys, limits, costs, "store")
 
 
 def rule_costs(rule: CompiledRule, scope: Scope) -> Sequence[float]:
@@ -316,11 +349,13 @@ async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: 
     for rule in rules:
         try:
             key = await _key_of(None, rule, scope)
-            limits = rule.message_limits if message else rule.limits
-            costs = rule.message_costs if message else rule.costs
-            decision = await limiter.store.hit(rule.storage_keys(key, message=message), limits, costs)
         except Exception as exc:
             log_failure("shadow rule", exc)
+            continue
+        limits = rule.message_limits if message else rule.limits
+        costs = rule.message_costs if message else rule.costs
+        decision = await shadow_answer(limiter, rule.storage_keys(key, message=message), limits, costs)
+        if decision is None:
             continue
         if not message:
             context = context_for(scope)

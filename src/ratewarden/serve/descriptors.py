@@ -5,16 +5,20 @@ else the first wildcard child (in file order) whose ``key_value`` pattern matche
 matches zero or more characters), else the child ``key`` (any value). The limit applies only when
 the request's last entry lands on a descriptor with a ``rate_limit``: a request with more
 entries than the tree is deep matches nothing.
+
+``entries_key`` is what a matched descriptor's counter is named by (its client key).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from .envoy_config import EnvoyDescriptor, EnvoyDomain, EnvoyRateLimit
 
-__all__ = ["Match", "match_descriptor", "wildcard_match"]
+__all__ = ["Match", "entries_key", "escape", "match_descriptor", "wildcard_match"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +97,29 @@ def match_descriptor(domain: EnvoyDomain, entries: Sequence[tuple[str, str]]) ->
     if found is None:
         return None
     return Match(found, shared)
+
+
+def entries_key(entries: Sequence[tuple[str, str]], shared: Mapping[int, str]) -> str:
+    """The descriptor's part of its storage key (the client key ``storage_key`` is given):
+    ``key=value&key=value``, each part escaped, with the wildcard pattern in place of the value for
+    a ``share_threshold`` entry.
+
+    Args:
+        entries: The request descriptor's entries.
+        shared: The wildcard pattern of each ``share_threshold`` entry, by its index.
+    """
+    if shared:
+        return "&".join(f"{escape(k)}={escape(shared.get(i, v))}" for i, (k, v) in enumerate(entries))
+    return "&".join(f"{escape(k)}={escape(v)}" for k, v in entries)
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_.~-]*")
+
+
+def escape(text: str) -> str:
+    """``text`` percent-escaped (``&``, ``=``, ``%`` and braces included); plain text as it is.
+
+    Args:
+        text: A domain, an entry's key or value.
+    """
+    return text if _PLAIN.fullmatch(text) else quote(text, safe="")

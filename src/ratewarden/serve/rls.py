@@ -11,34 +11,42 @@ counting:
   concurrent requests against a limit L get exactly L through; ``shadow_mode`` descriptors are
   counted on their own and never limit; ``unlimited`` ones touch no store; ``replaces`` drops the
   limits it names;
-- a descriptor's counter is ``domain`` + its entries (the request's values, or the wildcard
-  pattern under ``share_threshold``) + the limit's algorithm and rate, so an override of another
-  rate counts apart;
-- a store failure follows the limiter's ``on_error``: decided by its insurance limiter, or
-  ``LimitUnavailable`` (fail-closed), never let through unlimited.
+- a descriptor's counter is ``storage_key(prefix, "envoy:" + domain, its entries, the limit's
+  suffix)`` (the builder every rule's counter goes through): its entries are the request's values,
+  or the wildcard pattern under ``share_threshold``, and the suffix the algorithm and rate, so an
+  override of another rate counts apart;
+- the enforced descriptors are charged by ``enforcement.check.store_answer`` and the shadow ones by
+  ``shadow_answer``, the functions every door's check uses: a store failure is decided by the
+  insurance limiter, or ``LimitUnavailable`` (fail-closed: ``UNAVAILABLE``), or, fail-open without
+  an insurance limiter, nothing (``OK``, no limit stated); a shadow descriptor's failure is logged
+  and never refuses;
+- the answer's headers are ``headers.rate_limit_headers`` and ``retry_after_header``, as ``/check``
+  writes them, as text.
+
+So this module only translates: descriptors to storage keys, limits and costs; decisions to
+per-descriptor statuses and Envoy's codes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import quote
 
 from ..caches import remember
 from ..decision import Decision
+from ..enforcement.check import shadow_answer, store_answer
 from ..errors import LimitUnavailable
-from ..headers import policy_value, reset_seconds, retry_after_header
+from ..headers import policy_value, rate_limit_headers, retry_after_header
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM, Limit
 from ..rates import Rate
 from ..storage_keys import storage_key
 from ..stores.base import StoreError
 from .bounds import MAX_DESCRIPTORS, MAX_ENTRIES
-from .descriptors import match_descriptor
+from .descriptors import entries_key, escape, match_descriptor
 from .envoy_config import UNIT_SECONDS, EnvoyDomain, EnvoyRateLimit
 from .rls_messages import (
     UINT32_MAX,
@@ -96,7 +104,7 @@ class RateLimitService:
         self.max_descriptors = max_descriptors
         self.max_entries = max_entries
         self._overrides: dict[tuple[int, str, str], Limit] = {}
-        self._policies: dict[tuple[Limit | tuple[str, int], ...], str] = {}
+        self._policies: dict[tuple[Limit | tuple[str, int], ...], bytes] = {}
         self._keys: dict[tuple[object, ...], str] = {}
         self._namespaces: dict[str, str] = {}
 
@@ -141,7 +149,10 @@ class RateLimitService:
             raise RlsRequestError("rate limit domain must not be empty")
         if not descriptors:
             raise RlsRequestError("rate limit descriptor list must not be empty")
-        self.check_size(len(descriptors), sum(len(d.entries) for d in descriptors))
+        entries = 0
+        for descriptor in descriptors:
+            entries += len(descriptor.entries)
+        self.check_size(len(descriptors), entries)
         if hits_addend < 0:
             raise RlsRequestError(f"hits_addend must not be negative, got {hits_addend}")
         config = self._domains.get(domain)
@@ -211,14 +222,14 @@ class RateLimitService:
         cache_key = (domain, entries, limit.suffix, tuple(shared.items()) if shared else ())
         key = self._keys.get(cache_key, "")
         if not key:
-            key = storage_key(self.limiter.prefix, self._namespace(domain), _entries_key(entries, shared), limit.suffix)
+            key = storage_key(self.limiter.prefix, self._namespace(domain), entries_key(entries, shared), limit.suffix)
             remember(self._keys, cache_key, key, 16_384, 16 << 20)  # 1 KiB an entry at most
         return _Plan(index, "counted", current, limit, key, float(cost), shadow, period), name
 
     def _namespace(self, domain: str) -> str:
         found = self._namespaces.get(domain)
         if found is None:
-            found = "envoy:" + _escape(domain)
+            found = "envoy:" + escape(domain)
             remember(self._namespaces, domain, found, 1024)
         return found
 
@@ -233,22 +244,33 @@ class RateLimitService:
         return found
 
     async def _decide(self, plans: list[_Plan]) -> None:
-        """Charge the counted plans: enforced ones all or nothing, shadow ones each on its own."""
-        enforced = [p for p in plans if p.kind == "counted" and not p.shadow]
-        shadows = [p for p in plans if p.kind == "counted" and p.shadow]
-        blocked = any(p.kind == "zero" and not p.shadow for p in plans)
+        """Charge the counted plans: enforced ones all or nothing (``enforcement.check.store_answer``,
+        the failure policy of every door), shadow ones each on its own (``shadow_answer``)."""
+        enforced: list[_Plan] = []
+        shadows: list[_Plan] = []
+        blocked = False
+        for plan in plans:
+            if plan.kind == "counted":
+                (shadows if plan.shadow else enforced).append(plan)
+            elif plan.kind == "zero" and not plan.shadow:
+                blocked = True
         if not shadows:
             if enforced:
                 await self._charge(enforced, blocked)
             return
-        jobs = [self._charge([p], False) for p in shadows]
+        jobs = [self._shadow(p) for p in shadows]
         if enforced:
             jobs.append(self._charge(enforced, blocked))
         await asyncio.gather(*jobs)
 
+    async def _shadow(self, plan: _Plan) -> None:
+        assert plan.limit is not None
+        plan.decision = await shadow_answer(self.limiter, (plan.key,), (plan.limit,), (plan.cost,))
+
     async def _charge(self, plans: list[_Plan], blocked: bool) -> None:
         """One all-or-nothing check of ``plans`` (``blocked``: another enforced descriptor is
-        always over, so nothing is charged, only read); sets each plan's decision."""
+        always over, so nothing is charged, only read); sets each plan's decision (``None``: the
+        store failed under fail-open without an insurance limiter, nothing decided)."""
         by_key: dict[str, int] = {}
         keys: list[str] = []
         limits: list[Limit] = []
@@ -265,13 +287,10 @@ class RateLimitService:
                 costs[at] += plan.cost
         limiter = self.limiter
         try:
-            decision = await limiter.check(keys, limits, costs)
-        except StoreError as exc:
-            if limiter.on_error == "closed":
-                raise LimitUnavailable(f"the rate limit store failed: {exc}") from exc
-            for plan in plans:  # fail-open without an insurance limiter, as every integration does
-                assert plan.limit is not None
-                plan.decision = Decision(True, plan.limit.quota, plan.limit.quota, 0.0, 0.0, plan.limit.period)
+            decision = await store_answer(limiter, keys, limits, costs, "store")
+        except LimitUnavailable as exc:  # fail-closed: UNAVAILABLE, naming what the store said
+            raise LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}") from exc.__cause__
+        if decision is None:
             return
         if len(keys) == 1:
             for plan in plans:
@@ -318,7 +337,9 @@ class RateLimitService:
                         closest = plan
             else:
                 decision = plan.decision
-                assert decision is not None
+                if decision is None:  # the store failed and nothing decided (fail-open): as no limit
+                    statuses.append(DescriptorStatus("OK"))
+                    continue
                 over = not decision.allowed
                 remaining = min(max(0, decision.remaining), UINT32_MAX)
                 reset = decision.reset_after
@@ -338,43 +359,62 @@ class RateLimitService:
         return RlsAnswer(overall_ok, statuses, headers)
 
     def _headers(self, plan: _Plan, shown: list[_Plan], over: bool) -> list[tuple[str, str]]:
-        """``headers.rate_limit_headers`` (both styles) of the plan's decision, as text, listing every
-        enforced limit in ``RateLimit-Policy`` (a limit of 0 as ``q=0``); ``Retry-After`` when the
-        request is over and can fit later."""
+        """``headers.rate_limit_headers`` (both styles, as ``/check`` writes them) of the plan's
+        decision, as text, listing every enforced limit in ``RateLimit-Policy`` (a limit of 0 as
+        ``q=0``); ``Retry-After`` (``retry_after_header``) when the request is over and can fit later."""
         decision = plan.decision
         assert decision is not None
-        policies = tuple(dict.fromkeys(p.limit if p.limit is not None else (p.name, p.period) for p in shown))
+        if len(shown) == 1:
+            policies: tuple[Limit | tuple[str, int], ...] = (plan.limit if plan.limit is not None else (plan.name, plan.period),)
+        else:
+            policies = tuple(dict.fromkeys(p.limit if p.limit is not None else (p.name, p.period) for p in shown))
         policy = self._policies.get(policies)
         if policy is None:
-            policy = ", ".join(
-                policy_value((item,)).decode("latin-1") if isinstance(item, Limit) else f'"{item[0]}";q=0;w={item[1]}'
+            policy = b", ".join(
+                policy_value((item,)) if isinstance(item, Limit) else b'"%s";q=0;w=%d' % (item[0].encode("latin-1", "replace"), item[1])
                 for item in policies
             )
             remember(self._policies, policies, policy, 1024)
         label = plan.limit.name if plan.limit is not None else plan.name
-        name = label.encode("latin-1", "replace").decode("latin-1")
-        remaining = str(decision.remaining)
-        reset = str(reset_seconds(decision))
-        headers = [
-            ("ratelimit-policy", policy),
-            ("ratelimit", f'"{name}";r={remaining};t={reset}'),
-            ("x-ratelimit-limit", str(decision.limit)),
-            ("x-ratelimit-remaining", remaining),
-            ("x-ratelimit-reset", reset),
-        ]
+        if decision.policy != label:  # a decision read for several counters names the one it is for
+            decision = _copy(decision, decision.allowed, policy=label)
+        written = rate_limit_headers(decision, "both", policy)
         if over and not decision.allowed:
             retry = retry_after_header(decision)
             if retry is not None:
-                headers.append(("retry-after", retry[1].decode("latin-1")))
-        return headers
+                written.append(retry)
+        return _text(written)
 
 
-def _copy(decision: Decision, allowed: bool, retry_after: float | None = None) -> Decision:
+def _copy(decision: Decision, allowed: bool, retry_after: float | None = None, policy: str | None = None) -> Decision:
     """A new decision like ``decision`` (a store's decisions are never changed in place)."""
     retry = decision.retry_after if retry_after is None else retry_after
     return Decision(
-        allowed, decision.limit, decision.remaining, decision.reset_after, retry, decision.period, decision.policy
+        allowed, decision.limit, decision.remaining, decision.reset_after, retry, decision.period,
+        decision.policy if policy is None else policy,
     )
+
+
+#: The headers whose value changes with every answer: decoded each time, never remembered.
+_CHANGING = {b"ratelimit": "ratelimit", b"x-ratelimit-remaining": "x-ratelimit-remaining"}
+_texts: dict[tuple[bytes, bytes], tuple[str, str]] = {}
+
+
+def _text(written: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The headers as text (latin-1), the ones that repeat from answer to answer (a policy, a limit,
+    a reset second) decoded once: what gRPC and JSON carry."""
+    out: list[tuple[str, str]] = []
+    for pair in written:
+        found = _texts.get(pair)
+        if found is None:
+            name = _CHANGING.get(pair[0])
+            if name is not None:
+                out.append((name, pair[1].decode("latin-1")))
+                continue
+            found = (pair[0].decode("latin-1"), pair[1].decode("latin-1"))
+            remember(_texts, pair, found, 4096, 4 << 20)
+        out.append(found)
+    return out
 
 
 def _closer(plan: _Plan, other: _Plan) -> bool:
@@ -392,19 +432,3 @@ def _window_left(period: int) -> float:
 
     now = time.time()
     return period - math.fmod(now, period)
-
-
-def _entries_key(entries: Sequence[tuple[str, str]], shared: Mapping[int, str]) -> str:
-    """The descriptor's part of its storage key: ``key=value&key=value``, each part escaped, with the
-    wildcard pattern in place of the value for a ``share_threshold`` entry."""
-    if shared:
-        return "&".join(f"{_escape(k)}={_escape(shared.get(i, v))}" for i, (k, v) in enumerate(entries))
-    return "&".join(f"{_escape(k)}={_escape(v)}" for k, v in entries)
-
-
-_PLAIN = re.compile(r"[A-Za-z0-9_.~-]*")
-
-
-def _escape(text: str) -> str:
-    """``text`` percent-escaped (``&``, ``=``, ``%`` and braces included); plain text as it is."""
-    return text if _PLAIN.fullmatch(text) else quote(text, safe="")
