@@ -23,6 +23,8 @@ system-deps:
 
 # The development venv: an editable, pure-Python install with every extra (lint, the pure pass).
 $(VENV)/.installed: pyproject.toml scripts/install-system-deps.sh | system-deps
+	@echo "== Chromium for the HTML report's layout test (installed when missing)"
+	@bash scripts/install-system-deps.sh --browser
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'

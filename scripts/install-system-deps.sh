@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Installs the servers and tools the tests and benchmarks drive (Debian packages), when missing:
 # Redis, Memcached, wrk, the gateways `ratewarden serve` is tested behind (HAProxy, nginx), and
-# Chromium (the HTML report's layout test).
+# with --browser, Chromium (the HTML report's layout test).
 set -euo pipefail
 need=()
 for pair in redis-server:redis-server redis-cli:redis-tools memcached:memcached wrk:wrk haproxy:haproxy nginx:nginx; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
-# tests/bench/test_html_layout.py reads the bench's HTML report in headless Chromium.
-command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
+# With --browser (the test set-up, not the bench's): tests/bench/test_html_layout.py reads the
+# bench's HTML report in headless Chromium.
+if [ "${1:-}" = "--browser" ]; then
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
+fi
 # `make compiled` (mypyc) needs a C compiler and the Python headers.
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
