@@ -17,6 +17,8 @@ import pytest
 from fastapi import Depends, FastAPI
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule, RuleSet
+from ratewarden.decision import Decision
+from ratewarden.enforcement import answers
 from ratewarden.fastapi import RateLimit
 from ratewarden.fastapi.routes import edge_layer
 from ratewarden.limiter import MAX_KEY_LENGTH, storage_key
@@ -192,3 +194,13 @@ async def _call(app: Any, scope: dict[str, Any]) -> Reply:
 async def _ok(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_default_429_is_kept_by_the_rejection_cache() -> None:
+    """A finished 429 (body and every header, about 2 KB) fits its cache's share, so a flood of
+    refusals reuses it instead of encoding the JSON body each time."""
+    answers._rejections.clear()
+    decision = Decision(False, 100, 0, 30.0, 30.0, 60.0, "api")
+    first = answers.rejection(decision, "both", True, b'"api";q=100;w=60', "a-fairly-long-group-name")
+    assert len(answers._rejections) == 1
+    assert answers.rejection(decision, "both", True, b'"api";q=100;w=60', "a-fairly-long-group-name") == first

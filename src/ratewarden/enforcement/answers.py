@@ -93,6 +93,9 @@ def too_many_requests_body(decision: Decision, group: str | None = None) -> byte
 _Headers = list[tuple[bytes, bytes]]
 _rejections: dict[tuple[object, ...], tuple[bytes, tuple[tuple[bytes, bytes], ...]]] = {}
 _REJECTIONS_LIMIT = 4096
+# A default 429 (problem+json body and every header) is about 2 KB: 4 KiB an entry keeps each one
+# (the default 1 KiB share re-encoded every 429, 2.3x its cost), 16 MiB at most.
+_REJECTIONS_BYTES = 16 << 20
 
 
 def rejection(
@@ -131,7 +134,7 @@ def rejection(
             *limited_headers(decision, style, with_rate_headers, policy),
         ]
         found = (body, tuple(headers))
-        remember(_rejections, cache_key, found, _REJECTIONS_LIMIT)
+        remember(_rejections, cache_key, found, _REJECTIONS_LIMIT, _REJECTIONS_BYTES)
     return found[0], list(found[1])
 
 
