@@ -74,8 +74,10 @@ def test_a_sentinel_failover_admits_the_limit_plus_at_most_what_was_in_flight(
     assert outage["local_limiter"] > 0, "no check was decided during the failover"
     admitted = BEFORE + during.count(200) + after.count(200)
     # Counting from zero, the insurance limiter would admit up to LIMIT during the failover, and
-    # the new primary another LIMIT - BEFORE after it.
-    assert LIMIT <= admitted <= LIMIT + IN_FLIGHT, (
+    # the new primary another LIMIT - BEFORE after it. The bound is LIMIT + L (0: replicated) + P,
+    # the checks the new primary answers before the charge-back lands: those in flight when it
+    # takes over, and the promotion is seen only between bursts, so the hand-over can straddle two.
+    assert LIMIT <= admitted <= LIMIT + 2 * IN_FLIGHT, (
         f"admitted {admitted} against {LIMIT}: {BEFORE} before the kill, {during.count(200)} of "
         f"{len(during)} during the failover, {after.count(200)} of {len(after)} after it"
     )
