@@ -56,7 +56,7 @@ async def test_a_check_refused_as_late_is_sent_again_and_charged_once(request: p
         await _warm(store, key)
         asked = _late_deadlines(store, late=RESENDS)
         decision = await store.hit([key], [limit], [1.0])
-        assert asked() == RESENDS + 1  # refused RESENDS times, then run with a fresh deadline
+        assert asked() >= RESENDS + 1  # refused RESENDS times (a busy loop re-dates more), then run on time
         assert decision.allowed and decision.remaining == 4  # charged once, not once per send
         (peeked,) = await store.peek([key], [limit])
         assert peeked.remaining == 4
@@ -86,9 +86,11 @@ async def test_a_check_refused_as_late_every_time_fails_and_charges_nothing(redi
     key = f"rw:{{late|{uuid.uuid4().hex}}}:{limit.suffix}"
     try:
         await _warm(store, key)
-        _late_deadlines(store, late=RESENDS + 1)
+        clock = store._script_clock
+        _late_deadlines(store, late=10**9)  # every deadline, a batch re-dated on a busy loop's too
         with pytest.raises(StoreError, match="expired"):
             await store.hit([key], [limit], [1.0])
+        _LATE[id(clock)] = 0
         (peeked,) = await store.peek([key], [limit])
         assert peeked.remaining == 5
     finally:
