@@ -78,7 +78,8 @@ class Case:
     request_headers: Mapping[str, str] = field(default_factory=dict)
     client: str = "10.0.0.1"
     cost: int = 1  # the request's own cost: JSON /v1/check's ``cost``, gRPC's ``hits_addend``
-    failing_store: bool = False  # every check raises StoreError; the limiter fails closed
+    fault: str = ""  # the store fails every check: "timeout", "error" or "corrupt" (``doors.Backend``)
+    on_error: str = "open"  # the limiter's: "open" (its insurance limiter decides) or "closed" (503)
     crashing_store: bool = False  # every check raises RuntimeError (a bug); the limiter fails open
     envoy: Envoy | None = None
     differences: Mapping[str, Difference] = field(default_factory=dict)
@@ -86,6 +87,11 @@ class Case:
     @property
     def sends(self) -> int:
         return len(self.statuses)
+
+    @property
+    def failing_store(self) -> bool:
+        """Whether the limiter fails closed (``on_error="closed"``)."""
+        return self.on_error == "closed"
 
     def expected(self, door: str) -> tuple[tuple[int, ...], dict[str, str | None], Mapping[str, int]]:
         """(statuses, headers, charged) this door should give: the row's, with its difference."""
@@ -135,6 +141,31 @@ def _descriptor(key: str, rate: str, extra: str = "", algorithm: str = "fixed_wi
 
 
 CLIENT = (("client", "10.0.0.1"),)
+
+#: How a store fails in the failure rows (``doors.Backend`` makes each on every store kind).
+FAULTS = ("timeout", "error", "corrupt")
+GRPC_UNAVAILABLE = Difference("gRPC answers a failed store with UNAVAILABLE, no headers", headers={"retry-after": None})
+
+
+def _store_fails(fault: str) -> tuple[Case, Case]:
+    """A store that fails every check with ``fault``: failing open, the insurance limiter keeps the
+    limit (1 of 2 against 1/hour: its own count, on the wall clock); failing closed, 503."""
+    envoy = _envoy(_descriptor("client", "1/hour"), descriptors=(CLIENT,))
+    return (
+        Case(
+            f"store-{fault}-open", (RuleSpec("api", rate="1/hour"),), (200, 429),
+            {
+                "ratelimit-policy": '"api";q=1;w=3600', "ratelimit": ANY,
+                "x-ratelimit-limit": "1", "x-ratelimit-remaining": "0", "x-ratelimit-reset": ANY, "retry-after": ANY,
+            },
+            {}, fault=fault, envoy=envoy,
+        ),
+        Case(
+            f"store-{fault}-closed", (RuleSpec("api", rate="1/hour"),), (503,), {"retry-after": "1"}, {},
+            fault=fault, on_error="closed", envoy=envoy, differences={"grpc": GRPC_UNAVAILABLE},
+        ),
+    )
+
 
 CASES: tuple[Case, ...] = (
     Case(
@@ -326,16 +357,7 @@ CASES: tuple[Case, ...] = (
         query="api_key=a&api_key=b",
         differences={"grpc": ENVOY_SKIP},
     ),
-    Case(
-        "store-fails-closed",
-        (RuleSpec("api", rate="2/min"),),
-        (503,),
-        {"retry-after": "1"},
-        {},
-        failing_store=True,
-        envoy=_envoy(_descriptor("client", "2/min"), descriptors=(CLIENT,)),
-        differences={"grpc": Difference("gRPC answers a failed store with UNAVAILABLE, no headers", headers={"retry-after": None})},
-    ),
+    *(row for fault in FAULTS for row in _store_fails(fault)),
     Case(  # a store that raises something other than StoreError is a failed check: never unlimited
         "store-crash-insurance-limits",
         (RuleSpec("api", rate="2/hour"),),

@@ -13,21 +13,28 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import random
 import re
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from ratewarden import Decision, Limit, Limiter, MemoryStore, RateLimitMiddleware, Rule, RuleSet
 from ratewarden.errors import StoreError
+from ratewarden.storage_keys import storage_key
+from ratewarden.stores import RedisStore, SharedMemoryStore
+from ratewarden.stores.base import Store
+from ratewarden.stores.shared_memory.layout import HEADER_SIZE
 from ratewarden.keys import KeyFunc, client_ip, header, query_param
 from ratewarden.policy import PolicyMiddleware, WSGIPolicyMiddleware, parse_policy
 from ratewarden.rates import parse_rates
 from ratewarden.serve.http import ServeApp
 from ratewarden.wsgi import RateLimitMiddleware as WSGIRateLimitMiddleware
+
+from tests.shm import SHM_DIR, unique_name
 
 from .cases import NOW, TRACKED, Case
 
@@ -38,61 +45,172 @@ def frozen() -> float:
     return NOW
 
 
-class FailingStore(MemoryStore):
-    """Every check fails, as an unreachable store's would."""
-
-    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        raise StoreError("down", reason="unreachable")
-
-    def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
-        raise StoreError("down", reason="unreachable")
-
-    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        raise StoreError("down", reason="unreachable")
-
-    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        raise StoreError("down", reason="unreachable")
+#: The stores every case runs on (``Backend``).
+STORE_KINDS = ("memory", "shm", "redis")
+#: What a failing store's checks wait, in seconds: a held lock's deadline, a paused Redis's timeout.
+FAULT_TIMEOUT = 0.2
+SHM_KEYS = 1000
+#: ``StoreError.reason`` of each fault (memory's stand-ins raise it; the real stores' own failures give it).
+REASONS = {"timeout": "timeout", "error": "unreachable", "corrupt": "error"}
 
 
-class CrashingStore(MemoryStore):
-    """Every check raises something other than ``StoreError``, as a bug in a store would."""
+def raising(cls: type[Any], failure: Callable[[], BaseException]) -> type[Any]:
+    """``cls`` whose every check raises ``failure()``; peeks still read the store."""
 
-    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        raise RuntimeError("a bug in the store")
+    def fail(self: Any, *args: Any) -> Decision:
+        raise failure()
 
-    def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
-        raise RuntimeError("a bug in the store")
+    async def fail_async(self: Any, *args: Any) -> Decision:
+        raise failure()
 
-    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        raise RuntimeError("a bug in the store")
-
-    async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        raise RuntimeError("a bug in the store")
+    methods = {"hit_now": fail, "hit_one": fail, "hit_blocking": fail, "hit": fail_async}
+    return type(f"Failing{cls.__name__}", (cls,), methods)
 
 
-def store_for(case: Case) -> MemoryStore:
-    if case.crashing_store:
-        return CrashingStore(clock=frozen)
-    return FailingStore(clock=frozen) if case.failing_store else MemoryStore(clock=frozen)
+def hold_every_lock(name: str, directory: str, connection: Any) -> None:
+    """In a child process: take every region lock of the table ``name`` and keep them (a worker
+    stopped while holding its locks)."""
+    import time
+
+    from ratewarden.stores.shared_memory import locks
+
+    store = SharedMemoryStore(name, max_keys=SHM_KEYS, directory=directory, log_size=0, lock_timeout=FAULT_TIMEOUT)
+    seg = store._segment()
+    for region in [*seg.regions, seg.overflow]:
+        locks.lock(seg, region)
+    connection.send(True)
+    time.sleep(3600)
 
 
-def limiter_for(store: MemoryStore, case: Case) -> Limiter:
-    return Limiter(store, on_error="closed" if case.failing_store else "open")
+@dataclass
+class Backend:
+    """The store kind the current test runs on (``test_matrix`` sets ``BACKEND`` per test): it
+    opens each door's store, healthy or failing as the case says, and closes them after the test.
+
+    A failing store fails for real where its kind can: shared memory with every lock held by
+    another process (timeout), closed (error) or its table overwritten with garbage (corrupt);
+    Redis paused (timeout), refusing connections (error) or holding wrong-typed values at the
+    case's keys (corrupt). ``MemoryStore`` has no lock, connection or bytes to break: its failing
+    stores raise the ``StoreError`` of each fault."""
+
+    kind: str = "memory"
+    prefix: str = "rw"  # the limiters': unique per test, so tests sharing a Redis never meet
+    redis_url: str = ""  # the session's server
+    paused_url: str = ""  # a server stopped for the module (timeouts)
+    refused_url: str = ""  # a port nothing listens on (errors)
+    locked: Any = None  # a SharedMemoryStore whose locks another process holds (timeouts)
+    opened: list[Store] = field(default_factory=list)
+    limiters: list[Limiter] = field(default_factory=list)  # those ``limiter_for`` built
+
+    def store(self, case: Case) -> Store:
+        store = self._open(case)
+        if store is not self.locked:
+            self.opened.append(store)
+        return store
+
+    def _open(self, case: Case) -> Store:
+        fault = case.fault
+        if self.kind == "memory":
+            if case.crashing_store:
+                return raising(MemoryStore, lambda: RuntimeError("a bug in the store"))(clock=frozen)
+            if fault:
+                return raising(MemoryStore, lambda: StoreError(f"memory: {fault}", reason=REASONS[fault]))(clock=frozen)
+            return MemoryStore(clock=frozen)
+        if self.kind == "shm":
+            if fault == "timeout":
+                return self.locked
+            cls = raising(SharedMemoryStore, lambda: RuntimeError("a bug in the store")) if case.crashing_store else SharedMemoryStore
+            shm = cls(unique_name(), max_keys=SHM_KEYS, directory=SHM_DIR, log_size=0, clock=frozen,
+                      lock_timeout=FAULT_TIMEOUT)
+            shm.unlink()
+            if fault == "corrupt":  # every byte after the file header (the locks too): see tests/stores/test_shm_garbage.py
+                mm = shm._segment().mm
+                mm[HEADER_SIZE:] = random.Random(1).randbytes(len(mm) - HEADER_SIZE)
+            elif fault == "error":  # closed: every call raises SharedMemoryError
+                with contextlib.suppress(StopIteration):
+                    shm.close().send(None)  # a coroutine that never suspends
+            return shm
+        if fault == "timeout":
+            return RedisStore(self.paused_url, timeout=FAULT_TIMEOUT, connect_timeout=FAULT_TIMEOUT)
+        if fault == "error":
+            return RedisStore(self.refused_url, timeout=FAULT_TIMEOUT, connect_timeout=FAULT_TIMEOUT)
+        cls = raising(RedisStore, lambda: RuntimeError("a bug in the store")) if case.crashing_store else RedisStore
+        if fault == "corrupt":
+            import redis
+
+            with redis.Redis.from_url(self.redis_url) as client:
+                for keys in candidate_keys(case, self.prefix).values():
+                    for key in keys:
+                        client.rpush(key, "not a counter")
+                        client.pexpire(key, 60_000)
+        return cls(self.redis_url, clock=frozen)  # type: ignore[no-any-return]
+
+    async def close(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Close every store opened, on ``loop`` if a door used them there (uvicorn's)."""
+        for store in self.opened:
+            if loop is None or loop is asyncio.get_running_loop():
+                await store.close()
+            else:
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(store.close(), loop))
+        self.opened.clear()
+
+    def reason(self, case: Case) -> str:
+        """``StoreError.reason`` of the case's failing store (a closed shared-memory store's is "error")."""
+        return "error" if self.kind == "shm" and case.fault == "error" else REASONS[case.fault]
+
+    def failures(self) -> dict[str, int]:
+        """The checks the limiters decided without their store, by failure reason."""
+        out: dict[str, int] = {}
+        for limiter in self.limiters:
+            for reason, count in limiter.without_store().items():
+                if reason in ("timeout", "unreachable", "error") and count:
+                    out[reason] = out.get(reason, 0) + count
+        return out
+
+    def readable(self, case: Case) -> bool:
+        """Whether what the case's store was charged can be read back (a broken real store cannot)."""
+        return not case.fault or self.kind == "memory"
 
 
-def charged(store: MemoryStore, case: Case) -> dict[str, int]:
-    """Units charged to each rate of the case's rules, summed over every key the store holds."""
-    out: dict[str, int] = {}
-    keys = list(store._data)
+BACKEND = Backend()
+
+
+def store_for(case: Case) -> Store:
+    return BACKEND.store(case)
+
+
+def limiter_for(store: Store, case: Case) -> Limiter:
+    limiter = Limiter(store, on_error="closed" if case.failing_store else "open", prefix=BACKEND.prefix)
+    BACKEND.limiters.append(limiter)
+    return limiter
+
+
+def candidate_keys(case: Case, prefix: str) -> dict[str, list[str]]:
+    """By rate (as the case writes it): every storage key a door may charge it to, under the rule's
+    name, Flask's endpoint names or Envoy's descriptors, for the case's client."""
+    namespaces = [spec.name for spec in case.rules] + ["items"] + [f"items-{i}" for i in range(1, len(case.rules))]
+    identities = [("", ns, case.client) for ns in namespaces]
+    if case.envoy is not None:
+        identities += [("", "envoy:case", f"{k}={v}") for d in case.envoy.descriptors for k, v in d]
+    out: dict[str, list[str]] = {}
     for spec in case.rules:
         if spec.bypass:
             continue
         for text, rate in zip(spec.rate.split(";"), parse_rates(spec.rate), strict=True):
-            limit = Limit(rate, "fixed_window")
-            mine = [k for k in keys if k.endswith(limit.suffix)]
-            used = sum(limit.quota - d.remaining for d in store.peek_now(mine, [limit] * len(mine)))
-            if used:
-                out[text.strip()] = out.get(text.strip(), 0) + int(used)
+            suffix = Limit(rate, "fixed_window").suffix
+            out[text.strip()] = list(dict.fromkeys(storage_key(prefix, ns, key, suffix) for _, ns, key in identities))
+    return out
+
+
+def charged(store: Store, case: Case) -> dict[str, int]:
+    """Units charged to each rate of the case's rules, summed over every key a door may use, read
+    with the store's own ``peek``."""
+    out: dict[str, int] = {}
+    for text, keys in candidate_keys(case, BACKEND.prefix).items():
+        limit = Limit(parse_rates(text)[0], "fixed_window")
+        used = sum(limit.quota - d.remaining for d in store.peek_blocking(keys, [limit] * len(keys)))
+        if used:
+            out[text] = int(used)
     return out
 
 
@@ -206,7 +324,7 @@ def wsgi_method(app: Any, method: str) -> Any:
 @dataclass
 class Run:
     answers: list[Answer]
-    store: MemoryStore
+    store: Store
 
 
 async def _send_async(client: httpx.AsyncClient, case: Case) -> list[Answer]:
@@ -234,7 +352,7 @@ async def run_asgi(case: Case, make: Callable[[Any, Limiter], Any]) -> Run:
         return Run(await _send_async(client, case), store)
 
 
-def run_wsgi(case: Case, app: Any, store: MemoryStore) -> Run:
+def run_wsgi(case: Case, app: Any, store: Store) -> Run:
     transport = httpx.WSGITransport(app=wsgi_method(app, case.method), remote_addr=case.client)
     with httpx.Client(transport=transport, base_url="http://testserver") as client:
         return Run(_send_sync(client, case), store)
@@ -297,6 +415,7 @@ async def door_django(case: Case) -> Run:
     store = store_for(case)
     settings = {
         "STORE": store, "RULES": django_rules(case), "ON_ERROR": "closed" if case.failing_store else "open",
+        "PREFIX": BACKEND.prefix,
     }
     with override_settings(ROOT_URLCONF="tests.conformance.django_urls", MIDDLEWARE=["ratewarden.django.RateLimitMiddleware"],
                            RATEWARDEN=settings):
@@ -312,8 +431,10 @@ class Dispatch:
 
     def __init__(self) -> None:
         self.apps: dict[str, Any] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None  # uvicorn's: the case stores' connections are on it
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.loop = asyncio.get_running_loop()
         if scope["type"] != "http":
             return
         name = dict(scope["headers"]).get(b"x-conformance-case", b"").decode()
@@ -326,7 +447,7 @@ class Serve:
     port: int
 
 
-def serve_app(case: Case) -> tuple[ServeApp, MemoryStore]:
+def serve_app(case: Case) -> tuple[ServeApp, Store]:
     store = store_for(case)
     return ServeApp(limiter_for(store, case), parse_policy(policy_text(case), "toml", "case.toml")), store
 

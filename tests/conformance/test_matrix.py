@@ -4,10 +4,18 @@ the store was charged), as amended by the row's explicit per-door ``differences`
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import socket
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+
+from ratewarden.stores import SharedMemoryStore
+from tests.servers import RedisStandalone
+from tests.shm import SHM_DIR, unique_name
 
 from . import doors
 from .cases import ANY, CASES, Case, Difference
@@ -47,7 +55,9 @@ def _params() -> Iterator[Any]:
                 marks.append(pytest.mark.skip(reason=f"{door} differs: {diff.why}"))
             elif diff is not None and diff.xfail:
                 marks.append(pytest.mark.xfail(strict=True, reason=diff.xfail))
-            yield pytest.param(case, door, id=f"{case.id}-{door}", marks=marks)
+            for kind in doors.STORE_KINDS:
+                kind_marks = [*marks, pytest.mark.redis] if kind == "redis" else marks
+                yield pytest.param(case, door, kind, id=f"{case.id}-{door}-{kind}", marks=kind_marks)
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +66,84 @@ def serve() -> Iterator[doors.Serve]:
         yield serving
 
 
-@pytest.mark.parametrize(("case", "door"), list(_params()))
-async def test_conformance(case: Case, door: str, request: pytest.FixtureRequest) -> None:
-    if door in SERVED:
-        run = await DOORS[door](case, request.getfixturevalue("serve"), f"{case.id}-{door}")
-    else:
-        run = await DOORS[door](case)
+@pytest.fixture(scope="module")
+def paused_redis() -> Iterator[str]:
+    """A redis-server stopped (SIGSTOP) for the module: every call to it times out."""
+    server = RedisStandalone().start()
+    server.server.pause()
+    try:
+        yield server.url
+    finally:
+        server.server.resume()
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def refused_url() -> str:
+    """A Redis URL whose port nothing listens on: every connection is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+@pytest.fixture(scope="module")
+def locked_shm() -> Iterator[SharedMemoryStore]:
+    """A shared-memory table whose every region lock another process holds: every check waits
+    its lock deadline and fails with ``reason="timeout"``."""
+    store = SharedMemoryStore(unique_name(), max_keys=doors.SHM_KEYS, directory=SHM_DIR, log_size=0,
+                              clock=doors.frozen, lock_timeout=doors.FAULT_TIMEOUT)
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    holder = context.Process(target=doors.hold_every_lock, args=(store.name, str(SHM_DIR), theirs), daemon=True)
+    holder.start()
+    try:
+        assert ours.poll(60), "the lock holder did not start"
+        yield store
+    finally:
+        holder.kill()
+        holder.join(30)
+        ours.close()
+        theirs.close()
+        await_close(store)
+        store.unlink()
+
+
+def await_close(store: SharedMemoryStore) -> None:
+    with contextlib.suppress(StopIteration):
+        store.close().send(None)  # a coroutine that never suspends
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest, case: Case, kind: str) -> Iterator[doors.Backend]:
+    """The store kind of this test, its servers, and a limiter prefix of its own."""
+    backend = doors.Backend(kind, prefix=f"rw{uuid.uuid4().hex[:10]}")
+    if kind == "redis":
+        backend.redis_url = request.getfixturevalue("redis_standalone").url
+        if case.fault == "timeout":
+            backend.paused_url = request.getfixturevalue("paused_redis")
+        backend.refused_url = request.getfixturevalue("refused_url")
+    if kind == "shm" and case.fault == "timeout":
+        backend.locked = request.getfixturevalue("locked_shm")
+    doors.BACKEND = backend
+    yield backend
+    doors.BACKEND = doors.Backend()
+
+
+@pytest.mark.parametrize(("case", "door", "kind"), list(_params()))
+async def test_conformance(case: Case, door: str, kind: str, backend: doors.Backend, request: pytest.FixtureRequest) -> None:
+    serve: doors.Serve | None = request.getfixturevalue("serve") if door in SERVED else None
+    try:
+        if serve is not None:
+            run = await DOORS[door](case, serve, f"{case.id}-{door}-{kind}")
+        else:
+            run = await DOORS[door](case)
+        check(case, door, run, backend)
+    finally:
+        await backend.close(serve.dispatch.loop if serve is not None else None)
+
+
+def check(case: Case, door: str, run: doors.Run, backend: doors.Backend) -> None:
     statuses, headers, charged = case.expected(door)
     names = NAMES.get(door)
     if names is not None:
@@ -73,4 +155,7 @@ async def test_conformance(case: Case, door: str, request: pytest.FixtureRequest
         if value == ANY and got_headers[name] is not None:
             got_headers[name] = value
     assert (got_statuses, got_headers) == (statuses, headers)
-    assert doors.charged(run.store, case) == dict(charged)
+    if backend.readable(case):
+        assert doors.charged(run.store, case) == dict(charged)
+    if case.fault and backend.limiters:  # the store failed as the row says (Django builds its own limiter)
+        assert set(backend.failures()) == {backend.reason(case)}, backend.failures()
