@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh Debian machine: `make bench` and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS := dev,fastapi,flask,django,wsgi,redis,memcached,policy,metrics,serve,bench
+EXTRAS := dev,fastapi,flask,django,sanic,wsgi,redis,memcached,policy,metrics,serve,bench
 # CPython 3.10+ interpreters on this machine, oldest first (pyenv, PATH); `make test` runs the
 # wheel passes on the oldest (with the oldest supported optional dependencies) and the newest.
 # (Expanded where used: `make bench` does not look for them.)

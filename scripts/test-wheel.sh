@@ -33,8 +33,8 @@ echo "   $(basename "$wheel")"
 
 echo "== installing it with the test extras${constraints:+ (constraints: ${constraints[1]})}"
 "$venv/bin/python" -m pip install -q "${constraints[@]}" \
-  "ratewarden[dev,fastapi,flask,django,redis,memcached,policy,metrics,serve,bench] @ file://$wheel"
-"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(redis|hiredis|aiomcache|fastapi|starlette|flask|werkzeug|django|prometheus.client|pyyaml) ' \
+  "ratewarden[dev,fastapi,flask,django,sanic,redis,memcached,policy,metrics,serve,bench] @ file://$wheel"
+"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(redis|hiredis|aiomcache|fastapi|starlette|flask|werkzeug|django|sanic|prometheus.client|pyyaml) ' \
   | tr -s ' ' | tr '\n' ' '; echo
 
 # Outside the source tree, the import must find the installed, compiled package.
