@@ -67,12 +67,11 @@ def serve() -> Iterator[doors.Serve]:
 
 
 @pytest.fixture(scope="module")
-def paused_redis() -> Iterator[str]:
-    """A redis-server stopped (SIGSTOP) for the module: every call to it times out."""
+def paused_redis() -> Iterator[RedisStandalone]:
+    """A redis-server of the module's own, that a timeout row stops (SIGSTOP) during its sends."""
     server = RedisStandalone().start()
-    server.server.pause()
     try:
-        yield server.url
+        yield server
     finally:
         server.server.resume()
         server.close()
@@ -121,7 +120,8 @@ def backend(request: pytest.FixtureRequest, case: Case, kind: str) -> Iterator[d
     if kind == "redis":
         backend.redis_url = request.getfixturevalue("redis_standalone").url
         if case.fault == "timeout":
-            backend.paused_url = request.getfixturevalue("paused_redis")
+            backend.paused = request.getfixturevalue("paused_redis")
+            backend.paused.server.pause()
         backend.refused_url = request.getfixturevalue("refused_url")
     if kind == "shm" and case.fault == "timeout":
         backend.locked = request.getfixturevalue("locked_shm")
@@ -138,6 +138,7 @@ async def test_conformance(case: Case, door: str, kind: str, backend: doors.Back
             run = await DOORS[door](case, serve, f"{case.id}-{door}-{kind}")
         else:
             run = await DOORS[door](case)
+        backend.heal()
         check(case, door, run, backend)
     finally:
         await backend.close(serve.dispatch.loop if serve is not None else None)
