@@ -1,0 +1,478 @@
+//! ratewarden serve's compiled front door: Envoy's `ShouldRateLimit` over gRPC.
+//!
+//! Rust (tonic on its own tokio runtime) owns the connections, HTTP/2 and protobuf; the
+//! decision stays the one Python decision core. Requests wait in a queue; the first request
+//! into an empty queue writes a byte to a socket pair whose reading end Python's event loop
+//! watches. Python then takes every queued request at once (`Front.take`, one GIL crossing per
+//! batch), decides them, and hands the answers back in one call (`Front.answer`). The tokio side
+//! never takes the GIL.
+
+mod proto;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration as StdDuration;
+
+use proto::*;
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use pyo3::intern;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tonic::codegen::{empty_body, http, Body, BoxFuture, Service, StdError};
+use tonic::{Code, Status};
+
+const UINT32_MAX: u64 = u32::MAX as u64;
+const METHOD: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const UNITS_LISTED: &str = "SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR";
+
+type Answer = Result<RateLimitResponse, Status>;
+
+struct State {
+    queue: Vec<(u64, RateLimitRequest)>,
+    waiting: HashMap<u64, oneshot::Sender<Answer>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    next_id: AtomicU64,
+    wake: UnixStream,
+    max_descriptors: usize,
+    max_entries: usize,
+    max_pending: usize,
+    request_timeout: StdDuration,
+}
+
+impl Shared {
+    /// Refuse what the decision core would refuse for its size or shape before queueing it,
+    /// with the same messages (`RateLimitService.check_size`, `request_from_proto`).
+    fn check(&self, request: &RateLimitRequest) -> Result<(), Status> {
+        let descriptors = request.descriptors.len();
+        if descriptors > self.max_descriptors {
+            return Err(Status::invalid_argument(format!(
+                "a request may carry at most {} descriptors, got {}",
+                self.max_descriptors, descriptors
+            )));
+        }
+        let entries: usize = request.descriptors.iter().map(|d| d.entries.len()).sum();
+        if entries > self.max_entries {
+            return Err(Status::invalid_argument(format!(
+                "a request may carry at most {} entries in all, got {}",
+                self.max_entries, entries
+            )));
+        }
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            if let Some(limit) = &descriptor.limit {
+                if unit_name(limit.unit).is_none() {
+                    return Err(Status::invalid_argument(format!(
+                        "descriptor {index}: limit override unit must be one of {UNITS_LISTED}, got {}",
+                        limit.unit
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn decide(self: Arc<Self>, request: RateLimitRequest) -> Answer {
+        self.check(&request)?;
+        let (sender, receiver) = oneshot::channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let first = {
+            let mut state = self.state.lock().unwrap();
+            if state.waiting.len() >= self.max_pending {
+                return Err(Status::resource_exhausted(format!(
+                    "more than {} requests waiting for a decision",
+                    self.max_pending
+                )));
+            }
+            state.waiting.insert(id, sender);
+            state.queue.push((id, request));
+            state.queue.len() == 1
+        };
+        if first {
+            // A full socket buffer means a wake-up is pending already.
+            let _ = (&self.wake).write(&[1]);
+        }
+        match tokio::time::timeout(self.request_timeout, receiver).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Status::internal("the decision was dropped")),
+            Err(_) => {
+                self.state.lock().unwrap().waiting.remove(&id);
+                Err(Status::deadline_exceeded(format!(
+                    "no decision within {:.3} s",
+                    self.request_timeout.as_secs_f64()
+                )))
+            }
+        }
+    }
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitService`, as tonic-build would generate it.
+#[derive(Clone)]
+struct RlsServer {
+    shared: Arc<Shared>,
+    max_message_size: usize,
+}
+
+struct ShouldRateLimit(Arc<Shared>);
+
+impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<tonic::Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        let shared = self.0.clone();
+        Box::pin(async move { shared.decide(request.into_inner()).await.map(tonic::Response::new) })
+    }
+}
+
+impl<B> Service<http::Request<B>> for RlsServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::BoxBody>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != METHOD {
+            return Box::pin(async move {
+                let mut response = http::Response::new(empty_body());
+                let headers = response.headers_mut();
+                headers.insert("grpc-status", (Code::Unimplemented as i32).into());
+                headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+                Ok(response)
+            });
+        }
+        let shared = self.shared.clone();
+        let size = self.max_message_size;
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(tonic::codec::ProstCodec::default())
+                .apply_max_message_size_config(Some(size), None);
+            let mut response = grpc.unary(ShouldRateLimit(shared), request).await;
+            // tonic answers a message over the limit OUT_OF_RANGE; gRPC's servers say RESOURCE_EXHAUSTED.
+            let status = response.headers().get("grpc-status");
+            if status.is_some_and(|value| value.as_bytes() == b"11") {
+                response.headers_mut().insert("grpc-status", (Code::ResourceExhausted as i32).into());
+            }
+            Ok(response)
+        })
+    }
+}
+
+impl tonic::server::NamedService for RlsServer {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+/// A connection holding one of `max_connections` permits for as long as it is open.
+struct Limited {
+    stream: tokio::net::TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl tonic::transport::server::Connected for Limited {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// The gRPC front door: serves on its own threads from construction until `stop()`.
+///
+/// Args:
+///     descriptor_class: Called as `descriptor_class(entries, limit, hits_addend)` for each
+///         request descriptor (ratewarden's `RequestDescriptor`).
+///     host, port: Where to listen (port 0: any free port; `port` tells which).
+///     reuse_port: Set SO_REUSEPORT (several workers on one port).
+///     max_message_size: Largest request, bytes (more: RESOURCE_EXHAUSTED, unread).
+///     max_descriptors, max_entries: Per request (more: INVALID_ARGUMENT, never queued).
+///     max_connections: Open connections (more are closed at once).
+///     max_pending: Requests queued or being decided (more: RESOURCE_EXHAUSTED).
+///     request_timeout: Seconds from a request's start to its answer (then DEADLINE_EXCEEDED).
+///     threads: tokio worker threads.
+#[pyclass(module = "ratewarden_front")]
+struct Front {
+    shared: Arc<Shared>,
+    reader: UnixStream,
+    descriptor_class: PyObject,
+    runtime: Option<tokio::runtime::Runtime>,
+    shutdown: Option<oneshot::Sender<()>>,
+    #[pyo3(get)]
+    port: u16,
+}
+
+#[pymethods]
+impl Front {
+    #[new]
+    #[pyo3(signature = (descriptor_class, host="127.0.0.1", port=0, *, reuse_port=false,
+        max_message_size=1<<20, max_descriptors=256, max_entries=1024, max_connections=1000,
+        max_pending=10000, request_timeout=10.0, threads=1))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>, descriptor_class: PyObject, host: &str, port: u16, reuse_port: bool,
+        max_message_size: usize, max_descriptors: usize, max_entries: usize, max_connections: usize,
+        max_pending: usize, request_timeout: f64, threads: usize,
+    ) -> PyResult<Self> {
+        if !(request_timeout > 0.0 && request_timeout.is_finite()) {
+            return Err(PyValueError::new_err(format!("request_timeout must be a positive number of seconds, got {request_timeout}")));
+        }
+        if threads == 0 || max_connections == 0 || max_pending == 0 {
+            return Err(PyValueError::new_err("threads, max_connections and max_pending must be at least 1"));
+        }
+        let address: SocketAddr = format!("{}:{}", if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() }, port)
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("bad address {host}:{port}: {e}")))?;
+        let (reader, wake) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        reader.set_nonblocking(true)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State { queue: Vec::new(), waiting: HashMap::new() }),
+            next_id: AtomicU64::new(0),
+            wake,
+            max_descriptors,
+            max_entries,
+            max_pending,
+            request_timeout: StdDuration::from_secs_f64(request_timeout),
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("ratewarden-front")
+            .enable_all()
+            .build()?;
+        let listener = {
+            let _entered = runtime.enter();
+            let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+            socket.set_reuseaddr(true)?;
+            if reuse_port {
+                socket.set_reuseport(true)?;
+            }
+            socket.bind(address).map_err(|e| PyOSError::new_err(format!("cannot listen for gRPC on {address}: {e}")))?;
+            socket.listen(1024)?
+        };
+        let bound = listener.local_addr()?.port();
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let server = RlsServer { shared: shared.clone(), max_message_size };
+        let permits = Arc::new(Semaphore::new(max_connections));
+        let (connections, incoming) = tokio::sync::mpsc::channel::<std::io::Result<Limited>>(64);
+        runtime.spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    drop(stream); // over max_connections: closed at once
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                if connections.send(Ok(Limited { stream, _permit: permit })).await.is_err() {
+                    return;
+                }
+            }
+        });
+        runtime.spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .max_concurrent_streams(Some(1024))
+                .http2_max_header_list_size(Some(64 * 1024))
+                .http2_keepalive_interval(Some(StdDuration::from_secs(60)))
+                .http2_keepalive_timeout(Some(StdDuration::from_secs(20)))
+                .add_service(server)
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), async {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(error) = result {
+                eprintln!("ratewarden_front: gRPC server stopped: {error}");
+            }
+        });
+        let _ = py;
+        Ok(Front { shared, reader, descriptor_class, runtime: Some(runtime), shutdown: Some(shutdown), port: bound })
+    }
+
+    /// The file descriptor that becomes readable when requests wait (watch it with
+    /// `loop.add_reader`; read it empty with `drain()` before `take()`).
+    fn fileno(&self) -> i32 {
+        self.reader.as_raw_fd()
+    }
+
+    /// Read the wake-up socket empty.
+    fn drain(&self) {
+        let mut buffer = [0u8; 256];
+        while let Ok(n) = std::io::Read::read(&mut (&self.reader), &mut buffer) {
+            if n < buffer.len() {
+                break;
+            }
+        }
+    }
+
+    /// Up to `limit` waiting requests, oldest first, as `(id, domain, descriptors, hits_addend)`.
+    #[pyo3(signature = (limit=usize::MAX))]
+    fn take<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        let batch: Vec<(u64, RateLimitRequest)> = {
+            let mut state = self.shared.state.lock().unwrap();
+            let count = limit.min(state.queue.len());
+            let batch: Vec<_> = state.queue.drain(..count).collect();
+            let waiting = &state.waiting;
+            batch.into_iter().filter(|(id, _)| waiting.contains_key(id)).collect()
+        };
+        let out = PyList::empty(py);
+        let class = self.descriptor_class.bind(py);
+        for (id, request) in batch {
+            let descriptors = PyList::empty(py);
+            for descriptor in &request.descriptors {
+                let entries = PyTuple::new(
+                    py,
+                    descriptor.entries.iter().map(|e| PyTuple::new(py, [e.key.as_str(), e.value.as_str()]).unwrap()),
+                )?;
+                let limit = match &descriptor.limit {
+                    Some(l) => (l.requests_per_unit, unit_name(l.unit).unwrap_or("")).into_pyobject(py)?.into_any(),
+                    None => py.None().into_bound(py),
+                };
+                let hits = match &descriptor.hits_addend {
+                    Some(h) => h.value.into_pyobject(py)?.into_any(),
+                    None => py.None().into_bound(py),
+                };
+                descriptors.append(class.call1((entries, limit, hits))?)?;
+            }
+            out.append((id, request.domain, descriptors, request.hits_addend))?;
+        }
+        Ok(out)
+    }
+
+    /// Answer requests: each item `(id, answer)` where `answer` is an `RlsAnswer`, or
+    /// `(code, message)` for a gRPC error (3 INVALID_ARGUMENT, 14 UNAVAILABLE, 13 INTERNAL...).
+    fn answer(&self, py: Python<'_>, items: &Bound<'_, PyList>) -> PyResult<()> {
+        let mut answers: Vec<(u64, Answer)> = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            let (id, answer): (u64, Bound<'_, PyAny>) = item.extract()?;
+            let converted = if answer.is_instance_of::<PyTuple>() {
+                match answer.extract::<(i32, String)>() {
+                    Ok((code, message)) => Err(Status::new(Code::from_i32(code), message)),
+                    Err(error) => Err(Status::internal(format!("bad error answer: {error}"))),
+                }
+            } else {
+                to_response(py, &answer).map_err(|error| Status::internal(format!("bad answer: {error}")))
+            };
+            answers.push((id, converted));
+        }
+        let mut state = self.shared.state.lock().unwrap();
+        for (id, answer) in answers {
+            if let Some(sender) = state.waiting.remove(&id) {
+                let _ = sender.send(answer);
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests queued and being decided.
+    fn pending(&self) -> usize {
+        self.shared.state.lock().unwrap().waiting.len()
+    }
+
+    /// Stop accepting, give open requests up to `grace` seconds, then stop the threads.
+    #[pyo3(signature = (grace=5.0))]
+    fn stop(&mut self, py: Python<'_>, grace: f64) -> PyResult<()> {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(runtime) = self.runtime.take() {
+            py.allow_threads(|| runtime.shutdown_timeout(StdDuration::from_secs_f64(grace.max(0.0))));
+        }
+        Ok(())
+    }
+}
+
+fn to_response(py: Python<'_>, answer: &Bound<'_, PyAny>) -> PyResult<RateLimitResponse> {
+    let overall_ok: bool = answer.getattr(intern!(py, "overall_ok"))?.extract()?;
+    let statuses_obj = answer.getattr(intern!(py, "statuses"))?;
+    let mut statuses = Vec::new();
+    for status in statuses_obj.try_iter()? {
+        let status = status?;
+        let code_obj = status.getattr(intern!(py, "code"))?;
+        let code = if code_obj.extract::<&str>()? == "OK" { CODE_OK } else { CODE_OVER_LIMIT };
+        let remaining: i128 = status.getattr(intern!(py, "limit_remaining"))?.extract()?;
+        let limit_remaining = remaining.clamp(0, UINT32_MAX as i128) as u32;
+        let current = status.getattr(intern!(py, "current_limit"))?;
+        if current.is_none() {
+            statuses.push(DescriptorStatus { code, current_limit: None, limit_remaining, duration_until_reset: None });
+            continue;
+        }
+        let unit_text = current.getattr(intern!(py, "unit"))?;
+        let unit = unit_number(unit_text.extract::<&str>()?)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown unit {unit_text}")))?;
+        let reset: f64 = status.getattr(intern!(py, "duration_until_reset"))?.extract()?;
+        statuses.push(DescriptorStatus {
+            code,
+            current_limit: Some(RateLimit {
+                name: current.getattr(intern!(py, "name"))?.extract()?,
+                requests_per_unit: current.getattr(intern!(py, "requests_per_unit"))?.extract()?,
+                unit,
+            }),
+            limit_remaining,
+            duration_until_reset: Some(Duration { seconds: reset.ceil().max(0.0) as i64, nanos: 0 }),
+        });
+    }
+    let mut headers = Vec::new();
+    for pair in answer.getattr(intern!(py, "headers"))?.try_iter()? {
+        let (key, value): (String, String) = pair?.extract()?;
+        headers.push(HeaderValue { key, value });
+    }
+    Ok(RateLimitResponse {
+        overall_code: if overall_ok { CODE_OK } else { CODE_OVER_LIMIT },
+        statuses,
+        response_headers_to_add: headers,
+    })
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+#[pymodule]
+fn ratewarden_front(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Front>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
