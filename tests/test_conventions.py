@@ -27,7 +27,7 @@ EXCLUDED = ("bench/",)
 
 #: The optional libraries the package imports (its extras, and tomli on Python 3.10).
 OPTIONAL = ("redis", "aiomcache", "pymemcache", "yaml", "tomli", "prometheus_client", "opentelemetry",
-            "fastapi", "starlette", "uvicorn")
+            "fastapi", "starlette", "uvicorn", "sanic")
 
 REDIS_MISSING = "RedisStore needs the redis client: pip install 'ratewarden[redis]'"
 
