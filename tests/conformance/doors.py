@@ -16,7 +16,7 @@ import json
 import random
 import re
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,16 +24,15 @@ import httpx
 
 from ratewarden import Decision, Limit, Limiter, MemoryStore, RateLimitMiddleware, Rule, RuleSet
 from ratewarden.errors import StoreError
-from ratewarden.storage_keys import storage_key
-from ratewarden.stores import RedisStore, SharedMemoryStore
-from ratewarden.stores.base import Store
-from ratewarden.stores.shared_memory.layout import HEADER_SIZE
 from ratewarden.keys import KeyFunc, client_ip, header, query_param
 from ratewarden.policy import PolicyMiddleware, WSGIPolicyMiddleware, parse_policy
 from ratewarden.rates import parse_rates
 from ratewarden.serve.http import ServeApp
+from ratewarden.storage_keys import storage_key
+from ratewarden.stores import RedisStore, SharedMemoryStore
+from ratewarden.stores.base import Store
+from ratewarden.stores.shared_memory.layout import HEADER_SIZE
 from ratewarden.wsgi import RateLimitMiddleware as WSGIRateLimitMiddleware
-
 from tests.shm import SHM_DIR, unique_name
 
 from .cases import NOW, TRACKED, Case
