@@ -1,101 +1,22 @@
-"""Checking a request against its matched rules, with the failure policy applied.
-
-Shared by the middleware, the FastAPI dependency, the decorator and the WebSocket limits, so all
-of them charge the same keys the same way.
+"""The async driver of a rule check: the middleware, the FastAPI dependency, the decorator and the
+WebSocket limits call it. What is charged and what a failure means are the core's (``plan.py``);
+this module only awaits: a key function's awaitable answer, and the store.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 
-from ..context import context_for
 from ..decision import Decision
-from ..errors import AmbiguousRequest, LimitUnavailable
-from ..keys import ClientIP, client_ip, key_text
+from ..errors import LimitUnavailable
+from ..keys import key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
-from ..stores.base import StoreError, client_error
 from ..types import Scope
+from .plan import key_failed, key_of, log_failure, plan_charge, rule_keys, shadow_outcome, store_failed
 
-__all__ = [
-    "KEY_ERROR_PREFIX", "Checked", "LimitUnavailable", "add_charge", "check", "check_rules", "decided", "key_failed",
-    "key_later", "key_of", "key_value", "log_failure", "report_failure", "rule_costs", "shadow_answer", "store_answer",
-    "store_failed",
-]
-
-log = logging.getLogger("ratewarden")
-
-_last_error_log = 0.0
-_failures: dict[tuple[str, str], int] = {}
-
-KEY_ERROR_PREFIX = "key-error:"
-"""What a request whose key function raised is charged to: this, then the client's address."""
-
-
-def failure_counts() -> dict[tuple[str, str], int]:
-    """Checks that failed in this process, by (what failed, exception type): a store, a key
-    function, a shadow rule... (``ratewarden_check_failures_total`` in ``Metrics``)."""
-    return dict(_failures)
-
-
-def _count_failure(what: str, exc: BaseException) -> None:
-    name = type(exc).__name__
-    _failures[(what, name)] = _failures.get((what, name), 0) + 1
-
-
-def log_failure(what: str, exc: BaseException, outcome: str = "") -> None:
-    """Count a failed check and log it (at most once a second); the caller applies the policy.
-
-    Args:
-        what: What failed (a store, a key function, a shadow rule...).
-        exc: The failure.
-        outcome: What was done about it, appended to the log line.
-    """
-    _count_failure(what, exc)
-    # A store outage fails every request; log at most once a second, not once a request.
-    global _last_error_log
-    now = time.monotonic()
-    if now - _last_error_log >= 1.0:
-        _last_error_log = now
-        log.warning("rate limit check failed (%s): %s: %s%s", what, type(exc).__name__, exc, outcome)
-
-
-def key_value(key: Callable[[Scope], object], scope: Scope, client: ClientIP | None = None) -> str | Awaitable[object]:
-    """Call a key function: its answer as text (``key_text``: no value is the client's address), or
-    the awaitable it answered (``key_later`` awaits it). An exception is the caller's to handle.
-
-    Args:
-        key: The key function (a rule's, the bans').
-        scope: The request's scope.
-        client: ``key`` when it is a ``ClientIP`` (called natively), else ``None``.
-    """
-    raw = client.__call__(scope) if client is not None else key(scope)
-    if type(raw) is str and raw:
-        return raw
-    if isinstance(raw, Awaitable):
-        return raw
-    return key_text(raw, scope)
-
-
-def key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> str | Awaitable[object]:
-    """The client's key for ``rule`` (``key_value``), or ``key_failed``'s when its key function raised:
-    the one key lookup of every check (async, blocking, shadow); ``key_later`` finishes an awaitable.
-
-    Args:
-        limiter: Whose ``on_error`` applies when the key function raises; ``None`` lets the exception
-            through (a shadow rule: its caller logs it).
-        rule: The rule the request matched.
-        scope: The request's scope.
-    """
-    try:
-        return key_value(rule.key, scope, rule.client_ip)
-    except Exception as exc:
-        if limiter is None:
-            raise
-        return key_failed(limiter, rule, scope, exc)
+__all__ = ["Checked", "LimitUnavailable", "check", "check_rules", "decided", "key_later", "shadow_answer", "store_answer"]
 
 
 async def key_later(
@@ -116,30 +37,6 @@ async def key_later(
             raise
         return key_failed(limiter, rule, scope, exc)
 
-
-async def _key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> str:
-    found = key_of(limiter, rule, scope)
-    return found if isinstance(found, str) else await key_later(limiter, rule, scope, found)
-
-
-def key_failed(limiter: Limiter, rule: CompiledRule, scope: Scope, exc: Exception) -> str:
-    """The key to charge when ``rule``'s key function raised: never none, so a failing key
-    function never lifts the limit. Logged (at most once a second) and counted as a failed check.
-    Under the fail-closed policy it raises ``LimitUnavailable`` (503), and an ``AmbiguousRequest``
-    (400) is raised again under either; else the request is charged to ``KEY_ERROR_PREFIX`` and
-    the client's address: the requests whose key failed share one count per address and rule.
-
-    Args:
-        limiter: Whose ``on_error`` applies.
-        rule: The rule whose key function failed.
-        scope: The request's scope.
-        exc: What the key function raised.
-    """
-    if limiter.on_error == "closed" or isinstance(exc, AmbiguousRequest):
-        report_failure(limiter, "key function", exc)  # raises
-    key = KEY_ERROR_PREFIX + client_ip(scope)
-    log_failure("key function", exc, f"; rule {rule.rule.name!r} charges {key} instead")
-    return key
 
 
 Checked = Decision | None | Awaitable[Decision | None]
@@ -277,130 +174,25 @@ async def check_rules(
 
 
 async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> Decision | None:
-    """``check_rules`` with lists: any number of rules, shadow rules, async keys, cost functions."""
-    keys: list[str] = []
-    limits: list[Limit] = []
-    costs: list[float] = []
-    shadow: list[CompiledRule] = []
-    try:
-        for rule in rules:
-            if rule.shadow:
-                shadow.append(rule)
-                continue
-            key = await _key_of(limiter, rule, scope)
-            if message:
-                keys.extend(rule.storage_keys(key, message=True))
-                limits.extend(rule.message_limits)
-                costs.extend(rule.message_costs)
-                continue
-            add_charge(keys, limits, costs, rule, key, scope)
-    except LimitUnavailable:
-        raise
-    except Exception as exc:  # a cost function
-        report_failure(limiter, "cost function", exc)
+    """``check_rules`` through the core: any number of rules, shadow rules, async keys, cost functions."""
+    found = rule_keys(limiter, rules, scope)
+    keys: list[str | None] = []
+    for rule, key in zip(rules, found, strict=True):
+        if key is None or isinstance(key, str):
+            keys.append(key)
+        elif rule.shadow:
+            try:
+                keys.append(await key_later(None, rule, scope, key))
+            except Exception as exc:
+                log_failure("shadow rule", exc)
+                keys.append(None)
+        else:
+            keys.append(await key_later(limiter, rule, scope, key))
+    charge = plan_charge(limiter, rules, keys, scope, message)
+    if charge is None:
         return None
-    if shadow:
-        await _check_shadow(limiter, shadow, scope, message)
-    if not keys:
+    for shadow in charge.shadows:
+        shadow_outcome(shadow, await shadow_answer(limiter, shadow.keys, shadow.limits, shadow.costs), scope, message)
+    if not charge.keys:
         return None
-    return await store_answer(limiter, keys, limits, costs, "store")
-
-
-def rule_costs(rule: CompiledRule, scope: Scope) -> Sequence[float]:
-    """What the request costs under each of ``rule``'s limits (its cost function's answer, when it
-    has one). A cost function that raises is logged and counted, and the rule's own cost (1) is
-    charged: a failing cost function never lifts the limit.
-
-    Args:
-        rule: A rule the request matched.
-        scope: The request's scope, for a cost function.
-    """
-    if rule.cost_fn is None:
-        return rule.costs
-    try:
-        return [float(rule.cost_fn(scope))] * len(rule.limits)
-    except AmbiguousRequest:
-        raise
-    except Exception as exc:  # never unlimited: the rule's own cost (1) is charged instead
-        log_failure("cost function", exc, f"; rule {rule.rule.name!r} charges cost {rule.cost:g} instead")
-        return rule.costs
-
-
-def add_charge(
-    keys: list[str], limits: list[Limit], costs: list[float], rule: CompiledRule, key: str, scope: Scope
-) -> None:
-    """Add ``rule``'s charge of client ``key`` to a check of several rules: its storage keys, its
-    limits and their costs (the async and the blocking check build their lists alike).
-
-    Args:
-        keys: The check's storage keys, extended.
-        limits: The limit on each key, extended.
-        costs: The cost under each limit, extended.
-        rule: An enforced rule the request matched.
-        key: The client's key (the rule's key function's answer).
-        scope: The request's scope, for a cost function.
-    """
-    keys.extend(rule.storage_keys(key))
-    limits.extend(rule.limits)
-    costs.extend(rule_costs(rule, scope))
-
-
-async def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> None:
-    for rule in rules:
-        try:
-            key = await _key_of(None, rule, scope)
-        except Exception as exc:
-            log_failure("shadow rule", exc)
-            continue
-        limits = rule.message_limits if message else rule.limits
-        costs = rule.message_costs if message else rule.costs
-        decision = await shadow_answer(limiter, rule.storage_keys(key, message=message), limits, costs)
-        if decision is None:
-            continue
-        if not message:
-            context = context_for(scope)
-            context.shadow = (*context.shadow, decision)
-        if not decision.allowed:
-            log.info("shadow limit %s would deny key=%s (retry after %.3fs)", rule.rule.name, key, decision.retry_after)
-
-
-def store_failed(
-    limiter: Limiter, what: str, exc: Exception, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
-) -> Decision | None:
-    """A check the store failed, as every integration answers it: ``Limiter.decide_without_store``
-    counts and logs it and, under fail-open, decides it with the insurance limiter; without one,
-    fail-open returns ``None`` (no decision: the request goes through) and fail-closed raises
-    ``LimitUnavailable``. Any exception from the store counts: one that is not a ``StoreError`` (a
-    bug in the store or its client, a corrupt local store, even a ``ConfigurationError`` it raises
-    at check time) is counted by its own type and decided as a ``StoreError`` naming it.
-
-    Args:
-        limiter: Whose store failed (its ``fallback`` and ``on_error`` apply).
-        what: What failed, for ``failure_counts``.
-        exc: What the store raised.
-        keys: The check's storage keys.
-        limits: The limit checked on each key.
-        costs: What the request costs under each limit.
-    """
-    _count_failure(what, exc)
-    error = exc if isinstance(exc, StoreError) else client_error(repr(limiter.store), "hit", exc)
-    decision = limiter.decide_without_store(error, keys, limits, costs)
-    if decision is None and limiter.on_error == "closed":
-        raise LimitUnavailable(what) from exc
-    return decision
-
-
-def report_failure(limiter: Limiter, what: str, exc: Exception) -> None:
-    """Log; under fail-closed raise ``LimitUnavailable``; under fail-open return (no decision). An
-    ``AmbiguousRequest`` (a key function's) is raised again under either.
-
-    Args:
-        limiter: Whose ``on_error`` applies.
-        what: What failed, for the log.
-        exc: The failure.
-    """
-    if isinstance(exc, AmbiguousRequest):  # the client's doing, not a failure: refused under any policy
-        raise exc
-    log_failure(what, exc)
-    if limiter.on_error == "closed":
-        raise LimitUnavailable(what) from exc
+    return await store_answer(limiter, charge.keys, charge.limits, charge.costs, "store")

@@ -1,27 +1,33 @@
-"""``check_blocking``: the check of ``check.check_rules`` for synchronous code (WSGI apps).
+"""The sync driver of a rule check (``check_blocking``), for WSGI apps, Flask and Django's sync views.
 
-The same keys, the same all-or-nothing charge and the same failure policy, with the store asked
-through ``Store.hit_blocking`` (its own synchronous client: no event loop, no thread hop). Key and
-cost functions must be synchronous here; an async one is refused when the integration is built.
+What is charged and what a failure means are the core's (``plan.py``), as for the async driver
+(``check.py``); this one asks the store through ``Store.hit_blocking`` (its own synchronous client:
+no event loop, no thread hop). Key and cost functions must be synchronous here; an async one is
+refused when the integration is built.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
-from ..context import context_for
 from ..decision import Decision
-from ..errors import ConfigurationError, LimitUnavailable
+from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
 from ..types import Scope
-from .check import add_charge, key_failed, key_of, log_failure, report_failure, store_failed
+from .plan import (
+    Shadow,
+    key_failed,
+    key_of,
+    log_failure,
+    plan_charge,
+    rule_keys,
+    shadow_outcome,
+    store_failed,
+)
 
-__all__ = ["check_blocking", "require_sync_keys", "sync_key_of"]
-
-log = logging.getLogger("ratewarden")
+__all__ = ["check_blocking", "require_sync_keys", "store_answer_blocking", "sync_key_of"]
 
 
 def require_sync_keys(rules: Sequence[CompiledRule], integration: str) -> None:
@@ -40,7 +46,7 @@ def require_sync_keys(rules: Sequence[CompiledRule], integration: str) -> None:
 
 
 def sync_key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> str:
-    """``check.key_of`` for synchronous code: a key function that answers an awaitable failed (it
+    """``plan.key_of`` for synchronous code: a key function that answers an awaitable failed (it
     cannot be awaited here), with ``key_of``'s fallback.
 
     Args:
@@ -49,9 +55,13 @@ def sync_key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> st
         scope: The request's scope.
     """
     found = key_of(limiter, rule, scope)
-    if isinstance(found, str):
-        return found
-    close = getattr(found, "close", None)
+    return found if isinstance(found, str) else _refused(limiter, rule, scope, found)
+
+
+def _refused(limiter: Limiter | None, rule: CompiledRule, scope: Scope, pending: Awaitable[object]) -> str:
+    """A key function answered an awaitable, which synchronous code cannot await: closed, and a
+    failed key (``key_failed``; without ``limiter``, raised)."""
+    close = getattr(pending, "close", None)
     if close is not None:
         close()  # a coroutine never awaited: closed, so Python does not warn about it
     exc = TypeError(f"rule {rule.rule.name!r}: the key function returned an awaitable; synchronous code cannot await it")
@@ -71,48 +81,53 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
         scope: The request as an ASGI-shaped scope (``ratewarden.wsgi.scope_of`` builds one).
     """
     if len(rules) == 1 and rules[0].checked_inline:
-        rule = rules[0]
-        key = sync_key_of(limiter, rule, scope)
-        return _hit(limiter, rule.storage_keys(key), rule.limits, rule.costs, "rate limit check")
-    keys: list[str] = []
-    limits: list[Limit] = []
-    costs: list[float] = []
-    shadow: list[CompiledRule] = []
-    try:
-        for rule in rules:
-            if rule.shadow:
-                shadow.append(rule)
-                continue
-            add_charge(keys, limits, costs, rule, sync_key_of(limiter, rule, scope), scope)
-    except LimitUnavailable:
-        raise
-    except Exception as exc:  # a cost function
-        report_failure(limiter, "cost function", exc)
+        only = rules[0]
+        key = sync_key_of(limiter, only, scope)
+        return store_answer_blocking(limiter, only.storage_keys(key), only.limits, only.costs, "rate limit check")
+    keys: list[str | None] = []
+    for rule, found in zip(rules, rule_keys(limiter, rules, scope), strict=True):
+        if found is None or isinstance(found, str):
+            keys.append(found)
+        elif not rule.shadow:
+            keys.append(_refused(limiter, rule, scope, found))
+        else:
+            try:
+                keys.append(_refused(None, rule, scope, found))
+            except TypeError as exc:
+                log_failure("shadow rule", exc)
+                keys.append(None)
+    charge = plan_charge(limiter, rules, keys, scope)
+    if charge is None:
         return None
-    if shadow:
-        _check_shadow(limiter, shadow, scope)
-    if not keys:
+    for shadow in charge.shadows:
+        shadow_outcome(shadow, _shadow_answer(limiter, shadow), scope, False)
+    if not charge.keys:
         return None
-    return _hit(limiter, keys, limits, costs, "store")
+    return store_answer_blocking(limiter, charge.keys, charge.limits, charge.costs, "store")
 
 
-def _hit(limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], what: str) -> Decision | None:
-    """The store's answer, with the failure policy applied (``what`` failed)."""
+def store_answer_blocking(
+    limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], what: str
+) -> Decision | None:
+    """``check.store_answer`` from synchronous code: the store's own synchronous client.
+
+    Args:
+        limiter: Whose store answers (its ``fallback`` and ``on_error`` apply when it fails).
+        keys: The check's storage keys.
+        limits: The limit checked on each key.
+        costs: What the request costs under each limit.
+        what: What failed, for ``failure_counts`` and ``LimitUnavailable``'s message.
+    """
     try:
         return limiter.store.hit_blocking(keys, limits, costs)
     except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
         return store_failed(limiter, what, exc, keys, limits, costs)
 
 
-def _check_shadow(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> None:
-    for rule in rules:
-        try:
-            key = sync_key_of(None, rule, scope)
-            decision = limiter.store.hit_blocking(rule.storage_keys(key), rule.limits, rule.costs)
-        except Exception as exc:
-            log_failure("shadow rule", exc)
-            continue
-        context = context_for(scope)
-        context.shadow = (*context.shadow, decision)
-        if not decision.allowed:
-            log.info("shadow limit %s would deny key=%s (retry after %.3fs)", rule.rule.name, key, decision.retry_after)
+def _shadow_answer(limiter: Limiter, shadow: Shadow) -> Decision | None:
+    """``check.shadow_answer`` from synchronous code."""
+    try:
+        return limiter.store.hit_blocking(shadow.keys, shadow.limits, shadow.costs)
+    except Exception as exc:
+        log_failure("shadow rule", exc)
+        return None

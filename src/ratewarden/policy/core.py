@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..enforcement.check import rule_costs
+from ..enforcement.plan import rule_costs
 from ..errors import ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter

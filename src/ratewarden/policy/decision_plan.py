@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Sequence
 from ..context import STATE_KEY
 from ..decision import Decision
 from ..enforcement.answers import problem_body, problem_headers, rejection, unavailable_answer
-from ..enforcement.check import report_failure
+from ..enforcement.plan import report_failure
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..keys import key_text
 from ..limiter import Limiter
