@@ -429,6 +429,26 @@ async def door_django(case: Case) -> Run:
         return run_wsgi(case, WSGIHandler(), store)
 
 
+async def door_sanic(case: Case) -> Run:
+    from sanic import response
+
+    from ratewarden.sanic import RateLimiter
+    from tests.sanic.server import new_app, started
+
+    store = store_for(case)
+    app = new_app()
+    RateLimiter(app, limiter_for(store, case), rules_of(case))
+
+    async def items(request: Any) -> Any:
+        return response.text("ok")
+
+    app.route(case.path, methods=["GET", "HEAD", "POST", "PUT"])(items)
+    # Sanic as an ASGI app (tests/sanic serve it on a socket), so the peer is the case's client.
+    transport = httpx.ASGITransport(app=asgi_method(app, case.method), client=(case.client, 40000))
+    async with started(app), httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        return Run(await _send_async(client, case), store)
+
+
 # -- ratewarden serve ----------------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ DOORS: dict[str, Callable[..., Awaitable[doors.Run]]] = {
     "wsgi-policy": doors.door_wsgi_policy,
     "flask": doors.door_flask,
     "django": doors.door_django,
+    "sanic": doors.door_sanic,
     "serve-check": doors.door_serve_check,
     "serve-v1-check": doors.door_serve_v1_check,
     "spoe": doors.door_spoe,

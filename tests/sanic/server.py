@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import socket
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from sanic import Sanic
 
@@ -58,3 +59,20 @@ async def send(
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     parsed = [(n.strip().lower(), v.strip()) for n, _, v in (line.partition(":") for line in header_lines)]
     return int(status_line.split(" ")[1]), parsed, body
+
+
+@contextlib.asynccontextmanager
+async def started(app: Sanic) -> AsyncIterator[Sanic]:  # type: ignore[type-arg]
+    """``app`` as an ASGI app, started and stopped through the ASGI lifespan protocol (as an ASGI
+    server runs Sanic), for a client that sets the peer's address (httpx's ``ASGITransport``)."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    task = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}}, inbox.get, outbox.put))
+    await inbox.put({"type": "lifespan.startup"})
+    assert (await outbox.get())["type"] == "lifespan.startup.complete"
+    try:
+        yield app
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        assert (await outbox.get())["type"] == "lifespan.shutdown.complete"
+        await task
