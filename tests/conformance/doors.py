@@ -49,6 +49,8 @@ STORE_KINDS = ("memory", "shm", "redis")
 #: What a failing store's checks wait, in seconds: a held lock's deadline, a paused Redis's timeout.
 FAULT_TIMEOUT = 0.2
 SHM_KEYS = 1000
+#: A healthy Redis's timeout: generous, so a loaded machine never turns an answer into a failure.
+HEALTHY_TIMEOUT = 5.0
 #: ``StoreError.reason`` of each fault (memory's stand-ins raise it; the real stores' own failures give it).
 REASONS = {"timeout": "timeout", "error": "unreachable", "corrupt": "error"}
 
@@ -142,7 +144,7 @@ class Backend:
                     for key in keys:
                         client.rpush(key, "not a counter")
                         client.pexpire(key, 60_000)
-        return cls(self.redis_url, clock=frozen)  # type: ignore[no-any-return]
+        return cls(self.redis_url, clock=frozen, timeout=HEALTHY_TIMEOUT)  # type: ignore[no-any-return]
 
     def heal(self) -> None:
         """Resume the paused Redis (its clients' connections then close at once, and what it was
