@@ -61,8 +61,28 @@ def register(subparsers: Any) -> None:
         "--watch", type=float, default=1.0, metavar="SECONDS",
         help="check the files for changes this often, 0 to disable (default 1; SIGHUP always reloads)",
     )
+    _add_envoy(parser)
     _add_bounds(parser)
     parser.set_defaults(func=_run)
+
+
+def _add_envoy(parser: argparse.ArgumentParser) -> None:
+    """How the gRPC service answers where envoyproxy/ratelimit answers otherwise (docs/gateways/envoy.md)."""
+    group = parser.add_argument_group("Envoy rate limit service (docs/gateways/envoy.md#compatibility)")
+    group.add_argument(
+        "--envoy-headers", choices=("ratewarden", "reference", "none"), default="ratewarden",
+        help="response headers: ratewarden = RateLimit, RateLimit-Policy, X-RateLimit-* and Retry-After; "
+        "reference = envoyproxy/ratelimit's RateLimit-Limit/-Remaining/-Reset; none (default %(default)s)",
+    )
+    group.add_argument(
+        "--envoy-charge", choices=("all", "each"), default="all",
+        help="all = a request's descriptors are charged all or nothing; each = each on its own, a refused "
+        "request too, as envoyproxy/ratelimit (default %(default)s)",
+    )
+    group.add_argument(
+        "--envoy-merge-domains", action="store_true",
+        help="merge files of the same domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG) instead of refusing them",
+    )
 
 
 def _add_bounds(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +175,9 @@ def _run(args: argparse.Namespace) -> int:
             watch=args.watch,
             on_error=args.on_error,
             metrics=not args.no_metrics,
+            envoy_headers=args.envoy_headers,
+            envoy_charge=args.envoy_charge,
+            envoy_merge_domains=args.envoy_merge_domains,
             **{name: getattr(args, name) for name in (*_POSITIVE, "spoe_message")},
         )
         if args.watch < 0:

@@ -47,6 +47,9 @@ class ServeConfig:
     grpc_max_message_size: int = bounds.GRPC_MAX_MESSAGE_SIZE
     max_descriptors: int = bounds.MAX_DESCRIPTORS
     max_entries: int = bounds.MAX_ENTRIES
+    envoy_headers: str = "ratewarden"  # ratewarden | reference | none (serve.rls.HEADER_STYLES)
+    envoy_charge: str = "all"  # all | each (serve.rls.CHARGES)
+    envoy_merge_domains: bool = False
 
 
 def envoy_files(paths: Sequence[Path]) -> tuple[Path | None, list[Path]]:
@@ -86,11 +89,16 @@ def _is_envoy(path: Path) -> bool:
     return isinstance(data, dict) and "domain" in data
 
 
-def load_envoy(paths: Sequence[Path]) -> Any:
-    """The Envoy domains of ``paths`` (``serve.envoy_config``); raises on a broken file."""
+def load_envoy(paths: Sequence[Path], merge: bool = False) -> Any:
+    """The Envoy domains of ``paths`` (``serve.envoy_config``); raises on a broken file.
+
+    Args:
+        paths: The Envoy YAML files.
+        merge: Merge the files of one domain (``--envoy-merge-domains``) instead of refusing.
+    """
     from .envoy_config import load_envoy_configs
 
-    return load_envoy_configs(paths)
+    return load_envoy_configs(paths, merge)
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:

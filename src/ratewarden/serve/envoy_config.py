@@ -12,9 +12,11 @@ One file is one domain::
             algorithm: token_bucket  # ratewarden: this descriptor's algorithm (optional)
             rate_limit: {unit: day, requests_per_unit: 5, name: marketing}
 
-Everything the Go service accepts loads (``shadow_mode``, ``unlimited``, ``replaces``,
-``detailed_metric``, ``value_to_metric``, ``share_threshold``, ``metadata``, wildcards ``*`` in
-values); an unknown field or a bad value is an ``EnvoyConfigError`` naming the file, line and field.
+Everything the Go service accepts loads (``shadow_mode``, ``quota_mode``, ``unlimited``,
+``replaces``, ``detailed_metric``, ``value_to_metric``, ``share_threshold``, ``metadata``, wildcards
+``*`` in values); an unknown field or a bad value is an ``EnvoyConfigError`` naming the file, line
+and field. A domain split over several files is an error, or merged with ``merge=True`` (the Go
+service's ``MERGE_DOMAIN_CONFIG``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class EnvoyRateLimit:
         replaces: Names of the limits this one replaces in a request.
         unlimited: Always OK, nothing counted.
         shadow_mode: Counted, but never limits.
+        quota_mode: Counted on its own; a request is refused by its ``quota_mode`` limits only when
+            every one of them is over (one with room lets it through).
         algorithm: The ratewarden algorithm counting it.
         full_key: ``domain.key_value.key`` (the Go service's stats key).
     """
@@ -94,6 +98,7 @@ class EnvoyRateLimit:
     algorithm: AlgorithmName = DEFAULT_ALGORITHM
     full_key: str = ""
     limit: Limit | None = field(default=None, compare=False, repr=False)
+    quota_mode: bool = False
 
     @property
     def period(self) -> int:
@@ -235,8 +240,7 @@ def _load_descriptor(
     if algorithm_node is not None:
         algorithm = reader.algorithm(algorithm_node, f"{where}.algorithm") or default
     shadow = flag("shadow_mode")
-    if flag("quota_mode"):
-        reader.error(f"{where}.quota_mode", value_of("quota_mode"), "quota_mode is not supported by ratewarden serve")
+    quota = flag("quota_mode")
     share = flag("share_threshold")
     if share and "*" not in final_key:
         reader.error(
@@ -249,7 +253,7 @@ def _load_descriptor(
     rate_limit = None
     rate_node = value_of("rate_limit")
     if rate_node is not None:
-        rate_limit = _load_rate_limit(reader, rate_node, f"{where}.rate_limit", full_key, shadow, algorithm)
+        rate_limit = _load_rate_limit(reader, rate_node, f"{where}.rate_limit", full_key, shadow, algorithm, quota)
     elif algorithm_node is not None:
         reader.error(f"{where}.algorithm", algorithm_node, "algorithm needs a rate_limit on the same descriptor")
     descriptor = EnvoyDescriptor(
@@ -266,7 +270,7 @@ def _load_descriptor(
 
 
 def _load_rate_limit(
-    reader: Reader, node: yaml.Node, path: str, full_key: str, shadow: bool, algorithm: AlgorithmName
+    reader: Reader, node: yaml.Node, path: str, full_key: str, shadow: bool, algorithm: AlgorithmName, quota: bool
 ) -> EnvoyRateLimit | None:
     fields = reader.mapping(node, path, _RATE_LIMIT_FIELDS)
     before = len(reader.problems)
@@ -310,7 +314,8 @@ def _load_rate_limit(
     if not unlimited and requests > 0:
         limit = Limit(Rate(requests, float(UNIT_SECONDS[unit])), algorithm, name or full_key)
     return EnvoyRateLimit(
-        requests, unit if not unlimited else "", name, tuple(replaces), unlimited, shadow, algorithm, full_key, limit
+        requests, unit if not unlimited else "", name, tuple(replaces), unlimited, shadow, algorithm, full_key, limit,
+        quota,
     )
 
 
@@ -328,13 +333,17 @@ def load_envoy_config(path: str | os.PathLike[str]) -> EnvoyDomain:
     return parse_envoy_config(text, source)
 
 
-def load_envoy_configs(paths: Iterable[str | os.PathLike[str]]) -> dict[str, EnvoyDomain]:
+def load_envoy_configs(paths: Iterable[str | os.PathLike[str]], merge: bool = False) -> dict[str, EnvoyDomain]:
     """Load files and directories of configurations (``*.yaml``/``*.yml``, sorted) into domains by name.
 
-    A domain defined twice is an error, as in the Go service.
+    A domain defined twice is an error, as in the Go service, unless ``merge``: then the later
+    file's top-level descriptors join the domain (the Go service's ``MERGE_DOMAIN_CONFIG``), a
+    descriptor defined in both files being an error, and the first file's ``algorithm`` stays the
+    domain's default.
 
     Args:
         paths: Files, or directories whose YAML files are read.
+        merge: Merge the files of one domain instead of refusing the second.
     """
     files: list[Path] = []
     for given in paths:
@@ -352,10 +361,32 @@ def load_envoy_configs(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Env
             problems.extend(exc.problems)
             continue
         if loaded.domain in domains:
-            first = domains[loaded.domain].source
-            problems.append(Problem("domain", f"duplicate domain '{loaded.domain}' (first in {first})", None, loaded.source))
+            first = domains[loaded.domain]
+            if merge:
+                problems.extend(_merge(first, loaded))
+                continue
+            problems.append(Problem("domain", f"duplicate domain '{loaded.domain}' (first in {first.source})", None, loaded.source))
             continue
         domains[loaded.domain] = loaded
     if problems:
         raise EnvoyConfigError(problems)
     return domains
+
+
+def _merge(into: EnvoyDomain, other: EnvoyDomain) -> list[Problem]:
+    """Add ``other``'s top-level descriptors to ``into`` (both of one domain); a descriptor both
+    define is a problem, as in the Go service."""
+    problems: list[Problem] = []
+    root = into.root
+    for final_key, descriptor in other.root.children.items():
+        if final_key in root.children:
+            problems.append(Problem(
+                "descriptors", f"duplicate descriptor composite key '{into.domain}.{final_key}' (first in {into.source})",
+                descriptor.line, other.source,
+            ))
+            continue
+        root.children[final_key] = descriptor
+    root.wildcards.extend(w for w in other.root.wildcards if w[0] not in {p for p, _ in root.wildcards})
+    if into.source != other.source:
+        into.source = f"{into.source}, {other.source}"
+    return problems

@@ -57,7 +57,13 @@ def _check(config: ServeConfig) -> str | None:
     if config.policy is not None:
         store = store or load_policy(config.policy).store
     if config.envoy:
-        load_envoy(config.envoy)
+        load_envoy(config.envoy, config.envoy_merge_domains)
+        from .rls import CHARGES, HEADER_STYLES
+
+        if config.envoy_headers not in HEADER_STYLES:
+            raise ConfigurationError(f"--envoy-headers must be one of {', '.join(HEADER_STYLES)}, got {config.envoy_headers!r}")
+        if config.envoy_charge not in CHARGES:
+            raise ConfigurationError(f"--envoy-charge must be one of {', '.join(CHARGES)}, got {config.envoy_charge!r}")
     if store is not None:
         check_store_url(store)
     return store

@@ -8,9 +8,11 @@ counting:
   that rate (in the domain, with the matched descriptor's algorithm);
 - the cost is the descriptor's ``hits_addend`` when given, else the request's (0 counts as 1);
 - every enforced descriptor of a request is charged all or nothing in one store call, so N
-  concurrent requests against a limit L get exactly L through; ``shadow_mode`` descriptors are
-  counted on their own and never limit; ``unlimited`` ones touch no store; ``replaces`` drops the
-  limits it names;
+  concurrent requests against a limit L get exactly L through; ``shadow_mode`` and ``quota_mode``
+  descriptors are counted on their own: shadow ones never limit, quota ones only when every quota
+  descriptor of the request is over (as envoyproxy/ratelimit); ``unlimited`` ones touch no store;
+  ``replaces`` drops the limits it names; ``charge="each"`` charges every descriptor on its own,
+  a refused one up to its limit, as envoyproxy/ratelimit does;
 - a descriptor's counter is ``storage_key(prefix, "envoy:" + domain, its entries, the limit's
   suffix)`` (the builder every rule's counter goes through): its entries are the request's values,
   or the wildcard pattern under ``share_threshold``, and the suffix the algorithm and rate, so an
@@ -21,7 +23,8 @@ counting:
   an insurance limiter, nothing (``OK``, no limit stated); a shadow descriptor's failure is logged
   and never refuses;
 - the answer's headers are ``headers.rate_limit_headers`` and ``retry_after_header``, as ``/check``
-  writes them, as text.
+  writes them, as text (``headers="ratewarden"``); envoyproxy/ratelimit's three
+  (``headers="reference"``); or none (``headers="none"``).
 
 So this module only translates: descriptors to storage keys, limits and costs; decisions to
 per-descriptor statuses and Envoy's codes.
@@ -38,7 +41,8 @@ from typing import Literal
 from ..caches import remember
 from ..decision import Decision
 from ..enforcement.check import shadow_answer, store_answer
-from ..errors import LimitUnavailable
+from ..enforcement.plan import log_failure
+from ..errors import ConfigurationError, LimitUnavailable
 from ..headers import policy_value, rate_limit_headers, retry_after_header
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM, Limit
@@ -58,6 +62,8 @@ from .rls_messages import (
 )
 
 __all__ = [
+    "CHARGES",
+    "HEADER_STYLES",
     "UINT32_MAX",
     "CurrentLimit",
     "DescriptorStatus",
@@ -66,6 +72,15 @@ __all__ = [
     "RlsAnswer",
     "RlsRequestError",
 ]
+
+#: ``headers=``: ratewarden's five (both styles), envoyproxy/ratelimit's three
+#: (``LIMIT_RESPONSE_HEADERS_ENABLED``), or none (envoyproxy/ratelimit's default).
+HEADER_STYLES = ("ratewarden", "reference", "none")
+#: ``charge=``: the enforced descriptors all or nothing, or each on its own (envoyproxy/ratelimit).
+CHARGES = ("all", "each")
+#: envoyproxy/ratelimit's header names (its ``LIMIT_*_HEADER`` defaults).
+_REFERENCE_HEADERS = ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset")
+
 
 @dataclass
 class _Plan:
@@ -80,6 +95,7 @@ class _Plan:
     shadow: bool = False
     period: int = 1
     decision: Decision | None = None
+    quota: bool = False
     name: str = ""  # a zero plan's limit name in the headers (a counted plan's is its limit's)
 
 
@@ -89,18 +105,33 @@ class RateLimitService:
     Args:
         domains: The loaded configurations by domain (``load_envoy_configs``).
         limiter: Where the counts live (its store, prefix and ``on_error``).
-        headers: Add the rate-limit headers to each answer (default ``True``).
+        headers: The answers' headers: ``"ratewarden"`` (or ``True``, the default), ``"reference"``
+            (envoyproxy/ratelimit's ``RateLimit-Limit``/``-Remaining``/``-Reset``), ``"none"`` (or ``False``).
+        charge: ``"all"`` (the default): a request's enforced descriptors are charged all or
+            nothing; ``"each"``: each on its own, a refused one too (up to its limit), as
+            envoyproxy/ratelimit does. Needs a store that can adjust.
         max_descriptors: The most descriptors a request may carry; more is refused before any work.
         max_entries: The most entries a request may carry over all its descriptors; more is refused.
     """
 
     def __init__(
-        self, domains: Mapping[str, EnvoyDomain], limiter: Limiter, *, headers: bool = True,
-        max_descriptors: int = MAX_DESCRIPTORS, max_entries: int = MAX_ENTRIES,
+        self, domains: Mapping[str, EnvoyDomain], limiter: Limiter, *, headers: bool | str = True,
+        charge: str = "all", max_descriptors: int = MAX_DESCRIPTORS, max_entries: int = MAX_ENTRIES,
     ) -> None:
+        style = "ratewarden" if headers is True else "none" if headers is False else headers
+        if style not in HEADER_STYLES:
+            raise ConfigurationError(f"headers must be one of {', '.join(HEADER_STYLES)}, got {headers!r}")
+        if charge not in CHARGES:
+            raise ConfigurationError(f"charge must be 'all' (all or nothing) or 'each' (envoyproxy/ratelimit's), got {charge!r}")
+        if charge == "each" and not limiter.store.supports("adjust"):
+            raise ConfigurationError(f"charge='each' needs a store that can adjust counts; {type(limiter.store).__name__} cannot")
         self._domains: Mapping[str, EnvoyDomain] = dict(domains)
         self.limiter = limiter
-        self.headers = headers
+        self.headers = style
+        self.charge = charge
+        self._each = charge == "each"
+        self._ratewarden_headers = style == "ratewarden"
+        self._reference_headers = style == "reference"
         self.max_descriptors = max_descriptors
         self.max_entries = max_entries
         self._overrides: dict[tuple[int, str, str], Limit] = {}
@@ -201,7 +232,7 @@ class RateLimitService:
             requests, unit = override
             current = CurrentLimit("", requests, unit)
             limit = self._override_limit(requests, unit, algorithm) if requests > 0 else None
-            shadow, name = False, ""
+            shadow, quota, name = False, False, ""
         elif match is None:
             return _Plan(index, "none"), ""
         else:
@@ -215,16 +246,17 @@ class RateLimitService:
             current = CurrentLimit(rate_limit.name, rate_limit.requests_per_unit, unit)
             limit = rate_limit.limit
             shadow = rate_limit.shadow_mode
+            quota = rate_limit.quota_mode
         period = UNIT_SECONDS[unit]
         if limit is None:  # requests_per_unit 0: every request is over
             label = name or (match.rate_limit.full_key if override is None and match is not None else f"0/{period * 1000}")
-            return _Plan(index, "zero", current, cost=cost, shadow=shadow, period=period, name=label), name
+            return _Plan(index, "zero", current, cost=cost, shadow=shadow, period=period, name=label, quota=quota), name
         cache_key = (domain, entries, limit.suffix, tuple(shared.items()) if shared else ())
         key = self._keys.get(cache_key, "")
         if not key:
             key = storage_key(self.limiter.prefix, self._namespace(domain), entries_key(entries, shared), limit.suffix)
             remember(self._keys, cache_key, key, 16_384, 16 << 20)  # 1 KiB an entry at most
-        return _Plan(index, "counted", current, limit, key, float(cost), shadow, period), name
+        return _Plan(index, "counted", current, limit, key, float(cost), shadow, period, quota=quota), name
 
     def _namespace(self, domain: str) -> str:
         found = self._namespaces.get(domain)
@@ -245,14 +277,22 @@ class RateLimitService:
 
     async def _decide(self, plans: list[_Plan]) -> None:
         """Charge the counted plans: enforced ones all or nothing (``enforcement.check.store_answer``,
-        the failure policy of every door), shadow ones each on its own (``shadow_answer``)."""
+        the failure policy of every door), shadow and quota ones each on its own; with
+        ``charge="each"``, every one on its own (``_charge_one``)."""
+        if self._each:
+            jobs = [self._charge_one(plan) for plan in plans if plan.kind == "counted"]
+            if len(jobs) == 1:
+                await jobs[0]
+            elif jobs:
+                await asyncio.gather(*jobs)
+            return
         enforced: list[_Plan] = []
         shadows: list[_Plan] = []
         blocked = False
         for plan in plans:
             if plan.kind == "counted":
-                (shadows if plan.shadow else enforced).append(plan)
-            elif plan.kind == "zero" and not plan.shadow:
+                (shadows if plan.shadow or plan.quota else enforced).append(plan)
+            elif plan.kind == "zero" and not plan.shadow and not plan.quota:
                 blocked = True
         if not shadows:
             if enforced:
@@ -263,9 +303,41 @@ class RateLimitService:
             jobs.append(self._charge(enforced, blocked))
         await asyncio.gather(*jobs)
 
-    async def _shadow(self, plan: _Plan) -> None:
+    async def _charge_one(self, plan: _Plan) -> None:
+        """Charge one plan on its own (``charge="each"``), as envoyproxy/ratelimit counts: a refused
+        charge is made anyway, up to the limit (``Store.adjust``), so the counter ends exhausted and
+        the status says 0 left."""
         assert plan.limit is not None
-        plan.decision = await shadow_answer(self.limiter, (plan.key,), (plan.limit,), (plan.cost,))
+        keys, limits, costs = (plan.key,), (plan.limit,), (plan.cost,)
+        limiter = self.limiter
+        if plan.shadow:
+            decision = await shadow_answer(limiter, keys, limits, costs)
+        else:
+            try:
+                decision = await store_answer(limiter, keys, limits, costs, "store")
+            except LimitUnavailable as exc:
+                raise LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}") from exc.__cause__
+        if decision is not None and not decision.allowed:
+            if decision.remaining > 0:
+                try:
+                    await limiter.store.adjust(keys, limits, costs)
+                except Exception as exc:  # the refusal stands; only its charge is lost
+                    log_failure("store", exc)
+            decision = Decision(
+                False, decision.limit, 0, decision.reset_after, decision.retry_after, decision.period, decision.policy
+            )
+        plan.decision = decision
+
+    async def _shadow(self, plan: _Plan) -> None:
+        """Charge a shadow or quota plan on its own (a quota plan can refuse: the failure policy applies)."""
+        assert plan.limit is not None
+        if not plan.quota:
+            plan.decision = await shadow_answer(self.limiter, (plan.key,), (plan.limit,), (plan.cost,))
+            return
+        try:
+            plan.decision = await store_answer(self.limiter, (plan.key,), (plan.limit,), (plan.cost,), "store")
+        except LimitUnavailable as exc:
+            raise LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}") from exc.__cause__
 
     async def _charge(self, plans: list[_Plan], blocked: bool) -> None:
         """One all-or-nothing check of ``plans`` (``blocked``: another enforced descriptor is
@@ -316,6 +388,7 @@ class RateLimitService:
     def _answer(self, plans: list[_Plan]) -> RlsAnswer:
         statuses: list[DescriptorStatus] = []
         overall_ok = True
+        quotas = quotas_over = 0
         closest: _Plan | None = None
         shown: list[_Plan] = []  # the enforced limits, listed in RateLimit-Policy
         for plan in plans:
@@ -350,12 +423,21 @@ class RateLimitService:
             if plan.shadow:
                 statuses.append(DescriptorStatus("OK", plan.current, remaining, reset, shadowed=over))
                 continue
-            if over:
+            if plan.quota:
+                quotas += 1
+                if over:
+                    quotas_over += 1
+            elif over:
                 overall_ok = False
             statuses.append(DescriptorStatus("OVER_LIMIT" if over else "OK", plan.current, remaining, reset))
+        if quotas and quotas_over == quotas:  # every quota is spent
+            overall_ok = False
         headers: list[tuple[str, str]] = []
-        if self.headers and closest is not None and closest.decision is not None:
-            headers = self._headers(closest, shown, not overall_ok)
+        if self._ratewarden_headers:
+            if closest is not None and closest.decision is not None:
+                headers = self._headers(closest, shown, not overall_ok)
+        elif self._reference_headers:
+            headers = _reference_headers(statuses, plans)
         return RlsAnswer(overall_ok, statuses, headers)
 
     def _headers(self, plan: _Plan, shown: list[_Plan], over: bool) -> list[tuple[str, str]]:
@@ -384,6 +466,34 @@ class RateLimitService:
             if retry is not None:
                 written.append(retry)
         return _text(written)
+
+
+def _reference_headers(statuses: list[DescriptorStatus], plans: list[_Plan]) -> list[tuple[str, str]]:
+    """envoyproxy/ratelimit's headers: ``RateLimit-Limit``, ``-Remaining`` and ``-Reset`` (seconds to
+    the end of the unit's window) of the status with a limit closest to it (the first of the
+    least remaining), or of the last enforced one over its limit; shadow, quota and zero limits
+    included (``plans[i]`` decided ``statuses[i]``)."""
+    chosen: DescriptorStatus | None = None
+    least = UINT32_MAX
+    for status, plan in zip(statuses, plans, strict=True):
+        if status.current_limit is None:
+            continue
+        if status.limit_remaining < least:
+            chosen, least = status, status.limit_remaining
+        if status.code == "OVER_LIMIT" and not plan.quota:
+            chosen, least = status, 0
+    if chosen is None or chosen.current_limit is None:
+        return []
+    import time
+
+    period = UNIT_SECONDS[chosen.current_limit.unit]
+    reset = period - int(time.time()) % period
+    limit_name, remaining_name, reset_name = _REFERENCE_HEADERS
+    return [
+        (limit_name, str(chosen.current_limit.requests_per_unit)),
+        (remaining_name, str(chosen.limit_remaining)),
+        (reset_name, str(reset)),
+    ]
 
 
 def _copy(decision: Decision, allowed: bool, retry_after: float | None = None, policy: str | None = None) -> Decision:

@@ -33,7 +33,10 @@ GRACE = 10
 
 def _rate_limit_service(domains: Any, limiter: Limiter, config: ServeConfig) -> Any:
     rls: Any = importlib.import_module(f"{__package__}.rls")
-    return rls.RateLimitService(domains, limiter, max_descriptors=config.max_descriptors, max_entries=config.max_entries)
+    return rls.RateLimitService(
+        domains, limiter, headers=config.envoy_headers, charge=config.envoy_charge,
+        max_descriptors=config.max_descriptors, max_entries=config.max_entries,
+    )
 
 
 def uvicorn_server(app: ServeApp, sock: socket.socket, config: ServeConfig | None = None) -> Any:
@@ -119,7 +122,10 @@ class Worker:
         self.limiter = Limiter(open_store(store_url), on_error=config.on_error, workers=config.workers)
         self.metrics = _metrics() if config.metrics else None
         policy = load_policy(config.policy) if config.policy is not None else None
-        self.rls = _rate_limit_service(load_envoy(config.envoy), self.limiter, config) if config.envoy else None
+        self.rls = (
+            _rate_limit_service(load_envoy(config.envoy, config.envoy_merge_domains), self.limiter, config)
+            if config.envoy else None
+        )
         shared = self.metrics is not None and bool(os.environ.get(_MULTIPROCESS)) and config.workers > 1
         self.app = ServeApp(
             self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls,
@@ -161,7 +167,7 @@ class Worker:
     def _reload_envoy(self, reason: str) -> None:
         self._envoy_signature = self._signature()
         try:
-            domains = load_envoy(self.config.envoy)
+            domains = load_envoy(self.config.envoy, self.config.envoy_merge_domains)
         except Exception as exc:
             self._report(False, "envoy", self.config.envoy, reason, exc)
             return
