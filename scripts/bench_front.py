@@ -112,7 +112,7 @@ def start(variant: str, store: str, redis_port: int, work: Path, lib: str) -> tu
     log = open(work / f"{variant}-{store}.log", "ab")
     store_url = "memory://" if store == "memory" else f"redis://127.0.0.1:{redis_port}/0"
     if variant == "python":
-        cmd = [python, "-m", "ratewarden", "serve", "--grpc", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{free_port()}",
+        cmd = [str(Path(python).parent / "ratewarden"), "serve", "--grpc", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{free_port()}",
                "--store", store_url, "--no-metrics", "--log-level", "error", "--watch", "0", str(work / "config" / "bench.yaml")]
         env = dict(os.environ)
     elif variant == "front":

@@ -46,12 +46,20 @@ class _Rest:
         self.first = first
 
     def __await__(self) -> Generator[Any, Any, RlsAnswer]:
-        try:
-            yield self.first
-        except BaseException as exc:  # a cancellation meant for the awaited future
-            self.coro.throw(exc)
-            raise
-        return (yield from self.coro.__await__())
+        coro, pending = self.coro, self.first
+        while True:  # what ``yield from`` does, from a coroutine already started
+            try:
+                sent = yield pending
+            except BaseException as exc:
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                continue
+            try:
+                pending = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
 
 
 def _error(exc: BaseException) -> tuple[int, str]:
@@ -137,7 +145,8 @@ async def serve(args: argparse.Namespace) -> None:
     front = ratewarden_front.Front(
         RequestDescriptor, host, port, reuse_port=args.reuse_port,
         max_message_size=bounds.GRPC_MAX_MESSAGE_SIZE, max_descriptors=bounds.MAX_DESCRIPTORS,
-        max_entries=bounds.MAX_ENTRIES, threads=args.threads,
+        max_entries=bounds.MAX_ENTRIES, max_connections=args.max_connections, max_pending=args.max_pending,
+        request_timeout=args.request_timeout, threads=args.threads,
     )
     adapter = FrontAdapter(front, service, args.max_batch)
     print(f"ratewarden_front {ratewarden_front.__version__} serving gRPC on {host}:{front.port} (pid {os.getpid()})", flush=True)
@@ -160,6 +169,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="tokio worker threads")
     parser.add_argument("--max-batch", type=int, default=1024, help="requests taken per crossing")
     parser.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT (several processes)")
+    parser.add_argument("--max-connections", type=int, default=1000, help="open connections (more: closed at once)")
+    parser.add_argument("--max-pending", type=int, default=10000, help="requests waiting (more: RESOURCE_EXHAUSTED)")
+    parser.add_argument("--request-timeout", type=float, default=10.0, help="seconds to an answer (then DEADLINE_EXCEEDED)")
     parser.add_argument("--lib", help="folder holding the built ratewarden_front*.so")
     args = parser.parse_args()
     if args.lib:
