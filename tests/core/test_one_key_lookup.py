@@ -22,17 +22,12 @@ from tests.core.asgi import http_scope
 SRC = Path(__file__).resolve().parents[2] / "src" / "ratewarden"
 CLIENT = "203.0.113.7"
 
-#: Modules still calling a key function themselves: the policy doors, being moved onto ``key_of``
-#: and ``key_value`` (shrink-only: remove an entry once it calls them).
-PENDING = {"policy/asgi.py", "policy/wsgi.py", "policy/decision_plan.py"}
-
-
 def test_only_the_shared_lookup_calls_a_key_function() -> None:
     calls = re.compile(r"\.key\(|\bkey\(scope\)")
     found = sorted(
         str(path.relative_to(SRC)) for path in SRC.rglob("*.py") if calls.search(path.read_text(encoding="utf-8"))
     )
-    assert set(found) - PENDING == {"enforcement/plan.py"}, found
+    assert found == ["enforcement/plan.py"], found
 
 
 async def _later() -> str:

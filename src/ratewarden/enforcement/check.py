@@ -16,7 +16,9 @@ from ..rules import CompiledRule
 from ..types import Scope
 from .plan import key_failed, key_of, log_failure, plan_charge, rule_keys, shadow_outcome, store_failed
 
-__all__ = ["Checked", "LimitUnavailable", "check", "check_rules", "decided", "key_later", "shadow_answer", "store_answer"]
+__all__ = [
+    "Checked", "LimitUnavailable", "check", "check_rules", "decided", "key_later", "rule_key", "shadow_answer", "store_answer",
+]
 
 
 async def key_later(
@@ -37,6 +39,19 @@ async def key_later(
             raise
         return key_failed(limiter, rule, scope, exc)
 
+
+
+async def rule_key(limiter: Limiter, rule: CompiledRule, scope: Scope) -> str:
+    """``rule``'s key for this request, awaited when its key function answers an awaitable, with
+    ``key_failed``'s fallback: the key a check charged, for what follows it (a refund, a delay).
+
+    Args:
+        limiter: Whose ``on_error`` applies when the key function fails.
+        rule: The rule the request matched.
+        scope: The request's scope.
+    """
+    found = key_of(limiter, rule, scope)
+    return found if isinstance(found, str) else await key_later(limiter, rule, scope, found)
 
 
 Checked = Decision | None | Awaitable[Decision | None]

@@ -19,8 +19,7 @@ from ..asgi.middleware import RateLimitMiddleware
 from ..asgi.responses import send_answer, send_on_limit
 from ..charges import adjust
 from ..decision import Decision
-from ..enforcement.check import Checked, LimitUnavailable, check, check_rules, decided
-from ..keys import key_text
+from ..enforcement.check import Checked, LimitUnavailable, check, check_rules, decided, rule_key
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
@@ -36,13 +35,6 @@ __all__ = ["PolicyMiddleware"]
 log = logging.getLogger("ratewarden")
 _refund_warned: set[str] = set()
 _NO_BODY = (b"content-length", b"0")
-
-
-async def _key(rule: CompiledRule, scope: Scope) -> str:
-    value = rule.key(scope)
-    if isinstance(value, Awaitable):
-        value = await value
-    return key_text(value, scope)
 
 
 class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
@@ -198,7 +190,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             return decision
         decider, delay = delayer
         try:
-            client = await _key(decider, scope)
+            client = await rule_key(self.limiter, decider, scope)
             waited = await delay.wait(client, decision, lambda: check_rules(self.limiter, ctx.rules, scope))
         except LimitUnavailable:
             raise
@@ -243,7 +235,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         """Refund the charge of rules whose ``charge`` says this status does not count."""
         for rule in refunded(rules, status):
             try:
-                key = await _key(rule, scope)
+                key = await rule_key(self.limiter, rule, scope)
                 await adjust(self.limiter.store, rule.storage_keys(key), rule.limits, refund_amounts(rule, scope))
             except NotImplementedError as exc:
                 name = type(self.limiter.store).__name__

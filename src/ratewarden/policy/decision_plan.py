@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Sequence
 from ..context import STATE_KEY
 from ..decision import Decision
 from ..enforcement.answers import problem_body, problem_headers, rejection, unavailable_answer
-from ..enforcement.plan import report_failure
+from ..enforcement.plan import key_value, report_failure
 from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..keys import key_text
 from ..limiter import Limiter
@@ -170,10 +170,10 @@ class Decider:
         bans = ctx.runtime.bans
         assert bans is not None
         try:
-            value = bans.key(scope)
-            if isinstance(value, Awaitable):
+            value = key_value(bans.key, scope)
+            if not isinstance(value, str):
                 return value
-            ctx.ban_key = key_text(value, scope)
+            ctx.ban_key = value
         except Exception as exc:
             self._ban_key_failed(exc)
             return None

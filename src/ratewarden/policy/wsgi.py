@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..decision import Decision
 from ..enforcement.check import LimitUnavailable
 from ..enforcement.options import check_header_options
-from ..enforcement.sync_check import check_blocking, require_sync_keys
+from ..enforcement.sync_check import check_blocking, require_sync_keys, sync_key_of
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
-from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
@@ -58,14 +57,6 @@ _STATUS_LINES = {
 def _text(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     """Header pairs as PEP 3333 native strings (latin-1)."""
     return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
-
-
-def _key(rule: CompiledRule, scope: Scope) -> str:
-    value = rule.key(scope)
-    if isinstance(value, Awaitable):
-        _discard(value)
-        raise TypeError(f"rule {rule.rule.name!r}: the key function returned an awaitable; a WSGI app cannot await it")
-    return key_text(value, scope)
 
 
 def _discard(value: object) -> None:
@@ -240,7 +231,7 @@ class WSGIPolicyMiddleware(PolicyCore):
             return decision
         decider, delay = delayer
         try:
-            client = _key(decider, scope)
+            client = sync_key_of(self.limiter, decider, scope)
             waited = delay.wait_blocking(client, decision, lambda: check_blocking(self.limiter, ctx.rules, scope))
         except LimitUnavailable:
             raise
@@ -276,7 +267,7 @@ class WSGIPolicyMiddleware(PolicyCore):
         """Refund the charge of rules whose ``charge`` says this status does not count."""
         for rule in refunded(rules, status):
             try:
-                key = _key(rule, scope)
+                key = sync_key_of(self.limiter, rule, scope)
                 self.limiter.store.adjust_blocking(rule.storage_keys(key), rule.limits, refund_amounts(rule, scope))
             except Exception as exc:
                 log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
