@@ -22,9 +22,8 @@ counting:
   insurance limiter, or ``LimitUnavailable`` (fail-closed: ``UNAVAILABLE``), or, fail-open without
   an insurance limiter, nothing (``OK``, no limit stated); a shadow descriptor's failure is logged
   and never refuses;
-- the answer's headers are ``headers.rate_limit_headers`` and ``retry_after_header``, as ``/check``
-  writes them, as text (``headers="ratewarden"``); envoyproxy/ratelimit's three
-  (``headers="reference"``); or none (``headers="none"``).
+- the answer's headers are ratewarden's, as ``/check`` writes them, envoyproxy/ratelimit's three,
+  or none (``headers=``, ``serve.rls_headers``).
 
 So this module only translates: descriptors to storage keys, limits and costs; decisions to
 per-descriptor statuses and Envoy's codes.
@@ -43,7 +42,6 @@ from ..decision import Decision
 from ..enforcement.check import shadow_answer, store_answer
 from ..enforcement.plan import log_failure
 from ..errors import ConfigurationError, LimitUnavailable
-from ..headers import policy_value, rate_limit_headers, retry_after_header
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM, Limit
 from ..rates import Rate
@@ -52,6 +50,7 @@ from ..stores.base import StoreError
 from .bounds import MAX_DESCRIPTORS, MAX_ENTRIES
 from .descriptors import entries_key, escape, match_descriptor
 from .envoy_config import UNIT_SECONDS, EnvoyDomain, EnvoyRateLimit
+from .rls_headers import HEADER_STYLES, copy_decision, ratewarden_headers, reference_headers, window_left
 from .rls_messages import (
     UINT32_MAX,
     CurrentLimit,
@@ -62,24 +61,12 @@ from .rls_messages import (
 )
 
 __all__ = [
-    "CHARGES",
-    "HEADER_STYLES",
-    "UINT32_MAX",
-    "CurrentLimit",
-    "DescriptorStatus",
-    "RateLimitService",
-    "RequestDescriptor",
-    "RlsAnswer",
-    "RlsRequestError",
+    "CHARGES", "HEADER_STYLES", "UINT32_MAX", "CurrentLimit", "DescriptorStatus", "RateLimitService",
+    "RequestDescriptor", "RlsAnswer", "RlsRequestError",
 ]
 
-#: ``headers=``: ratewarden's five (both styles), envoyproxy/ratelimit's three
-#: (``LIMIT_RESPONSE_HEADERS_ENABLED``), or none (envoyproxy/ratelimit's default).
-HEADER_STYLES = ("ratewarden", "reference", "none")
 #: ``charge=``: the enforced descriptors all or nothing, or each on its own (envoyproxy/ratelimit).
 CHARGES = ("all", "each")
-#: envoyproxy/ratelimit's header names (its ``LIMIT_*_HEADER`` defaults).
-_REFERENCE_HEADERS = ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset")
 
 
 @dataclass
@@ -375,15 +362,15 @@ class RateLimitService:
         for plan in plans:
             found = each[by_key[plan.key]]
             if blocked:
-                found = _copy(found, True)
+                found = copy_decision(found, True)
             elif not decision.allowed:
                 over = found.remaining < costs[by_key[plan.key]] or not found.allowed
-                found = _copy(found, not over, decision.retry_after if over else 0.0)
+                found = copy_decision(found, not over, decision.retry_after if over else 0.0)
             plan.decision = found
         if not blocked and not decision.allowed and all(p.decision is not None and p.decision.allowed for p in plans):
             for plan in plans:  # a race moved the counts: the store said no, so the request is denied
                 assert plan.decision is not None
-                plan.decision = _copy(plan.decision, False, decision.retry_after)
+                plan.decision = copy_decision(plan.decision, False, decision.retry_after)
 
     def _answer(self, plans: list[_Plan]) -> RlsAnswer:
         statuses: list[DescriptorStatus] = []
@@ -402,7 +389,7 @@ class RateLimitService:
             if kind == "zero":
                 over = True
                 remaining = 0
-                reset = _window_left(plan.period)
+                reset = window_left(plan.period)
                 if not plan.shadow:  # refused by a limit of 0: its headers, as any limit's refusal has
                     plan.decision = Decision(False, 0, 0, reset, math.inf, float(plan.period), plan.name)
                     shown.append(plan)
@@ -437,94 +424,20 @@ class RateLimitService:
             if closest is not None and closest.decision is not None:
                 headers = self._headers(closest, shown, not overall_ok)
         elif self._reference_headers:
-            headers = _reference_headers(statuses, plans)
+            headers = reference_headers(statuses, plans)
         return RlsAnswer(overall_ok, statuses, headers)
 
     def _headers(self, plan: _Plan, shown: list[_Plan], over: bool) -> list[tuple[str, str]]:
-        """``headers.rate_limit_headers`` (both styles, as ``/check`` writes them) of the plan's
-        decision, as text, listing every enforced limit in ``RateLimit-Policy`` (a limit of 0 as
-        ``q=0``); ``Retry-After`` (``retry_after_header``) when the request is over and can fit later."""
+        """ratewarden's headers (``rls_headers.ratewarden_headers``) of the plan's decision, listing
+        every enforced limit in ``RateLimit-Policy`` (a limit of 0 as ``q=0``)."""
         decision = plan.decision
         assert decision is not None
         if len(shown) == 1:
             policies: tuple[Limit | tuple[str, int], ...] = (plan.limit if plan.limit is not None else (plan.name, plan.period),)
         else:
             policies = tuple(dict.fromkeys(p.limit if p.limit is not None else (p.name, p.period) for p in shown))
-        policy = self._policies.get(policies)
-        if policy is None:
-            policy = b", ".join(
-                policy_value((item,)) if isinstance(item, Limit) else b'"%s";q=0;w=%d' % (item[0].encode("latin-1", "replace"), item[1])
-                for item in policies
-            )
-            remember(self._policies, policies, policy, 1024)
         label = plan.limit.name if plan.limit is not None else plan.name
-        if decision.policy != label:  # a decision read for several counters names the one it is for
-            decision = _copy(decision, decision.allowed, policy=label)
-        written = rate_limit_headers(decision, "both", policy)
-        if over and not decision.allowed:
-            retry = retry_after_header(decision)
-            if retry is not None:
-                written.append(retry)
-        return _text(written)
-
-
-def _reference_headers(statuses: list[DescriptorStatus], plans: list[_Plan]) -> list[tuple[str, str]]:
-    """envoyproxy/ratelimit's headers: ``RateLimit-Limit``, ``-Remaining`` and ``-Reset`` (seconds to
-    the end of the unit's window) of the status with a limit closest to it (the first of the
-    least remaining), or of the last enforced one over its limit; shadow, quota and zero limits
-    included (``plans[i]`` decided ``statuses[i]``)."""
-    chosen: DescriptorStatus | None = None
-    least = UINT32_MAX
-    for status, plan in zip(statuses, plans, strict=True):
-        if status.current_limit is None:
-            continue
-        if status.limit_remaining < least:
-            chosen, least = status, status.limit_remaining
-        if status.code == "OVER_LIMIT" and not plan.quota:
-            chosen, least = status, 0
-    if chosen is None or chosen.current_limit is None:
-        return []
-    import time
-
-    period = UNIT_SECONDS[chosen.current_limit.unit]
-    reset = period - int(time.time()) % period
-    limit_name, remaining_name, reset_name = _REFERENCE_HEADERS
-    return [
-        (limit_name, str(chosen.current_limit.requests_per_unit)),
-        (remaining_name, str(chosen.limit_remaining)),
-        (reset_name, str(reset)),
-    ]
-
-
-def _copy(decision: Decision, allowed: bool, retry_after: float | None = None, policy: str | None = None) -> Decision:
-    """A new decision like ``decision`` (a store's decisions are never changed in place)."""
-    retry = decision.retry_after if retry_after is None else retry_after
-    return Decision(
-        allowed, decision.limit, decision.remaining, decision.reset_after, retry, decision.period,
-        decision.policy if policy is None else policy,
-    )
-
-
-#: The headers whose value changes with every answer: decoded each time, never remembered.
-_CHANGING = {b"ratelimit": "ratelimit", b"x-ratelimit-remaining": "x-ratelimit-remaining"}
-_texts: dict[tuple[bytes, bytes], tuple[str, str]] = {}
-
-
-def _text(written: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    """The headers as text (latin-1), the ones that repeat from answer to answer (a policy, a limit,
-    a reset second) decoded once: what gRPC and JSON carry."""
-    out: list[tuple[str, str]] = []
-    for pair in written:
-        found = _texts.get(pair)
-        if found is None:
-            name = _CHANGING.get(pair[0])
-            if name is not None:
-                out.append((name, pair[1].decode("latin-1")))
-                continue
-            found = (pair[0].decode("latin-1"), pair[1].decode("latin-1"))
-            remember(_texts, pair, found, 4096, 4 << 20)
-        out.append(found)
-    return out
+        return ratewarden_headers(decision, label, policies, over, self._policies)
 
 
 def _closer(plan: _Plan, other: _Plan) -> bool:
@@ -534,11 +447,3 @@ def _closer(plan: _Plan, other: _Plan) -> bool:
     if mine.allowed != theirs.allowed:
         return not mine.allowed
     return mine.remaining < theirs.remaining
-
-
-def _window_left(period: int) -> float:
-    """Seconds to the end of the current epoch-aligned window of ``period`` seconds."""
-    import time
-
-    now = time.time()
-    return period - math.fmod(now, period)
