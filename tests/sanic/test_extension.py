@@ -152,6 +152,15 @@ async def test_x_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy() -
     assert same == [200, 200, 429]
 
 
+async def test_any_header_bytes_are_read_never_a_500() -> None:
+    app = ok_app()
+    RateLimiter(app, frozen_limiter(), [Rule("/api/**", "1/min", key=header("X-Key"), name="api")])
+    async with serving(app) as port:
+        sent = [("X-\xff", "1"), ("X-Key", "\xff\xfe"), ("X-Key", "\xff\xfe"), ("X-Key", "\xc3\xa9")]
+        got = [(await send(port, "GET", "/api/items", {name: value}))[0] for name, value in sent]
+    assert got == [200, 200, 429, 200]  # the same raw key twice is one client
+
+
 async def test_route_limits_count_per_route_with_their_own_keys_and_names() -> None:
     app = new_app()
     limiter = RateLimiter(app, frozen_limiter())

@@ -27,9 +27,10 @@ def scope_of(request: Request) -> dict[str, Any]:
         "method": request.method,
         "path": request.path,
         "query_string": request.query_string.encode("utf-8", "surrogateescape"),
-        # Sanic decodes the header block as UTF-8 with surrogateescape: this gives back its bytes.
+        # Sanic decodes the header block as UTF-8 with surrogateescape: this gives back its bytes
+        # (any byte a client sends, in a name too, never an error).
         "headers": [
-            (name.lower().encode("latin-1"), value.encode("utf-8", "surrogateescape"))
+            (name.lower().encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
             for name, value in request.headers.items()
         ],
         "client": (request.ip, request.port) if request.ip else None,
