@@ -106,18 +106,20 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
     raise RuntimeError(f"port {port} not listening after {timeout} s")
 
 
-def start(variant: str, store: str, redis_port: int, work: Path, lib: str) -> tuple[subprocess.Popen[bytes], int]:
+def start(
+    variant: str, store: str, redis_port: int, work: Path, lib: str, workers: int = 1
+) -> tuple[list[subprocess.Popen[bytes]], int]:
     port = free_port()
     python = sys.executable
-    log = open(work / f"{variant}-{store}.log", "ab")
+    log = open(work / f"{variant}-{store}.log", "ab")  # noqa: SIM115 (the server keeps it)
     store_url = "memory://" if store == "memory" else f"redis://127.0.0.1:{redis_port}/0"
     if variant == "python":
-        cmd = [str(Path(python).parent / "ratewarden"), "serve", "--grpc", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{free_port()}",
-               "--store", store_url, "--no-metrics", "--log-level", "error", "--watch", "0", str(work / "config" / "bench.yaml")]
+        cmd = [python, "-c", "import sys; from ratewarden.cli import main; sys.argv[0] = 'ratewarden'; sys.exit(main())", "serve", "--grpc", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{free_port()}",
+               "--store", store_url, "--workers", str(workers), "--no-metrics", "--log-level", "error", "--watch", "0", str(work / "config" / "bench.yaml")]
         env = dict(os.environ)
     elif variant == "front":
         cmd = [python, str(ROOT / "scripts" / "front_prototype.py"), "--grpc", f"127.0.0.1:{port}", "--store", store_url,
-               "--lib", lib, str(work / "config" / "bench.yaml")]
+               "--lib", lib, str(work / "config" / "bench.yaml")] + (["--reuse-port"] if workers > 1 else [])
         env = dict(os.environ)
     else:
         cmd = [str(GOBIN / "service_cmd")]
@@ -125,17 +127,19 @@ def start(variant: str, store: str, redis_port: int, work: Path, lib: str) -> tu
                    REDIS_URL=f"127.0.0.1:{redis_port}", RUNTIME_ROOT=str(work / "runtime"), RUNTIME_SUBDIRECTORY="ratelimit",
                    RUNTIME_WATCH_ROOT="false", GRPC_HOST="127.0.0.1", GRPC_PORT=str(port), HOST="127.0.0.1",
                    PORT=str(free_port()), DEBUG_HOST="127.0.0.1", DEBUG_PORT=str(free_port()), LOG_LEVEL="warn")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=work)
-    wait_port(port, proc)
-    time.sleep(0.5)
-    return proc, port
+    procs = [subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=work)]
+    wait_port(port, procs[0])
+    for _ in range(1, workers if variant == "front" else 1):  # ratewarden serve forks its own workers
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=work))
+    time.sleep(2.0 if workers > 1 else 0.5)
+    return procs, port
 
 
-def ghz(port: int, value: str, n: int, protoset_path: Path) -> dict[str, Any]:
+def ghz(port: int, value: str, n: int, protoset_path: Path, connections: int = 1) -> dict[str, Any]:
     data = json.dumps({"domain": "bench", "descriptors": [{"entries": [{"key": "generic_key", "value": value}]}]})
     out = subprocess.run(
         [str(GOBIN / "ghz"), "--insecure", "--protoset", str(protoset_path), "--call", CALL, "-d", data,
-         "-c", "50", "--connections", "1", "-n", str(n), "--format", "json", f"127.0.0.1:{port}"],
+         "-c", str(50 * connections), "--connections", str(connections), "-n", str(n), "--format", "json", f"127.0.0.1:{port}"],
         check=True, capture_output=True,
     )
     return dict(json.loads(out.stdout))
@@ -161,6 +165,8 @@ def main() -> None:
     parser.add_argument("--scenarios", default="over,under")
     parser.add_argument("-n", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="processes (front: SO_REUSEPORT; reference: always 1)")
+    parser.add_argument("--connections", type=int, default=1, help="ghz connections, 50 streams each")
     parser.add_argument("--lib", default=str(ROOT / "rust" / "target" / "release"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-front-"))
@@ -177,6 +183,7 @@ def main() -> None:
     redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
+    print(f"workers {args.workers}, ghz connections {args.connections} x 50 streams, -n {args.n}, {sys.executable}")
     print("| round | variant | store | scenario | req/s | p50 ms | p99 ms | CPU µs/decision | Redis CPU µs/decision | errors | admitted of 200 vs 50/min |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     try:
@@ -186,14 +193,15 @@ def main() -> None:
                     if variant == "reference" and store == "memory":
                         continue
                     subprocess.run(["redis-cli", "-p", str(redis_port), "flushall"], capture_output=True)
-                    proc, port = start(variant, store, redis_port, work, str(lib))
+                    procs, port = start(variant, store, redis_port, work, str(lib), 1 if variant == "reference" else args.workers)
                     try:
                         got = asyncio.run(admitted(port))
                         for scenario in args.scenarios.split(","):
                             ghz(port, scenario, 500, work / "rls.protoset")  # warm-up
-                            before, rbefore = cpu_seconds(proc.pid), cpu_seconds(redis.pid)
-                            report = ghz(port, scenario, args.n, work / "rls.protoset")
-                            cpu, rcpu = cpu_seconds(proc.pid) - before, cpu_seconds(redis.pid) - rbefore
+                            before, rbefore = sum(cpu_seconds(p.pid) for p in procs), cpu_seconds(redis.pid)
+                            report = ghz(port, scenario, args.n, work / "rls.protoset", args.connections)
+                            cpu = sum(cpu_seconds(p.pid) for p in procs) - before
+                            rcpu = cpu_seconds(redis.pid) - rbefore
                             count = int(report["count"])
                             lat = {d["percentage"]: d["latency"] / 1e6 for d in report.get("latencyDistribution") or []}
                             errors = {k: v for k, v in (report.get("statusCodeDistribution") or {}).items() if k != "OK"}
@@ -201,11 +209,13 @@ def main() -> None:
                                   f"{lat.get(99, 0):.2f} | {cpu / count * 1e6:.0f} | {rcpu / count * 1e6:.0f} | "
                                   f"{errors or 0} | {got} |", flush=True)
                     finally:
-                        proc.terminate()
-                        try:
-                            proc.wait(10)
-                        except subprocess.TimeoutExpired:
-                            proc.kill()
+                        for proc in procs:
+                            proc.terminate()
+                        for proc in procs:
+                            try:
+                                proc.wait(10)
+                            except subprocess.TimeoutExpired:
+                                proc.kill()
     finally:
         redis.terminate()
         redis.wait()
