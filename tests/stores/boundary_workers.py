@@ -20,13 +20,16 @@ def _clock() -> float:
     return now
 
 
-def loop_checks(name: str, directory: str, algorithm: str, limit: int, period: float, stop_at: float, out: Any) -> None:
+def loop_checks(name: str, directory: str, algorithm: str, limit: int, period: float, lock_timeout: float, ready: Any, go: Any, out: Any) -> None:
+    """Open the table, say so on ``ready``, then check until the ``stop_at`` read from ``go``."""
     try:
-        store = SharedMemoryStore(name, max_keys=1000, directory=directory, clock=_clock)
+        store = SharedMemoryStore(name, max_keys=1000, directory=directory, clock=_clock, lock_timeout=lock_timeout)
         checked = Limit(Rate(limit, period), algorithm)
         key = f"rw:{{boundary}}:{checked.suffix}"
         admitted: Counter[int] = Counter()
         checks = 0
+        ready.put(None)
+        stop_at: float = go.get(timeout=300)
         while time.time() < stop_at:
             decision = store.hit_now([key], [checked], [1.0])
             checks += 1

@@ -20,23 +20,32 @@ from tests.stores import boundary_workers
 PROCESSES = 4
 LIMIT, PERIOD = 100, 0.5
 SECONDS = 6.0
+#: The table's lock timeout: the test is about exactness, not timeouts (a holder descheduled on a
+#: loaded machine can keep a lock past the default 0.5 s).
+LOCK_TIMEOUT = 60.0
 
 
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
 def test_processes_racing_across_window_boundaries_never_exceed_the_limit(tmp_path: Path, algorithm: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     name = unique_name()
-    SharedMemoryStore(name, max_keys=1000, directory=tmp_path)
-    out = ctx.Queue()
-    start = time.time() + 3.0  # the workers are up (spawned, imported) before the first window
-    first = math.floor(start / PERIOD) + 1
-    stop_at = (first + SECONDS / PERIOD) * PERIOD
+    SharedMemoryStore(name, max_keys=1000, directory=tmp_path, lock_timeout=LOCK_TIMEOUT)
+    ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=boundary_workers.loop_checks, args=(name, str(tmp_path), algorithm, LIMIT, PERIOD, stop_at, out))
+        ctx.Process(
+            target=boundary_workers.loop_checks,
+            args=(name, str(tmp_path), algorithm, LIMIT, PERIOD, LOCK_TIMEOUT, ready, go, out),
+        )
         for _ in range(PROCESSES)
     ]
     for proc in procs:
         proc.start()
+    for _ in procs:  # every worker is up (spawned, imported, the table open) before the first window
+        ready.get(timeout=300)
+    first = math.floor((time.time() + 1.0) / PERIOD) + 1
+    stop_at = (first + SECONDS / PERIOD) * PERIOD
+    for _ in procs:
+        go.put(stop_at)
     results = [out.get(timeout=120) for _ in procs]
     for proc in procs:
         proc.join(30)
