@@ -190,19 +190,19 @@ async def check_rules(
 
 async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> Decision | None:
     """``check_rules`` through the core: any number of rules, shadow rules, async keys, cost functions."""
-    found = rule_keys(limiter, rules, scope)
-    keys: list[str | None] = []
-    for rule, key in zip(rules, found, strict=True):
+    keys = rule_keys(limiter, rules, scope)
+    for i, key in enumerate(keys):
         if key is None or isinstance(key, str):
-            keys.append(key)
-        elif rule.shadow:
-            try:
-                keys.append(await key_later(None, rule, scope, key))
-            except Exception as exc:
-                log_failure("shadow rule", exc)
-                keys.append(None)
-        else:
-            keys.append(await key_later(limiter, rule, scope, key))
+            continue
+        rule = rules[i]
+        if not rule.shadow:
+            keys[i] = await key_later(limiter, rule, scope, key)
+            continue
+        try:
+            keys[i] = await key_later(None, rule, scope, key)
+        except Exception as exc:
+            log_failure("shadow rule", exc)
+            keys[i] = None
     charge = plan_charge(limiter, rules, keys, scope, message)
     if charge is None:
         return None

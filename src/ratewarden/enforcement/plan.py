@@ -247,15 +247,15 @@ class Charge:
 
     __slots__ = ("costs", "keys", "limits", "shadows")
 
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.limits: list[Limit] = []
-        self.costs: list[float] = []
-        self.shadows: list[Shadow] = []
+    def __init__(self, keys: list[str], limits: list[Limit], costs: list[float], shadows: list[Shadow]) -> None:
+        self.keys = keys
+        self.limits = limits
+        self.costs = costs
+        self.shadows = shadows
 
 
 def plan_charge(
-    limiter: Limiter, rules: Sequence[CompiledRule], keys: Sequence[str | None], scope: Scope, message: bool = False
+    limiter: Limiter, rules: Sequence[CompiledRule], keys: Sequence[Pending], scope: Scope, message: bool = False
 ) -> Charge | None:
     """The charge of a check of ``rules`` whose keys are ``keys`` (``rule_keys``, finished); ``None``
     when a cost function's failure decided it under fail-open (``report_failure``; fail-closed raises).
@@ -263,29 +263,35 @@ def plan_charge(
     Args:
         limiter: Whose ``on_error`` applies.
         rules: The rules the request matched.
-        keys: Each rule's key (``None``: a shadow rule that charges nothing).
+        keys: Each rule's key, finished by the driver (``None``: a shadow rule that charges nothing).
         scope: The request's scope, for cost functions.
         message: Charge the WebSocket message limits instead of the connection or request ones.
     """
-    charge = Charge()
+    storage: list[str] = []
+    limits: list[Limit] = []
+    costs: list[float] = []
+    shadows: list[Shadow] = []
     try:
-        for rule, key in zip(rules, keys, strict=True):
+        for i, rule in enumerate(rules):
+            key = keys[i]
             if key is None:
                 continue
+            if not isinstance(key, str):
+                raise TypeError(f"rule {rule.rule.name!r}: its key was not finished (an awaitable)")
             if rule.shadow:
-                charge.shadows.append(Shadow(rule, key, message))
+                shadows.append(Shadow(rule, key, message))
             elif message:
-                charge.keys.extend(rule.storage_keys(key, message=True))
-                charge.limits.extend(rule.message_limits)
-                charge.costs.extend(rule.message_costs)
+                storage.extend(rule.storage_keys(key, message=True))
+                limits.extend(rule.message_limits)
+                costs.extend(rule.message_costs)
             else:
-                add_charge(charge.keys, charge.limits, charge.costs, rule, key, scope)
+                add_charge(storage, limits, costs, rule, key, scope)
     except LimitUnavailable:
         raise
     except Exception as exc:  # a cost function
         report_failure(limiter, "cost function", exc)
         return None
-    return charge
+    return Charge(storage, limits, costs, shadows)
 
 
 def shadow_outcome(shadow: Shadow, decision: Decision | None, scope: Scope, message: bool) -> None:

@@ -84,18 +84,19 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
         only = rules[0]
         key = sync_key_of(limiter, only, scope)
         return store_answer_blocking(limiter, only.storage_keys(key), only.limits, only.costs, "rate limit check")
-    keys: list[str | None] = []
-    for rule, found in zip(rules, rule_keys(limiter, rules, scope), strict=True):
+    keys = rule_keys(limiter, rules, scope)
+    for i, found in enumerate(keys):
         if found is None or isinstance(found, str):
-            keys.append(found)
-        elif not rule.shadow:
-            keys.append(_refused(limiter, rule, scope, found))
-        else:
-            try:
-                keys.append(_refused(None, rule, scope, found))
-            except TypeError as exc:
-                log_failure("shadow rule", exc)
-                keys.append(None)
+            continue
+        rule = rules[i]
+        if not rule.shadow:
+            keys[i] = _refused(limiter, rule, scope, found)
+            continue
+        try:
+            keys[i] = _refused(None, rule, scope, found)
+        except TypeError as exc:
+            log_failure("shadow rule", exc)
+            keys[i] = None
     charge = plan_charge(limiter, rules, keys, scope)
     if charge is None:
         return None
