@@ -403,10 +403,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(work_root, ignore_errors=True)
     kinds = Counter(k for r in results for k in r["differences"])
     identical = sum(not r["differences"] for r in results)
+    but_headers = sum(r["differences"] == ["headers"] for r in results)
     return {
         "reference": str(args.reference), "source": str(source), "match": args.match,
         "reference_headers": args.reference_headers, "ratewarden_options": options,
         "answers": len(results), "identical": identical, "different": len(results) - identical,
+        "identical_but_headers": identical + but_headers,
         "kinds": dict(kinds.most_common()), "loads": loads, "results": results,
     }
 
@@ -434,7 +436,8 @@ def main() -> None:
     for load in report["loads"]:
         if load["reference"] != "served" or load["ratewarden"] != "served":
             print(f"  load {load['scenario']}: reference {load['reference']}; ratewarden {load['ratewarden']}")
-    print(f"{report['identical']} of {report['answers']} answers identical, {report['different']} different")
+    print(f"{report['identical']} of {report['answers']} answers identical, {report['different']} different "
+          f"({report['identical_but_headers']} identical but for their headers)")
     for kind, count in report["kinds"].items():
         print(f"  {count:4d} answers differ in {kind}")
     by_sequence = Counter((r["scenario"], r["sequence"]) for r in report["results"] if r["differences"])
