@@ -7,6 +7,8 @@
 //! batch), decides them, and hands the answers back in one call (`Front.answer`). The tokio side
 //! never takes the GIL.
 
+#![allow(clippy::result_large_err)] // tonic::Status is the error type of every gRPC call
+
 mod proto;
 
 use std::collections::HashMap;
@@ -22,9 +24,9 @@ use std::time::Duration as StdDuration;
 
 use proto::*;
 use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
-use pyo3::intern;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tonic::codegen::{empty_body, http, Body, BoxFuture, Service, StdError};
@@ -131,7 +133,12 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
         let shared = self.0.clone();
-        Box::pin(async move { shared.decide(request.into_inner()).await.map(tonic::Response::new) })
+        Box::pin(async move {
+            shared
+                .decide(request.into_inner())
+                .await
+                .map(tonic::Response::new)
+        })
     }
 }
 
@@ -154,7 +161,10 @@ where
                 let mut response = http::Response::new(empty_body());
                 let headers = response.headers_mut();
                 headers.insert("grpc-status", (Code::Unimplemented as i32).into());
-                headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/grpc"),
+                );
                 Ok(response)
             });
         }
@@ -167,7 +177,9 @@ where
             // tonic answers a message over the limit OUT_OF_RANGE; gRPC's servers say RESOURCE_EXHAUSTED.
             let status = response.headers().get("grpc-status");
             if status.is_some_and(|value| value.as_bytes() == b"11") {
-                response.headers_mut().insert("grpc-status", (Code::ResourceExhausted as i32).into());
+                response
+                    .headers_mut()
+                    .insert("grpc-status", (Code::ResourceExhausted as i32).into());
             }
             Ok(response)
         })
@@ -190,13 +202,21 @@ impl tonic::transport::server::Connected for Limited {
 }
 
 impl AsyncRead for Limited {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Limited {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -206,7 +226,9 @@ impl AsyncWrite for Limited {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>],
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
@@ -247,24 +269,48 @@ impl Front {
         max_pending=10000, request_timeout=10.0, threads=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        py: Python<'_>, descriptor_class: PyObject, host: &str, port: u16, reuse_port: bool,
-        max_message_size: usize, max_descriptors: usize, max_entries: usize, max_connections: usize,
-        max_pending: usize, request_timeout: f64, threads: usize,
+        py: Python<'_>,
+        descriptor_class: PyObject,
+        host: &str,
+        port: u16,
+        reuse_port: bool,
+        max_message_size: usize,
+        max_descriptors: usize,
+        max_entries: usize,
+        max_connections: usize,
+        max_pending: usize,
+        request_timeout: f64,
+        threads: usize,
     ) -> PyResult<Self> {
         if !(request_timeout > 0.0 && request_timeout.is_finite()) {
-            return Err(PyValueError::new_err(format!("request_timeout must be a positive number of seconds, got {request_timeout}")));
+            return Err(PyValueError::new_err(format!(
+                "request_timeout must be a positive number of seconds, got {request_timeout}"
+            )));
         }
         if threads == 0 || max_connections == 0 || max_pending == 0 {
-            return Err(PyValueError::new_err("threads, max_connections and max_pending must be at least 1"));
+            return Err(PyValueError::new_err(
+                "threads, max_connections and max_pending must be at least 1",
+            ));
         }
-        let address: SocketAddr = format!("{}:{}", if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() }, port)
-            .parse()
-            .map_err(|e| PyValueError::new_err(format!("bad address {host}:{port}: {e}")))?;
+        let address: SocketAddr = format!(
+            "{}:{}",
+            if host.contains(':') && !host.starts_with('[') {
+                format!("[{host}]")
+            } else {
+                host.to_string()
+            },
+            port
+        )
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("bad address {host}:{port}: {e}")))?;
         let (reader, wake) = UnixStream::pair()?;
         wake.set_nonblocking(true)?;
         reader.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { queue: Vec::new(), waiting: HashMap::new() }),
+            state: Mutex::new(State {
+                queue: Vec::new(),
+                waiting: HashMap::new(),
+            }),
             next_id: AtomicU64::new(0),
             wake,
             max_descriptors,
@@ -279,28 +325,46 @@ impl Front {
             .build()?;
         let listener = {
             let _entered = runtime.enter();
-            let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+            let socket = if address.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
             socket.set_reuseaddr(true)?;
             if reuse_port {
                 socket.set_reuseport(true)?;
             }
-            socket.bind(address).map_err(|e| PyOSError::new_err(format!("cannot listen for gRPC on {address}: {e}")))?;
+            socket.bind(address).map_err(|e| {
+                PyOSError::new_err(format!("cannot listen for gRPC on {address}: {e}"))
+            })?;
             socket.listen(1024)?
         };
         let bound = listener.local_addr()?.port();
         let (shutdown, stopped) = oneshot::channel::<()>();
-        let server = RlsServer { shared: shared.clone(), max_message_size };
+        let server = RlsServer {
+            shared: shared.clone(),
+            max_message_size,
+        };
         let permits = Arc::new(Semaphore::new(max_connections));
         let (connections, incoming) = tokio::sync::mpsc::channel::<std::io::Result<Limited>>(64);
         runtime.spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let Ok(permit) = permits.clone().try_acquire_owned() else {
                     drop(stream); // over max_connections: closed at once
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                if connections.send(Ok(Limited { stream, _permit: permit })).await.is_err() {
+                if connections
+                    .send(Ok(Limited {
+                        stream,
+                        _permit: permit,
+                    }))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -312,16 +376,26 @@ impl Front {
                 .http2_keepalive_interval(Some(StdDuration::from_secs(60)))
                 .http2_keepalive_timeout(Some(StdDuration::from_secs(20)))
                 .add_service(server)
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), async {
-                    let _ = stopped.await;
-                })
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::ReceiverStream::new(incoming),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
                 .await;
             if let Err(error) = result {
                 eprintln!("ratewarden_front: gRPC server stopped: {error}");
             }
         });
         let _ = py;
-        Ok(Front { shared, reader, descriptor_class, runtime: Some(runtime), shutdown: Some(shutdown), port: bound })
+        Ok(Front {
+            shared,
+            reader,
+            descriptor_class,
+            runtime: Some(runtime),
+            shutdown: Some(shutdown),
+            port: bound,
+        })
     }
 
     /// The file descriptor that becomes readable when requests wait (watch it with
@@ -348,7 +422,10 @@ impl Front {
             let count = limit.min(state.queue.len());
             let batch: Vec<_> = state.queue.drain(..count).collect();
             let waiting = &state.waiting;
-            batch.into_iter().filter(|(id, _)| waiting.contains_key(id)).collect()
+            batch
+                .into_iter()
+                .filter(|(id, _)| waiting.contains_key(id))
+                .collect()
         };
         let out = PyList::empty(py);
         let class = self.descriptor_class.bind(py);
@@ -357,10 +434,15 @@ impl Front {
             for descriptor in &request.descriptors {
                 let entries = PyTuple::new(
                     py,
-                    descriptor.entries.iter().map(|e| PyTuple::new(py, [e.key.as_str(), e.value.as_str()]).unwrap()),
+                    descriptor
+                        .entries
+                        .iter()
+                        .map(|e| PyTuple::new(py, [e.key.as_str(), e.value.as_str()]).unwrap()),
                 )?;
                 let limit = match &descriptor.limit {
-                    Some(l) => (l.requests_per_unit, unit_name(l.unit).unwrap_or("")).into_pyobject(py)?.into_any(),
+                    Some(l) => (l.requests_per_unit, unit_name(l.unit).unwrap_or(""))
+                        .into_pyobject(py)?
+                        .into_any(),
                     None => py.None().into_bound(py),
                 };
                 let hits = match &descriptor.hits_addend {
@@ -386,7 +468,8 @@ impl Front {
                     Err(error) => Err(Status::internal(format!("bad error answer: {error}"))),
                 }
             } else {
-                to_response(py, &answer).map_err(|error| Status::internal(format!("bad answer: {error}")))
+                to_response(py, &answer)
+                    .map_err(|error| Status::internal(format!("bad answer: {error}")))
             };
             answers.push((id, converted));
         }
@@ -411,7 +494,9 @@ impl Front {
             let _ = shutdown.send(());
         }
         if let Some(runtime) = self.runtime.take() {
-            py.allow_threads(|| runtime.shutdown_timeout(StdDuration::from_secs_f64(grace.max(0.0))));
+            py.allow_threads(|| {
+                runtime.shutdown_timeout(StdDuration::from_secs_f64(grace.max(0.0)))
+            });
         }
         Ok(())
     }
@@ -424,27 +509,43 @@ fn to_response(py: Python<'_>, answer: &Bound<'_, PyAny>) -> PyResult<RateLimitR
     for status in statuses_obj.try_iter()? {
         let status = status?;
         let code_obj = status.getattr(intern!(py, "code"))?;
-        let code = if code_obj.extract::<&str>()? == "OK" { CODE_OK } else { CODE_OVER_LIMIT };
+        let code = if code_obj.extract::<&str>()? == "OK" {
+            CODE_OK
+        } else {
+            CODE_OVER_LIMIT
+        };
         let remaining: i128 = status.getattr(intern!(py, "limit_remaining"))?.extract()?;
         let limit_remaining = remaining.clamp(0, UINT32_MAX as i128) as u32;
         let current = status.getattr(intern!(py, "current_limit"))?;
         if current.is_none() {
-            statuses.push(DescriptorStatus { code, current_limit: None, limit_remaining, duration_until_reset: None });
+            statuses.push(DescriptorStatus {
+                code,
+                current_limit: None,
+                limit_remaining,
+                duration_until_reset: None,
+            });
             continue;
         }
         let unit_text = current.getattr(intern!(py, "unit"))?;
         let unit = unit_number(unit_text.extract::<&str>()?)
             .ok_or_else(|| PyValueError::new_err(format!("unknown unit {unit_text}")))?;
-        let reset: f64 = status.getattr(intern!(py, "duration_until_reset"))?.extract()?;
+        let reset: f64 = status
+            .getattr(intern!(py, "duration_until_reset"))?
+            .extract()?;
         statuses.push(DescriptorStatus {
             code,
             current_limit: Some(RateLimit {
                 name: current.getattr(intern!(py, "name"))?.extract()?,
-                requests_per_unit: current.getattr(intern!(py, "requests_per_unit"))?.extract()?,
+                requests_per_unit: current
+                    .getattr(intern!(py, "requests_per_unit"))?
+                    .extract()?,
                 unit,
             }),
             limit_remaining,
-            duration_until_reset: Some(Duration { seconds: reset.ceil().max(0.0) as i64, nanos: 0 }),
+            duration_until_reset: Some(Duration {
+                seconds: reset.ceil().max(0.0) as i64,
+                nanos: 0,
+            }),
         });
     }
     let mut headers = Vec::new();
