@@ -105,7 +105,7 @@ async def test_sentinel_lists_a_client_per_sentinel(redis_sentinel: RedisSentine
 
 
 async def test_socket_timeout_is_the_connections_own_attribute(redis_standalone: RedisStandalone) -> None:
-    store = RedisStore(redis_standalone.url, timeout=5, connect_timeout=3)
+    store = RedisStore(redis_standalone.url, timeout=0.1, connect_timeout=3)
     try:
         conn = store.client.connection_pool.make_connection()
         assert getattr(conn, "socket_timeout", "missing") == 3.0, broken(

@@ -153,6 +153,26 @@ async def test_a_busy_loop_stretches_a_check_to_at_most_two_timeouts(private_red
         await store.close()
 
 
+async def test_a_call_through_the_client_waits_the_timeout_it_was_given(private_redis: RedisStandalone) -> None:
+    """redis-py's read timeout (the client's: a reset's, every Cluster check's) was 1 s whatever
+    the store's ``timeout``: with ``timeout=10``, a server paused 2.5 s failed the call after 2 s
+    (1 s, then redis-py's one retry)."""
+    store = RedisStore(private_redis.url, timeout=10)
+    (limit,) = make_limits("10/hour")
+    key = f"rw:{{wait|{uuid.uuid4().hex}}}:{limit.suffix}"
+    try:
+        assert (await store.hit([key], [limit], [1.0])).remaining == 9
+        await store.reset([key])  # the client's connection is open
+        assert (await store.hit([key], [limit], [1.0])).remaining == 9
+        private_redis.server.pause()
+        threading.Timer(2.5, private_redis.server.resume).start()
+        await store.reset([key])
+        assert (await store.peek([key], [limit]))[0].remaining == 10
+    finally:
+        private_redis.server.resume()
+        await store.close()
+
+
 async def test_lone_surrogate_keys_work_like_on_the_other_stores(redis_standalone: RedisStandalone) -> None:
     for coalesce in (True, False):
         limiter = Limiter(RedisStore(redis_standalone.url, timeout=5, coalesce=coalesce))

@@ -90,7 +90,7 @@ class RedisStore(Store):
         self.prefix = prefix
         self.clock = clock
         self._cluster = cfg.kind == "cluster"
-        self._client, self._other_clients = make_client(cfg, connect, self.pool_size)
+        self._client, self._other_clients = make_client(cfg, self.timeout, connect, self.pool_size)
         # Calls through the client wait for a free connection of its pool (Sentinel's and Cluster's
         # pools raise when exhausted). Cluster pipelines take up to pool_size of them per node.
         pipelines = self.pool_size if self._cluster and self.coalesce else 0

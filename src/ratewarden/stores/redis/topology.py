@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+from ..deadline import EXTENSIONS
 from ..urls import StoreURL
 from ._redis import ClusterNode, NoBackoff, RedisCluster, RedisError, Retry, Sentinel, aioredis, key_slot
 from .client import ResolvingConnection, ResolvingSSLConnection, sentinel_clients
@@ -24,15 +25,20 @@ def pool_limit(kind: str, pool_size: int) -> int:
     return max(pool_size, 4) * 4 if kind == "cluster" else pool_size * 4
 
 
-def make_client(cfg: StoreURL, connect_timeout: float, pool_size: int) -> tuple[Any, list[Any]]:
+def make_client(cfg: StoreURL, timeout: float, connect_timeout: float, pool_size: int) -> tuple[Any, list[Any]]:
     """The redis-py client for ``cfg`` (a parsed ``redis://``, ``rediss://``, ``redis+sentinel://``
     or ``redis+cluster://`` URL), with a pool of ``pool_limit`` connections. Also the clients
-    it relies on that closing it leaves open (a Sentinel set-up's client of each Sentinel)."""
+    it relies on that closing it leaves open (a Sentinel set-up's client of each Sentinel).
+
+    Its read timeout is a backstop behind the store's own timers (``deadline``), which judge a
+    call at ``timeout`` and wait on while the loop is behind: never shorter than the longest of
+    those waits, so that a Cluster check (sent through this client) or a reset waits the
+    ``timeout`` it was given, not redis-py's 1 s."""
     common: dict[str, Any] = {
         "username": cfg.username,
         "password": cfg.password,
         "socket_connect_timeout": connect_timeout,
-        "socket_timeout": max(connect_timeout, 1.0),
+        "socket_timeout": max(connect_timeout, 1.0, (EXTENSIONS + 1) * timeout),
         "decode_responses": False,
         "encoding_errors": "surrogatepass",  # keys as protocol.key_bytes encodes them
         "client_name": cfg.options.get("client_name"),
