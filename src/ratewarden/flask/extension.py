@@ -14,19 +14,17 @@ from flask.typing import ResponseReturnValue
 from werkzeug.wrappers import Response as BaseResponse
 
 from ..algorithms import AlgorithmName
-from ..context import context_for
 from ..decision import Decision
 from ..enforcement.check import LimitUnavailable
-from ..enforcement.sync_check import check_blocking
 from ..errors import AmbiguousRequest, ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc
 from ..limiter import Limiter
-from ..rules import CostFunc, policy_of
+from ..rules import CostFunc
 from ..wsgi.scope import scope_of
 from .applicable import AppState
 from .declared import Declared, Registry, ScopeTest, scope_key
-from .fast import CHECKED_KEY, UNAVAILABLE, Checked, FastCheck
+from .fast import CHECKED_KEY, UNAVAILABLE, Checked, FastCheck, check_request
 from .responses import (
     RateLimitExceeded,
     add_headers,
@@ -245,16 +243,13 @@ class RateLimiter:
         rules = applicable.rules(scope)
         if not rules:
             return None
-        try:
-            decision = check_blocking(state.limiter, rules, scope)
-        except LimitUnavailable as exc:
-            return unavailable_response(exc)
-        if decision is None:
+        checked = check_request(state, rules, scope)
+        if isinstance(checked, LimitUnavailable):
+            return unavailable_response(checked)
+        if checked is None:
             return None
-        context_for(scope).decision = decision
-        checked = Checked(decision, policy_of(rules))
         request.environ[CHECKED_KEY] = checked
-        if decision.allowed:
+        if checked.decision.allowed:
             return None
         return self._refuse(state, checked)
 

@@ -29,6 +29,7 @@ from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejecti
 from ..enforcement.sync_check import check_blocking
 from ..errors import AmbiguousRequest, LimitUnavailable
 from ..rules import CompiledRule, policy_of
+from ..types import Scope
 from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHeaders, _text_headers
 from ..wsgi.scope import scope_of
 from .applicable import Applicable, AppState
@@ -82,6 +83,26 @@ class Checked:
         self.policy = policy
         self.answer: object = None  # the extension's own 429, sent as it is
         self.at_wsgi = False  # the rate-limit headers are added by FastCheck's start_response
+
+
+def check_request(state: AppState, rules: tuple[CompiledRule, ...], scope: Scope) -> Checked | LimitUnavailable | None:
+    """The one Flask check of a request (``FastCheck`` before Flask, the ``before_request`` hook
+    inside it): ``check_blocking``'s decision as ``Checked`` (``None``: nothing decided), or the
+    ``LimitUnavailable`` it raised, for the caller to answer in its own way.
+
+    Args:
+        state: The app's limiter and settings.
+        rules: The rules that apply to the request.
+        scope: The request's scope.
+    """
+    try:
+        decision = check_blocking(state.limiter, rules, scope)
+    except LimitUnavailable as exc:
+        return exc
+    if decision is None:
+        return None
+    context_for(scope).decision = decision
+    return Checked(decision, policy_of(rules))
 
 
 def scope_only(function: object) -> bool:
@@ -166,24 +187,22 @@ class FastCheck:
         if not rules:
             environ[CHECKED_KEY] = NOTHING
             return self.inner(environ, start_response)
-        try:
-            decision = check_blocking(state.limiter, rules, scope)
-        except LimitUnavailable as exc:
-            ambiguous = isinstance(exc, AmbiguousRequest)
+        checked = check_request(state, rules, scope)
+        if isinstance(checked, LimitUnavailable):
+            ambiguous = isinstance(checked, AmbiguousRequest)
             if plan.answers and self._answerable(environ):
                 if ambiguous:
-                    _, body, headers = unavailable_answer(exc)
+                    _, body, headers = unavailable_answer(checked)
                     start_response(_BAD_REQUEST, _text_headers(headers))
                     return [body]
                 start_response(_UNAVAILABLE_STATUS, list(_UNAVAILABLE_TEXT))
                 return [UNAVAILABLE_BODY]
-            environ[CHECKED_KEY] = exc if ambiguous else UNAVAILABLE
+            environ[CHECKED_KEY] = checked if ambiguous else UNAVAILABLE
             return self.inner(environ, start_response)
-        if decision is None:
+        if checked is None:
             environ[CHECKED_KEY] = NOTHING
             return self.inner(environ, start_response)
-        context_for(scope).decision = decision
-        checked = Checked(decision, policy_of(rules))
+        decision = checked.decision
         environ[CHECKED_KEY] = checked
         if decision.allowed:
             checked.at_wsgi = True
