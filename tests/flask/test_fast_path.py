@@ -32,16 +32,16 @@ def user_key(scope: Scope) -> str:
 
 @pytest.fixture
 def charges(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many times each path called ``check_blocking``."""
+    """How many times each path checked the request (``check_request``)."""
     counts = {"fast": 0, "hook": 0}
     for name, module in (("fast", fast_module), ("hook", extension_module)):
-        real = module.check_blocking
+        real = module.check_request
 
         def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
             counts[_name] += 1
             return _real(*args)
 
-        monkeypatch.setattr(module, "check_blocking", spy)
+        monkeypatch.setattr(module, "check_request", spy)
     return counts
 
 
