@@ -34,6 +34,7 @@ from ratewarden.stores import open_store
 log = logging.getLogger("ratewarden.serve.front")
 
 INVALID_ARGUMENT, INTERNAL, UNAVAILABLE = 3, 13, 14
+GRACE = 10.0  #: seconds the calls in flight get when asked to stop (as ``serve.worker.GRACE``)
 Item = tuple[int, "RlsAnswer | tuple[int, str]"]
 
 
@@ -154,8 +155,12 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stopped.set)
     await stopped.wait()
+    front.close()  # no new calls; the ones in flight are still decided, for up to GRACE seconds
+    deadline = asyncio.get_running_loop().time() + GRACE
+    while front.pending() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
     adapter.close()
-    front.stop(2.0)
+    front.stop(0.5)
     print(f"batches {adapter.batches} requests {adapter.requests} "
           f"({adapter.requests / max(1, adapter.batches):.1f} a batch)", flush=True)
 

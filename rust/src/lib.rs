@@ -487,6 +487,14 @@ impl Front {
         self.shared.state.lock().unwrap().waiting.len()
     }
 
+    /// Stop accepting connections and streams (HTTP/2 GOAWAY); open requests are still served,
+    /// so keep deciding until `pending()` is 0, then `stop()`.
+    fn close(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+    }
+
     /// Stop accepting, give open requests up to `grace` seconds, then stop the threads.
     #[pyo3(signature = (grace=5.0))]
     fn stop(&mut self, py: Python<'_>, grace: f64) -> PyResult<()> {
