@@ -53,3 +53,15 @@ def test_the_layers_name_real_modules() -> None:
     for prefixes in LAYERS.values():
         for prefix in prefixes:
             assert any(m == prefix or m.startswith(prefix + ".") for m in modules), prefix
+
+
+def test_only_the_cli_imports_the_bench_suite() -> None:
+    """``bench/`` stays separable from the runtime (see "The benchmark suite" in the doc): only the
+    ``bench`` command reaches it."""
+    reaching = sorted(
+        f"{importer} -> {imported}"
+        for importer, targets in graph().items()
+        if not importer.startswith(("ratewarden.bench", "ratewarden.cli"))
+        for imported in targets if imported == "ratewarden.bench" or imported.startswith("ratewarden.bench.")
+    )
+    assert not reaching, reaching
