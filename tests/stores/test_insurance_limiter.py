@@ -442,7 +442,7 @@ def test_the_blocking_path_seeds_and_charges_back(server: RedisStandalone) -> No
             except StoreError:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-        assert back.allowed  # the killed server lost the 15: only the 5 are charged back, after this check
+        assert back.allowed  # the killed server lost the 15: only the 5 are charged back, ahead of this check
         assert store.peek_blocking(keys, [limit])[0].remaining == 20 - 1 - 5
     finally:
         limiter.close_sync()
@@ -473,6 +473,47 @@ async def test_memcached_outage_is_seeded_and_charged_back(memcached_server: Mem
         (decision,) = await limiter.store.peek(keys, limits)
         assert decision.remaining == 20 - 1 - 8
     finally:
+        await limiter.close()
+
+
+@pytest.mark.parametrize("path", ["redis", "redis-nocoalesce", "redis-blocking", "memcached", "memcached-blocking"])
+async def test_the_check_after_a_failed_one_counts_what_the_insurance_limiter_admitted(
+    server: RedisStandalone, memcached_server: Memcached, path: str
+) -> None:
+    """One check fails (its server paused, as a loaded machine can leave it past the timeout) and
+    the insurance limiter admits it: the next check the store decides counts that admission. Charged
+    back after that check (Memcached, Redis without coalescing, the blocking calls), the 6th request
+    against 5/hour was admitted."""
+    kind, _, variant = path.partition("-")
+    paused = memcached_server.server if kind == "memcached" else server.server
+    store = (
+        MemcachedStore(memcached_server.url, timeout=1.0) if kind == "memcached"
+        else RedisStore(server.url, timeout=1.0, coalesce=variant != "nocoalesce")
+    )
+    limiter = Limiter(store, prefix=f"i{uuid.uuid4().hex[:10]}")
+    limits = limiter.limits(RATE)
+    keys = limiter.keys_for("client", limits)
+
+    async def check() -> bool:
+        if variant != "blocking":
+            return (await limiter.hit("client", RATE)).allowed
+        try:
+            return store.hit_blocking(keys, limits, [1.0]).allowed
+        except StoreError as exc:
+            decision = limiter.decide_without_store(exc, keys, limits, [1.0])
+            assert decision is not None
+            return decision.allowed
+
+    try:
+        assert [await check() for _ in range(LIMIT - 1)] == [True] * (LIMIT - 1)
+        with paused.paused():
+            assert await check()  # the insurance limiter: 1 left at the store's last answer
+        assert limiter.without_store()["local_limiter"] == 1
+        assert [await check() for _ in range(2)] == [False, False]
+        (decision,) = await store.peek(keys, limits)
+        assert decision.remaining == 0
+    finally:
+        paused.resume()
         await limiter.close()
 
 

@@ -1,8 +1,8 @@
 """What a limiter's insurance limiter needs from a remote store, kept per process by the store
 (``RedisStore.ledger``, ``MemcachedStore.ledger``): the last answer the store gave for each key,
 so an outage starts from what was left instead of from zero, and what the insurance limiter
-admitted meanwhile, charged to the store (``adjust``) by its first check that succeeds once it
-answers again. Both are bounded in entries, whatever the clients send.
+admitted meanwhile, charged to the store (``adjust``) ahead of the next check, which fails
+with the charge-back's error if the store fails it. Both are bounded in entries, whatever the clients send.
 """
 
 from __future__ import annotations
@@ -148,33 +148,39 @@ class Ledger:
                 else:
                     self.dropped += amount
 
-    async def settle(self, store: Store) -> None:
-        """Charge ``store`` what is owed (one ``adjust``); if it fails, the charges stay owed.
+    async def settle(self, store: Store) -> StoreError | None:
+        """Charge ``store`` what is owed (one ``adjust``), ahead of the check that calls it, so that
+        check counts the charges; if it fails, they stay owed and its error is returned (the check
+        then fails with it: one timeout, not two, while the store is still down).
 
         Args:
-            store: The store that answered again.
+            store: The store to charge.
         """
         keys, limits, amounts, untils = self.take()
         if not keys:
-            return
+            return None
         try:
             await store.adjust(keys, limits, amounts)
-        except StoreError:
+        except StoreError as exc:
             self.owe_again(keys, limits, amounts, untils)
+            return exc
+        return None
 
-    def settle_blocking(self, store: Store) -> None:
+    def settle_blocking(self, store: Store) -> StoreError | None:
         """``settle`` from synchronous code (``adjust_blocking``).
 
         Args:
-            store: The store that answered again.
+            store: The store to charge.
         """
         keys, limits, amounts, untils = self.take()
         if not keys:
-            return
+            return None
         try:
             store.adjust_blocking(keys, limits, amounts)
-        except StoreError:
+        except StoreError as exc:
             self.owe_again(keys, limits, amounts, untils)
+            return exc
+        return None
 
     def forget(self, keys: Sequence[str] | None = None) -> None:
         """Drop the answers and charges of ``keys`` (every key's: ``None``), as a reset does.

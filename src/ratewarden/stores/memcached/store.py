@@ -119,15 +119,17 @@ class MemcachedStore(Batches, Blocking):
             cached = self.cached_rejection(keys, costs)
             if cached is not None:
                 return cached
+        ledger = self.ledger
+        if ledger.owed:  # charged back first, so this check counts them
+            error = await ledger.settle(self)
+            if error is not None:
+                raise error
         if len(keys) == 1:
             decision = await self._coalesced(keys[0], limits[0], costs[0])
         else:
             mkeys = [memcached_key(k) for k in keys]
             decision = await self._run(mkeys, lambda: self._cas_hit(keys, mkeys, limits, costs), "hit")
-        ledger = self.ledger
         ledger.note_check(keys, limits, decision)
-        if ledger.owed:
-            await ledger.settle(self)
         return decision
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:

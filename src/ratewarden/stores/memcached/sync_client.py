@@ -120,6 +120,11 @@ class Blocking(Store):
             if cached is not None:
                 rejections.counted()
                 return cached
+        ledger = self.ledger
+        if ledger.owed:  # charged back first, so this check counts them
+            error = ledger.settle_blocking(self)
+            if error is not None:
+                raise error
         epoch = rejections.epoch  # before the round trip: an invalidation meanwhile keeps its denial out
         mkeys = [memcached_key(k) for k in keys]
         held = set(mkeys)
@@ -134,10 +139,7 @@ class Blocking(Store):
             raise self._sync_failed(exc) from exc
         finally:
             self._sync_give(held, client, handed)
-        ledger = self.ledger
         ledger.note_check(keys, limits, decision)
-        if ledger.owed:
-            ledger.settle_blocking(self)
         return decision
 
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:

@@ -149,6 +149,10 @@ class RedisStore(Store):
         if ledger.owed and self.coalesce:
             reply = await self._hit_charging_back(keys, limits, costs)
         else:
+            if ledger.owed:  # not coalescing: charged back first, so this check counts them
+                error = await ledger.settle(self)
+                if error is not None:
+                    raise error
             reply = await self._request("h", keys, limits, costs)
         try:
             index = reply[5]
@@ -161,8 +165,6 @@ class RedisStore(Store):
         if not decision.allowed and self.cache_rejections and 0 < decision.retry_after < math.inf:
             rejected.remember(keys[index], costs[index], sent_at + decision.retry_after, decision, epoch, sent_at)
         ledger.note(keys[index], decision)
-        if ledger.owed:  # not coalescing: charged back after the check
-            await ledger.settle(self)
         return decision
 
     def _hit_charging_back(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Awaitable[Reply]:
@@ -192,10 +194,11 @@ class RedisStore(Store):
         """``hit`` for synchronous code, on redis-py's synchronous client in the calling thread (the
         same script, keys, deadline and failures; see ``sync_client``), answering from the rejection
         cache first and filling it, as ``hit`` does."""
-        decision = self._blocking.hit(keys, limits, costs)
-        if self.ledger.owed:
-            self.ledger.settle_blocking(self)
-        return decision
+        if self.ledger.owed:  # charged back first, so this check counts them
+            error = self.ledger.settle_blocking(self)
+            if error is not None:
+                raise error
+        return self._blocking.hit(keys, limits, costs)
 
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """``peek`` on the synchronous client (``sync_client``): one script call (per slot)."""
