@@ -138,7 +138,7 @@ class FrontAdapter:
 
 async def serve(args: argparse.Namespace) -> None:
     """Start the front door and decide until SIGTERM/SIGINT."""
-    import ratewarden_front
+    import ratewarden_front  # type: ignore[import-not-found]  # built from rust/ (rust/README.md)
 
     host, port = parse_address(args.grpc, "--grpc")
     limiter = Limiter(open_store(args.store), on_error=args.on_error)
