@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration as StdDuration;
@@ -257,6 +257,7 @@ struct Front {
     descriptor_class: PyObject,
     runtime: Option<tokio::runtime::Runtime>,
     shutdown: Option<oneshot::Sender<()>>,
+    serving: Arc<AtomicBool>,
     #[pyo3(get)]
     port: u16,
 }
@@ -369,6 +370,8 @@ impl Front {
                 }
             }
         });
+        let serving = Arc::new(AtomicBool::new(true));
+        let server_running = serving.clone();
         runtime.spawn(async move {
             let result = tonic::transport::Server::builder()
                 .max_concurrent_streams(Some(1024))
@@ -386,6 +389,7 @@ impl Front {
             if let Err(error) = result {
                 eprintln!("ratewarden_front: gRPC server stopped: {error}");
             }
+            server_running.store(false, Ordering::Release);
         });
         let _ = py;
         Ok(Front {
@@ -394,6 +398,7 @@ impl Front {
             descriptor_class,
             runtime: Some(runtime),
             shutdown: Some(shutdown),
+            serving,
             port: bound,
         })
     }
@@ -485,6 +490,12 @@ impl Front {
     /// Requests queued and being decided.
     fn pending(&self) -> usize {
         self.shared.state.lock().unwrap().waiting.len()
+    }
+
+    /// False once the server has stopped after `close()`: every connection has ended, so every
+    /// answer handed to `answer()` has been written.
+    fn serving(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
     }
 
     /// Stop accepting connections and streams (HTTP/2 GOAWAY); open requests are still served,
@@ -579,8 +590,9 @@ impl Drop for Front {
     }
 }
 
+/// `ratewarden._front`: built into the ratewarden wheel by setup.py (setuptools-rust).
 #[pymodule]
-fn ratewarden_front(m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _front(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Front>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
