@@ -138,12 +138,26 @@ def connected(app: WSGIApp, limiter: Any) -> int:
     raise AssertionError("the store answered none of 20 requests")
 
 
-def exact_limit(app: WSGIApp) -> None:
-    """A new client gets exactly ``LIMIT`` 200s, then 429s, every one decided by the store."""
+def exact_limit(app: WSGIApp, limiter: Limiter) -> int:
+    """A new client gets exactly ``LIMIT`` 200s, then 429s; returns how many checks the store failed
+    meanwhile. A loaded machine can keep a healthy store past the 0.1 s timeout: such a check is
+    answered as ``on_error`` says, fail-open's insurance admission charged back ahead of the next
+    check (so it counts: exactness holds through it), a fail-closed 503 charging nothing (sent
+    again, 3 times at most)."""
     client = new_client()
-    replies = [request(app, "/limited", remote=client) for _ in range(LIMIT + 2)]
+    before = failed(limiter)
+    replies: list[Reply] = []
+    resent = 0
+    while len(replies) < LIMIT + 2:
+        failures = failed(limiter)
+        reply = request(app, "/limited", remote=client)
+        if reply.status == 503 and failed(limiter) > failures and resent < 3:
+            resent += 1
+            continue
+        replies.append(reply)
     assert [r.status for r in replies] == [200] * LIMIT + [429, 429]
     assert [r.header("x-ratelimit-remaining") for r in replies[:LIMIT]] == [str(LIMIT - 1 - i) for i in range(LIMIT)]
+    return failed(limiter) - before
 
 
 @pytest.mark.parametrize("how", ["killed", "paused"])
@@ -153,8 +167,7 @@ def test_store_failure(backend: Backend, framework: str, on_error: str, how: str
     app, limiter = APPS[framework](backend.url, on_error, f"fail-{uuid.uuid4().hex[:12]}")
     try:
         base = connected(app, limiter)
-        exact_limit(app)
-        assert failed(limiter) == base
+        base += exact_limit(app, limiter)
         backend.down(how)
         try:
             client = new_client()
@@ -175,10 +188,23 @@ def test_store_failure(backend: Backend, framework: str, on_error: str, how: str
                 assert reply.header("retry-after") == "1"
                 assert reply.body == UNAVAILABLE_BODY
         base = connected(app, limiter) - len(answers)
-        exact_limit(app)
-        assert failed(limiter) - base == len(answers), limiter.without_store()  # the store decided them all
+        base += exact_limit(app, limiter)
+        assert failed(limiter) - base == len(answers), limiter.without_store()  # the store decided the rest
     finally:
         limiter.close_sync()
+
+
+def decided_burst(port: int, client: str) -> list[int]:
+    """150 concurrent requests of ``client``; a 503 (fail-closed: the store, back but slowed by a
+    loaded machine, missed the 0.1 s timeout; nothing charged) is sent again, 3 rounds at most."""
+    codes = http_burst(port, "/limited", 150, 150, {"x-client": client})
+    for _ in range(3):
+        refused = codes.count(503)
+        if not refused:
+            break
+        again = http_burst(port, "/limited", refused, refused, {"x-client": client})
+        codes = [code for code in codes if code != 503] + again
+    return codes
 
 
 @pytest.mark.parametrize("on_error", ["open", "closed"])
@@ -194,5 +220,5 @@ def test_gunicorn_gthread_with_the_store_paused(backend: Backend, on_error: str)
         assert 500 not in codes
         assert codes == [200 if on_error == "open" else 503] * 40, codes  # open: the insurance limiter admits
         assert clock.within(40 / 8 * BOUND), f"40 requests on 8 threads with the store paused: {clock}"
-        codes = http_burst(port, "/limited", 150, 150, {"x-client": "c"})
+        codes = decided_burst(port, "c")
         assert set(codes) <= {200, 429} and codes.count(200) == 100, sorted(set(codes))
