@@ -11,6 +11,12 @@ NEWEST = $(lastword $(PYTHONS))
 # What `make bench` runs: the compiled wheel, built as pip builds it and installed in its own venv.
 WHEEL_VENV := build/venv-wheel
 SOURCES := $(shell find src/ratewarden -name __pycache__ -prune -o -print)
+# The compiled front door (rust/) is built by cargo from rustup, whose bin folder a non-login shell
+# (CI, ssh host make) may not have on PATH; every build shares one cargo target folder (setup.py).
+CARGO_BIN := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin
+export PATH := $(if $(wildcard $(CARGO_BIN)/cargo),$(CARGO_BIN):)$(PATH)
+export CARGO_TARGET_DIR ?= $(CURDIR)/build/cargo
+RUST_SOURCES := rust/Cargo.toml rust/Cargo.lock $(wildcard rust/src/*.rs)
 
 .PHONY: setup system-deps demo bench test test-pure test-wheels matrix dist docs lint clean
 
@@ -21,17 +27,19 @@ system-deps:
 	@echo "== system packages: Redis, Memcached, wrk, HAProxy, nginx, a C compiler, the Python headers (installed when missing)"
 	@bash scripts/install-system-deps.sh
 
-# The development venv: an editable, pure-Python install with every extra (lint, the pure pass).
-$(VENV)/.installed: pyproject.toml scripts/install-system-deps.sh | system-deps
+# The development venv: an editable, pure-Python install with every extra (lint, the pure pass), and the
+# compiled front door built in place (src/ratewarden/_front*.so) when cargo exists.
+$(VENV)/.installed: pyproject.toml setup.py scripts/install-system-deps.sh $(RUST_SOURCES) | system-deps
 	@echo "== Chromium for the HTML report's layout test (installed when missing)"
 	@bash scripts/install-system-deps.sh --browser
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@echo "== compiled front door (ratewarden._front): $$(cat src/ratewarden/_front_build.txt 2>/dev/null || echo 'not built')"
 	touch $@
 
 # Only what the bench needs (not the development venv): the wheel, built as pip builds it, in its own venv.
-$(WHEEL_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCES) | system-deps
+$(WHEEL_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCES) $(RUST_SOURCES) | system-deps
 	scripts/bench-venv.sh $(WHEEL_VENV)
 	touch $@
 

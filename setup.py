@@ -14,6 +14,12 @@ package keeps no runtime dependency), and on Linux the shared-memory store's C h
   ``RATEWARDEN_REQUIRE_COMPILED=1`` turns that fallback into an error.
 
 ``python -c "import ratewarden; print(ratewarden.COMPILED)"`` tells which one is installed.
+
+``ratewarden._front``, the compiled front door of ``ratewarden serve`` (``rust/``), is built by cargo
+through setuptools-rust, editable installs included, when cargo is on PATH (Rust from rustup). Without
+cargo, or when cargo fails, the package is complete without it (``ratewarden serve`` uses its Python
+front door) and the build says why; ``RATEWARDEN_REQUIRE_FRONT=1`` makes that an error. The package's
+``_front_build.txt`` records the outcome: ``compiled``, or why not.
 """
 
 from __future__ import annotations
@@ -167,6 +173,77 @@ def _ext_modules() -> list[Any]:
         print(f"ratewarden: could not write the docstrings into mypyc's C ({type(exc).__name__}: {exc}); "
               "the compiled package has no __doc__", file=sys.stderr, flush=True)
     return [*compiled, *NATIVE_EXTENSIONS]
+
+
+# The compiled front door. The crate is built for the stable ABI (pyo3's abi3-py310), so one cargo build
+# serves every Python version: builds share CARGO_TARGET_DIR (build/cargo beside this file unless set;
+# the release build from the sdist sets it to the clone's), and only the first one compiles.
+FRONT = "ratewarden._front"
+FRONT_RECORD = "_front_build.txt"
+RUSTUP = "https://rustup.rs"
+
+
+def _front_skipped(why: str) -> None:
+    print(f"ratewarden: the compiled front door ({FRONT}) is not built: {why}; `ratewarden serve` "
+          "uses its Python front door", file=sys.stderr, flush=True)
+
+
+def _rust_extensions() -> list[Any]:
+    commands = set(sys.argv[1:])
+    if _flag("RATEWARDEN_PURE_PYTHON") or not commands & (_BUILD_COMMANDS | _EDITABLE_COMMANDS):
+        return []
+    if sys.platform == "win32":
+        _front_skipped("it serves through Unix sockets, and this is Windows")
+        return []
+    problem = _toolchain_problem()  # cargo links with the C toolchain
+    if problem:
+        _front_skipped(problem)
+        return []
+    try:
+        from setuptools_rust import Binding, RustExtension
+    except ImportError:  # a --no-build-isolation build in an environment without it
+        _front_skipped("setuptools-rust is not installed in the build environment")
+        return []
+    os.environ.setdefault("CARGO_TARGET_DIR", str(Path(__file__).resolve().parent / "build" / "cargo"))
+    # debug=False: an editable install builds the same release artifact as a wheel, from the same cache.
+    return [RustExtension(FRONT, path="rust/Cargo.toml", binding=Binding.PyO3, debug=False,
+                          optional=not _flag("RATEWARDEN_REQUIRE_FRONT"))]
+
+
+def _build_front_command() -> dict[str, Any]:
+    try:
+        from setuptools_rust.build import build_rust
+    except ImportError:
+        return {}
+
+    class BuildFront(build_rust):  # type: ignore[misc]
+        """``build_rust`` that says why the front door is missing and records the outcome in the package."""
+
+        outcome = "cargo did not run"
+
+        def run(self) -> None:
+            if shutil.which("cargo") is None:
+                self.outcome = f"no cargo on PATH when ratewarden was built (Rust comes from rustup: {RUSTUP})"
+                if _flag("RATEWARDEN_REQUIRE_FRONT"):
+                    raise SystemExit(f"ratewarden: {self.outcome} (RATEWARDEN_REQUIRE_FRONT is set)")
+            else:
+                super().run()
+            if self.outcome != "compiled":
+                _front_skipped(self.outcome)
+            for ext in self.extensions:
+                folder = Path(self.get_dylib_ext_path(ext, ext.name)).parent
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / FRONT_RECORD).write_text(self.outcome + "\n", encoding="utf-8")
+
+        def run_for_extension(self, ext: Any) -> None:
+            try:
+                super().run_for_extension(ext)
+            except Exception as exc:
+                self.outcome = "cargo failed: " + " ".join(f"{type(exc).__name__}: {exc}".split())[-500:]
+                raise
+            self.outcome = "compiled"
+
+    return {"build_rust": BuildFront}
 
 
 # Documentation in the compiled package. mypyc drops docstrings: a compiled function is a builtin whose
@@ -363,4 +440,6 @@ class OptionalBuildExt(build_ext):
             _fail_or_warn(f"compiling the mypyc extensions failed ({type(exc).__name__}: {exc})")
 
 
-setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
+_rust = _rust_extensions()
+setup(ext_modules=_ext_modules(), **({"rust_extensions": _rust} if _rust else {}),
+      cmdclass={"build_ext": OptionalBuildExt, **_build_front_command()})

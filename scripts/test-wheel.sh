@@ -29,7 +29,8 @@ venv=$work/venv
 echo "== building the wheel (isolated build, as pip install does)"
 RATEWARDEN_REQUIRE_COMPILED=1 "$venv/bin/python" -m pip wheel -q --no-deps -w "$work/wheels" "$root"
 wheel=$(ls "$work"/wheels/ratewarden-*.whl)
-echo "   $(basename "$wheel")"
+front=$("$venv/bin/python" -c 'import sys, zipfile; print(zipfile.ZipFile(sys.argv[1]).read("ratewarden/_front_build.txt").decode().strip())' "$wheel" 2>/dev/null || echo "not attempted")
+echo "   $(basename "$wheel"); compiled front door (ratewarden._front): $front"
 
 echo "== installing it with the test extras${constraints:+ (constraints: ${constraints[1]})}"
 "$venv/bin/python" -m pip install -q "${constraints[@]}" \
