@@ -44,6 +44,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes on one port (default 1)")
     parser.add_argument(
+        "--front", choices=("auto", "compiled", "python"), default="auto",
+        help="the gRPC front door: compiled = ratewarden._front (built from rust/), python = grpc.aio, auto = "
+        "compiled when it is installed (default %(default)s; docs/serve.md#the-compiled-front-door)",
+    )
+    parser.add_argument(
+        "--version", action=_Version, nargs=0,
+        help="print the version and which gRPC front door --front would run (and why not the compiled one)",
+    )
+    parser.add_argument(
         "--store", metavar="URL",
         help="where counts live: redis://, redis+cluster://, memcached://, shm://NAME, memory:// "
         "(default: memory:// for one worker, a shared-memory table for several)",
@@ -64,6 +73,19 @@ def register(subparsers: Any) -> None:
     _add_envoy(parser)
     _add_bounds(parser)
     parser.set_defaults(func=_run)
+
+
+class _Version(argparse.Action):
+    """``ratewarden serve --version``: the version, then the gRPC front door ``--front`` (as given so
+    far on the command line, else ``auto``) would run."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        from ..serve.front import describe
+        from . import version_text
+
+        print(version_text())
+        print(describe(getattr(namespace, "front", None) or "auto"))
+        parser.exit()
 
 
 def _add_envoy(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +131,11 @@ def _add_bounds(parser: argparse.ArgumentParser) -> None:
                        help="the spoe-message decided, one per NOTIFY frame (default %(default)s, as spoe.conf)")
     group.add_argument("--grpc-max-message-size", type=int, default=bounds.GRPC_MAX_MESSAGE_SIZE, metavar="BYTES",
                        help="of a gRPC request, else RESOURCE_EXHAUSTED (default %(default)s)")
+    group.add_argument("--grpc-max-connections", type=int, default=bounds.GRPC_MAX_CONNECTIONS, metavar="N",
+                       help="open gRPC connections, compiled front door; one more is closed (default %(default)s)")
+    group.add_argument("--grpc-timeout", type=float, default=bounds.GRPC_TIMEOUT, metavar="SECONDS",
+                       help="from a gRPC request's arrival to its answer, compiled front door, else "
+                       "DEADLINE_EXCEEDED (default %(default)s)")
     group.add_argument("--max-descriptors", type=int, default=bounds.MAX_DESCRIPTORS, metavar="N",
                        help="in one Envoy rate limit request, else INVALID_ARGUMENT (default %(default)s)")
     group.add_argument("--max-entries", type=int, default=bounds.MAX_ENTRIES, metavar="N",
@@ -117,7 +144,7 @@ def _add_bounds(parser: argparse.ArgumentParser) -> None:
 
 _POSITIVE = ("http_max_connections", "http_timeout", "http_max_header_size", "spoe_max_connections",
              "spoe_timeout_hello", "spoe_timeout_idle", "spoe_timeout_frame", "grpc_max_message_size",
-             "max_descriptors", "max_entries")
+             "grpc_max_connections", "grpc_timeout", "max_descriptors", "max_entries")
 
 
 #: What the service imports, by the package that brings it (all in the ``serve`` extra).
@@ -168,6 +195,7 @@ def _run(args: argparse.Namespace) -> int:
             grpc=parse_address(args.grpc, "--grpc"),
             spoe=parse_address(args.spoe, "--spoe") if args.spoe else None,
             workers=args.workers,
+            front=args.front,
             store=args.store,
             trusted_proxies=tuple(args.trusted) if args.trusted else DEFAULT_TRUSTED,
             log_format=args.log_format,
@@ -187,6 +215,13 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name)}")
         if not args.spoe_message:
             raise ConfigurationError("--spoe-message must name the spoe-message, e.g. check")
+        if args.front == "compiled":
+            from ..serve.front import choose_front
+
+            try:
+                choose_front(args.front)
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
     except ConfigurationError as exc:
         print(f"ratewarden serve: {exc}", file=sys.stderr)
         return 2

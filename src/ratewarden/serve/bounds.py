@@ -6,7 +6,10 @@ command-line option; the defaults are far above what a gateway sends.
 from __future__ import annotations
 
 __all__ = [
+    "GRPC_MAX_CONNECTIONS",
     "GRPC_MAX_MESSAGE_SIZE",
+    "GRPC_MAX_PENDING",
+    "GRPC_TIMEOUT",
     "HTTP_MAX_CONNECTIONS",
     "HTTP_MAX_HEADER_SIZE",
     "HTTP_TIMEOUT",
@@ -43,6 +46,12 @@ SPOE_MESSAGE = "check"
 
 #: Bytes of one gRPC message (a ``RateLimitRequest``); more is answered RESOURCE_EXHAUSTED.
 GRPC_MAX_MESSAGE_SIZE = 1024 * 1024
+#: Open gRPC connections per worker on the compiled front door; one more is closed at once.
+GRPC_MAX_CONNECTIONS = 1000
+#: Seconds from a gRPC request's arrival to its answer on the compiled front door; then DEADLINE_EXCEEDED.
+GRPC_TIMEOUT = 10.0
+#: Requests waiting for a decision per worker on the compiled front door; more is RESOURCE_EXHAUSTED.
+GRPC_MAX_PENDING = 10000
 #: Descriptors in one ``ShouldRateLimit`` request (Envoy sends a few); more is INVALID_ARGUMENT.
 MAX_DESCRIPTORS = 256
 #: Entries in one request, over all its descriptors; more is INVALID_ARGUMENT.

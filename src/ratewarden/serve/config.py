@@ -29,6 +29,7 @@ class ServeConfig:
     grpc: tuple[str, int] | None = None
     spoe: tuple[str, int] | None = None
     workers: int = 1
+    front: str = "auto"  # auto | compiled | python: the gRPC front door (serve.front.FRONTS)
     store: str | None = None
     trusted_proxies: Sequence[str] = DEFAULT_TRUSTED
     log_format: str = "json"
@@ -45,6 +46,8 @@ class ServeConfig:
     spoe_timeout_frame: float = bounds.SPOE_TIMEOUT_FRAME
     spoe_message: str = bounds.SPOE_MESSAGE
     grpc_max_message_size: int = bounds.GRPC_MAX_MESSAGE_SIZE
+    grpc_max_connections: int = bounds.GRPC_MAX_CONNECTIONS
+    grpc_timeout: float = bounds.GRPC_TIMEOUT
     max_descriptors: int = bounds.MAX_DESCRIPTORS
     max_entries: int = bounds.MAX_ENTRIES
     envoy_headers: str = "ratewarden"  # ratewarden | reference | none (serve.rls.HEADER_STYLES)

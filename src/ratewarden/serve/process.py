@@ -78,6 +78,7 @@ def run(config: ServeConfig) -> int:
     configure_logging(config.log_format, config.log_level)
     try:
         store_url = _check(config)
+        config = _choose_front(config)
         config = fit_open_files(config)
         sock = _bind(*config.http)
         spoe = _bind(*config.spoe) if config.spoe is not None else None
@@ -97,6 +98,7 @@ def run(config: ServeConfig) -> int:
     event(
         logging.INFO, "started", "ratewarden serve started", http=f"{host}:{port}",
         grpc="{}:{}".format(*config.grpc) if config.grpc and config.envoy else None,
+        front=config.front if config.grpc and config.envoy else None,
         spoe="{}:{}".format(*spoe.getsockname()[:2]) if spoe is not None else None, workers=config.workers,
         store=_redacted(store_url), policy=config.policy, envoy=[str(p) for p in config.envoy],
     )
@@ -119,6 +121,22 @@ def run(config: ServeConfig) -> int:
         event(logging.INFO, "exited", "ratewarden serve exited")
 
 
+def _choose_front(config: ServeConfig) -> ServeConfig:
+    """``config`` with ``front`` the gRPC front door that runs, ``compiled`` or ``python`` (chosen once,
+    before forking); ``auto`` falling back to python says why in one log line."""
+    if not config.envoy:
+        return config
+    from .front import choose_front
+
+    try:
+        front, why = choose_front(config.front)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    if front == "python" and config.front == "auto":
+        event(logging.WARNING, "front_python", f"gRPC through the python front door: {why}", reason=why)
+    return replace(config, front=front)
+
+
 #: Open files a worker keeps for itself beside its connections (store, gRPC, listening sockets, logs, metrics).
 _RESERVED_FILES = 64
 
@@ -136,7 +154,8 @@ def fit_open_files(config: ServeConfig) -> ServeConfig:
     except ImportError:  # not POSIX
         return config
     spoe = config.spoe_max_connections if config.spoe is not None else 0
-    wanted = config.http_max_connections + spoe + _RESERVED_FILES
+    grpc = config.grpc_max_connections if config.envoy and config.front == "compiled" else 0
+    wanted = config.http_max_connections + spoe + grpc + _RESERVED_FILES
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= wanted:
         return config
@@ -148,12 +167,22 @@ def fit_open_files(config: ServeConfig) -> ServeConfig:
     if soft >= wanted:
         return config
     room = max(2, soft - _RESERVED_FILES)
-    http = max(1, room * config.http_max_connections // (config.http_max_connections + spoe))
-    fitted = replace(config, http_max_connections=http, spoe_max_connections=max(1, room - http) if spoe else spoe)
+    total = config.http_max_connections + spoe + grpc
+    http = max(1, room * config.http_max_connections // total)
+    if grpc:  # the last cap takes what the others leave
+        spoe_fit = max(1, room * spoe // total) if spoe else spoe
+        grpc = max(1, room - http - spoe_fit)
+    else:
+        spoe_fit = max(1, room - http) if spoe else spoe
+    fitted = replace(
+        config, http_max_connections=http, spoe_max_connections=spoe_fit,
+        grpc_max_connections=grpc or config.grpc_max_connections,
+    )
     event(
         logging.WARNING, "bounds_lowered", "connection caps lowered to fit the open files limit (ulimit -n)",
         open_files=soft, http_max_connections=fitted.http_max_connections,
         spoe_max_connections=fitted.spoe_max_connections if spoe else None,
+        grpc_max_connections=fitted.grpc_max_connections if grpc else None,
     )
     return fitted
 

@@ -193,6 +193,23 @@ class Worker:
             except Exception:
                 log.exception("watching the configuration failed; will retry", extra={"event": "watch_failed"})
 
+    async def _start_grpc(self) -> Any:
+        """Start gRPC on the front door ``config.front`` names (``serve.front``); returns what ``stop(grace)`` ends."""
+        config, address = self.config, self.config.grpc
+        assert self.rls is not None and address is not None
+        front: Any = importlib.import_module(f"{__package__}.front")
+        if front.choose_front(config.front)[0] == "compiled":
+            return front.start_front(
+                self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
+                max_descriptors=config.max_descriptors, max_entries=config.max_entries,
+                max_connections=config.grpc_max_connections, timeout=config.grpc_timeout,
+            )
+        grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
+        started = await grpc_module.start_grpc(
+            self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
+        )
+        return started[0] if isinstance(started, tuple) else started
+
     async def serve(self, sock: socket.socket, parent: int | None = None, spoe: socket.socket | None = None) -> None:
         """Serve HTTP on ``sock`` (gRPC and HAProxy's SPOE on ``spoe`` when configured) until
         ``SIGTERM``/``SIGINT`` (or, for a forked worker, until its ``parent`` is gone)."""
@@ -220,12 +237,7 @@ class Worker:
             loop.add_signal_handler(signum, stop, signal.Signals(signum).name)
         loop.add_signal_handler(signal.SIGHUP, hup)
         if self.rls is not None and self.config.grpc is not None:
-            grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
-            started = await grpc_module.start_grpc(
-                self.rls, *self.config.grpc, reuse_port=self.config.workers > 1,
-                max_message_size=self.config.grpc_max_message_size,
-            )
-            grpc_server = started[0] if isinstance(started, tuple) else started
+            grpc_server = await self._start_grpc()
         if spoe is not None:
             from .spoe import SpoeAgent, start_spoe
 

@@ -1,0 +1,273 @@
+"""gRPC through the compiled front door: ``ratewarden._front`` (built from rust/) owns the connections,
+HTTP/2 and protobuf, and this module decides its requests in batches with the one decision core,
+``RateLimitService.should_rate_limit`` (docs/serve.md#the-compiled-front-door).
+
+Rust queues decoded requests and wakes this event loop through a socket pair; ``FrontAdapter`` takes
+every waiting request in one call, decides each, and hands the answers back in one call. A decision
+that finishes without suspending (the memory store) is answered in the same batch, with no Task; one
+that suspends (Redis) goes on in a Task from where it stopped, so concurrent decisions still coalesce
+into the store's pipelines. Imports neither grpc nor protobuf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Coroutine, Generator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from ..errors import LimitUnavailable
+from . import bounds
+from .rls import RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
+
+__all__ = ["FRONTS", "CompiledFront", "FrontAdapter", "build_record", "choose_front", "compiled_module", "describe", "start_front"]
+
+log = logging.getLogger("ratewarden.serve")
+
+#: ``--front``'s choices: ``auto`` is ``compiled`` when ``ratewarden._front`` imports, else ``python``.
+FRONTS = ("auto", "compiled", "python")
+#: The extension module of the compiled front door.
+MODULE = "ratewarden._front"
+
+_INVALID_ARGUMENT, _INTERNAL, _UNAVAILABLE = 3, 13, 14
+#: One answer handed back: the request's id and its ``RlsAnswer``, or a gRPC ``(code, message)``.
+Item = tuple[int, "RlsAnswer | tuple[int, str]"]
+
+
+class Front(Protocol):
+    """What this module uses of ``ratewarden._front.Front``."""
+
+    @property
+    def port(self) -> int: ...
+    def fileno(self) -> int: ...
+    def drain(self) -> None: ...
+    def take(self, limit: int) -> list[tuple[int, str, list[RequestDescriptor], int]]: ...
+    def answer(self, items: list[Item]) -> None: ...
+    def pending(self) -> int: ...
+    def serving(self) -> bool: ...
+    def close(self) -> None: ...
+    def stop(self, grace: float) -> None: ...
+
+
+#: What the build wrote beside the package about the front door: ``compiled``, or why not (setup.py).
+BUILD_RECORD = Path(__file__).resolve().parent.parent / "_front_build.txt"
+
+
+def build_record() -> str | None:
+    """The build's word on ``ratewarden._front`` (``compiled``, or why it was not built); ``None`` when
+    the build wrote none (a tree that was never built with the packaging's build step)."""
+    try:
+        return BUILD_RECORD.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def compiled_module() -> tuple[ModuleType | None, str]:
+    """``ratewarden._front``, or ``None`` and why it does not import."""
+    try:
+        return importlib.import_module(MODULE), ""
+    except ImportError as exc:
+        record = build_record()
+        built = f"the build said: {record}" if record else "it is built from rust/ when cargo is on PATH at install time"
+        return None, f"{MODULE} does not import ({exc}); {built}"
+
+
+def choose_front(requested: str) -> tuple[str, str]:
+    """The front door ``--front requested`` runs, ``"compiled"`` or ``"python"``, and why not the
+    compiled one (empty when it runs); ``ValueError`` when ``compiled`` is asked for and absent.
+
+    Args:
+        requested: One of ``FRONTS``.
+    """
+    if requested not in FRONTS:
+        raise ValueError(f"--front must be one of {', '.join(FRONTS)}, got {requested!r}")
+    if requested == "python":
+        return "python", "--front python"
+    module, why = compiled_module()
+    if module is not None:
+        return "compiled", ""
+    if requested == "compiled":
+        raise ValueError(f"--front compiled: {why}")
+    return "python", why
+
+
+class _Rest:
+    """The rest of a decision coroutine that suspended on ``first`` (a store future), for a Task:
+    the Task waits on ``first``, then the coroutine goes on where it stopped."""
+
+    def __init__(self, coro: Coroutine[Any, Any, RlsAnswer], first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, RlsAnswer]:
+        coro, pending = self.coro, self.first
+        while True:  # what ``yield from`` does, from a coroutine already started
+            try:
+                sent = yield pending
+            except BaseException as exc:
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    answer: RlsAnswer = stop.value
+                    return answer
+                continue
+            try:
+                pending = coro.send(sent)
+            except StopIteration as stop:
+                done: RlsAnswer = stop.value
+                return done
+
+
+def _error(exc: BaseException) -> tuple[int, str]:
+    """The gRPC status of a failed decision, as ``serve.grpc.RlsServicer`` answers it."""
+    if isinstance(exc, RlsRequestError):
+        return _INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, LimitUnavailable):
+        return _UNAVAILABLE, str(exc)
+    log.error("ShouldRateLimit failed", exc_info=exc, extra={"event": "grpc_failed"})
+    return _INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+class FrontAdapter:
+    """Feeds a started ``Front``'s batches to ``service`` on the running event loop.
+
+    Args:
+        front: The started front door.
+        service: What decides; each decision reads its configuration then (reloads apply at once).
+        max_batch: The most requests taken in one crossing.
+    """
+
+    def __init__(self, front: Front, service: RateLimitService, max_batch: int = 1024) -> None:
+        self.front = front
+        self.service = service
+        self.max_batch = max_batch
+        self.loop = asyncio.get_running_loop()
+        self._late: list[Item] = []
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.requests = 0
+        self.loop.add_reader(front.fileno(), self._on_wake)
+
+    def close(self) -> None:
+        """Stop watching the front door."""
+        self.loop.remove_reader(self.front.fileno())
+
+    def _on_wake(self) -> None:
+        self.front.drain()
+        while True:
+            batch = self.front.take(self.max_batch)
+            if not batch:
+                return
+            self.batches += 1
+            self.requests += len(batch)
+            done: list[Item] = []
+            for rid, domain, descriptors, hits in batch:
+                coro = self.service.should_rate_limit(domain, descriptors, hits)
+                try:
+                    first = coro.send(None)
+                except StopIteration as stop:
+                    done.append((rid, stop.value))
+                    continue
+                except Exception as exc:
+                    done.append((rid, _error(exc)))
+                    continue
+                task = self.loop.create_task(self._finish(rid, _Rest(coro, first)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self.front.answer(done)
+
+    async def _finish(self, rid: int, rest: _Rest) -> None:
+        try:
+            item: Item = (rid, await rest)
+        except Exception as exc:
+            item = (rid, _error(exc))
+        self._late.append(item)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        late, self._late = self._late, []
+        self.front.answer(late)
+
+
+class CompiledFront:
+    """A started compiled front door and its adapter; ``await stop(grace)`` ends it gracefully."""
+
+    def __init__(self, front: Front, adapter: FrontAdapter) -> None:
+        self.front = front
+        self.adapter = adapter
+
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+        return self.front.port
+
+    async def stop(self, grace: float | None) -> None:
+        """No new connection or call (HTTP/2 GOAWAY); calls in flight are still decided and answered
+        for up to ``grace`` seconds, then the front door's threads stop.
+
+        Args:
+            grace: Seconds for the calls in flight (``None``: none).
+        """
+        loop = asyncio.get_running_loop()
+        self.front.close()
+        deadline = loop.time() + (grace or 0.0)
+        while self.front.serving() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        self.adapter.close()
+        await asyncio.to_thread(self.front.stop, 0.5)
+
+
+def start_front(
+    service: RateLimitService, host: str = "127.0.0.1", port: int = 8081, *, reuse_port: bool = False,
+    max_message_size: int = bounds.GRPC_MAX_MESSAGE_SIZE, max_descriptors: int = bounds.MAX_DESCRIPTORS,
+    max_entries: int = bounds.MAX_ENTRIES, max_connections: int = bounds.GRPC_MAX_CONNECTIONS,
+    timeout: float = bounds.GRPC_TIMEOUT, max_pending: int = bounds.GRPC_MAX_PENDING,
+) -> CompiledFront:
+    """Start Envoy's rate limit service through the compiled front door on ``host:port`` (port 0: any
+    free one), deciding on the running event loop; ``ImportError`` without ``ratewarden._front``.
+
+    Args:
+        service: What decides.
+        host: The address to listen on.
+        port: The port; 0 picks a free one.
+        reuse_port: Let several processes listen on the port (``SO_REUSEPORT``, for workers).
+        max_message_size: The largest request, in bytes (larger: RESOURCE_EXHAUSTED, unread).
+        max_descriptors: Descriptors per request (more: INVALID_ARGUMENT, never decided).
+        max_entries: Entries per request, over its descriptors (more: INVALID_ARGUMENT).
+        max_connections: Open connections (one more is closed at once).
+        timeout: Seconds from a request's arrival to its answer (then DEADLINE_EXCEEDED).
+        max_pending: Requests waiting for a decision (more: RESOURCE_EXHAUSTED).
+    """
+    module, why = compiled_module()
+    if module is None:
+        raise ImportError(why)
+    front: Front = module.Front(  # OSError "cannot listen for gRPC on ...": the address is taken
+        RequestDescriptor, host, port, reuse_port=reuse_port, max_message_size=max_message_size,
+        max_descriptors=max_descriptors, max_entries=max_entries, max_connections=max_connections,
+        max_pending=max_pending, request_timeout=timeout,
+    )
+    return CompiledFront(front, FrontAdapter(front, service))
+
+
+def describe(requested: str = "auto") -> str:
+    """One line naming the gRPC front door ``--front requested`` runs, and why not the compiled one
+    (``ratewarden serve --version``).
+
+    Args:
+        requested: One of ``FRONTS``.
+    """
+    try:
+        front, why = choose_front(requested)
+    except ValueError as exc:
+        return f"gRPC front door: none ({exc})"
+    if front == "compiled":
+        module, _ = compiled_module()
+        return f"gRPC front door: compiled ({MODULE} {getattr(module, '__version__', '?')})"
+    return f"gRPC front door: python (grpc.aio); not compiled: {why}"
