@@ -29,6 +29,11 @@ over gRPC (``ShouldRateLimit``), each against a floor on the same stack answerin
 headers (the part of an answer any check must write), interleaved in rounds, server and client pinned
 to different cores.
 
+**gRPC beside envoyproxy/ratelimit** (``gateway_peers``, with ``peers``): the Python grpc server, the
+compiled front door (1 and 2 workers) and the reference on one Redis, and ratewarden on memory, under
+ghz (50 streams per connection), over and under the limit: req/s, p50, p99, CPU per decision of the
+service and of Redis, admitted against the limit, ratios to the reference within each round.
+
 **Targets** (``targets``): through HAProxy, ratewarden adds <= 1 ms p99 and its average is <= 1.25x no
 limiting, each for the Lua path (floor ``haproxy-floor``) and the SPOE path (floor
 ``haproxy-spoe-floor``); capacity cost <= 1.3x the floor per protocol; the ratewarden rows exact per
@@ -48,6 +53,9 @@ from typing import Any
 from . import gateway_procs as gp
 from .gateway_capacity import measure_capacity
 from .gateway_load import Plan, load
+from .gateway_peer_rows import peer_targets
+from .gateway_peer_run import run_peers
+from .gateway_peers import PeerOptions
 from .gateway_rows import CapacityRow, GatewayReport, VariantRow, keys_for, round_row
 from .gateway_setup import GROUPS, VARIANTS, GatewayOptions, VariantSpec
 from .gateway_targets import targets
@@ -180,8 +188,8 @@ def _load_rounds(opts: GatewayOptions, specs: Sequence[VariantSpec], rows: Seque
 
 
 def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayReport:
-    """Everything: processes up, interleaved rounds, capacity, targets; processes down."""
-    bins = gp.require_binaries()
+    """Everything: processes up, interleaved rounds, capacity, the peer rows, targets; processes down."""
+    bins = gp.require_binaries() if opts.variants or opts.capacity else {}
     specs = [VARIANTS[k] for k in opts.variants]
     rows = [VariantRow(s.key, s.title, s.gateway, s.limiter) for s in specs]
     capacity: list[CapacityRow] = []
@@ -194,18 +202,25 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
                     for key, group in keys_for(s.key, r, opts.keys_per_group)}
         policy = root / "policy.toml"
         policy.write_text(gp.policy_toml(all_keys, opts.limits), encoding="utf-8")
-        backend_port = gp.free_port()
-        bdir = root / "backend"
-        bdir.mkdir()
-        (bdir / "nginx.conf").write_text(gp.backend_conf(backend_port))
-        start("backend", gp.nginx_command(bdir, bins["nginx"]), backend_port, bdir)
-        services = _start_services(specs, policy, start)
-        ports = _start_gateways(specs, rows, services, start, bins, backend_port, all_keys, opts.limits)
-        _load_rounds(opts, specs, rows, ports, log)
+        services = _Services()
+        if specs:
+            backend_port = gp.free_port()
+            bdir = root / "backend"
+            bdir.mkdir()
+            (bdir / "nginx.conf").write_text(gp.backend_conf(backend_port))
+            start("backend", gp.nginx_command(bdir, bins["nginx"]), backend_port, bdir)
+            services = _start_services(specs, policy, start)
+            ports = _start_gateways(specs, rows, services, start, bins, backend_port, all_keys, opts.limits)
+            _load_rounds(opts, specs, rows, ports, log)
         if opts.capacity:
             capacity = measure_capacity(opts, root, policy, bins, procs, log)
-    report = GatewayReport(_options_dict(opts), services.description, rows, capacity, [])
-    report.targets = targets(report)
+        procs.close()  # the peer rows measure CPU per decision: nothing of the above still running
+        peers, notes = run_peers(PeerOptions(opts.peer_rounds, opts.peer_requests, front=opts.peer_front,
+                                             front_lib=opts.peer_front_lib), root / "peers", log) \
+            if opts.peers else ([], [])
+    report = GatewayReport(_options_dict(opts), services.description, rows, capacity, [], peers=peers,
+                           peer_notes=notes)
+    report.targets = (targets(report) if specs or opts.capacity else []) + peer_targets(peers)
     return report
 
 

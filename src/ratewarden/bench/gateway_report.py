@@ -1,5 +1,6 @@
 """The gateway bench's report: its tables, the terminal summary, and the files ``write`` leaves
-(``gateway.json``, ``gateway.csv``, ``gateway-capacity.csv``, ``gateway.md``, ``gateway.html``)."""
+(``gateway.json``, ``gateway.csv``, ``gateway-capacity.csv``, ``gateway.md``, ``gateway.html``,
+``gateway-peers.csv``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .gateway_peer_report import peer_method, peer_table, write_peer_csv
 from .gateway_rows import GatewayReport, GroupRow, VariantRow, worst
 
 __all__ = ["capacity_table", "group_table", "html", "markdown", "summary", "target_table", "variant_table", "write"]
@@ -124,8 +126,9 @@ def _method(report: GatewayReport) -> str:
 
 
 def summary(report: GatewayReport) -> str:
-    """The terminal summary: targets, the variants, capacity (Markdown tables)."""
-    tables = [target_table(report.targets), variant_table(report)] + ([capacity_table(report)] if report.capacity else [])
+    """The terminal summary: targets, the variants, capacity, the peer rows (Markdown tables)."""
+    tables = [target_table(report.targets)] + ([variant_table(report)] if report.variants else []) \
+        + ([capacity_table(report)] if report.capacity else []) + ([peer_table(report)] if report.peers else [])
     return "\n\n".join([_md(t) for t in tables] + [line for line in (report.meta.get("load", ""),) if line])
 
 
@@ -142,6 +145,9 @@ def markdown(report: GatewayReport) -> str:
             parts += [f"### {v.title} (`{v.key}`), summed over {len(v.rounds)} rounds", "", _md(group_table(v)), ""]
     if report.capacity:
         parts += ["## Service capacity", "", _md(capacity_table(report)), ""]
+    if report.peers:
+        parts += ["## gRPC beside envoyproxy/ratelimit", "", peer_method(report), "",
+                  *[f"- {n}" for n in report.peer_notes], "", _md(peer_table(report)), ""]
     over = [v.title for v in report.variants if v.over_limit]
     if over:
         parts += [f"⚠ over the limit: {', '.join(over)}", ""]
@@ -185,6 +191,10 @@ def html(report: GatewayReport) -> str:
     if report.capacity:
         parts += ["<h2>Service capacity</h2>", _html_table(capacity_table(report))]
     parts += [f'<div class="chart">{c}</div>' for c in charts[1:]]
+    if report.peers:
+        parts += ["<h2>gRPC beside envoyproxy/ratelimit</h2>", f"<p>{escape(peer_method(report))}</p>",
+                  "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.peer_notes) + "</ul>",
+                  _html_table(peer_table(report))]
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -199,10 +209,12 @@ CAPACITY_COLUMNS = ["protocol", "server", "stack", "rps_median", "rps_min", "rps
 
 def write(out: Path | str, report: GatewayReport) -> list[Path]:
     """``gateway.json``, ``gateway.csv`` (one row per variant x group, plus ``all``),
-    ``gateway-capacity.csv``, ``gateway.md`` and ``gateway.html`` in ``out``."""
+    ``gateway-capacity.csv``, ``gateway.md``, ``gateway.html`` and ``gateway-peers.csv`` in ``out``."""
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    written = [path / n for n in ("gateway.json", "gateway.csv", "gateway-capacity.csv", "gateway.md", "gateway.html")]
+    written = [path / n for n in ("gateway.json", "gateway.csv", "gateway-capacity.csv", "gateway.md", "gateway.html",
+                                  "gateway-peers.csv")]
+    write_peer_csv(written[5], report)
     written[0].write_text(json.dumps(report.as_dict(), indent=2, default=str), encoding="utf-8")
     with written[1].open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import gateway_procs as gp
 from .gateway_load import LoadResult, Plan
+from .gateway_peer_rows import STATS, PeerRow, vs_reference
 from .gateway_setup import GROUPS, VariantSpec
 from .results import percentile
 
@@ -129,9 +130,16 @@ class GatewayReport:
     capacity: list[CapacityRow]
     targets: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    #: gRPC beside envoyproxy/ratelimit, and what ran or was skipped and why.
+    peers: list[PeerRow] = field(default_factory=list)
+    peer_notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        for p, pd in zip(self.peers, data["peers"], strict=True):
+            pd["key"], pd["title"], pd["exact"] = p.key, p.title, p.exact
+            pd["summary"] = {w: p.stat(w) for w in STATS}
+            pd["vs_reference"] = {w: vs_reference(self.peers, p, w) for w in ("rps", "cpu_us", "p99_ms")}
         for v, vd in zip(self.variants, data["variants"], strict=True):
             vd["summary"] = {w: v.stat(w) for w in ("rps", "mean", "p95", "p99")}
             vd["groups_total"] = [asdict(g) | {"success_pct": g.success_pct} for g in v.groups()]

@@ -91,8 +91,11 @@ def register(subparsers: Any) -> None:
                    help="run the gateway bench instead (`ratewarden serve` against the gateways' own limiting): HAProxy and nginx in front of a "
                         "fast backend, without limiting, with their own limiting and with `ratewarden serve`, "
                         "interleaved --iterations rounds (default 5); then the service's capacity over HTTP and "
-                        "gRPC against a fixed-answer floor; writes gateway.{md,html,json,csv} in --out "
-                        "(needs haproxy, nginx, wrk and the serve extra)")
+                        "gRPC against a fixed-answer floor; then gRPC beside envoyproxy/ratelimit on one Redis "
+                        "(Python grpc, the compiled front door, the reference; ghz, 3 rounds); writes "
+                        "gateway.{md,html,json,csv} and gateway-peers.csv in --out (needs haproxy, nginx, wrk and "
+                        "the serve extra; Go and redis-server for the reference rows, which are skipped with the "
+                        "reason otherwise); --quick: 2 rounds, 2000 gRPC calls per cell")
     p.add_argument("--gateway-requests", type=int, default=300, metavar="N",
                    help="--gateway: requests per variant per round (15 workers)")
     p.add_argument("--gateway-rate", type=float, default=750.0, metavar="REQ_PER_S",
@@ -102,6 +105,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--capacity-seconds", type=float, default=2.0, metavar="SECONDS",
                    help="--gateway: seconds per capacity run (HTTP /check with wrk, gRPC ShouldRateLimit)")
     p.add_argument("--no-capacity", action="store_true", help="--gateway: skip the service capacity runs")
+    p.add_argument("--no-peers", action="store_true",
+                   help="--gateway: skip the gRPC rows beside envoyproxy/ratelimit (ghz; both built with go install)")
+    p.add_argument("--peers-only", action="store_true",
+                   help="--gateway: only the gRPC rows beside envoyproxy/ratelimit (no HAProxy, nginx or capacity)")
+    p.add_argument("--peer-requests", type=int, default=None, metavar="N",
+                   help="--gateway: ghz calls per gRPC cell (default 20000; --quick: 2000)")
+    p.add_argument("--peer-rounds", type=int, default=None, metavar="N",
+                   help="--gateway: interleaved rounds of the gRPC rows (default 3; --quick: 2)")
+    p.add_argument("--peer-front", choices=("auto", "serve", "prototype"), default="auto",
+                   help="--gateway: the compiled front door: `ratewarden serve --front compiled` (serve), "
+                        "scripts/front_prototype.py (prototype), or serve when it offers --front (auto)")
+    p.add_argument("--peer-front-lib", default="", metavar="PATH",
+                   help="--gateway, --peer-front prototype: the built library (default "
+                        "rust/target/release/libratewarden_front.so)")
     p.set_defaults(func=run)
 
 
@@ -209,7 +226,8 @@ def _run_wsgi(args: argparse.Namespace) -> int:
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
-    """``--gateway``: the reference set-up's scenario through HAProxy and nginx, and the service's capacity (``bench.gateway``)."""
+    """``--gateway``: the reference set-up's scenario through HAProxy and nginx, the service's capacity, and
+    gRPC beside envoyproxy/ratelimit (``bench.gateway``)."""
     from ..bench import gateway, gateway_report
     from ..bench.gateway_setup import VARIANTS, GatewayOptions
     from ..bench.services import BenchError
@@ -218,18 +236,25 @@ def _run_gateway(args: argparse.Namespace) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         return _fail(f"unknown --gateway-variants {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    rounds = given(args.iterations, 5)
+    rounds = given(args.iterations, 2 if args.quick else 5)
+    peer_rounds, peer_requests = given(args.peer_rounds, 2 if args.quick else 3), \
+        given(args.peer_requests, 2000 if args.quick else 20000)
     if rounds < 1 or args.warmup < 0 or args.gateway_requests < 1 or args.gateway_rate < 0 \
-            or args.capacity_seconds <= 0:
-        return _fail("--iterations, --gateway-requests and --capacity-seconds must be positive "
-                     "(--warmup and --gateway-rate >= 0)")
+            or args.capacity_seconds <= 0 or peer_rounds < 1 or peer_requests < 1:
+        return _fail("--iterations, --gateway-requests, --capacity-seconds, --peer-rounds and --peer-requests must "
+                     "be positive (--warmup and --gateway-rate >= 0)")
+    if args.peers_only and args.no_peers:
+        return _fail("--peers-only and --no-peers ask for nothing to run; give one of them")
     out = Path(args.out)
     problem = unwritable(out)
     if problem:
         return _fail(f"--out {out}: {problem}; give a directory that can be created and written")
     opts = GatewayOptions(rounds=rounds, warmup=args.warmup, requests=args.gateway_requests,
-                          rate=args.gateway_rate, variants=variants, capacity=not args.no_capacity,
-                          capacity_seconds=args.capacity_seconds, capacity_rounds=rounds)
+                          rate=args.gateway_rate, variants=[] if args.peers_only else variants,
+                          capacity=not (args.no_capacity or args.peers_only),
+                          capacity_seconds=1.0 if args.quick else args.capacity_seconds, capacity_rounds=rounds,
+                          peers=not args.no_peers, peer_rounds=peer_rounds, peer_requests=peer_requests,
+                          peer_front=args.peer_front, peer_front_lib=args.peer_front_lib)
     before = os.getloadavg()
     t0 = time.monotonic()
     try:

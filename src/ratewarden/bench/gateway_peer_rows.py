@@ -1,0 +1,132 @@
+"""The gateway bench's peer rows (``gateway_peers``): gRPC ``ShouldRateLimit`` of ``ratewarden serve``
+(the Python grpc server and the compiled front door) beside envoyproxy/ratelimit, one row per service x
+store x scenario x workers x connections, with each round's figures, the exactness checks, the ratios
+to the reference in the same round and the issue's targets against the reference."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EXACT_CALLS", "EXACT_LIMIT", "SERVICES", "PeerRound", "PeerRow", "peer_targets", "vs_reference"]
+
+#: The exactness check: this many concurrent calls against a fresh descriptor limited to ``EXACT_LIMIT``/minute.
+EXACT_CALLS, EXACT_LIMIT = 200, 50
+SERVICES = {"python": "ratewarden serve (Python grpc)", "front": "ratewarden serve (compiled front door)",
+            "reference": "envoyproxy/ratelimit"}
+STATS = ("rps", "p50_ms", "p99_ms", "cpu_us", "redis_cpu_us")
+
+
+@dataclass
+class PeerRound:
+    """One ghz run of a row: calls answered, req/s, latency, and CPU per decision of the service's
+    processes and of redis-server (None on memory)."""
+
+    round: int
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float
+    redis_cpu_us: float | None
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class PeerRow:
+    service: str  # python | front | reference
+    store: str  # redis | memory
+    scenario: str  # over | under (the limit)
+    workers: int
+    connections: int  # ghz connections, 50 streams each
+    rounds: list[PeerRound] = field(default_factory=list)
+    #: Per round: what the service admitted of ``EXACT_CALLS`` concurrent calls against ``EXACT_LIMIT``/minute.
+    admitted: list[int] = field(default_factory=list)
+    limit: int = EXACT_LIMIT
+    missing: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.service}-{self.store}-{self.scenario}-w{self.workers}-c{self.connections}"
+
+    @property
+    def title(self) -> str:
+        return SERVICES[self.service] + (f", {self.workers} workers" if self.workers > 1 else "")
+
+    def stat(self, what: str) -> tuple[float, float] | None:
+        """(min, median) over the rounds of ``what`` (one of ``STATS``)."""
+        values = [v for v in (getattr(r, what) for r in self.rounds) if v is not None]
+        return (min(values), statistics.median(values)) if values else None
+
+    @property
+    def exact(self) -> str:
+        """yes: every check admitted the limit; NO: one admitted less; ⚠ over: one admitted more."""
+        if not self.admitted:
+            return "—"
+        if any(a > self.limit for a in self.admitted):
+            return "⚠ over"
+        return "yes" if all(a == self.limit for a in self.admitted) else "NO"
+
+    def same_cell(self, other: PeerRow) -> bool:
+        """The same load on the same store: rows to compare round by round."""
+        return (self.store, self.scenario, self.connections) == (other.store, other.scenario, other.connections)
+
+
+def vs_reference(rows: Sequence[PeerRow], row: PeerRow, what: str) -> list[float]:
+    """``row``'s ``what`` over the reference's, round by round (the same round only: both met the
+    same machine load); empty without a reference row under the same load."""
+    ref = next((r for r in rows if r.service == "reference" and r.same_cell(row) and r is not row), None)
+    if ref is None:
+        return []
+    theirs = {r.round: getattr(r, what) for r in ref.rounds}
+    out = []
+    for r in row.rounds:
+        mine, other = getattr(r, what), theirs.get(r.round)
+        if mine is not None and other:
+            out.append(mine / other)
+    return out
+
+
+def _ratio_entry(name: str, rule: str, ratios: list[float], ours: PeerRow, ref: PeerRow, what: str,
+                 unit_key: str) -> dict[str, Any]:
+    """A target ``ratio <= 1.0`` from the per-round ratios: the median, and the best round as ``_min``."""
+    e: dict[str, Any] = {"target": name, "rule": rule, "target_value": 1.0, "unit": "x"}
+    e["ours"], e["ours_min"] = (statistics.median(ratios), min(ratios)) if ratios else (None, None)
+    e["floor"] = e["floor_min"] = None
+    e["met"], e["met_min"] = (None, None) if not ratios else (e["ours"] <= 1.0, e["ours_min"] <= 1.0)
+    for i, suffix in ((1, ""), (0, "_min")):
+        s, f = ours.stat(what), ref.stat(what)
+        e[f"ours_{unit_key}{suffix}"] = s[i] if s else None
+        e[f"floor_{unit_key}{suffix}"] = f[i] if f else None
+    return e
+
+
+def peer_targets(rows: Sequence[PeerRow]) -> list[dict[str, Any]]:
+    """The issue's gRPC targets, for the compiled front door with one worker against one reference
+    process on Redis, per scenario: req/s >= 1.0x (reference req/s / ours <= 1.0), CPU per decision
+    <= 1.0x, p99 <= the reference's; and every peer row exact."""
+    out: list[dict[str, Any]] = []
+    for ours in rows:
+        if (ours.service, ours.store, ours.workers, ours.connections) != ("front", "redis", 1, 1) or not ours.rounds:
+            continue
+        ref = next((r for r in rows if r.service == "reference" and r.same_cell(ours) and r.rounds), None)
+        if ref is None:
+            continue
+        where = f"gRPC vs envoyproxy/ratelimit (Redis, {ours.scenario} the limit)"
+        rps = [1 / x for x in vs_reference(rows, ours, "rps") if x]
+        out.append(_ratio_entry(f"{where}: req/s", "reference req/s / ours <= 1.0 (same round)", rps, ours, ref,
+                                "rps", "rps"))
+        out.append(_ratio_entry(f"{where}: CPU per decision", "ours / reference <= 1.0 (same round)",
+                                vs_reference(rows, ours, "cpu_us"), ours, ref, "cpu_us", "us"))
+        out.append(_ratio_entry(f"{where}: p99", "ours / reference <= 1.0 (same round)",
+                                vs_reference(rows, ours, "p99_ms"), ours, ref, "p99_ms", "p99"))
+    checked = [r for r in rows if r.admitted]
+    if checked:
+        exact = all(r.exact == "yes" for r in checked)
+        out.append({"target": "gRPC rows exact (ratewarden and the reference)",
+                    "rule": f"{EXACT_CALLS} concurrent calls against {EXACT_LIMIT}/min admit {EXACT_LIMIT}, every "
+                            "round", "target_value": None, "unit": "", "ours": exact, "floor": None, "met": exact,
+                    "ours_min": exact, "floor_min": None, "met_min": exact})
+    return out
