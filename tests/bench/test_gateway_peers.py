@@ -1,0 +1,88 @@
+"""``ratewarden bench --gateway``'s gRPC rows beside envoyproxy/ratelimit (bench.gateway_peers): the
+quickest real run (ghz, the reference, redis-server and ``ratewarden serve`` on loopback) with its row
+set, exactness and report files (never a timing); and a machine without Go, whose report says why the
+peers were skipped instead of failing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ratewarden.bench.gateway_peer_rows import EXACT_LIMIT
+from ratewarden.bench.gateway_peers import INSTANCES
+from ratewarden.cli import main
+
+GO_TOOLS = ("go", "ghz", "service_cmd")
+
+
+def _go_binary(name: str) -> str | None:
+    return shutil.which(name) or next((str(p) for p in (Path(os.environ.get("GOBIN", "/nonexistent")) / name,
+                                                        Path.home() / "go" / "bin" / name) if os.access(p, os.X_OK)), None)
+
+
+def _peers_only(out: Path) -> int:
+    return main(["bench", "--gateway", "--peers-only", "--quick", "--peer-requests", "200", "--peer-rounds", "1",
+                 "--out", str(out)])
+
+
+EXPECTED = [(i.service, i.store, s, i.workers, c) for i in INSTANCES for s, c in i.cells]
+
+
+def test_the_quickest_run_has_every_row_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("grpc")
+    pytest.importorskip("envoy.service.ratelimit.v3.rls_pb2")
+    if not all(_go_binary(b) for b in ("ghz", "service_cmd")) or shutil.which("redis-server") is None:
+        pytest.skip("needs ghz and service_cmd built (go install, see docs/benchmarks.md) and redis-server")
+    assert _peers_only(tmp_path) == 0
+    data = json.loads((tmp_path / "gateway.json").read_text())
+    peers = data["peers"]
+    assert [(p["service"], p["store"], p["scenario"], p["workers"], p["connections"]) for p in peers] == EXPECTED
+    assert {p["service"] for p in peers} == {"python", "front", "reference"}
+    assert {(p["store"], p["workers"]) for p in peers if p["service"] == "front"} == {("redis", 1), ("redis", 2),
+                                                                                         ("memory", 1)}
+    compiled = any("compiled front door" in n for n in data["peer_notes"])
+    for p in peers:
+        if p["service"] == "front" and not compiled:
+            assert p["missing"], p  # skipped, with the reason
+            continue
+        assert p["missing"] == "", (p["key"], p["missing"])
+        assert len(p["rounds"]) == 1 and p["rounds"][0]["requests"] == 200 and p["rounds"][0]["errors"] == {}
+        assert p["admitted"] == [EXACT_LIMIT] and p["exact"] == "yes", p["key"]  # every row is an exactness row
+        assert (p["rounds"][0]["redis_cpu_us"] is None) == (p["store"] == "memory")
+        ratios = p["vs_reference"]["rps"]
+        assert len(ratios) == (1 if p["store"] == "redis" and p["service"] != "reference" else 0), p["key"]
+    exact = [t for t in data["targets"] if t["target"].startswith("gRPC rows exact")]
+    assert exact and exact[0]["met"] is True
+    with (tmp_path / "gateway-peers.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["key"] for r in rows] == [p["key"] for p in peers]
+    md = (tmp_path / "gateway.md").read_text()
+    assert "## gRPC beside envoyproxy/ratelimit" in md and md.count("| envoyproxy/ratelimit | redis |") == 3
+    assert "gRPC beside envoyproxy/ratelimit" in (tmp_path / "gateway.html").read_text()
+    assert "envoyproxy/ratelimit" in capsys.readouterr().out
+
+
+def test_without_go_the_report_says_why_the_peers_were_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("grpc")
+    pytest.importorskip("envoy.service.ratelimit.v3.rls_pb2")
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not any(os.access(Path(d) / t, os.X_OK) for t in GO_TOOLS)]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/go/bin with binaries cached by an earlier build
+    monkeypatch.delenv("GOBIN", raising=False)
+    assert shutil.which("go") is None
+    assert _peers_only(tmp_path / "out") == 0
+    data = json.loads((tmp_path / "out" / "gateway.json").read_text())
+    assert [(p["service"], p["store"], p["scenario"], p["workers"], p["connections"]) for p in data["peers"]] == EXPECTED
+    for p in data["peers"]:
+        assert p["rounds"] == [] and "Go is not installed" in p["missing"], p
+    assert any("Go is not installed" in n and "ghz" in n for n in data["peer_notes"])
+    md = (tmp_path / "out" / "gateway.md").read_text()
+    assert "MISSING: no load generator: ghz is not built and Go is not installed" in md
+    assert "Traceback" not in capsys.readouterr().err
