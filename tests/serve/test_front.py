@@ -1,0 +1,303 @@
+"""``ratewarden serve --front compiled`` as a real process, spoken to with the published Envoy API's
+client (xds-protos' ``RateLimitServiceStub`` on grpc.aio): exact under concurrency on memory, shared
+memory (two workers on one port) and Redis, the same error codes and messages as the python front
+door, oversize refusal from the same bounds, the connection cap and request timeout, reloads, a
+graceful SIGTERM, and how ``--front`` chooses (``--version``, exit 2, the fallback's log line)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratewarden.bench.services import free_port
+from ratewarden.serve import bounds
+from tests.front_door import require_compiled_front
+from tests.servers import RedisStandalone, wait_until
+
+from .test_serve_cli import Serve, _write
+
+grpc = pytest.importorskip("grpc")
+rls_pb2 = pytest.importorskip("envoy.service.ratelimit.v3.rls_pb2")
+rls_pb2_grpc = pytest.importorskip("envoy.service.ratelimit.v3.rls_pb2_grpc")
+ratelimit_pb2 = pytest.importorskip("envoy.extensions.common.ratelimit.v3.ratelimit_pb2")
+
+OK = rls_pb2.RateLimitResponse.OK
+OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
+
+ENVOY = """
+domain: front
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: LIMIT}
+  - key: open
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _compiled() -> None:
+    require_compiled_front()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Any]:
+    started: list[Serve] = []
+
+    def start(limit: int, *args: str) -> tuple[Serve, str, Path]:
+        config = tmp_path / "envoy.yaml"
+        _write(config, ENVOY.replace("LIMIT", str(limit)))
+        address = f"127.0.0.1:{free_port()}"
+        server = Serve(tmp_path, str(config), "--grpc", address, "--watch", "0", *args)
+        started.append(server)
+        return server, address, config
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait(10)
+        (Path("/dev/shm") / f"ratewarden-serve-{server.proc.pid}.shm").unlink(missing_ok=True)
+
+
+def request(*descriptors: list[tuple[str, str]], domain: str = "front", hits: int = 0) -> Any:
+    return rls_pb2.RateLimitRequest(
+        domain=domain, hits_addend=hits,
+        descriptors=[
+            ratelimit_pb2.RateLimitDescriptor(entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in d])
+            for d in descriptors
+        ],
+    )
+
+
+async def concurrent(address: str, message: Any, n: int, channels: int = 1) -> Counter[Any]:
+    """``n`` calls at once over ``channels`` connections: the overall codes, or the error codes."""
+    opened = [grpc.aio.insecure_channel(address) for _ in range(channels)]
+    try:
+        stubs = [rls_pb2_grpc.RateLimitServiceStub(c) for c in opened]
+        calls = [stubs[i % channels].ShouldRateLimit(message, timeout=30) for i in range(n)]
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        for channel in opened:
+            await channel.close()
+    return Counter(a.code() if isinstance(a, grpc.aio.AioRpcError) else a.overall_code for a in answers)
+
+
+async def outcome(address: str, message: Any, timeout: float = 30) -> tuple[Any, str]:
+    """``(status code, details)`` of one call; ``(OK, overall code)`` when it was answered."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            answer = await rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(message, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, rls_pb2.RateLimitResponse.Code.Name(answer.overall_code)
+
+
+def ready(server: Serve, workers: int = 1) -> Serve:
+    server.ready(workers)
+    assert server.events("started")[0]["front"] == "compiled"
+    return server
+
+
+def test_exact_under_concurrency_on_memory(serve: Any) -> None:
+    server, address, _ = serve(25, "--front", "compiled")
+    ready(server)
+    codes = asyncio.run(concurrent(address, request([("user", "u1")]), 120, channels=4))
+    assert codes == {OK: 25, OVER: 95}
+    assert server.stop() == 0
+
+
+def test_exact_under_concurrency_on_redis(serve: Any, redis_standalone: Any) -> None:
+    server, address, _ = serve(30, "--front", "compiled", "--store", redis_standalone.url)
+    ready(server)
+    user = [("user", uuid.uuid4().hex)]  # the session's Redis: a key no other test charges
+    assert asyncio.run(concurrent(address, request(user), 150, channels=4)) == {OK: 30, OVER: 120}
+    both = request([("open", uuid.uuid4().hex)], user)  # all or nothing: the refused one charges neither
+    assert asyncio.run(concurrent(address, both, 10)) == {OVER: 10}
+    assert server.stop() == 0
+
+
+def test_two_workers_share_the_port_stay_exact_and_reload(serve: Any) -> None:
+    server, address, config = serve(40, "--front", "compiled", "--workers", "2")
+    ready(server, workers=2)
+    assert len({e["pid"] for e in server.events("worker_started")}) == 2
+    # separate connections, so SO_REUSEPORT hands them to both workers; one shared-memory count
+    assert asyncio.run(concurrent(address, request([("user", "w1")]), 160, channels=16)) == {OK: 40, OVER: 120}
+    _write(config, ENVOY.replace("LIMIT", "3"))
+    os.kill(server.proc.pid, signal.SIGHUP)
+    assert len({e["pid"] for e in server.wait_for("reloaded", 2)}) == 2
+    assert asyncio.run(concurrent(address, request([("user", "w2")]), 20, channels=8)) == {OK: 3, OVER: 17}
+    assert server.stop() == 0
+
+
+ERRORS = {
+    "empty domain": (request([("user", "e")], domain=""), grpc.StatusCode.INVALID_ARGUMENT),
+    "no descriptors": (request(), grpc.StatusCode.INVALID_ARGUMENT),
+    "unknown domain": (request([("user", "e")], domain="nowhere"), grpc.StatusCode.OK),
+    "too many descriptors": (request(*[[("user", str(i))] for i in range(bounds.MAX_DESCRIPTORS + 1)]),
+                             grpc.StatusCode.INVALID_ARGUMENT),
+    "too many entries": (request(*[[("user", str(i))] * 205 for i in range(5)]), grpc.StatusCode.INVALID_ARGUMENT),
+    "over 1 MiB": (request([("user", "x" * bounds.GRPC_MAX_MESSAGE_SIZE)]), grpc.StatusCode.RESOURCE_EXHAUSTED),
+}
+
+
+def _bad_unit() -> Any:
+    message = request([("user", "e")])
+    message.descriptors[0].limit.requests_per_unit, message.descriptors[0].limit.unit = 5, 99
+    return message
+
+
+def test_errors_and_oversize_are_answered_as_the_python_front_door(serve: Any) -> None:
+    """The same status code and message from both front doors, for each bad request; the bounds are
+    the ones of ``serve.bounds``, and the Rust side refuses what is too large before deciding."""
+    compiled, compiled_address, _ = serve(5, "--front", "compiled")
+    python, python_address, _ = serve(5, "--front", "python")
+    ready(compiled)
+    python.ready()
+    assert python.events("started")[0]["front"] == "python"
+    cases = {**ERRORS, "unknown unit": (_bad_unit(), grpc.StatusCode.INVALID_ARGUMENT)}
+    for name, (message, code) in cases.items():
+        got = asyncio.run(outcome(compiled_address, message))
+        assert got[0] == code, (name, got)
+        theirs = asyncio.run(outcome(python_address, message))
+        assert got[0] == theirs[0], name
+        assert got[1] == theirs[1] or name == "over 1 MiB", name  # that message is each gRPC library's own
+    assert "at most 256 descriptors, got 257" in asyncio.run(outcome(compiled_address, cases["too many descriptors"][0]))[1]
+    assert "at most 1024 entries in all, got 1025" in asyncio.run(outcome(compiled_address, cases["too many entries"][0]))[1]
+
+    async def unknown_method() -> Any:
+        async with grpc.aio.insecure_channel(compiled_address) as channel:
+            call = channel.unary_unary("/envoy.service.ratelimit.v3.RateLimitService/Nope")
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call(b"", timeout=10)
+            return raised.value.code()
+
+    assert asyncio.run(unknown_method()) == grpc.StatusCode.UNIMPLEMENTED
+    assert compiled.stop() == 0 and python.stop() == 0
+
+
+def test_the_bounds_options_reach_the_compiled_front(serve: Any) -> None:
+    server, address, _ = serve(5, "--front", "compiled", "--max-descriptors", "2", "--max-entries", "3",
+                               "--grpc-max-message-size", "1000")
+    ready(server)
+    code, details = asyncio.run(outcome(address, request([("user", "a")], [("user", "b")], [("user", "c")])))
+    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, "a request may carry at most 2 descriptors, got 3")
+    code, details = asyncio.run(outcome(address, request([("user", "a"), ("x", "1")], [("user", "b"), ("x", "2")])))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "at most 3 entries" in details
+    assert asyncio.run(outcome(address, request([("user", "x" * 1000)])))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert asyncio.run(outcome(address, request([("user", "a")], [("open", "b")]))) == (grpc.StatusCode.OK, "OK")
+    assert server.stop() == 0
+
+
+def test_one_connection_over_the_cap_is_closed_at_once(serve: Any) -> None:
+    server, address, _ = serve(5, "--front", "compiled", "--grpc-max-connections", "2")
+    ready(server)
+    host, port = address.rsplit(":", 1)
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]
+    try:
+        extra = socket.create_connection((host, int(port)), timeout=10)
+        with extra:
+            assert extra.recv(1024) == b""  # closed by the server, unread
+        held.pop().close()  # a freed place is taken again
+        wait_until(lambda: asyncio.run(outcome(address, request([("user", "c")]), timeout=5))[0] == grpc.StatusCode.OK,
+                   20, "a call once a connection closed")
+    finally:
+        for sock in held:
+            sock.close()
+    assert server.stop() == 0
+
+
+@pytest.fixture
+def paused_redis() -> Iterator[RedisStandalone]:
+    server = RedisStandalone().start()
+    try:
+        yield server
+    finally:
+        server.server.resume()
+        server.close()
+
+
+def test_request_timeout_and_graceful_stop_on_a_paused_redis(serve: Any, paused_redis: RedisStandalone) -> None:
+    """A decision slower than ``--grpc-timeout`` is DEADLINE_EXCEEDED; on SIGTERM every call in flight
+    is still decided (here: the store times out and the fail-open insurance limiter decides), then exit 0."""
+    store = f"{paused_redis.url}?timeout=3"
+    server, address, _ = serve(5, "--front", "compiled", "--store", store, "--grpc-timeout", "1")
+    ready(server)
+    paused_redis.server.pause()
+    code, details = asyncio.run(outcome(address, request([("user", "t")])))
+    assert (code, details) == (grpc.StatusCode.DEADLINE_EXCEEDED, "no decision within 1.000 s")
+    paused_redis.server.resume()
+    server.stop()
+
+    late, late_address, _ = serve(5, "--front", "compiled", "--store", store)
+    ready(late)
+    assert asyncio.run(outcome(late_address, request([("user", "g0")]))) == (grpc.StatusCode.OK, "OK")
+    paused_redis.server.pause()
+
+    async def in_flight_then_term() -> Counter[Any]:
+        calls = asyncio.create_task(concurrent(late_address, request([("user", "g1")]), 20))
+        await asyncio.sleep(1.0)  # every call is waiting on the paused store now
+        late.proc.send_signal(signal.SIGTERM)
+        return await calls
+
+    codes = asyncio.run(in_flight_then_term())
+    assert sum(codes.values()) == 20 and set(codes) <= {OK, OVER}, codes  # answered, none failed
+    assert 1 <= codes[OK] <= 5, codes  # the insurance limiter keeps the limit while the store is out
+    assert late.proc.wait(30) == 0
+    names = [e["event"] for e in late.events()]
+    assert names.index("stopping") < names.index("worker_stopped")
+
+
+def _cli(*args: str, blocked: bool, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "envoy.yaml"
+    config.write_text(ENVOY.replace("LIMIT", "5"))
+    block = "sys.modules['ratewarden._front'] = None; " if blocked else ""
+    code = f"import sys; {block}from ratewarden.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "serve", str(config), "--http", f"127.0.0.1:{free_port()}", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_version_names_the_front_door_and_why_not_compiled(tmp_path: Path) -> None:
+    here = _cli("--version", blocked=False, tmp_path=tmp_path)
+    assert here.returncode == 0 and "gRPC front door: compiled (ratewarden._front " in here.stdout, here
+    python = _cli("--front", "python", "--version", blocked=False, tmp_path=tmp_path)
+    assert "gRPC front door: python (grpc.aio); not compiled: --front python" in python.stdout
+    absent = _cli("--version", blocked=True, tmp_path=tmp_path)
+    assert absent.returncode == 0 and "gRPC front door: python (grpc.aio); not compiled: ratewarden._front does not import" in absent.stdout
+
+
+def test_without_the_extension_compiled_exits_2_and_auto_says_why_once(tmp_path: Path) -> None:
+    refused = _cli("--front", "compiled", "--grpc", f"127.0.0.1:{free_port()}", blocked=True, tmp_path=tmp_path)
+    assert refused.returncode == 2, refused
+    assert refused.stderr.startswith("ratewarden serve: --front compiled: ratewarden._front does not import")
+    assert "Traceback" not in refused.stderr and "started" not in refused.stderr
+    address = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "envoy.yaml"
+    log = tmp_path / "auto.log"
+    code = "import sys; sys.modules['ratewarden._front'] = None; from ratewarden.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "serve", str(config), "--http", f"127.0.0.1:{free_port()}", "--grpc", address,
+            "--workers", "2"]
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        wait_until(lambda: log.read_text().count('"worker_started"') == 2, 30, "two workers")
+        assert asyncio.run(outcome(address, request([("user", "a")]))) == (grpc.StatusCode.OK, "OK")
+        fallbacks = [line for line in log.read_text().splitlines() if '"front_python"' in line]
+        assert len(fallbacks) == 1 and "ratewarden._front does not import" in fallbacks[0], log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        (Path("/dev/shm") / f"ratewarden-serve-{proc.pid}.shm").unlink(missing_ok=True)
