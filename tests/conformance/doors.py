@@ -545,7 +545,7 @@ async def door_spoe(case: Case) -> Run:
 # -- gRPC (Envoy's rate limit service) -------------------------------------------------------------------
 
 
-async def door_grpc(case: Case) -> Run:
+async def door_grpc(case: Case, compiled: bool = False) -> Run:
     import grpc  # type: ignore[import-untyped]
     from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2  # type: ignore[import-untyped]
     from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[import-untyped]
@@ -558,7 +558,13 @@ async def door_grpc(case: Case) -> Run:
     store = store_for(case)
     domain = parse_envoy_config(case.envoy.config)
     service = RateLimitService({domain.domain: domain}, limiter_for(store, case))
-    server, port = await start_grpc(service, "127.0.0.1", 0)
+    if compiled:
+        from ratewarden.serve.front import start_front
+
+        front = start_front(service, "127.0.0.1", 0)
+        server, port = front, front.port
+    else:
+        server, port = await start_grpc(service, "127.0.0.1", 0)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     descriptors = [
         ratelimit_pb2.RateLimitDescriptor(entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in d])
@@ -581,6 +587,14 @@ async def door_grpc(case: Case) -> Run:
         await channel.close()
         await server.stop(None)
     return Run(out, store)
+
+
+async def door_grpc_compiled(case: Case) -> Run:
+    """The gRPC door through the compiled front door (``ratewarden._front``), on this event loop."""
+    from tests.front_door import require_compiled_front
+
+    require_compiled_front()
+    return await door_grpc(case, compiled=True)
 
 
 def rename(headers: Mapping[str, str | None], names: Mapping[str, str]) -> dict[str, str | None]:

@@ -33,7 +33,10 @@ DOORS: dict[str, Callable[..., Awaitable[doors.Run]]] = {
     "serve-v1-check": doors.door_serve_v1_check,
     "spoe": doors.door_spoe,
     "grpc": doors.door_grpc,
+    "grpc-compiled": doors.door_grpc_compiled,
 }
+#: Doors that answer as another door does: its differences are theirs.
+SAME_AS = {"grpc-compiled": "grpc"}
 #: The doors behind ``ratewarden serve``'s HTTP server (one uvicorn for the module).
 SERVED = ("serve-check", "serve-v1-check")
 #: Names a door gives the rules' limits in its headers, when not the rule's name.
@@ -41,13 +44,14 @@ NAMES: dict[str, Callable[[Case], dict[str, str]]] = {
     "flask": lambda case: {spec.name: "items" + (f"-{i}" if i else "") for i, spec in enumerate(
         s for s in case.rules if not s.bypass)},
     "grpc": lambda case: dict(case.envoy.names) if case.envoy is not None else {},
+    "grpc-compiled": lambda case: dict(case.envoy.names) if case.envoy is not None else {},
 }
 
 
 def _params() -> Iterator[Any]:
     for case in CASES:
         for door in DOORS:
-            diff: Difference | None = case.differences.get(door)
+            diff: Difference | None = case.differences.get(SAME_AS.get(door, door))
             assert door != "grpc" or case.envoy is not None or (diff is not None and diff.skip), (
                 f"{case.id}: give its Envoy form, or say why gRPC cannot express it"
             )
@@ -146,7 +150,7 @@ async def test_conformance(case: Case, door: str, kind: str, backend: doors.Back
 
 
 def check(case: Case, door: str, run: doors.Run, backend: doors.Backend) -> None:
-    statuses, headers, charged = case.expected(door)
+    statuses, headers, charged = case.expected(SAME_AS.get(door, door))
     names = NAMES.get(door)
     if names is not None:
         headers = doors.rename(headers, names(case))
