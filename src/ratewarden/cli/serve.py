@@ -218,10 +218,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.front == "compiled":
             from ..serve.front import choose_front
 
-            try:
-                choose_front(args.front)
-            except ValueError as exc:
-                raise ConfigurationError(str(exc)) from None
+            choose_front(args.front)
     except ConfigurationError as exc:
         print(f"ratewarden serve: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from ..errors import LimitUnavailable
+from ..errors import ConfigurationError, LimitUnavailable
 from . import bounds
 from .rls import RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
@@ -77,20 +77,20 @@ def compiled_module() -> tuple[ModuleType | None, str]:
 
 def choose_front(requested: str) -> tuple[str, str]:
     """The front door ``--front requested`` runs, ``"compiled"`` or ``"python"``, and why not the
-    compiled one (empty when it runs); ``ValueError`` when ``compiled`` is asked for and absent.
+    compiled one (empty when it runs); ``ConfigurationError`` when ``compiled`` is asked for and absent.
 
     Args:
         requested: One of ``FRONTS``.
     """
     if requested not in FRONTS:
-        raise ValueError(f"--front must be one of {', '.join(FRONTS)}, got {requested!r}")
+        raise ConfigurationError(f"--front must be one of {', '.join(FRONTS)}, got {requested!r}")
     if requested == "python":
         return "python", "--front python"
     module, why = compiled_module()
     if module is not None:
         return "compiled", ""
     if requested == "compiled":
-        raise ValueError(f"--front compiled: {why}")
+        raise ConfigurationError(f"--front compiled: {why}")
     return "python", why
 
 
@@ -265,7 +265,7 @@ def describe(requested: str = "auto") -> str:
     """
     try:
         front, why = choose_front(requested)
-    except ValueError as exc:
+    except ConfigurationError as exc:
         return f"gRPC front door: none ({exc})"
     if front == "compiled":
         module, _ = compiled_module()

@@ -128,10 +128,7 @@ def _choose_front(config: ServeConfig) -> ServeConfig:
         return config
     from .front import choose_front
 
-    try:
-        front, why = choose_front(config.front)
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
+    front, why = choose_front(config.front)
     if front == "python" and config.front == "auto":
         event(logging.WARNING, "front_python", f"gRPC through the python front door: {why}", reason=why)
     return replace(config, front=front)
