@@ -96,6 +96,12 @@ def register(subparsers: Any) -> None:
                         "gateway.{md,html,json,csv} and gateway-peers.csv in --out (needs haproxy, nginx, wrk and "
                         "the serve extra; Go and redis-server for the reference rows, which are skipped with the "
                         "reason otherwise); --quick: 2 rounds, 2000 gRPC calls per cell")
+    _register_gateway(p)
+    p.set_defaults(func=run)
+
+
+def _register_gateway(p: argparse.ArgumentParser) -> None:
+    """The ``--gateway`` bench's own flags."""
     p.add_argument("--gateway-requests", type=int, default=300, metavar="N",
                    help="--gateway: requests per variant per round (15 workers)")
     p.add_argument("--gateway-rate", type=float, default=750.0, metavar="REQ_PER_S",
@@ -119,7 +125,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--peer-front-lib", default="", metavar="PATH",
                    help="--gateway, --peer-front prototype: the built library (default "
                         "rust/target/release/libratewarden_front.so)")
-    p.set_defaults(func=run)
 
 
 def _gateway_variants() -> list[str]:
