@@ -86,3 +86,23 @@ def test_without_go_the_report_says_why_the_peers_were_skipped(tmp_path: Path, m
     md = (tmp_path / "out" / "gateway.md").read_text()
     assert "MISSING: no load generator: ghz is not built and Go is not installed" in md
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_ratios_are_taken_within_a_round_and_exactness_flags_each_way() -> None:
+    from ratewarden.bench.gateway_peer_rows import PeerRound, PeerRow, peer_targets, vs_reference
+
+    def rnd(r: int, rps: float, cpu: float) -> PeerRound:
+        return PeerRound(r, 1000, rps, 1.0, 2.0, cpu, 10.0)
+
+    front = PeerRow("front", "redis", "under", 1, 1, [rnd(0, 100, 50), rnd(1, 300, 60)], [50, 50])
+    ref = PeerRow("reference", "redis", "under", 1, 1, [rnd(1, 200, 40), rnd(0, 400, 100)], [50, 51])
+    other_load = PeerRow("reference", "redis", "under", 1, 4, [rnd(0, 1, 1)], [49])
+    rows = [front, ref, other_load]
+    assert vs_reference(rows, front, "rps") == [0.25, 1.5]  # round 0 with round 0, round 1 with round 1
+    assert vs_reference(rows, front, "cpu_us") == [0.5, 1.5]
+    assert vs_reference(rows, ref, "rps") == []
+    assert (front.exact, ref.exact, other_load.exact) == ("yes", "⚠ over", "NO")
+    targets = {t["target"].rsplit(": ", 1)[-1]: t for t in peer_targets(rows)}
+    assert targets["req/s"]["ours"] == pytest.approx((4.0 + 1 / 1.5) / 2) and targets["req/s"]["met"] is False
+    assert targets["CPU per decision"]["ours"] == pytest.approx(1.0) and targets["CPU per decision"]["met"] is True
+    assert targets["gRPC rows exact (ratewarden and the reference)"]["met"] is False

@@ -94,7 +94,7 @@ def _ratio_entry(name: str, rule: str, ratios: list[float], ours: PeerRow, ref: 
     """A target ``ratio <= 1.0`` from the per-round ratios: the median, and the best round as ``_min``."""
     e: dict[str, Any] = {"target": name, "rule": rule, "target_value": 1.0, "unit": "x"}
     e["ours"], e["ours_min"] = (statistics.median(ratios), min(ratios)) if ratios else (None, None)
-    e["floor"] = e["floor_min"] = None
+    e["floor"] = e["floor_min"] = 1.0  # the reference against itself
     e["met"], e["met_min"] = (None, None) if not ratios else (e["ours"] <= 1.0, e["ours_min"] <= 1.0)
     for i, suffix in ((1, ""), (0, "_min")):
         s, f = ours.stat(what), ref.stat(what)
