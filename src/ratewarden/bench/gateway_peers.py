@@ -136,21 +136,22 @@ def _serve_output(flag: str) -> str:
     return ""
 
 
-def _prototype(opts: PeerOptions, root: Path) -> tuple[list[str], str]:
+def _prototype(opts: PeerOptions, root: Path) -> tuple[list[str], str, Path]:
     """The prototype's argv prefix (``scripts/front_prototype.py --lib DIR``) with its .so copied
     under the name Python imports; ([], why) where the script or the built library is missing."""
     checkout = Path(__file__).resolve().parents[3]
     script = next((p for p in (checkout / "scripts" / "front_prototype.py", Path.cwd() / "scripts" /
                                "front_prototype.py") if p.is_file()), None)
-    lib = Path(opts.front_lib) if opts.front_lib else (script.parent.parent if script else checkout) / "rust" / \
-        "target" / "release" / "libratewarden_front.so"
+    base = script.parent.parent if script else checkout
+    built = [base / d / "release" / "libratewarden_front.so" for d in ("rust/target", "build/cargo")]
+    lib = Path(opts.front_lib) if opts.front_lib else next((p for p in built if p.is_file()), built[0])
     if script is None:
-        return [], "scripts/front_prototype.py not found (run from a source checkout)"
+        return [], "scripts/front_prototype.py not found (run from a source checkout)", lib
     if not lib.is_file():
-        return [], f"no built front door at {lib}: build it with `cd rust && cargo build --release` (rust/README.md)"
-    (root / "front-lib").mkdir(exist_ok=True)
+        return [], f"no built front door at {lib}: build it with `cd rust && cargo build --release` (rust/README.md)", lib
+    (root / "front-lib").mkdir(parents=True, exist_ok=True)
     shutil.copy(lib, root / "front-lib" / "ratewarden_front.abi3.so")
-    return [sys.executable, str(script), "--lib", str(root / "front-lib")], ""
+    return [sys.executable, str(script), "--lib", str(root / "front-lib")], "", lib
 
 
 def find_tools(opts: PeerOptions, root: Path, log: Callable[[str], None]) -> Tools:
@@ -177,14 +178,16 @@ def find_tools(opts: PeerOptions, root: Path, log: Callable[[str], None]) -> Too
         tools.front, tools.front_kind = [*gp.serve_command([], 0)[:4], "--front", "compiled"], "serve"
         version = " ".join(_serve_output("--version").split())
         tools.notes.append(f"compiled front door: `ratewarden serve --front compiled` (`serve --version`: {version})")
+        if "front door: compiled" not in version:
+            tools.skip["front"] = f"compiled front door skipped: `ratewarden serve --version` says {version!r}"
     else:
-        tools.front, why = _prototype(opts, root)
+        tools.front, why, lib = _prototype(opts, root)
         tools.front_kind = "prototype"
         if why:
             tools.skip["front"] = f"compiled front door skipped: {why}"
         else:
-            tools.notes.append("compiled front door: scripts/front_prototype.py (`ratewarden serve` has no "
-                               "--front yet)")
+            tools.notes.append(f"compiled front door: {tools.front[1]} with {lib}"
+                               + ("" if tools.serve_front else " (`ratewarden serve` has no --front)"))
     tools.notes += [f"ghz: {tools.ghz}"] + ([f"envoyproxy/ratelimit: {tools.reference} (stats off)"]
                                             if tools.reference else [])
     return tools
