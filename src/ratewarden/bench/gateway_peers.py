@@ -188,9 +188,22 @@ def find_tools(opts: PeerOptions, root: Path, log: Callable[[str], None]) -> Too
         else:
             tools.notes.append(f"compiled front door: {tools.front[1]} with {lib}"
                                + ("" if tools.serve_front else " (`ratewarden serve` has no --front)"))
-    tools.notes += [f"ghz: {tools.ghz}"] + ([f"envoyproxy/ratelimit: {tools.reference} (stats off)"]
-                                            if tools.reference else [])
+    tools.notes += [f"ghz: {tools.ghz}{_module_version(tools.ghz)}"] + (
+        [f"envoyproxy/ratelimit: {tools.reference}{_module_version(tools.reference)} (stats off)"]
+        if tools.reference else [])
     return tools
+
+
+def _module_version(binary: str) -> str:
+    """`` (module version)`` of a Go binary, from ``go version -m`` ("" without Go)."""
+    go = shutil.which("go")
+    if go is None:
+        return ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run([go, "version", "-m", binary], capture_output=True, text=True, timeout=30).stdout
+        mods = [line.split()[1:3] for line in out.splitlines() if line.strip().startswith("mod")]
+        return f" ({' '.join(mods[0])})" if mods and len(mods[0]) == 2 else ""
+    return ""
 
 
 def protoset(path: Path) -> None:
