@@ -177,7 +177,9 @@ def _ext_modules() -> list[Any]:
 
 # The compiled front door. The crate is built for the stable ABI (pyo3's abi3-py310), so one cargo build
 # serves every Python version: builds share CARGO_TARGET_DIR (build/cargo beside this file unless set;
-# the release build from the sdist sets it to the clone's), and only the first one compiles.
+# the release build from the sdist sets it to the clone's), and only the first one compiles. pyo3 needs
+# no interpreter for a Unix abi3 module (PYO3_NO_PYTHON): otherwise each interpreter's path, which
+# setuptools-rust passes as PYO3_PYTHON, would make cargo rebuild pyo3 and the crate.
 FRONT = "ratewarden._front"
 FRONT_RECORD = "_front_build.txt"
 RUSTUP = "https://rustup.rs"
@@ -205,6 +207,7 @@ def _rust_extensions() -> list[Any]:
         _front_skipped("setuptools-rust is not installed in the build environment")
         return []
     os.environ.setdefault("CARGO_TARGET_DIR", str(Path(__file__).resolve().parent / "build" / "cargo"))
+    os.environ.setdefault("PYO3_NO_PYTHON", "1")
     # debug=False: an editable install builds the same release artifact as a wheel, from the same cache.
     return [RustExtension(FRONT, path="rust/Cargo.toml", binding=Binding.PyO3, debug=False,
                           optional=not _flag("RATEWARDEN_REQUIRE_FRONT"))]

@@ -6,7 +6,9 @@ The installed-wheel checks run in the wheel passes of ``make test`` (``RATEWARDE
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -90,3 +92,57 @@ def test_require_compiled_turns_the_fallback_into_an_error(tmp_path: Path) -> No
     assert done.returncode != 0
     assert "RATEWARDEN_REQUIRE_COMPILED is set" in done.stdout + done.stderr
     assert not list((tmp_path / "none").glob("*.whl"))
+
+
+@installed_only
+def test_the_wheel_has_the_compiled_front_door_when_cargo_was_there() -> None:
+    """The build records what became of ``ratewarden._front`` (setup.py): make test builds its wheels
+    with rustup's cargo on PATH (the Makefile), so a wheel without the front door fails here unless
+    cargo is missing too and the wheel says so."""
+    package = Path(ratewarden.__file__).resolve().parent
+    record = package / "_front_build.txt"
+    assert record.is_file(), f"the wheel does not say what became of the front door: {sorted(p.name for p in package.iterdir())}"
+    outcome = record.read_text(encoding="utf-8").strip()
+    built = sorted(p.name for p in package.glob("_front.*") if p.suffix in (".so", ".pyd"))
+    if shutil.which("cargo") is None and outcome.startswith("no cargo on PATH"):
+        assert built == [], built
+        with pytest.raises(ImportError):
+            importlib.import_module("ratewarden._front")
+        return
+    assert outcome == "compiled", f"cargo was there, and the front door was not built: {outcome}"
+    front = importlib.import_module("ratewarden._front")
+    assert Path(front.__file__ or "").resolve().parent == package, front.__file__
+    assert hasattr(front, "Front") and built, built
+
+
+def _source_copy(dst: Path) -> Path:
+    """What ``pip install -e`` builds from: the build files, the package and the crate (no build output)."""
+    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, dst / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "_front_build.txt", "target")
+    shutil.copytree(ROOT / "src" / "ratewarden", dst / "src" / "ratewarden", ignore=skip)
+    shutil.copytree(ROOT / "rust", dst / "rust", ignore=skip)
+    return dst
+
+
+def _build_editable(tree: Path, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """setuptools' PEP 660 hook, as ``pip install -e`` calls it (no mypyc: editable builds stay pure Python)."""
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_editable(sys.argv[1]))"
+    return subprocess.run([sys.executable, "-c", code, str(out)], cwd=tree, capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+def test_without_cargo_the_build_leaves_out_the_front_door_and_says_why(tmp_path: Path) -> None:
+    tree = _source_copy(tmp_path)
+    done = _build_editable(tree, tmp_path / "wheels", PATH="/usr/bin:/bin", RATEWARDEN_REQUIRE_FRONT="")
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "compiled front door (ratewarden._front) is not built" in line]
+    assert len(said) == 1 and "no cargo on PATH" in said[0] and "rustup" in said[0], said
+    package = tree / "src" / "ratewarden"
+    assert (package / "_front_build.txt").read_text(encoding="utf-8").startswith("no cargo on PATH")
+    assert not list(package.glob("_front.*.so"))
+    assert list((tmp_path / "wheels").glob("*.whl"))
+
+    required = _build_editable(tree, tmp_path / "required", PATH="/usr/bin:/bin", RATEWARDEN_REQUIRE_FRONT="1")
+    assert required.returncode != 0
+    assert "RATEWARDEN_REQUIRE_FRONT is set" in required.stdout + required.stderr
