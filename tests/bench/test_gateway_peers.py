@@ -106,3 +106,23 @@ def test_ratios_are_taken_within_a_round_and_exactness_flags_each_way() -> None:
     assert targets["req/s"]["ours"] == pytest.approx((4.0 + 1 / 1.5) / 2) and targets["req/s"]["met"] is False
     assert targets["CPU per decision"]["ours"] == pytest.approx(1.0) and targets["CPU per decision"]["met"] is True
     assert targets["gRPC rows exact (ratewarden and the reference)"]["met"] is False
+
+
+def test_a_failed_go_install_is_the_skip_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Go present, the module proxy out of reach (``GOPROXY=off``): the build's error is the reason."""
+    pytest.importorskip("grpc")
+    pytest.importorskip("envoy.service.ratelimit.v3.rls_pb2")
+    if shutil.which("go") is None:
+        pytest.skip("needs Go")
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not any(os.access(Path(d) / t, os.X_OK) for t in ("ghz", "service_cmd"))]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GOPATH", str(tmp_path / "gopath"))
+    monkeypatch.setenv("GOPROXY", "off")
+    monkeypatch.delenv("GOBIN", raising=False)
+    assert _peers_only(tmp_path / "out") == 0
+    data = json.loads((tmp_path / "out" / "gateway.json").read_text())
+    assert all(p["rounds"] == [] for p in data["peers"])
+    reason = data["peers"][0]["missing"]
+    assert "`go install github.com/bojand/ghz/cmd/ghz@latest` failed" in reason and "GOPROXY" in reason, reason
