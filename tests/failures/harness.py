@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from ratewarden.stores.base import Store
 from ratewarden.stores.breaker import Breaker
 from tests.core.asgi import call, http_scope
 from tests.servers import HOST, Server, redis_cmd, wait_until
+from tests.timing import queue_waits
 
 LIMIT = 3  # per hour: nothing refills during a cell
 RATE = f"{LIMIT}/hour"
@@ -439,20 +441,45 @@ class Slow(Fault):
     def __init__(self) -> None:
         self.timer: threading.Timer | None = None
         self.round_trips = 1  # set by the runner: every round trip of the request path is late
+        self.pause_for = 0.0
+        self.sent_at = 0.0
+        self.loop_thread = (0, 0)  # (pid, tid) of the event loop's thread, whose stalls count
+        self.loop_waited = 0.0
 
     def begin(self, backend: Backend) -> None:
         backend.pause()
 
     def sent(self, backend: Backend) -> None:
-        # Longer than the longest a check may wait (2 x timeout per round trip: a late timer adds
-        # one timeout at most on a loop that keeps up; see stores/deadline.py). Armed once the requests are in flight, not at the pause: a scheduling
-        # stall between the two on a loaded machine would otherwise let every reply be on time.
-        self.timer = threading.Timer(backend.timeout * (2 * self.round_trips + 0.6), backend.resume)
+        # Longer than the longest a check may wait: 2 x timeout per round trip (a late timer adds
+        # one timeout at most on a loop that keeps up; see stores/deadline.py), plus twice what the
+        # event loop's thread waited for a core meanwhile (its stalls delay the checks' timers as
+        # much; tests/timing.py), 4 x the first at most. Armed once the requests are in flight, not
+        # at the pause: a scheduling stall between the two on a loaded machine would otherwise let
+        # every reply be on time.
+        self.pause_for = backend.timeout * (2 * self.round_trips + 0.6)
+        self.loop_thread = (os.getpid(), threading.get_native_id())
+        self.loop_waited = queue_waits().get(self.loop_thread, 0.0)
+        self.sent_at = time.monotonic()
+        self._arm(backend, self.pause_for)
+
+    def _arm(self, backend: Backend, delay: float) -> None:
+        self.timer = threading.Timer(delay, self._resume_when_late, (backend,))
         self.timer.start()
 
+    def _resume_when_late(self, backend: Backend) -> None:
+        stalled = queue_waits().get(self.loop_thread, 0.0) - self.loop_waited
+        left = min(self.pause_for + 2 * stalled, 4 * self.pause_for) - (time.monotonic() - self.sent_at)
+        if left > 0.005:
+            self._arm(backend, left)
+        else:
+            backend.resume()
+
     def end(self, backend: Backend) -> None:
-        if self.timer is not None:
-            self.timer.join()
+        while self.timer is not None:
+            timer = self.timer
+            timer.join()
+            if self.timer is timer:
+                break
         backend.resume()
 
 
