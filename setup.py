@@ -234,9 +234,11 @@ def _build_front_command() -> dict[str, Any]:
             if self.outcome != "compiled":
                 _front_skipped(self.outcome)
             for ext in self.extensions:
-                folder = Path(self.get_dylib_ext_path(ext, ext.name)).parent
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / FRONT_RECORD).write_text(self.outcome + "\n", encoding="utf-8")
+                built = Path(self.get_dylib_ext_path(ext, ext.name))
+                if self.outcome != "compiled":  # one left by an earlier build (build/lib, or in place)
+                    built.unlink(missing_ok=True)
+                built.parent.mkdir(parents=True, exist_ok=True)
+                (built.parent / FRONT_RECORD).write_text(self.outcome + "\n", encoding="utf-8")
 
         def run_for_extension(self, ext: Any) -> None:
             try:
