@@ -250,7 +250,7 @@ impl AsyncWrite for Limited {
 ///     max_pending: Requests queued or being decided (more: RESOURCE_EXHAUSTED).
 ///     request_timeout: Seconds from a request's start to its answer (then DEADLINE_EXCEEDED).
 ///     threads: tokio worker threads.
-#[pyclass(module = "ratewarden_front")]
+#[pyclass(module = "ratewarden._front")]
 struct Front {
     shared: Arc<Shared>,
     reader: UnixStream,
@@ -387,7 +387,7 @@ impl Front {
                 )
                 .await;
             if let Err(error) = result {
-                eprintln!("ratewarden_front: gRPC server stopped: {error}");
+                eprintln!("ratewarden._front: gRPC server stopped: {error}");
             }
             server_running.store(false, Ordering::Release);
         });
