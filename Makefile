@@ -10,6 +10,7 @@ OLDEST = $(firstword $(PYTHONS))
 NEWEST = $(lastword $(PYTHONS))
 # What `make bench` runs: the compiled wheel, built as pip builds it and installed in its own venv.
 WHEEL_VENV := build/venv-wheel
+GATEWAY_VENV := build/venv-gateway
 SOURCES := $(shell find src/ratewarden -name __pycache__ -prune -o -print)
 # The compiled front door (rust/) is built by cargo from rustup, whose bin folder a non-login shell
 # (CI, ssh host make) may not have on PATH; every build shares one cargo target folder (setup.py).
@@ -18,7 +19,7 @@ export PATH := $(if $(wildcard $(CARGO_BIN)/cargo),$(CARGO_BIN):)$(PATH)
 export CARGO_TARGET_DIR ?= $(CURDIR)/build/cargo
 RUST_SOURCES := rust/Cargo.toml rust/Cargo.lock $(wildcard rust/src/*.rs)
 
-.PHONY: setup system-deps demo bench test test-pure test-wheels matrix dist docs lint clean
+.PHONY: setup system-deps demo bench bench-gateway test test-pure test-wheels matrix dist docs lint clean
 
 setup: $(VENV)/.installed
 
@@ -39,8 +40,14 @@ $(VENV)/.installed: pyproject.toml setup.py scripts/install-system-deps.sh $(RUS
 	touch $@
 
 # Only what the bench needs (not the development venv): the wheel, built as pip builds it, in its own venv.
-$(WHEEL_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCES) $(RUST_SOURCES) | system-deps
-	scripts/bench-venv.sh $(WHEEL_VENV)
+# Its scenarios run no gateway, so this wheel leaves the Rust front door out (a first cargo build takes
+# minutes); `make bench-gateway` builds a wheel with it in a venv of its own.
+$(WHEEL_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCES) | system-deps
+	RATEWARDEN_NO_FRONT=1 scripts/bench-venv.sh $(WHEEL_VENV)
+	touch $@
+
+$(GATEWAY_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCES) $(RUST_SOURCES) | system-deps
+	scripts/bench-venv.sh $(GATEWAY_VENV)
 	touch $@
 
 # Users install compiled wheels, so the benchmark runs one. On 2 quiet cores a first run takes about
@@ -49,6 +56,10 @@ $(WHEEL_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCE
 bench: $(WHEEL_VENV)/.installed
 	@echo "== make bench: ratewarden bench --quick (about 2 min); the reports go to bench-results/"
 	$(WHEEL_VENV)/bin/ratewarden bench --quick --out bench-results
+
+# The gateway bench: HAProxy, nginx, and gRPC beside envoyproxy/ratelimit (built with go install).
+bench-gateway: $(GATEWAY_VENV)/.installed
+	$(GATEWAY_VENV)/bin/ratewarden bench --gateway --out bench-results/gateway
 
 demo: setup
 	$(VENV)/bin/ratewarden demo

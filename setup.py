@@ -18,7 +18,8 @@ package keeps no runtime dependency), and on Linux the shared-memory store's C h
 ``ratewarden._front``, the compiled front door of ``ratewarden serve`` (``rust/``), is built by cargo
 through setuptools-rust, editable installs included, when cargo is on PATH (Rust from rustup). Without
 cargo, or when cargo fails, the package is complete without it (``ratewarden serve`` uses its Python
-front door) and the build says why; ``RATEWARDEN_REQUIRE_FRONT=1`` makes that an error. The package's
+front door) and the build says why; ``RATEWARDEN_REQUIRE_FRONT=1`` makes that an error, and
+``RATEWARDEN_NO_FRONT=1`` leaves it out on purpose (``make bench``'s wheel: no gateway in its scenarios). The package's
 ``_front_build.txt`` records the outcome: ``compiled``, or why not.
 """
 
@@ -225,7 +226,9 @@ def _build_front_command() -> dict[str, Any]:
         outcome = "cargo did not run"
 
         def run(self) -> None:
-            if shutil.which("cargo") is None:
+            if _flag("RATEWARDEN_NO_FRONT"):
+                self.outcome = "not asked for (RATEWARDEN_NO_FRONT is set: `make bench` runs no gateway)"
+            elif shutil.which("cargo") is None:
                 self.outcome = f"no cargo on PATH when ratewarden was built (Rust comes from rustup: {RUSTUP})"
                 if _flag("RATEWARDEN_REQUIRE_FRONT"):
                     raise SystemExit(f"ratewarden: {self.outcome} (RATEWARDEN_REQUIRE_FRONT is set)")
