@@ -21,7 +21,12 @@ from typing import Any
 import pytest
 
 from ratewarden.bench.services import free_port
+from ratewarden.limiter import Limiter
 from ratewarden.serve import bounds
+from ratewarden.serve.envoy_config import parse_envoy_config
+from ratewarden.serve.front import start_front
+from ratewarden.serve.rls import RateLimitService
+from ratewarden.stores import RedisStore
 from tests.front_door import require_compiled_front
 from tests.servers import RedisStandalone, wait_until
 
@@ -125,6 +130,25 @@ def test_exact_under_concurrency_on_redis(serve: Any, redis_standalone: Any) -> 
     both = request([("open", uuid.uuid4().hex)], user)  # all or nothing: the refused one charges neither
     assert asyncio.run(concurrent(address, both, 10)) == {OVER: 10}
     assert server.stop() == 0
+
+
+async def test_a_batch_on_redis_waits_in_one_task_and_stays_exact(redis_standalone: Any) -> None:
+    """Decisions of one batch that wait for Redis are resumed by one Task (not one each), exactly."""
+    domain = parse_envoy_config(ENVOY.replace("LIMIT", "40"))
+    store = RedisStore(redis_standalone.url)
+    front = start_front(RateLimitService({domain.domain: domain}, Limiter(store)), "127.0.0.1", 0)
+    adapter = front.adapter
+    try:
+        address = f"127.0.0.1:{front.port}"
+        user = [("user", uuid.uuid4().hex)]
+        assert await concurrent(address, request(user), 200) == {OK: 40, OVER: 160}
+        assert await concurrent(address, request([("open", uuid.uuid4().hex)]), 200) == {OK: 200}
+    finally:
+        await front.stop(1.0)
+        await store.close()
+    assert adapter.requests == 400
+    assert adapter.batches < adapter.requests  # 200 calls at once on one connection: batched
+    assert 0 < adapter.tasks <= adapter.batches
 
 
 def test_two_workers_share_the_port_stay_exact_and_reload(serve: Any) -> None:

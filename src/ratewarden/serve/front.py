@@ -5,8 +5,8 @@ HTTP/2 and protobuf, and this module decides its requests in batches with the on
 Rust queues decoded requests and wakes this event loop through a socket pair; ``FrontAdapter`` takes
 every waiting request in one call, decides each, and hands the answers back in one call. A decision
 that finishes without suspending (the memory store) is answered in the same batch, with no Task; one
-that suspends (Redis) goes on in a Task from where it stopped, so concurrent decisions still coalesce
-into the store's pipelines. Imports neither grpc nor protobuf.
+that suspends (Redis) goes on from where it stopped in one Task per batch, which wakes once when the
+store's pipeline (the batch's decisions, coalesced) answers. Imports neither grpc nor protobuf.
 """
 
 from __future__ import annotations
@@ -94,31 +94,21 @@ def choose_front(requested: str) -> tuple[str, str]:
     return "python", why
 
 
-class _Rest:
-    """The rest of a decision coroutine that suspended on ``first`` (a store future), for a Task:
-    the Task waits on ``first``, then the coroutine goes on where it stopped."""
+class _Wait:
+    """Hands ``pending`` (what a decision coroutine yielded: a future, or ``None`` for one loop pass)
+    to the running Task, which wakes when it is done."""
 
-    def __init__(self, coro: Coroutine[Any, Any, RlsAnswer], first: Any) -> None:
-        self.coro = coro
-        self.first = first
+    __slots__ = ("pending",)
 
-    def __await__(self) -> Generator[Any, Any, RlsAnswer]:
-        coro, pending = self.coro, self.first
-        while True:  # what ``yield from`` does, from a coroutine already started
-            try:
-                sent = yield pending
-            except BaseException as exc:
-                try:
-                    pending = coro.throw(exc)
-                except StopIteration as stop:
-                    answer: RlsAnswer = stop.value
-                    return answer
-                continue
-            try:
-                pending = coro.send(sent)
-            except StopIteration as stop:
-                done: RlsAnswer = stop.value
-                return done
+    def __init__(self, pending: Any) -> None:
+        self.pending = pending
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        yield self.pending
+
+
+#: A decision that suspended: the request's id, its coroutine, and what it waits for.
+Waiting = tuple[int, Coroutine[Any, Any, RlsAnswer], Any]
 
 
 def _error(exc: BaseException) -> tuple[int, str]:
@@ -145,11 +135,10 @@ class FrontAdapter:
         self.service = service
         self.max_batch = max_batch
         self.loop = asyncio.get_running_loop()
-        self._late: list[Item] = []
-        self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.requests = 0
+        self.tasks = 0  # Tasks started for decisions that suspended: one per batch at most
         self.loop.add_reader(front.fileno(), self._on_wake)
 
     def close(self) -> None:
@@ -165,6 +154,7 @@ class FrontAdapter:
             self.batches += 1
             self.requests += len(batch)
             done: list[Item] = []
+            waiting: list[Waiting] = []
             for rid, domain, descriptors, hits in batch:
                 coro = self.service.should_rate_limit(domain, descriptors, hits)
                 try:
@@ -175,25 +165,43 @@ class FrontAdapter:
                 except Exception as exc:
                     done.append((rid, _error(exc)))
                     continue
-                task = self.loop.create_task(self._finish(rid, _Rest(coro, first)))
+                waiting.append((rid, coro, first))
+            self.front.answer(done)
+            if waiting:
+                self.tasks += 1
+                task = self.loop.create_task(self._finish(waiting))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, waiting: list[Waiting]) -> None:
+        """Resume a batch's suspended decisions in one Task, each from where it stopped. They were
+        queued into the same store pipeline in one loop pass, so the Task wakes once for all of
+        them; the answers go back in one call, and before each wait for what is not done yet."""
+        done: list[Item] = []
+        while waiting:
+            later: list[Waiting] = []
+            for rid, coro, pending in waiting:
+                if pending is None or not pending.done():
+                    if done:
+                        self.front.answer(done)
+                        done = []
+                    try:
+                        await _Wait(pending)
+                    except BaseException:
+                        if pending is None or not pending.done():
+                            raise  # this Task is cancelled
+                        # else the future failed: the decision reads that itself, below
+                try:
+                    pending = coro.send(None)  # a done future's ``await`` returns its result
+                except StopIteration as stop:
+                    done.append((rid, stop.value))
+                except (Exception, asyncio.CancelledError) as exc:
+                    done.append((rid, _error(exc)))
+                else:
+                    later.append((rid, coro, pending))
+            waiting = later
+        if done:
             self.front.answer(done)
-
-    async def _finish(self, rid: int, rest: _Rest) -> None:
-        try:
-            item: Item = (rid, await rest)
-        except Exception as exc:
-            item = (rid, _error(exc))
-        self._late.append(item)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        late, self._late = self._late, []
-        self.front.answer(late)
 
 
 class CompiledFront:
