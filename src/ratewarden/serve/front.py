@@ -166,7 +166,8 @@ class FrontAdapter:
                     done.append((rid, _error(exc)))
                     continue
                 waiting.append((rid, coro, first))
-            self.front.answer(done)
+            if done:
+                self.front.answer(done)
             if waiting:
                 self.tasks += 1
                 task = self.loop.create_task(self._finish(waiting))
