@@ -6,18 +6,23 @@
 //! watches. Python then takes every queued request at once (`Front.take`, one GIL crossing per
 //! batch), decides them, and hands the answers back in one call (`Front.answer`). The tokio side
 //! never takes the GIL.
+//!
+//! With `http_fd`, it serves the HTTP check API too (`http.rs`): hyper (HTTP/1.1) reads each
+//! request on that listening socket and queues it; Python takes them with `take_http` and answers
+//! them with `answer_http`, through the same socket-pair wake-up.
 
 #![allow(clippy::result_large_err)] // tonic::Status is the error type of every gRPC call
 
+mod http;
 mod proto;
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration as StdDuration;
@@ -26,10 +31,10 @@ use proto::*;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
-use tonic::codegen::{empty_body, http, Body, BoxFuture, Service, StdError};
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tonic::codegen::{empty_body, http as tonic_http, Body, BoxFuture, Service, StdError};
 use tonic::{Code, Status};
 
 const UINT32_MAX: u64 = u32::MAX as u64;
@@ -41,6 +46,8 @@ type Answer = Result<RateLimitResponse, Status>;
 struct State {
     queue: Vec<(u64, RateLimitRequest)>,
     waiting: HashMap<u64, oneshot::Sender<Answer>>,
+    http_queue: Vec<(u64, http::HttpRequest)>,
+    http_waiting: HashMap<u64, oneshot::Sender<http::HttpAnswer>>,
 }
 
 struct Shared {
@@ -90,7 +97,7 @@ impl Shared {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let first = {
             let mut state = self.state.lock().unwrap();
-            if state.waiting.len() >= self.max_pending {
+            if state.waiting.len() + state.http_waiting.len() >= self.max_pending {
                 return Err(Status::resource_exhausted(format!(
                     "more than {} requests waiting for a decision",
                     self.max_pending
@@ -142,12 +149,12 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
     }
 }
 
-impl<B> Service<http::Request<B>> for RlsServer
+impl<B> Service<tonic_http::Request<B>> for RlsServer
 where
     B: Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
-    type Response = http::Response<tonic::body::BoxBody>;
+    type Response = tonic_http::Response<tonic::body::BoxBody>;
     type Error = std::convert::Infallible;
     type Future = BoxFuture<Self::Response, Self::Error>;
 
@@ -155,15 +162,15 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, request: tonic_http::Request<B>) -> Self::Future {
         if request.uri().path() != METHOD {
             return Box::pin(async move {
-                let mut response = http::Response::new(empty_body());
+                let mut response = tonic_http::Response::new(empty_body());
                 let headers = response.headers_mut();
                 headers.insert("grpc-status", (Code::Unimplemented as i32).into());
                 headers.insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/grpc"),
+                    tonic_http::header::CONTENT_TYPE,
+                    tonic_http::HeaderValue::from_static("application/grpc"),
                 );
                 Ok(response)
             });
@@ -242,7 +249,7 @@ impl AsyncWrite for Limited {
 /// Args:
 ///     descriptor_class: Called as `descriptor_class(entries, limit, hits_addend)` for each
 ///         request descriptor (ratewarden's `RequestDescriptor`).
-///     host, port: Where to listen (port 0: any free port; `port` tells which).
+///     host, port: Where to listen for gRPC (port 0: any free port; `port` tells which; None: no gRPC).
 ///     reuse_port: Set SO_REUSEPORT (several workers on one port).
 ///     max_message_size: Largest request, bytes (more: RESOURCE_EXHAUSTED, unread).
 ///     max_descriptors, max_entries: Per request (more: INVALID_ARGUMENT, never queued).
@@ -250,6 +257,8 @@ impl AsyncWrite for Limited {
 ///     max_pending: Requests queued or being decided (more: RESOURCE_EXHAUSTED).
 ///     request_timeout: Seconds from a request's start to its answer (then DEADLINE_EXCEEDED).
 ///     threads: tokio worker threads.
+///     http_fd: A listening socket to serve the HTTP check API on (duplicated; None: no HTTP).
+///     http_max_connections, http_max_header_size, http_timeout: The HTTP bounds (`http.rs`).
 #[pyclass(module = "ratewarden._front")]
 struct Front {
     shared: Arc<Shared>,
@@ -258,6 +267,8 @@ struct Front {
     runtime: Option<tokio::runtime::Runtime>,
     shutdown: Option<oneshot::Sender<()>>,
     serving: Arc<AtomicBool>,
+    http_stop: Option<watch::Sender<bool>>,
+    http_live: Arc<AtomicUsize>,
     #[pyo3(get)]
     port: u16,
 }
@@ -267,13 +278,14 @@ impl Front {
     #[new]
     #[pyo3(signature = (descriptor_class, host="127.0.0.1", port=0, *, reuse_port=false,
         max_message_size=1<<20, max_descriptors=256, max_entries=1024, max_connections=1000,
-        max_pending=10000, request_timeout=10.0, threads=1))]
+        max_pending=10000, request_timeout=10.0, threads=1, http_fd=None, http_max_connections=1000,
+        http_max_header_size=65536, http_timeout=10.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         descriptor_class: PyObject,
         host: &str,
-        port: u16,
+        port: Option<u16>,
         reuse_port: bool,
         max_message_size: usize,
         max_descriptors: usize,
@@ -282,7 +294,23 @@ impl Front {
         max_pending: usize,
         request_timeout: f64,
         threads: usize,
+        http_fd: Option<i32>,
+        http_max_connections: usize,
+        http_max_header_size: usize,
+        http_timeout: f64,
     ) -> PyResult<Self> {
+        if !(http_timeout > 0.0 && http_timeout.is_finite()) {
+            return Err(PyValueError::new_err(format!(
+                "http_timeout must be a positive number of seconds, got {http_timeout}"
+            )));
+        }
+        if http_max_connections == 0 || http_max_header_size == 0 {
+            return Err(PyValueError::new_err(
+                "http_max_connections and http_max_header_size must be at least 1",
+            ));
+        }
+        let grpc = port.is_some();
+        let port = port.unwrap_or(0);
         if !(request_timeout > 0.0 && request_timeout.is_finite()) {
             return Err(PyValueError::new_err(format!(
                 "request_timeout must be a positive number of seconds, got {request_timeout}"
@@ -311,6 +339,8 @@ impl Front {
             state: Mutex::new(State {
                 queue: Vec::new(),
                 waiting: HashMap::new(),
+                http_queue: Vec::new(),
+                http_waiting: HashMap::new(),
             }),
             next_id: AtomicU64::new(0),
             wake,
@@ -324,81 +354,110 @@ impl Front {
             .thread_name("ratewarden-front")
             .enable_all()
             .build()?;
-        let listener = {
-            let _entered = runtime.enter();
-            let socket = if address.is_ipv4() {
-                tokio::net::TcpSocket::new_v4()?
-            } else {
-                tokio::net::TcpSocket::new_v6()?
-            };
-            socket.set_reuseaddr(true)?;
-            if reuse_port {
-                socket.set_reuseport(true)?;
-            }
-            socket.bind(address).map_err(|e| {
-                PyOSError::new_err(format!("cannot listen for gRPC on {address}: {e}"))
-            })?;
-            socket.listen(1024)?
-        };
-        let bound = listener.local_addr()?.port();
-        let (shutdown, stopped) = oneshot::channel::<()>();
-        let server = RlsServer {
-            shared: shared.clone(),
-            max_message_size,
-        };
-        let permits = Arc::new(Semaphore::new(max_connections));
-        let (connections, incoming) = tokio::sync::mpsc::channel::<std::io::Result<Limited>>(64);
-        runtime.spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+        let serving = Arc::new(AtomicBool::new(false));
+        let mut bound = 0;
+        let mut shutdown = None;
+        if grpc {
+            let listener = {
+                let _entered = runtime.enter();
+                let socket = if address.is_ipv4() {
+                    tokio::net::TcpSocket::new_v4()?
+                } else {
+                    tokio::net::TcpSocket::new_v6()?
                 };
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    drop(stream); // over max_connections: closed at once
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                if connections
-                    .send(Ok(Limited {
-                        stream,
-                        _permit: permit,
-                    }))
-                    .await
-                    .is_err()
-                {
-                    return;
+                socket.set_reuseaddr(true)?;
+                if reuse_port {
+                    socket.set_reuseport(true)?;
                 }
-            }
-        });
-        let serving = Arc::new(AtomicBool::new(true));
-        let server_running = serving.clone();
-        runtime.spawn(async move {
-            let result = tonic::transport::Server::builder()
-                .max_concurrent_streams(Some(1024))
-                .http2_max_header_list_size(Some(64 * 1024))
-                .http2_keepalive_interval(Some(StdDuration::from_secs(60)))
-                .http2_keepalive_timeout(Some(StdDuration::from_secs(20)))
-                .add_service(server)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::ReceiverStream::new(incoming),
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
-                .await;
-            if let Err(error) = result {
-                eprintln!("ratewarden._front: gRPC server stopped: {error}");
-            }
-            server_running.store(false, Ordering::Release);
-        });
+                socket.bind(address).map_err(|e| {
+                    PyOSError::new_err(format!("cannot listen for gRPC on {address}: {e}"))
+                })?;
+                socket.listen(1024)?
+            };
+            bound = listener.local_addr()?.port();
+            let (sender, stopped) = oneshot::channel::<()>();
+            shutdown = Some(sender);
+            let server = RlsServer {
+                shared: shared.clone(),
+                max_message_size,
+            };
+            let permits = Arc::new(Semaphore::new(max_connections));
+            let (connections, incoming) = tokio::sync::mpsc::channel::<std::io::Result<Limited>>(64);
+            runtime.spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let Ok(permit) = permits.clone().try_acquire_owned() else {
+                        drop(stream); // over max_connections: closed at once
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    if connections
+                        .send(Ok(Limited {
+                            stream,
+                            _permit: permit,
+                        }))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            serving.store(true, Ordering::Release);
+            let server_running = serving.clone();
+            runtime.spawn(async move {
+                let result = tonic::transport::Server::builder()
+                    .max_concurrent_streams(Some(1024))
+                    .http2_max_header_list_size(Some(64 * 1024))
+                    .http2_keepalive_interval(Some(StdDuration::from_secs(60)))
+                    .http2_keepalive_timeout(Some(StdDuration::from_secs(20)))
+                    .add_service(server)
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::ReceiverStream::new(incoming),
+                        async {
+                            let _ = stopped.await;
+                        },
+                    )
+                    .await;
+                if let Err(error) = result {
+                    eprintln!("ratewarden._front: gRPC server stopped: {error}");
+                }
+                server_running.store(false, Ordering::Release);
+            });
+        }
+        let http_live = Arc::new(AtomicUsize::new(0));
+        let mut http_stop = None;
+        if let Some(fd) = http_fd {
+            // SAFETY: the caller's socket stays open for this call; it is duplicated, not taken.
+            let owned = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+            let listener = std::net::TcpListener::from(owned);
+            let (stop_sender, stop_receiver) = watch::channel(false);
+            http::spawn(
+                &runtime,
+                shared.clone(),
+                listener,
+                http::HttpBounds {
+                    max_connections: http_max_connections,
+                    max_header_size: http_max_header_size,
+                    timeout: StdDuration::from_secs_f64(http_timeout),
+                },
+                http_live.clone(),
+                stop_receiver,
+            )?;
+            http_stop = Some(stop_sender);
+        }
         let _ = py;
         Ok(Front {
             shared,
             reader,
             descriptor_class,
             runtime: Some(runtime),
-            shutdown: Some(shutdown),
+            shutdown,
             serving,
+            http_stop,
+            http_live,
             port: bound,
         })
     }
@@ -487,15 +546,79 @@ impl Front {
         Ok(())
     }
 
+    /// Up to `limit` waiting HTTP requests, oldest first, as
+    /// `(id, method, target, headers, (peer host, peer port), (local host, local port), body)`;
+    /// `headers` is a list of `(name, value)` bytes, names in lowercase.
+    #[pyo3(signature = (limit=usize::MAX))]
+    fn take_http<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        let batch: Vec<(u64, http::HttpRequest)> = {
+            let mut state = self.shared.state.lock().unwrap();
+            let count = limit.min(state.http_queue.len());
+            let batch: Vec<_> = state.http_queue.drain(..count).collect();
+            let waiting = &state.http_waiting;
+            batch
+                .into_iter()
+                .filter(|(id, _)| waiting.contains_key(id))
+                .collect()
+        };
+        let out = PyList::empty(py);
+        for (id, request) in batch {
+            let headers = PyList::empty(py);
+            for (name, value) in request.headers.iter() {
+                headers.append((
+                    PyBytes::new(py, name.as_str().as_bytes()),
+                    PyBytes::new(py, value.as_bytes()),
+                ))?;
+            }
+            let peer = (request.peer.ip().to_canonical().to_string(), request.peer.port());
+            let local = (request.local.ip().to_canonical().to_string(), request.local.port());
+            out.append((
+                id,
+                request.method,
+                request.target,
+                headers,
+                peer,
+                local,
+                PyBytes::new(py, &request.body),
+            ))?;
+        }
+        Ok(out)
+    }
+
+    /// Answer HTTP requests: each item `(id, status, headers, body)`, `headers` the complete list
+    /// of `(name, value)` bytes.
+    fn answer_http(&self, items: &Bound<'_, PyList>) -> PyResult<()> {
+        let mut answers: Vec<(u64, http::HttpAnswer)> = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            type Pair<'a> = (Bound<'a, PyBytes>, Bound<'a, PyBytes>);
+            let (id, status, headers, body): (u64, u16, Vec<Pair<'_>>, Bound<'_, PyBytes>) =
+                item.extract()?;
+            let headers = headers
+                .iter()
+                .map(|(name, value)| (name.as_bytes().to_vec(), value.as_bytes().to_vec()))
+                .collect();
+            let body = body.as_bytes().to_vec();
+            answers.push((id, http::HttpAnswer { status, headers, body }));
+        }
+        let mut state = self.shared.state.lock().unwrap();
+        for (id, answer) in answers {
+            if let Some(sender) = state.http_waiting.remove(&id) {
+                let _ = sender.send(answer);
+            }
+        }
+        Ok(())
+    }
+
     /// Requests queued and being decided.
     fn pending(&self) -> usize {
-        self.shared.state.lock().unwrap().waiting.len()
+        let state = self.shared.state.lock().unwrap();
+        state.waiting.len() + state.http_waiting.len()
     }
 
     /// False once the server has stopped after `close()`: every connection has ended, so every
     /// answer handed to `answer()` has been written.
     fn serving(&self) -> bool {
-        self.serving.load(Ordering::Acquire)
+        self.serving.load(Ordering::Acquire) || self.http_live.load(Ordering::Acquire) > 0
     }
 
     /// Stop accepting connections and streams (HTTP/2 GOAWAY); open requests are still served,
@@ -504,14 +627,15 @@ impl Front {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
+        if let Some(stop) = &self.http_stop {
+            let _ = stop.send(true);
+        }
     }
 
     /// Stop accepting, give open requests up to `grace` seconds, then stop the threads.
     #[pyo3(signature = (grace=5.0))]
     fn stop(&mut self, py: Python<'_>, grace: f64) -> PyResult<()> {
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
+        self.close();
         if let Some(runtime) = self.runtime.take() {
             py.allow_threads(|| {
                 runtime.shutdown_timeout(StdDuration::from_secs_f64(grace.max(0.0)))

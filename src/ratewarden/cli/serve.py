@@ -49,6 +49,11 @@ def register(subparsers: Any) -> None:
         "compiled when it is installed (default %(default)s; docs/serve.md#the-compiled-front-door)",
     )
     parser.add_argument(
+        "--http-front", choices=("python", "compiled"), default="python",
+        help="the HTTP server: python = uvicorn, compiled = hyper in ratewarden._front, answering with the "
+        "same app (default %(default)s; docs/serve.md#the-compiled-front-door)",
+    )
+    parser.add_argument(
         "--version", action=_Version, nargs=0,
         help="print the version and which gRPC front door --front would run (and why not the compiled one)",
     )
@@ -81,10 +86,12 @@ class _Version(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
         from ..serve.front import describe
+        from ..serve.front_http import describe_http
         from . import version_text
 
         print(version_text())
         print(describe(getattr(namespace, "front", None) or "auto"))
+        print(describe_http(getattr(namespace, "http_front", None) or "python"))
         parser.exit()
 
 
@@ -196,6 +203,7 @@ def _run(args: argparse.Namespace) -> int:
             spoe=parse_address(args.spoe, "--spoe") if args.spoe else None,
             workers=args.workers,
             front=args.front,
+            http_front=args.http_front,
             store=args.store,
             trusted_proxies=tuple(args.trusted) if args.trusted else DEFAULT_TRUSTED,
             log_format=args.log_format,
@@ -219,6 +227,11 @@ def _run(args: argparse.Namespace) -> int:
             from ..serve.front import choose_front
 
             choose_front(args.front)
+        if args.http_front == "compiled":
+            from ..serve.front import compiled_module
+
+            if compiled_module()[0] is None:
+                raise ConfigurationError(f"--http-front compiled: {compiled_module()[1]}")
     except ConfigurationError as exc:
         print(f"ratewarden serve: {exc}", file=sys.stderr)
         return 2

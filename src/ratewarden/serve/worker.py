@@ -210,11 +210,23 @@ class Worker:
         )
         return started[0] if isinstance(started, tuple) else started
 
+    def _http_server(self, sock: socket.socket) -> Any:
+        """The HTTP server ``config.http_front`` names: uvicorn, or the compiled front door
+        (``serve.front_http``); either stops when ``should_exit`` is set."""
+        config = self.config
+        if config.http_front != "compiled":
+            return uvicorn_server(self.app, sock, config)
+        front_http: Any = importlib.import_module(f"{__package__}.front_http")
+        return front_http.start_http_front(
+            self.app, sock, max_connections=config.http_max_connections, timeout=config.http_timeout,
+            max_header_size=config.http_max_header_size, grace=GRACE,
+        )
+
     async def serve(self, sock: socket.socket, parent: int | None = None, spoe: socket.socket | None = None) -> None:
         """Serve HTTP on ``sock`` (gRPC and HAProxy's SPOE on ``spoe`` when configured) until
         ``SIGTERM``/``SIGINT`` (or, for a forked worker, until its ``parent`` is gone)."""
         loop = asyncio.get_running_loop()
-        server = uvicorn_server(self.app, sock, self.config)
+        server = self._http_server(sock)
         grpc_server: Any = None
         spoe_server: asyncio.Server | None = None
         spoe_agent: Any = None

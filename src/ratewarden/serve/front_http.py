@@ -1,0 +1,286 @@
+"""The HTTP check API through the compiled front door (``--http-front compiled``): ``ratewarden._front``
+reads each HTTP/1.1 request (hyper, within the service's HTTP bounds) and queues it; this module
+answers every waiting request in one batch with the app the Python HTTP server runs (``ServeApp``, an
+ASGI app), so ``/check``, ``/v1/check``, ``/json``, ``/healthz`` and ``/metrics`` answer the same
+status, headers and body on both (docs/serve.md#the-compiled-front-door).
+
+A request decided without suspending (the memory store) is answered in the same batch, with no Task;
+one that suspends (Redis) goes on in a Task from where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import Coroutine, Generator
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+from ..types import ASGIApp, Message
+from . import bounds
+from .front import compiled_module
+from .rls import RequestDescriptor
+
+__all__ = ["HTTP_FRONTS", "CompiledHttp", "HttpAdapter", "describe_http", "start_http_front"]
+
+log = logging.getLogger("ratewarden.serve")
+
+#: ``--http-front``'s choices: the HTTP server of each worker (``python``: uvicorn, the default).
+HTTP_FRONTS = ("python", "compiled")
+
+Headers = list[tuple[bytes, bytes]]
+#: One answer handed back: the request's id, status, complete header list and body.
+HttpItem = tuple[int, int, Headers, bytes]
+#: One request taken: id, method, target (path and query), headers, peer, local address, body.
+HttpRequest = tuple[int, str, str, Headers, tuple[str, int], tuple[str, int], bytes]
+
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_DISCONNECT: Message = {"type": "http.disconnect"}
+
+
+class HttpFront(Protocol):
+    """What this module uses of ``ratewarden._front.Front`` started with ``http_fd``."""
+
+    def fileno(self) -> int: ...
+    def drain(self) -> None: ...
+    def take_http(self, limit: int) -> list[HttpRequest]: ...
+    def answer_http(self, items: list[HttpItem]) -> None: ...
+    def serving(self) -> bool: ...
+    def close(self) -> None: ...
+    def stop(self, grace: float) -> None: ...
+
+
+class _Exchange:
+    """One request's ASGI ``receive`` and ``send``: the body in one message, the answer collected."""
+
+    __slots__ = ("body", "chunks", "headers", "read", "status")
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.read = False
+        self.status = 500
+        self.headers: Headers = []
+        self.chunks: list[bytes] = []
+
+    async def receive(self) -> Message:
+        if self.read:
+            return _DISCONNECT
+        self.read = True
+        return {"type": "http.request", "body": self.body, "more_body": False}
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+            self.headers = list(message.get("headers", ()))
+        elif kind == "http.response.body":
+            self.chunks.append(bytes(message.get("body", b"")))
+
+
+def _failed(exc: BaseException) -> tuple[int, Headers, bytes]:
+    """The service's 500 for an app that raised (``ServeApp`` answers its own failures)."""
+    log.error("check failed", exc_info=exc, extra={"event": "check_failed"})
+    body = json.dumps({"status": 500, "error": f"the check failed: {type(exc).__name__} (see the service's log)"}).encode()
+    return 500, [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))], body
+
+
+async def _answer(app: ASGIApp, scope: dict[str, Any], exchange: _Exchange) -> tuple[int, Headers, bytes]:
+    """Run ``app`` for one request: its status, header list and body."""
+    try:
+        await app(scope, exchange.receive, exchange.send)
+    except Exception as exc:
+        return _failed(exc)
+    return exchange.status, exchange.headers, b"".join(exchange.chunks)
+
+
+class _Resume:
+    """The rest of a coroutine that suspended on ``first``, for a Task: the Task waits on ``first``,
+    then the coroutine goes on where it stopped."""
+
+    def __init__(self, coro: Coroutine[Any, Any, tuple[int, Headers, bytes]], first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, tuple[int, Headers, bytes]]:
+        coro, pending = self.coro, self.first
+        while True:  # what ``yield from`` does, from a coroutine already started
+            try:
+                sent = yield pending
+            except BaseException as exc:
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    thrown: tuple[int, Headers, bytes] = stop.value
+                    return thrown
+                continue
+            try:
+                pending = coro.send(sent)
+            except StopIteration as stop:
+                done: tuple[int, Headers, bytes] = stop.value
+                return done
+
+
+def _scope(method: str, target: str, headers: Headers, peer: tuple[str, int], local: tuple[str, int]) -> dict[str, Any]:
+    """The request's ASGI scope, as uvicorn builds it."""
+    raw_path, _, query = target.partition("?")
+    return {
+        "type": "http",
+        "asgi": _ASGI,
+        "http_version": "1.1",
+        "server": local,
+        "client": peer,
+        "scheme": "http",
+        "method": method,
+        "root_path": "",
+        "path": unquote(raw_path),
+        "raw_path": raw_path.encode("latin-1", "replace"),
+        "query_string": query.encode("latin-1", "replace"),
+        "headers": headers,
+        "state": {},
+    }
+
+
+class HttpAdapter:
+    """Answers a started front door's HTTP requests with ``app`` on the running event loop.
+
+    Args:
+        front: The started front door (with ``http_fd``).
+        app: The ASGI app that answers (``ServeApp``).
+        max_batch: The most requests taken in one crossing.
+    """
+
+    def __init__(self, front: HttpFront, app: ASGIApp, max_batch: int = 1024) -> None:
+        self.front = front
+        self.app = app
+        self.max_batch = max_batch
+        self.loop = asyncio.get_running_loop()
+        self._late: list[HttpItem] = []
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.requests = 0
+        self.loop.add_reader(front.fileno(), self._on_wake)
+
+    def close(self) -> None:
+        """Stop watching the front door."""
+        self.loop.remove_reader(self.front.fileno())
+
+    def _on_wake(self) -> None:
+        self.front.drain()
+        app = self.app
+        while True:
+            batch = self.front.take_http(self.max_batch)
+            if not batch:
+                return
+            self.batches += 1
+            self.requests += len(batch)
+            done: list[HttpItem] = []
+            for rid, method, target, headers, peer, local, body in batch:
+                coro = _answer(app, _scope(method, target, headers, peer, local), _Exchange(body))
+                try:
+                    first = coro.send(None)
+                except StopIteration as stop:
+                    status, out, payload = stop.value
+                    done.append((rid, status, out, payload))
+                    continue
+                task = self.loop.create_task(self._finish(rid, _Resume(coro, first)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self.front.answer_http(done)
+
+    async def _finish(self, rid: int, rest: _Resume) -> None:
+        try:
+            status, out, payload = await rest
+        except Exception as exc:
+            status, out, payload = _failed(exc)
+        self._late.append((rid, status, out, payload))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        late, self._late = self._late, []
+        self.front.answer_http(late)
+
+
+class CompiledHttp:
+    """The worker's HTTP server on the compiled front door, driven as the worker drives uvicorn's:
+    ``await serve()`` returns once ``should_exit`` is set and the requests in flight are answered."""
+
+    def __init__(self, front: HttpFront, adapter: HttpAdapter, grace: float) -> None:
+        self.front = front
+        self.adapter = adapter
+        self.grace = grace
+        self._exit = asyncio.Event()
+
+    @property
+    def should_exit(self) -> bool:
+        """Whether the worker asked it to stop."""
+        return self._exit.is_set()
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if value:
+            self._exit.set()
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve until ``should_exit``; then no new connection, and the requests in flight are
+        answered for up to ``grace`` seconds before the front door's threads stop.
+
+        Args:
+            sockets: Ignored (the front door serves the socket it was started with).
+        """
+        await self._exit.wait()
+        loop = asyncio.get_running_loop()
+        self.front.close()
+        deadline = loop.time() + self.grace
+        while self.front.serving() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        self.adapter.close()
+        await asyncio.to_thread(self.front.stop, 0.5)
+
+
+def start_http_front(
+    app: ASGIApp, sock: socket.socket, *, max_connections: int = bounds.HTTP_MAX_CONNECTIONS,
+    timeout: float = bounds.HTTP_TIMEOUT, max_header_size: int = bounds.HTTP_MAX_HEADER_SIZE,
+    max_pending: int = bounds.GRPC_MAX_PENDING, grace: float = 10.0,
+) -> CompiledHttp:
+    """Serve the HTTP check API on ``sock`` (a listening socket) through the compiled front door,
+    answering with ``app`` on the running event loop; ``ImportError`` without ``ratewarden._front``.
+
+    Args:
+        app: The ASGI app that answers (``ServeApp``).
+        sock: The listening socket (duplicated: several workers may share it).
+        max_connections: Open connections (one more is answered 503 and closed).
+        timeout: Seconds to receive a request's headers (then the connection is closed) and its
+            body (then 408), and from its arrival to its answer (then 503).
+        max_header_size: Bytes of a request's line and headers (more: 431).
+        max_pending: Requests waiting for an answer (more: 503).
+        grace: Seconds for the requests in flight when stopping.
+    """
+    module, why = compiled_module()
+    if module is None:
+        raise ImportError(why)
+    front: HttpFront = module.Front(
+        RequestDescriptor, port=None, http_fd=sock.fileno(), http_max_connections=max_connections,
+        http_max_header_size=max_header_size, http_timeout=timeout, request_timeout=timeout,
+        max_pending=max_pending,
+    )
+    return CompiledHttp(front, HttpAdapter(front, app), grace)
+
+
+def describe_http(requested: str = "python") -> str:
+    """One line naming the HTTP front door ``--http-front requested`` runs (``serve --version``).
+
+    Args:
+        requested: One of ``HTTP_FRONTS``.
+    """
+    if requested != "compiled":
+        return "HTTP front door: python (uvicorn)"
+    module, why = compiled_module()
+    if module is None:
+        return f"HTTP front door: none (--http-front compiled: {why})"
+    return f"HTTP front door: compiled (hyper in {module.__name__} {getattr(module, '__version__', '?')})"
