@@ -4,15 +4,19 @@
 //!
 //! Bounds, as the Python HTTP server's (docs/serve.md#bounds): one connection over
 //! `max_connections` is answered 503 and closed; a request line and headers over `max_header_size`
-//! bytes are answered 431 (hyper); headers not received within `timeout` close the connection, a
-//! body not received within `timeout` is answered 408; a body over `MAX_BODY` bytes is answered 413.
+//! bytes are answered 431 (over twice that, hyper answers 431 itself, with no body); a request
+//! whose head is not received within `timeout` of its first byte (or of the connection's start),
+//! or its body within `timeout` of its head, is answered 408 and closed; a connection idle for
+//! `keep_alive` between requests is closed; a body over `MAX_BODY` bytes is answered 413.
 
 use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -20,7 +24,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use crate::Shared;
@@ -52,6 +56,92 @@ pub struct HttpBounds {
     pub max_connections: usize,
     pub max_header_size: usize,
     pub timeout: Duration,
+    pub keep_alive: Duration,
+}
+
+/// Where one connection is: receiving a request's head since `since`, or idle since `since`;
+/// `in_flight` requests are past their head (reading the body, or waiting for the answer).
+struct Phase {
+    receiving: bool,
+    since: Instant,
+    in_flight: u32,
+}
+
+type PhaseCell = Arc<Mutex<Phase>>;
+
+/// A connection's stream, marking the start of each request's head (its first byte read while idle).
+struct Tracked {
+    stream: tokio::net::TcpStream,
+    phase: PhaseCell,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let mut phase = self.phase.lock().unwrap();
+            if !phase.receiving {
+                phase.receiving = true;
+                phase.since = Instant::now();
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// Marks a request past its head for as long as it is handled (dropped: answered or abandoned).
+struct InFlight(PhaseCell);
+
+impl InFlight {
+    fn new(phase: PhaseCell) -> Self {
+        {
+            let mut state = phase.lock().unwrap();
+            state.in_flight += 1;
+            state.receiving = false;
+        }
+        InFlight(phase)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut state = self.0.lock().unwrap();
+        state.in_flight -= 1;
+        if !state.receiving {
+            state.since = Instant::now();
+        }
+    }
 }
 
 /// The service's JSON error, as `serve.http_io.send_error` writes it.
@@ -142,13 +232,30 @@ async fn handle(
     request: Request<Incoming>,
     peer: SocketAddr,
     local: SocketAddr,
-    timeout: Duration,
+    bounds: Arc<HttpBounds>,
+    phase: PhaseCell,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let _in_flight = InFlight::new(phase);
+    let timeout = bounds.timeout;
     let (parts, body) = request.into_parts();
     let target = parts
         .uri
         .path_and_query()
         .map_or_else(|| "/".to_string(), |p| p.as_str().to_string());
+    // As the Python server counts a head received whole: the URL, then each header line.
+    let head = target.len()
+        + parts
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum::<usize>();
+    if head > bounds.max_header_size {
+        let message = format!(
+            "the request line and headers are larger than {} bytes",
+            bounds.max_header_size
+        );
+        return Ok(error_response(431, &message));
+    }
     let body = if parts.uri.path() == "/check" {
         Bytes::new() // a gateway's sub-request: its body is never read
     } else {
@@ -180,16 +287,106 @@ async fn handle(
 }
 
 /// Answer `status` with the JSON error and close, before HTTP is spoken (over the connection cap).
-async fn refuse(mut stream: tokio::net::TcpStream, message: String) {
-    let body = json_error(503, &message);
+/// A whole response with the JSON error, closing the connection.
+fn raw_error(status: u16, reason: &str, message: &str) -> Vec<u8> {
+    let body = json_error(status, message);
     let mut out = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();
     out.extend_from_slice(&body);
+    out
+}
+
+async fn refuse(mut stream: tokio::net::TcpStream, message: String) {
+    let out = raw_error(503, "Service Unavailable", &message);
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&out)).await;
     let _ = stream.shutdown().await;
+}
+
+/// Serve one connection until it ends, its head or idle time runs out, or the server stops.
+async fn connection(
+    shared: Arc<Shared>,
+    builder: Arc<hyper::server::conn::http1::Builder>,
+    bounds: Arc<HttpBounds>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) {
+    let local = stream.local_addr().unwrap_or(peer);
+    // A second handle on the socket, to answer 408 while hyper holds the stream mid-head.
+    let Ok(std_stream) = stream.into_std() else { return };
+    let Ok(writer) = std_stream.try_clone() else { return };
+    let Ok(stream) = tokio::net::TcpStream::from_std(std_stream) else { return };
+    let phase: PhaseCell = Arc::new(Mutex::new(Phase {
+        receiving: true,
+        since: Instant::now(),
+        in_flight: 0,
+    }));
+    let io = TokioIo::new(Tracked {
+        stream,
+        phase: phase.clone(),
+    });
+    let service_phase = phase.clone();
+    let service_bounds = bounds.clone();
+    let service = hyper::service::service_fn(move |request| {
+        handle(
+            shared.clone(),
+            request,
+            peer,
+            local,
+            service_bounds.clone(),
+            service_phase.clone(),
+        )
+    });
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    let mut stopping = *stop.borrow();
+    if stopping {
+        connection.as_mut().graceful_shutdown();
+    }
+    loop {
+        let wake = {
+            let state = phase.lock().unwrap();
+            if state.in_flight > 0 {
+                Instant::now() + bounds.timeout
+            } else if state.receiving {
+                state.since + bounds.timeout
+            } else {
+                state.since + bounds.keep_alive
+            }
+        };
+        tokio::select! {
+            _ = connection.as_mut() => break,
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                connection.as_mut().graceful_shutdown();
+            }
+            _ = tokio::time::sleep_until(wake.into()) => {
+                let (in_flight, receiving, since) = {
+                    let state = phase.lock().unwrap();
+                    (state.in_flight, state.receiving, state.since)
+                };
+                let now = Instant::now();
+                if in_flight > 0 {
+                    continue;
+                }
+                if receiving && since + bounds.timeout <= now {
+                    let message = format!(
+                        "the request was not received whole within {} seconds",
+                        seconds(bounds.timeout)
+                    );
+                    let _ = (&writer).write(&raw_error(408, "Request Timeout", &message));
+                    let _ = writer.shutdown(std::net::Shutdown::Write);
+                    break;
+                }
+                if !receiving && since + bounds.keep_alive <= now {
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Serve HTTP on `listener` until `stop` turns true; `live` counts the accept loop and the open
@@ -208,16 +405,19 @@ pub fn spawn(
         tokio::net::TcpListener::from_std(listener)?
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
+    // The head's time is bounded per connection (`connection`), with a 408 as the Python server's.
+    let head_limit = 2 * bounds.max_header_size.max(4096);
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(bounds.timeout)
-        .max_header_size(bounds.max_header_size)
+        .header_read_timeout(None)
+        .max_header_size(head_limit)
+        .max_buf_size(head_limit + 16384)
         .max_headers(MAX_HEADERS)
         .auto_date_header(false);
     let builder = Arc::new(builder);
     let permits = Arc::new(Semaphore::new(bounds.max_connections));
     let max_connections = bounds.max_connections;
-    let timeout = bounds.timeout;
+    let bounds = Arc::new(bounds);
     live.fetch_add(1, Ordering::AcqRel);
     let mut stopping = stop.clone();
     runtime.spawn(async move {
@@ -241,31 +441,14 @@ pub fn spawn(
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let local = stream.local_addr().unwrap_or(peer);
             let shared = shared.clone();
             let builder = builder.clone();
-            let mut stop = stop.clone();
+            let bounds = bounds.clone();
+            let stop = stop.clone();
             let live = live.clone();
             live.fetch_add(1, Ordering::AcqRel);
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    handle(shared.clone(), request, peer, local, timeout)
-                });
-                let connection = builder.serve_connection(TokioIo::new(stream), service);
-                tokio::pin!(connection);
-                let stopped = *stop.borrow();
-                if stopped {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                } else {
-                    tokio::select! {
-                        _ = connection.as_mut() => {}
-                        _ = stop.changed() => {
-                            connection.as_mut().graceful_shutdown();
-                            let _ = connection.await;
-                        }
-                    }
-                }
+                connection(shared, builder, bounds, stream, peer, stop).await;
                 drop(permit);
                 live.fetch_sub(1, Ordering::AcqRel);
             });

@@ -258,7 +258,8 @@ impl AsyncWrite for Limited {
 ///     request_timeout: Seconds from a request's start to its answer (then DEADLINE_EXCEEDED).
 ///     threads: tokio worker threads.
 ///     http_fd: A listening socket to serve the HTTP check API on (duplicated; None: no HTTP).
-///     http_max_connections, http_max_header_size, http_timeout: The HTTP bounds (`http.rs`).
+///     http_max_connections, http_max_header_size, http_timeout, http_keep_alive: The HTTP bounds
+///         (`http.rs`).
 #[pyclass(module = "ratewarden._front")]
 struct Front {
     shared: Arc<Shared>,
@@ -279,7 +280,7 @@ impl Front {
     #[pyo3(signature = (descriptor_class, host="127.0.0.1", port=0, *, reuse_port=false,
         max_message_size=1<<20, max_descriptors=256, max_entries=1024, max_connections=1000,
         max_pending=10000, request_timeout=10.0, threads=1, http_fd=None, http_max_connections=1000,
-        http_max_header_size=65536, http_timeout=10.0))]
+        http_max_header_size=65536, http_timeout=10.0, http_keep_alive=5.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -298,11 +299,14 @@ impl Front {
         http_max_connections: usize,
         http_max_header_size: usize,
         http_timeout: f64,
+        http_keep_alive: f64,
     ) -> PyResult<Self> {
-        if !(http_timeout > 0.0 && http_timeout.is_finite()) {
-            return Err(PyValueError::new_err(format!(
-                "http_timeout must be a positive number of seconds, got {http_timeout}"
-            )));
+        for (name, value) in [("http_timeout", http_timeout), ("http_keep_alive", http_keep_alive)] {
+            if !(value > 0.0 && value.is_finite()) {
+                return Err(PyValueError::new_err(format!(
+                    "{name} must be a positive number of seconds, got {value}"
+                )));
+            }
         }
         if http_max_connections == 0 || http_max_header_size == 0 {
             return Err(PyValueError::new_err(
@@ -442,6 +446,7 @@ impl Front {
                     max_connections: http_max_connections,
                     max_header_size: http_max_header_size,
                     timeout: StdDuration::from_secs_f64(http_timeout),
+                    keep_alive: StdDuration::from_secs_f64(http_keep_alive),
                 },
                 http_live.clone(),
                 stop_receiver,

@@ -255,8 +255,8 @@ def start_http_front(
         app: The ASGI app that answers (``ServeApp``).
         sock: The listening socket (duplicated: several workers may share it).
         max_connections: Open connections (one more is answered 503 and closed).
-        timeout: Seconds to receive a request's headers (then the connection is closed) and its
-            body (then 408), and from its arrival to its answer (then 503).
+        timeout: Seconds to receive a request's head once it begins, and its body (then 408 and
+            closed), and from its arrival to its answer (then 503).
         max_header_size: Bytes of a request's line and headers (more: 431).
         max_pending: Requests waiting for an answer (more: 503).
         grace: Seconds for the requests in flight when stopping.
@@ -266,8 +266,8 @@ def start_http_front(
         raise ImportError(why)
     front: HttpFront = module.Front(
         RequestDescriptor, port=None, http_fd=sock.fileno(), http_max_connections=max_connections,
-        http_max_header_size=max_header_size, http_timeout=timeout, request_timeout=timeout,
-        max_pending=max_pending,
+        http_max_header_size=max_header_size, http_timeout=timeout, http_keep_alive=float(bounds.HTTP_TIMEOUT_KEEP_ALIVE),
+        request_timeout=timeout, max_pending=max_pending,
     )
     return CompiledHttp(front, HttpAdapter(front, app), grace)
 
