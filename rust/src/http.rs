@@ -12,6 +12,8 @@
 use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -315,10 +317,8 @@ async fn connection(
     mut stop: watch::Receiver<bool>,
 ) {
     let local = stream.local_addr().unwrap_or(peer);
-    // A second handle on the socket, to answer 408 while hyper holds the stream mid-head.
-    let Ok(std_stream) = stream.into_std() else { return };
-    let Ok(writer) = std_stream.try_clone() else { return };
-    let Ok(stream) = tokio::net::TcpStream::from_std(std_stream) else { return };
+    // To answer 408 while hyper holds the stream mid-head (no second descriptor: the caps count files).
+    let fd = stream.as_raw_fd();
     let phase: PhaseCell = Arc::new(Mutex::new(Phase {
         receiving: true,
         since: Instant::now(),
@@ -377,7 +377,10 @@ async fn connection(
                         "the request was not received whole within {} seconds",
                         seconds(bounds.timeout)
                     );
-                    let _ = (&writer).write(&raw_error(408, "Request Timeout", &message));
+                    // SAFETY: `connection` owns the socket and is alive until this function returns;
+                    // ManuallyDrop leaves closing it to `connection`.
+                    let writer = ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+                    let _ = (&*writer).write(&raw_error(408, "Request Timeout", &message));
                     let _ = writer.shutdown(std::net::Shutdown::Write);
                     break;
                 }
