@@ -28,12 +28,12 @@ def _compiled() -> None:
     require_compiled_front()
 
 
-def _start(tmp_path: Path, *options: str, limit: str = "5/hour") -> Serve:
+def _start(tmp_path: Path, *options: str, limit: str = "5/hour", workers: int = 1) -> Serve:
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY.replace("{basic}", limit))
-    server = Serve(tmp_path, str(policy), "--watch", "0", *options)
+    server = Serve(tmp_path, str(policy), "--watch", "0", "--workers", str(workers), *options)
     try:
-        return server.ready()
+        return server.ready(workers)
     except BaseException:
         server.stop()
         raise
@@ -138,9 +138,10 @@ def test_every_endpoint_answers_as_the_python_server(tmp_path: Path) -> None:
         assert got == want, f"request {sent}"
 
 
-def test_exact_under_concurrency(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_exact_under_concurrency(tmp_path: Path, workers: int) -> None:
     limit, calls = 20, 120
-    server = _start(tmp_path, "--http-front", "compiled", limit=f"{limit}/hour")
+    server = _start(tmp_path, "--http-front", "compiled", limit=f"{limit}/hour", workers=workers)
 
     async def burst() -> Counter[int]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60,
