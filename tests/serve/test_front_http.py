@@ -168,3 +168,16 @@ def test_version_and_log_name_the_http_front_door(tmp_path: Path) -> None:
         assert server.events("started")[0]["http_front"] == "compiled"
     finally:
         assert server.stop() == 0
+
+
+def test_without_the_extension_http_front_compiled_exits_2(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace("{basic}", "5/hour"))
+    code = "import sys; sys.modules['ratewarden._front'] = None; from ratewarden.cli import main; sys.exit(main(sys.argv[1:]))"
+    base = [sys.executable, "-c", code, "serve", str(policy), "--http", "127.0.0.1:1"]
+    refused = subprocess.run([*base, "--http-front", "compiled"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused
+    assert refused.stderr.startswith("ratewarden serve: --http-front compiled: ratewarden._front does not import")
+    assert "Traceback" not in refused.stderr
+    version = subprocess.run([*base, "--http-front", "compiled", "--version"], capture_output=True, text=True, timeout=60)
+    assert "HTTP front door: none (--http-front compiled: ratewarden._front does not import" in version.stdout
