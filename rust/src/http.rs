@@ -11,8 +11,8 @@
 
 use std::convert::Infallible;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::mem::ManuallyDrop;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -170,7 +170,8 @@ fn error_response(status: u16, message: &str) -> Response<Full<Bytes>> {
     let body = json_error(status, message);
     let length = body.len();
     let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *response.status_mut() =
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     headers.insert("content-length", HeaderValue::from(length));
@@ -191,7 +192,10 @@ async fn decide(shared: Arc<Shared>, request: HttpRequest) -> Response<Full<Byte
         if state.waiting.len() + state.http_waiting.len() >= shared.max_pending {
             return error_response(
                 503,
-                &format!("more than {} requests waiting for a decision", shared.max_pending),
+                &format!(
+                    "more than {} requests waiting for a decision",
+                    shared.max_pending
+                ),
             );
         }
         state.http_waiting.insert(id, sender);
@@ -209,9 +213,10 @@ async fn decide(shared: Arc<Shared>, request: HttpRequest) -> Response<Full<Byte
                 StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let headers = response.headers_mut();
             for (name, value) in answer.headers {
-                if let (Ok(name), Ok(value)) =
-                    (HeaderName::from_bytes(&name), HeaderValue::from_bytes(&value))
-                {
+                if let (Ok(name), Ok(value)) = (
+                    HeaderName::from_bytes(&name),
+                    HeaderValue::from_bytes(&value),
+                ) {
                     headers.append(name, value);
                 }
             }
@@ -222,7 +227,10 @@ async fn decide(shared: Arc<Shared>, request: HttpRequest) -> Response<Full<Byte
             shared.state.lock().unwrap().http_waiting.remove(&id);
             error_response(
                 503,
-                &format!("no decision within {} seconds", seconds(shared.request_timeout)),
+                &format!(
+                    "no decision within {} seconds",
+                    seconds(shared.request_timeout)
+                ),
             )
         }
     }

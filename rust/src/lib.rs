@@ -301,7 +301,10 @@ impl Front {
         http_timeout: f64,
         http_keep_alive: f64,
     ) -> PyResult<Self> {
-        for (name, value) in [("http_timeout", http_timeout), ("http_keep_alive", http_keep_alive)] {
+        for (name, value) in [
+            ("http_timeout", http_timeout),
+            ("http_keep_alive", http_keep_alive),
+        ] {
             if !(value > 0.0 && value.is_finite()) {
                 return Err(PyValueError::new_err(format!(
                     "{name} must be a positive number of seconds, got {value}"
@@ -386,7 +389,8 @@ impl Front {
                 max_message_size,
             };
             let permits = Arc::new(Semaphore::new(max_connections));
-            let (connections, incoming) = tokio::sync::mpsc::channel::<std::io::Result<Limited>>(64);
+            let (connections, incoming) =
+                tokio::sync::mpsc::channel::<std::io::Result<Limited>>(64);
             runtime.spawn(async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else {
@@ -575,8 +579,14 @@ impl Front {
                     PyBytes::new(py, value.as_bytes()),
                 ))?;
             }
-            let peer = (request.peer.ip().to_canonical().to_string(), request.peer.port());
-            let local = (request.local.ip().to_canonical().to_string(), request.local.port());
+            let peer = (
+                request.peer.ip().to_canonical().to_string(),
+                request.peer.port(),
+            );
+            let local = (
+                request.local.ip().to_canonical().to_string(),
+                request.local.port(),
+            );
             out.append((
                 id,
                 request.method,
@@ -603,7 +613,14 @@ impl Front {
                 .map(|(name, value)| (name.as_bytes().to_vec(), value.as_bytes().to_vec()))
                 .collect();
             let body = body.as_bytes().to_vec();
-            answers.push((id, http::HttpAnswer { status, headers, body }));
+            answers.push((
+                id,
+                http::HttpAnswer {
+                    status,
+                    headers,
+                    body,
+                },
+            ));
         }
         let mut state = self.shared.state.lock().unwrap();
         for (id, answer) in answers {
