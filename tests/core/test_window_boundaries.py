@@ -82,13 +82,23 @@ def test_threads_racing_across_window_boundaries_never_exceed_the_limit(kind: st
     first = math.floor(time.time() / PERIOD) + 1
     stop_at = (first + SECONDS / PERIOD) * PERIOD
 
+    unclear: set[int] = set()
+
     def worker() -> None:
         mine: Counter[int] = Counter()
         start.wait()
         while time.time() < stop_at:
             decision = store.hit_now([key], [limit], [1.0])
+            done = time.time()
             if decision.allowed:
-                mine[charged_window(clock.last, decision.reset_after, PERIOD)] += 1
+                reading = clock.last
+                if done - reading > PERIOD / 2:
+                    # Held off a core for most of a window between its reading and the store's lock
+                    # (a loaded machine): it counts in a newer window than ``reading + reset_after``
+                    # tells, so neither window it may be in is judged.
+                    with lock:
+                        unclear.update(range(math.floor(reading / PERIOD), math.floor(done / PERIOD) + 1))
+                mine[charged_window(reading, decision.reset_after, PERIOD)] += 1
         with lock:
             admitted.update(mine)
 
@@ -97,12 +107,16 @@ def test_threads_racing_across_window_boundaries_never_exceed_the_limit(kind: st
         thread.start()
     for thread in threads:
         thread.join()
-    whole = {window: count for window, count in admitted.items() if first <= window < first + SECONDS / PERIOD - 1}
+    counted = {window: count for window, count in admitted.items() if first <= window < first + SECONDS / PERIOD - 1}
+    whole = {window: count for window, count in counted.items() if window not in unclear}
     over = {window: count for window, count in whole.items() if count > LIMIT}
-    assert not over, f"windows over {LIMIT}: {over} (all: {sorted(whole.items())})"
+    assert not over, f"windows over {LIMIT}: {over} (all: {sorted(counted.items())}, not judged: {sorted(unclear)})"
+    # Together, the windows admitted no more than their limits, the unclear ones too (give or take
+    # one window's worth at the ends, which an unclear check may have been counted across).
+    assert sum(counted.values()) <= LIMIT * (len(counted) + 1), sorted(counted.items())
     # The load saturated the windows (a sliding window's weighted past leaves it a unit or two
     # short): an excess would have shown.
-    assert len(whole) >= SECONDS / PERIOD - 2 and sum(whole.values()) >= 0.9 * LIMIT * len(whole), sorted(whole.items())
+    assert len(whole) >= (SECONDS / PERIOD) / 2 and sum(whole.values()) >= 0.9 * LIMIT * len(whole), sorted(whole.items())
 
 
 @pytest.mark.parametrize("kind", KINDS)
