@@ -19,10 +19,13 @@ KINDS = ["redis", "cluster", "sentinel", "memcached", "shm"]
 
 
 def make_store(kind: str, url: str, clock: Callable[[], float] | None = None, **options: Any) -> Store:
-    if kind == "shm":  # one host, several processes: no server, nothing to time out or cache
+    if kind == "shm":  # one host, several processes: no server, nothing to cache
         from ratewarden.stores.shared_memory import SharedMemoryStore
 
-        return SharedMemoryStore.from_url(url, clock=clock) if clock else SharedMemoryStore.from_url(url)
+        # As the servers' 5 s: these tests are about decisions, and on a loaded machine a region's
+        # holder can wait past the default 0.5 s for a core.
+        options.setdefault("lock_timeout", 10.0)
+        return SharedMemoryStore.from_url(url, clock=clock, **options) if clock else SharedMemoryStore.from_url(url, **options)
     if kind == "memcached":
         from ratewarden.stores.memcached import MemcachedStore
 
