@@ -96,7 +96,8 @@ def attach_signatures(package: str = "ratewarden") -> None:
                 _sign_coroutine(obj, module)
     if replaced:  # every module that imported the compiled function sees the wrapper
         for name, module in list(sys.modules.items()):
-            if name == package or name.startswith(prefix):
+            # ``None``: an import blocked on purpose (``sys.modules[name] = None``), no module to patch.
+            if module is not None and (name == package or name.startswith(prefix)):
                 for attr, obj in list(vars(module).items()):
                     found = replaced.get(id(obj))
                     if found is not None and found[0] is obj:
