@@ -84,7 +84,7 @@ def make_store(request: pytest.FixtureRequest) -> Callable[[], Store]:
     if request.param == "memory":
         return memory_store
     url = request.getfixturevalue("redis_standalone").url
-    return lambda: RedisStore(url, clock=frozen)
+    return lambda: RedisStore(url, clock=frozen, timeout=5.0)  # about decisions: a loaded machine must not turn an answer into a failure
 
 
 @pytest.fixture
