@@ -14,7 +14,8 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Coroutine, Generator
+import sys
+from collections.abc import Awaitable, Coroutine, Generator
 from typing import Any, Protocol
 from urllib.parse import unquote
 
@@ -77,6 +78,11 @@ class _Exchange:
             self.headers = list(message.get("headers", ()))
         elif kind == "http.response.body":
             self.chunks.append(bytes(message.get("body", b"")))
+
+
+#: From Python 3.12, ``asyncio.wait_for`` (the health check's store probe) needs a current task, so
+#: a request is not started inline by ``coro.send`` there: each runs in a task of its own.
+_IN_TASK = sys.version_info >= (3, 12)
 
 
 def _failed(exc: BaseException) -> tuple[int, Headers, bytes]:
@@ -179,6 +185,11 @@ class HttpAdapter:
             done: list[HttpItem] = []
             for rid, method, target, headers, peer, local, body in batch:
                 coro = _answer(app, _scope(method, target, headers, peer, local), _Exchange(body))
+                if _IN_TASK:
+                    task = self.loop.create_task(self._finish(rid, coro))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                    continue
                 try:
                     first = coro.send(None)
                 except StopIteration as stop:
@@ -190,7 +201,7 @@ class HttpAdapter:
                 task.add_done_callback(self._tasks.discard)
             self.front.answer_http(done)
 
-    async def _finish(self, rid: int, rest: _Resume) -> None:
+    async def _finish(self, rid: int, rest: Awaitable[tuple[int, Headers, bytes]]) -> None:
         try:
             status, out, payload = await rest
         except Exception as exc:
