@@ -7,9 +7,9 @@ the time from ``TIME``). The offset between the server clock and ours is measure
 before the first script is sent. A test clock (``clock=`` on the store) replaces all this with
 its own time, sent as is.
 
-A measurement is off by up to half its round trip. The deadline keeps a margin of a tenth of the
-timeout for that and for the reply's travel, so a sample must not include anything but ``TIME``
-itself: a client's first call also discovers a cluster and opens connections (tens of ms under
+A measurement is off by up to half its round trip: the deadline is moved that much earlier, and
+keeps a margin of a tenth of the timeout for the reply's travel. So a sample must not include
+anything but ``TIME`` itself: a client's first call also discovers a cluster and opens connections (tens of ms under
 load, more than the margin: a script run on a node resuming right after its caller gave up still
 charged). ``measure(..., samples=2)`` keeps the quicker of two samples, the second on the
 connection the first opened.
@@ -49,8 +49,8 @@ class ScriptClock:
 
     @property
     def error(self) -> float:
-        """Seconds a deadline may fall after the moment it was meant for: half the round trip of
-        the measurement (0 before one, or with a test clock)."""
+        """Seconds the measured offset may be off: half the round trip of the measurement (0
+        before one, or with a test clock); deadlines are moved that much earlier."""
         return self.rtt / 2 if self.rtt < math.inf else 0.0
 
     def deadline(self, wall_due: float) -> str:
@@ -61,8 +61,9 @@ class ScriptClock:
         skew = self.skew
         if skew is None:
             return ""
-        # Half the sample's round trip is the offset's error: a deadline never earlier than meant.
-        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew + self.error)
+        # Half the sample's round trip is the offset's error: a deadline never later than meant (a
+        # script run after its caller gave up would charge for an answer nobody got).
+        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew - self.error)
 
     async def measure(self, server_time: Callable[[], Awaitable[Any]], samples: int = 1) -> None:
         """Keep the offset of the server clock (``server_time()``: ``TIME``'s reply) from ours,
