@@ -11,13 +11,14 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.front_door import require_compiled_front
+from tests.servers import RedisStandalone
 
 from . import test_serve_bounds as python_bounds
 from .test_serve_cli import POLICY, Serve
@@ -95,24 +96,31 @@ def _normal(text: str) -> str:
     return text
 
 
-def _answers(url: str) -> list[tuple[int, list[tuple[str, str]], str]]:
-    """One run of requests covering every endpoint, allowed and refused, and bad descriptions."""
-    requests: list[tuple[str, str, dict[str, str], bytes | None]] = [
-        *[("GET", "/check", {"X-Original-URI": "/api/items"}, None)] * 3,  # the limit is 2
-        ("GET", "/check?deny_status=403", {"X-Original-URI": "/api/items"}, None),
-        ("GET", "/check", {"X-Original-URI": "/api/items", "X-API-Key": "pk-alice"}, None),
-        ("GET", "/check", {"X-Forwarded-Uri": "/elsewhere", "X-Forwarded-Method": "POST"}, None),
-        ("GET", "/check", {"X-Original-URI": "api/no-slash"}, None),
-        ("GET", "/check?deny_status=500", {"X-Original-URI": "/api/items"}, None),
-        ("POST", "/v1/check", {"Content-Type": "application/json"}, b'{"path": "/api/items", "client": "10.0.0.9"}'),
-        ("POST", "/v1/check", {}, b'{"path": "/api/items", "headers": {"X-API-Key": "pk-alice"}, "cost": 3}'),
-        ("POST", "/v1/check", {}, b"not json"),
-        ("GET", "/v1/check", {}, None),
-        ("POST", "/json", {}, b"{}"),
-        ("GET", "/healthz", {}, None),
-        ("HEAD", "/healthz", {}, None),
-        ("GET", "/nowhere", {}, None),
-    ]
+Request = tuple[str, str, dict[str, str], bytes | None]
+Answer = tuple[int, list[tuple[str, str]], str]
+ITEMS = {"X-Original-URI": "/api/items"}
+
+#: One run of requests covering every endpoint, allowed and refused, and bad descriptions.
+EVERY_ENDPOINT: list[Request] = [
+    *[("GET", "/check", ITEMS, None)] * 3,  # the limit is 2
+    ("GET", "/check?deny_status=403", {"X-Original-URI": "/api/items"}, None),
+    ("GET", "/check", {"X-Original-URI": "/api/items", "X-API-Key": "pk-alice"}, None),
+    ("GET", "/check", {"X-Forwarded-Uri": "/elsewhere", "X-Forwarded-Method": "POST"}, None),
+    ("GET", "/check", {"X-Original-URI": "api/no-slash"}, None),
+    ("GET", "/check?deny_status=500", {"X-Original-URI": "/api/items"}, None),
+    ("POST", "/v1/check", {"Content-Type": "application/json"}, b'{"path": "/api/items", "client": "10.0.0.9"}'),
+    ("POST", "/v1/check", {}, b'{"path": "/api/items", "headers": {"X-API-Key": "pk-alice"}, "cost": 3}'),
+    ("POST", "/v1/check", {}, b"not json"),
+    ("GET", "/v1/check", {}, None),
+    ("POST", "/json", {}, b"{}"),
+    ("GET", "/healthz", {}, None),
+    ("HEAD", "/healthz", {}, None),
+    ("GET", "/nowhere", {}, None),
+]
+
+
+def _answers(url: str, requests: list[Request]) -> list[Answer]:
+    """Each request's status, headers and body, sent in turn on one connection (times normalised)."""
     out = []
     with httpx.Client(base_url=url, timeout=python_bounds.SLACK) as client:
         for method, path, headers, body in requests:
@@ -122,20 +130,81 @@ def _answers(url: str) -> list[tuple[int, list[tuple[str, str]], str]]:
     return out
 
 
-def test_every_endpoint_answers_as_the_python_server(tmp_path: Path) -> None:
+def _both(tmp_path: Path, run: Callable[[str], list[Answer]], *options: str, store: str = "",
+          limit: str = "2/hour") -> tuple[list[Answer], list[Answer]]:
+    """What ``run`` gets from ``--http-front python``, then from ``compiled`` (``run`` takes the
+    server's URL); ``{db}`` in ``store`` is a Redis database of each front's own (1, then 2)."""
     answers = []
-    for front in ("python", "compiled"):
+    for db, front in enumerate(("python", "compiled"), 1):
         directory = tmp_path / front
         directory.mkdir()
-        server = _start(directory, "--http-front", front, "--no-metrics", limit="2/hour")
+        stored = ("--store", store.format(db=db)) if store else ()
+        server = _start(directory, "--http-front", front, "--no-metrics", *stored, *options, limit=limit)
         try:
-            answers.append(_answers(server.url))
+            answers.append(run(server.url))
         finally:
             server.stop()
-    python, compiled = answers
+    return answers[0], answers[1]
+
+
+def test_every_endpoint_answers_as_the_python_server(tmp_path: Path) -> None:
+    python, compiled = _both(tmp_path, lambda url: _answers(url, EVERY_ENDPOINT))
     assert [a[0] for a in python] == [200, 200, 429, 403, 200, 200, 400, 400, 200, 200, 400, 405, 404, 200, 200, 404]
+    _same(python, compiled)
+
+
+def _same(python: list[Answer], compiled: list[Answer]) -> None:
     for sent, (want, got) in enumerate(zip(python, compiled, strict=True)):
         assert got == want, f"request {sent}"
+
+
+def _from(client: str | None = None, forwarded: str | None = None) -> dict[str, str]:
+    headers = dict(ITEMS)
+    if client is not None:
+        headers["X-Real-IP"] = client
+    if forwarded is not None:
+        headers["X-Forwarded-For"] = forwarded
+    return headers
+
+
+#: ``/check`` described by a proxy: whose the count is follows ``X-Real-IP``, else the last
+#: ``X-Forwarded-For`` entry, from a trusted caller only (the limit is 2 per client).
+PROXIED: list[Request] = [
+    *[("GET", "/check", _from("203.0.113.7"), None)] * 3,
+    ("GET", "/check?deny_status=401", _from("203.0.113.7"), None),
+    ("GET", "/check?a=1&deny_status=403&b", _from(forwarded="198.51.100.1, 203.0.113.8"), None),
+    ("GET", "/check", _from("not an address", "203.0.113.7"), None),
+    ("GET", "/check", _from("[::ffff:203.0.113.9]:443"), None),
+    ("GET", "/check?deny_status=401", ITEMS, None),
+]
+
+
+@pytest.mark.parametrize(("trusted", "statuses"), [
+    ("127.0.0.1", [200, 200, 429, 401, 200, 429, 200, 200]),
+    ("10.0.0.0/8", [200, 200, 429, 401, 403, 429, 429, 401]),  # this caller's headers are not believed
+])
+def test_check_from_a_proxy_answers_as_the_python_server(tmp_path: Path, trusted: str, statuses: list[int]) -> None:
+    python, compiled = _both(tmp_path, lambda url: _answers(url, PROXIED), "--trusted-proxy", trusted)
+    assert [a[0] for a in python] == statuses
+    _same(python, compiled)
+
+
+def test_check_on_redis_answers_as_the_python_server_then_fails_closed(
+    tmp_path: Path, redis_standalone: RedisStandalone
+) -> None:
+    def run(url: str) -> list[Answer]:
+        answers = _answers(url, [*[("GET", "/check", ITEMS, None)] * 3, ("GET", "/check?deny_status=403", ITEMS, None)])
+        redis_standalone.stop()
+        try:
+            fresh = {**ITEMS, "X-API-Key": "trial-down"}  # not in the rejection cache: the store must answer
+            return answers + _answers(url, [("GET", "/check", fresh, None), ("GET", "/check?deny_status=403", fresh, None)])
+        finally:
+            redis_standalone.start()
+
+    store = redis_standalone.url.rpartition("/")[0] + "/{db}"
+    python, compiled = _both(tmp_path, run, "--on-error", "closed", store=store)
+    assert [a[0] for a in python] == [200, 200, 429, 403, 503, 503]
+    _same(python, compiled)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -11,7 +11,6 @@ one that suspends (Redis) goes on in a Task from where it stopped.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
 import sys
@@ -22,6 +21,8 @@ from urllib.parse import unquote
 from ..types import ASGIApp, Message
 from . import bounds
 from .front import compiled_module
+from .http import ServeApp
+from .http_io import error_answer
 from .rls import RequestDescriptor
 
 __all__ = ["HTTP_FRONTS", "CompiledHttp", "HttpAdapter", "describe_http", "start_http_front"]
@@ -88,8 +89,7 @@ _IN_TASK = sys.version_info >= (3, 12)
 def _failed(exc: BaseException) -> tuple[int, Headers, bytes]:
     """The service's 500 for an app that raised (``ServeApp`` answers its own failures)."""
     log.error("check failed", exc_info=exc, extra={"event": "check_failed"})
-    body = json.dumps({"status": 500, "error": f"the check failed: {type(exc).__name__} (see the service's log)"}).encode()
-    return 500, [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))], body
+    return error_answer(500, f"the check failed: {type(exc).__name__} (see the service's log)")
 
 
 async def _answer(app: ASGIApp, scope: dict[str, Any], exchange: _Exchange) -> tuple[int, Headers, bytes]:
@@ -128,9 +128,10 @@ class _Resume:
                 return done
 
 
-def _scope(method: str, target: str, headers: Headers, peer: tuple[str, int], local: tuple[str, int]) -> dict[str, Any]:
+def _scope(
+    method: str, raw_path: str, query: str, headers: Headers, peer: tuple[str, int], local: tuple[str, int],
+) -> dict[str, Any]:
     """The request's ASGI scope, as uvicorn builds it."""
-    raw_path, _, query = target.partition("?")
     return {
         "type": "http",
         "asgi": _ASGI,
@@ -162,6 +163,8 @@ class HttpAdapter:
         self.app = app
         self.max_batch = max_batch
         self.loop = asyncio.get_running_loop()
+        #: ``/check`` answered without an ASGI exchange: the same translation ``ServeApp`` runs for it.
+        self._check = app.check if isinstance(app, ServeApp) else None
         self._late: list[HttpItem] = []
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -175,7 +178,7 @@ class HttpAdapter:
 
     def _on_wake(self) -> None:
         self.front.drain()
-        app = self.app
+        app, check = self.app, self._check
         while True:
             batch = self.front.take_http(self.max_batch)
             if not batch:
@@ -184,7 +187,11 @@ class HttpAdapter:
             self.requests += len(batch)
             done: list[HttpItem] = []
             for rid, method, target, headers, peer, local, body in batch:
-                coro = _answer(app, _scope(method, target, headers, peer, local), _Exchange(body))
+                raw_path, _, query = target.partition("?")
+                if check is not None and raw_path == "/check":
+                    coro = check(query.encode("latin-1", "replace"), headers, peer, local)
+                else:
+                    coro = _answer(app, _scope(method, raw_path, query, headers, peer, local), _Exchange(body))
                 if _IN_TASK:
                     task = self.loop.create_task(self._finish(rid, coro))
                     self._tasks.add(task)

@@ -19,7 +19,7 @@ import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -38,13 +38,13 @@ from .http_io import (
     MAX_BODY,
     Headers,
     ServeError,
+    error_answer,
     field,
     json_object,
     read_body,
     respond,
     seconds,
     send_answer,
-    send_error,
     send_text,
 )
 
@@ -92,6 +92,15 @@ def _address(text: str) -> str | None:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return str(address.ipv4_mapped)
     return str(address)
+
+
+def _failure(exc: Exception) -> tuple[int, Headers, bytes]:
+    """The service's JSON error answer for a request that raised: its ``ServeError``'s status, else a
+    500, logged (a bug or a broken store client: answered, never a dropped connection)."""
+    if isinstance(exc, ServeError):
+        return error_answer(exc.status, str(exc))
+    log.error("check failed: %s: %s", type(exc).__name__, exc, exc_info=exc, extra={"event": "check_failed"})
+    return error_answer(500, f"the check failed: {type(exc).__name__} (see the service's log)")
 
 
 async def _allow(scope: Scope, receive: Receive, send: Send) -> None:
@@ -196,11 +205,8 @@ class ServeApp:
                 await self._metrics(send)
             else:
                 raise ServeError(404, f"no such endpoint {path!r}: use /check, /v1/check, /json, /healthz or /metrics")
-        except ServeError as exc:
-            await send_error(send, exc.status, str(exc))
-        except Exception as exc:  # a bug or a broken store client: answered, logged, never a dropped connection
-            log.exception("check failed: %s: %s", type(exc).__name__, exc, extra={"event": "check_failed"})
-            await send_error(send, 500, f"the check failed: {type(exc).__name__} (see the service's log)")
+        except Exception as exc:
+            await respond(send, *_failure(exc))
 
     @staticmethod
     def _need(method: str, *allowed: str) -> None:
@@ -230,10 +236,9 @@ class ServeApp:
             remember(self._trust_cache, caller, found, _CACHE_LIMIT)
         return found
 
-    def _client(self, scope: Scope, headers: dict[bytes, bytes], stated: str | None = None) -> str | None:
-        """The original client's address: what a trusted caller says (``stated``, ``X-Real-IP``, the
-        last ``X-Forwarded-For`` entry), else the caller's own address."""
-        peer = scope.get("client")
+    def _client(self, peer: Any, headers: dict[bytes, bytes], stated: str | None = None) -> str | None:
+        """The original client's address: what a trusted caller (``peer``, the ASGI ``client``) says
+        (``stated``, ``X-Real-IP``, the last ``X-Forwarded-For`` entry), else the caller's own address."""
         caller: str | None = peer[0] if peer else None
         if not self.is_trusted(caller):
             return caller
@@ -293,31 +298,44 @@ class ServeApp:
 
     async def _check(self, scope: Scope, send: Send) -> None:
         """The gateway check: 200 (allowed) or 429/403 (refused), with the rate-limit headers."""
-        deny = 429
-        query: bytes = scope.get("query_string", b"")
-        for name, value in parse_qsl(query.decode("latin-1")) if query else ():
-            if name == "deny_status":
-                if not value.isdigit() or int(value) not in _DENY_STATUSES:
-                    raise ServeError(400, f"deny_status must be 401, 403 or 429, got {value[:20]!r}")
-                deny = int(value)
-        raw: Headers = list(scope.get("headers", ()))
-        headers = dict(raw)
-        method = headers.get(b"x-original-method") or headers.get(b"x-forwarded-method") or b"GET"
-        uri = headers.get(b"x-original-uri") or headers.get(b"x-forwarded-uri") or b"/"
-        scheme = (headers.get(b"x-forwarded-proto") or b"http").decode("latin-1")
-        client = self._client(scope, headers)
-        status, out, body = await self.decide(
-            method.decode("latin-1"), uri.decode("latin-1"), raw, client, scheme, scope.get("server"))
-        if status == 429:
-            status = deny
+        status, out, body = await self.check(
+            scope.get("query_string", b""), scope.get("headers", ()), scope.get("client"), scope.get("server"))
         await respond(send, status, out, body)
 
-    async def decide(
-        self, method: str, uri: str, headers: Headers, client: str | None, scheme: str = "http", server: object = None
+    async def check(
+        self, query: bytes, headers: Iterable[tuple[bytes, bytes]], peer: Any, server: object = None
     ) -> tuple[int, Headers, bytes]:
-        """The policy's answer for a request described by a gateway: ``(status, complete header list,
-        body)``: 200, or the refusal (429, 403, 503 under a closed failure policy) with its body. The
-        one decision of ``/check`` and the SPOE agent; ``ServeError`` for a description it cannot use.
+        """``/check``'s answer ``(status, complete header list, body)``, its error answer included,
+        for the check request's query string, headers and caller (``peer``: the ASGI ``client``).
+        The one translation of ``/check``: uvicorn's (``_check``) and the compiled front door's
+        (``serve.front_http``, with no ASGI exchange)."""
+        try:
+            deny = 429
+            if query:
+                for name, value in parse_qsl(query.decode("latin-1")):
+                    if name == "deny_status":
+                        if not value.isdigit() or int(value) not in _DENY_STATUSES:
+                            raise ServeError(400, f"deny_status must be 401, 403 or 429, got {value[:20]!r}")
+                        deny = int(value)
+            raw: Headers = headers if type(headers) is list else list(headers)
+            named = dict(raw)
+            method = named.get(b"x-original-method") or named.get(b"x-forwarded-method") or b"GET"
+            uri = named.get(b"x-original-uri") or named.get(b"x-forwarded-uri") or b"/"
+            scheme = (named.get(b"x-forwarded-proto") or b"http").decode("latin-1")
+            client = self._client(peer, named)
+            status, out, body = await self.decide(
+                method.decode("latin-1"), uri.decode("latin-1"), raw, client, scheme, server)
+        except Exception as exc:
+            return _failure(exc)
+        return (deny if status == 429 else status), out, body
+
+    def decide(
+        self, method: str, uri: str, headers: Headers, client: str | None, scheme: str = "http", server: object = None
+    ) -> Awaitable[tuple[int, Headers, bytes]]:
+        """The policy's answer for a request described by a gateway, to await: ``(status, complete
+        header list, body)``: 200, or the refusal (429, 403, 503 under a closed failure policy) with
+        its body. The one decision of ``/check`` and the SPOE agent; ``ServeError`` (raised by the
+        call) for a description it cannot use.
 
         Args:
             method: The original request's method.
@@ -327,8 +345,7 @@ class ServeApp:
             scheme: ``http`` or ``https``.
             server: The ASGI ``server`` of the described scope.
         """
-        policy_app = self._policy()
-        return await policy_app.answer(self._described(method, uri, headers, client, scheme, server=server))
+        return self._policy().answer(self._described(method, uri, headers, client, scheme, server=server))
 
     async def _check_json(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/check``: the decision for a request described as JSON."""
@@ -349,7 +366,7 @@ class ServeApp:
             headers.append((name.lower().encode("latin-1", "replace"), value.encode("latin-1", "replace")))
         if stated is not None and _address(stated) is None:
             raise ServeError(400, f"'client' must be an IP address, got {stated[:60]!r}")
-        client = self._client(scope, {}, stated)
+        client = self._client(scope.get("client"), {}, stated)
         policy_app = self._policy(cost)
         described = self._described(method, path, headers, client, "http", cost, scope.get("server"))
         status, out, _ = await policy_app.answer(described)

@@ -13,8 +13,8 @@ from ..errors import RatewardenError
 from ..types import Receive, Send
 
 __all__ = [
-    "MAX_BODY", "Headers", "ServeError", "field", "json_object", "read_body", "respond", "seconds", "send_answer",
-    "send_error", "send_text",
+    "MAX_BODY", "Headers", "ServeError", "error_answer", "field", "json_object", "read_body", "respond", "seconds",
+    "send_answer", "send_text",
 ]
 
 #: The largest request body read (``/v1/check``, ``/json``); more is answered 413.
@@ -92,7 +92,7 @@ async def send_text(send: Send, status: int, text: str) -> None:
     await send_answer(send, status, [(b"content-type", b"text/plain; charset=utf-8")], text.encode())
 
 
-async def send_error(send: Send, status: int, message: str) -> None:
-    """Answer the service's JSON error: ``{"status": ..., "error": message}``."""
+def error_answer(status: int, message: str) -> tuple[int, Headers, bytes]:
+    """The service's JSON error ``{"status": ..., "error": message}``: status, header list and body."""
     body = json.dumps({"status": status, "error": message}).encode()
-    await send_answer(send, status, [(b"content-type", b"application/json")], body)
+    return status, [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))], body
