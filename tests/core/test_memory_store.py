@@ -105,7 +105,9 @@ def test_reset_and_clear(kind: str, clock: FakeClock) -> None:
     assert store.hit_now(["b"], [limit], [1]).allowed
 
 
-def test_flood_of_a_million_keys_stays_bounded_and_never_frees_a_limited_key(kind: str, clock: FakeClock) -> None:
+def test_flood_of_a_hundred_thousand_keys_stays_bounded_and_never_frees_a_limited_key(kind: str, clock: FakeClock) -> None:
+    """100 times the store's bound in distinct keys: it stays at its bound, and the key at its limit
+    is never freed for room."""
     store: Any = local_store(kind, 1000, clock=clock)
     limit = Limit(Rate(3, 600.0), "fixed_window", "api")
     clock.now = 6000.0  # start of an aligned 10-minute window
@@ -117,8 +119,8 @@ def test_flood_of_a_million_keys_stays_bounded_and_never_frees_a_limited_key(kin
     limits = [limit]
     hit_now = store.hit_now
     biggest = 0
-    for i in range(1_000_000):
-        if i % 10_000 == 0:
+    for i in range(100_000):
+        if i % 1_000 == 0:
             clock.now += 1.0  # 100 s of flood, all inside the window: every state stays live
             biggest = max(biggest, len(store))
         hit_now([f"rw:{{api|flood-{i}}}:x"], limits, costs)
@@ -128,8 +130,8 @@ def test_flood_of_a_million_keys_stays_bounded_and_never_frees_a_limited_key(kin
     denied = store.hit_now([victim], [limit], [1.0])
     assert not denied.allowed
     assert denied.retry_after == pytest.approx(6600.0 - clock.now)
-    # Every key beyond the bound shared one overflow allowance, so the flood bought 3 requests, not 999,000.
-    assert store.overflowed >= 999_000
+    # Every key beyond the bound shared one overflow allowance, so the flood bought 3 requests, not 99,000.
+    assert store.overflowed >= 99_000
     first = store.state_of("rw:{api|flood-0}:x")
     assert first is not None and first[1] == 1.0
 
