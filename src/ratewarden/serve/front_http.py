@@ -2,7 +2,8 @@
 reads each HTTP/1.1 request (hyper, within the service's HTTP bounds) and queues it; this module
 answers every waiting request in one batch with the app the Python HTTP server runs (``ServeApp``, an
 ASGI app), so ``/check``, ``/v1/check``, ``/json``, ``/healthz`` and ``/metrics`` answer the same
-status, headers and body on both (docs/serve.md#the-compiled-front-door).
+status, headers and body on both (docs/serve.md#the-compiled-front-door). ``/check``, the gateways'
+hot path, skips the ASGI exchange: it calls ``ServeApp.check``, the translation ASGI ``/check`` runs.
 
 A request decided without suspending (the memory store) is answered in the same batch, with no Task;
 one that suspends (Redis) goes on in a Task from where it stopped.
