@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -17,6 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ratewarden import Limiter, MemoryStore
+from ratewarden.policy.loader import parse_policy
+from ratewarden.serve.front_http import start_http_front
+from ratewarden.serve.http import ServeApp
+from ratewarden.types import Receive, Scope, Send
 from tests.front_door import require_compiled_front
 from tests.servers import RedisStandalone
 
@@ -121,13 +127,14 @@ EVERY_ENDPOINT: list[Request] = [
 
 def _answers(url: str, requests: list[Request]) -> list[Answer]:
     """Each request's status, headers and body, sent in turn on one connection (times normalised)."""
-    out = []
     with httpx.Client(base_url=url, timeout=python_bounds.SLACK) as client:
-        for method, path, headers, body in requests:
-            answer = client.request(method, path, headers=headers, content=body)
-            pairs = [(k, "N" if k in _TIMED else _normal(v)) for k, v in answer.headers.multi_items()]
-            out.append((answer.status_code, pairs, _normal(answer.text)))
-    return out
+        return [_normalised(client.request(method, path, headers=headers, content=body))
+                for method, path, headers, body in requests]
+
+
+def _normalised(answer: httpx.Response) -> Answer:
+    pairs = [(k, "N" if k in _TIMED else _normal(v)) for k, v in answer.headers.multi_items()]
+    return answer.status_code, pairs, _normal(answer.text)
 
 
 def _both(tmp_path: Path, run: Callable[[str], list[Answer]], *options: str, store: str = "",
@@ -205,6 +212,49 @@ def test_check_on_redis_answers_as_the_python_server_then_fails_closed(
     python, compiled = _both(tmp_path, run, "--on-error", "closed", store=store)
     assert [a[0] for a in python] == [200, 200, 429, 403, 503, 503]
     _same(python, compiled)
+
+
+class _CountedServeApp(ServeApp):
+    """``ServeApp`` counting the requests it answers as an ASGI app, by path."""
+
+    asgi_paths: list[str]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.asgi_paths.append(scope.get("path", ""))
+        await super().__call__(scope, receive, send)
+
+
+def test_check_skips_the_asgi_exchange_and_answers_as_through_it() -> None:
+    policy = parse_policy(POLICY.replace("{basic}", "2/hour"), "toml", "policy.toml")
+    app = _CountedServeApp(Limiter(MemoryStore()), policy)
+    app.asgi_paths = []
+
+    async def answers() -> list[httpx.Response]:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        server = start_http_front(app, sock)
+        served = asyncio.ensure_future(server.serve())
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=30) as client:
+                return [
+                    *[await client.get("/check", headers=ITEMS) for _ in range(3)],
+                    await client.get("/check?deny_status=403", headers=ITEMS),
+                    await client.get("/check?deny_status=500", headers=ITEMS),
+                    await client.get("/%63heck?deny_status=403", headers=ITEMS),  # /check, through the ASGI app
+                    await client.get("/healthz"),
+                ]
+        finally:
+            server.should_exit = True
+            await served
+            sock.close()
+
+    got = asyncio.run(answers())
+    assert [a.status_code for a in got] == [200, 200, 429, 403, 400, 403, 200]
+    assert app.asgi_paths == ["/check", "/healthz"]  # only the percent-encoded /check went through ASGI
+    assert got[1].headers["ratelimit"].startswith('"api.basic";r=0;') and got[3].headers["retry-after"]
+    assert _normalised(got[5]) == _normalised(got[3])
+    assert got[4].json() == {"status": 400, "error": "deny_status must be 401, 403 or 429, got '500'"}
 
 
 @pytest.mark.parametrize("workers", [1, 2])
