@@ -10,11 +10,16 @@
 //! With `http_fd`, it serves the HTTP check API too (`http.rs`): hyper (HTTP/1.1) reads each
 //! request on that listening socket and queues it; Python takes them with `take_http` and answers
 //! them with `answer_http`, through the same socket-pair wake-up.
+//!
+//! With `spoe_fd`, it serves HAProxy's SPOE agent protocol (`spoe.rs`): tokio reads the SPOP
+//! frames on that listening socket and queues each NOTIFY's message; Python takes them with
+//! `take_spoe` and answers each with its SET-VAR actions (`answer_spoe`).
 
 #![allow(clippy::result_large_err)] // tonic::Status is the error type of every gRPC call
 
 mod http;
 mod proto;
+mod spoe;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -31,7 +36,7 @@ use proto::*;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tonic::codegen::{empty_body, http as tonic_http, Body, BoxFuture, Service, StdError};
@@ -48,6 +53,8 @@ struct State {
     waiting: HashMap<u64, oneshot::Sender<Answer>>,
     http_queue: Vec<(u64, http::HttpRequest)>,
     http_waiting: HashMap<u64, oneshot::Sender<http::HttpAnswer>>,
+    spoe_queue: Vec<(u64, spoe::SpoeRequest)>,
+    spoe_waiting: HashMap<u64, oneshot::Sender<Vec<Vec<u8>>>>,
 }
 
 struct Shared {
@@ -260,6 +267,10 @@ impl AsyncWrite for Limited {
 ///     http_fd: A listening socket to serve the HTTP check API on (duplicated; None: no HTTP).
 ///     http_max_connections, http_max_header_size, http_timeout, http_keep_alive: The HTTP bounds
 ///         (`http.rs`).
+///     spoe_fd: A listening socket to serve HAProxy's SPOE agent protocol on (duplicated; None: no SPOE).
+///     spoe_max_connections, spoe_max_frame_size, spoe_timeout_hello, spoe_timeout_idle,
+///     spoe_timeout_frame, spoe_message, spoe_max_in_flight, spoe_max_buffered: The SPOE bounds
+///         (`spoe.rs`, as `SpoeAgent`'s).
 #[pyclass(module = "ratewarden._front")]
 struct Front {
     shared: Arc<Shared>,
@@ -270,6 +281,7 @@ struct Front {
     serving: Arc<AtomicBool>,
     http_stop: Option<watch::Sender<bool>>,
     http_live: Arc<AtomicUsize>,
+    spoe_stop: Option<watch::Sender<bool>>,
     #[pyo3(get)]
     port: u16,
 }
@@ -280,7 +292,10 @@ impl Front {
     #[pyo3(signature = (descriptor_class, host="127.0.0.1", port=0, *, reuse_port=false,
         max_message_size=1<<20, max_descriptors=256, max_entries=1024, max_connections=1000,
         max_pending=10000, request_timeout=10.0, threads=1, http_fd=None, http_max_connections=1000,
-        http_max_header_size=65536, http_timeout=10.0, http_keep_alive=5.0))]
+        http_max_header_size=65536, http_timeout=10.0, http_keep_alive=5.0, spoe_fd=None,
+        spoe_max_connections=256, spoe_max_frame_size=16380, spoe_timeout_hello=5.0,
+        spoe_timeout_idle=120.0, spoe_timeout_frame=5.0, spoe_message="check",
+        spoe_max_in_flight=256, spoe_max_buffered=1<<20))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -300,10 +315,22 @@ impl Front {
         http_max_header_size: usize,
         http_timeout: f64,
         http_keep_alive: f64,
+        spoe_fd: Option<i32>,
+        spoe_max_connections: usize,
+        spoe_max_frame_size: u64,
+        spoe_timeout_hello: f64,
+        spoe_timeout_idle: f64,
+        spoe_timeout_frame: f64,
+        spoe_message: &str,
+        spoe_max_in_flight: usize,
+        spoe_max_buffered: usize,
     ) -> PyResult<Self> {
         for (name, value) in [
             ("http_timeout", http_timeout),
             ("http_keep_alive", http_keep_alive),
+            ("spoe_timeout_hello", spoe_timeout_hello),
+            ("spoe_timeout_idle", spoe_timeout_idle),
+            ("spoe_timeout_frame", spoe_timeout_frame),
         ] {
             if !(value > 0.0 && value.is_finite()) {
                 return Err(PyValueError::new_err(format!(
@@ -314,6 +341,11 @@ impl Front {
         if http_max_connections == 0 || http_max_header_size == 0 {
             return Err(PyValueError::new_err(
                 "http_max_connections and http_max_header_size must be at least 1",
+            ));
+        }
+        if spoe_max_connections == 0 || spoe_max_in_flight == 0 {
+            return Err(PyValueError::new_err(
+                "spoe_max_connections and spoe_max_in_flight must be at least 1",
             ));
         }
         let grpc = port.is_some();
@@ -348,6 +380,8 @@ impl Front {
                 waiting: HashMap::new(),
                 http_queue: Vec::new(),
                 http_waiting: HashMap::new(),
+                spoe_queue: Vec::new(),
+                spoe_waiting: HashMap::new(),
             }),
             next_id: AtomicU64::new(0),
             wake,
@@ -457,6 +491,29 @@ impl Front {
             )?;
             http_stop = Some(stop_sender);
         }
+        let mut spoe_stop = None;
+        if let Some(fd) = spoe_fd {
+            // SAFETY: the caller's socket stays open for this call; it is duplicated, not taken.
+            let owned = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+            let (stop_sender, stop_receiver) = watch::channel(false);
+            spoe::spawn(
+                &runtime,
+                shared.clone(),
+                std::net::TcpListener::from(owned),
+                spoe::SpoeBounds {
+                    max_connections: spoe_max_connections,
+                    max_frame_size: spoe_max_frame_size,
+                    timeout_hello: StdDuration::from_secs_f64(spoe_timeout_hello),
+                    timeout_idle: StdDuration::from_secs_f64(spoe_timeout_idle),
+                    timeout_frame: StdDuration::from_secs_f64(spoe_timeout_frame),
+                    message: spoe_message.to_string(),
+                    max_in_flight: spoe_max_in_flight,
+                    max_buffered: spoe_max_buffered,
+                },
+                stop_receiver,
+            )?;
+            spoe_stop = Some(stop_sender);
+        }
         let _ = py;
         Ok(Front {
             shared,
@@ -467,6 +524,7 @@ impl Front {
             serving,
             http_stop,
             http_live,
+            spoe_stop,
             port: bound,
         })
     }
@@ -631,10 +689,66 @@ impl Front {
         Ok(())
     }
 
+    /// Up to `limit` waiting SPOE messages, oldest first, as `(id, args, peer host, peer port)`;
+    /// `args` is a dict of the message's arguments (`spop.Value`s), or None when the NOTIFY frame
+    /// has no message of the agent's name.
+    #[pyo3(signature = (limit=usize::MAX))]
+    fn take_spoe<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
+        let batch: Vec<(u64, spoe::SpoeRequest)> = {
+            let mut state = self.shared.state.lock().unwrap();
+            let count = limit.min(state.spoe_queue.len());
+            let batch: Vec<_> = state.spoe_queue.drain(..count).collect();
+            let waiting = &state.spoe_waiting;
+            batch
+                .into_iter()
+                .filter(|(id, _)| waiting.contains_key(id))
+                .collect()
+        };
+        let out = PyList::empty(py);
+        let mut addresses: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = None;
+        for (id, request) in batch {
+            let args = match request.args {
+                None => py.None().into_bound(py),
+                Some(args) => {
+                    let dict = PyDict::new(py);
+                    for (name, value) in args {
+                        let value = spoe_value(py, value, &mut addresses)?;
+                        dict.set_item(name, value)?;
+                    }
+                    dict.into_any()
+                }
+            };
+            out.append((
+                id,
+                args,
+                request.peer.ip().to_string(),
+                request.peer.port(),
+            ))?;
+        }
+        Ok(out)
+    }
+
+    /// Answer SPOE messages: each item `(id, actions)`, `actions` a list of encoded SET-VAR
+    /// actions (`spop.set_var`), framed here as the NOTIFY's ACK.
+    fn answer_spoe(&self, items: &Bound<'_, PyList>) -> PyResult<()> {
+        let mut answers: Vec<(u64, Vec<Vec<u8>>)> = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            let (id, actions): (u64, Vec<Bound<'_, PyBytes>>) = item.extract()?;
+            answers.push((id, actions.iter().map(|a| a.as_bytes().to_vec()).collect()));
+        }
+        let mut state = self.shared.state.lock().unwrap();
+        for (id, actions) in answers {
+            if let Some(sender) = state.spoe_waiting.remove(&id) {
+                let _ = sender.send(actions);
+            }
+        }
+        Ok(())
+    }
+
     /// Requests queued and being decided.
     fn pending(&self) -> usize {
         let state = self.shared.state.lock().unwrap();
-        state.waiting.len() + state.http_waiting.len()
+        state.waiting.len() + state.http_waiting.len() + state.spoe_waiting.len()
     }
 
     /// False once the server has stopped after `close()`: every connection has ended, so every
@@ -652,6 +766,9 @@ impl Front {
         if let Some(stop) = &self.http_stop {
             let _ = stop.send(true);
         }
+        if let Some(stop) = &self.spoe_stop {
+            let _ = stop.send(true);
+        }
     }
 
     /// Stop accepting, give open requests up to `grace` seconds, then stop the threads.
@@ -665,6 +782,39 @@ impl Front {
         }
         Ok(())
     }
+}
+
+/// A SPOP value as `spop.read_frame`'s decoding gives it (`addresses`: ipaddress's two classes,
+/// imported on first use).
+fn spoe_value<'py>(
+    py: Python<'py>,
+    value: spoe::Value,
+    addresses: &mut Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut address = |raw: &[u8], v6: bool| -> PyResult<Bound<'py, PyAny>> {
+        if addresses.is_none() {
+            let module = py.import("ipaddress")?;
+            *addresses = Some((module.getattr("IPv4Address")?, module.getattr("IPv6Address")?));
+        }
+        let (v4_class, v6_class) = addresses.as_ref().unwrap();
+        (if v6 { v6_class } else { v4_class }).call1((PyBytes::new(py, raw),))
+    };
+    Ok(match value {
+        spoe::Value::Null => py.None().into_bound(py),
+        spoe::Value::Bool(flag) => PyBool::new(py, flag).to_owned().into_any(),
+        spoe::Value::Int(number) => number.into_pyobject(py)?.into_any(),
+        spoe::Value::UInt(number) => number.into_pyobject(py)?.into_any(),
+        spoe::Value::Ipv4(raw) => address(&raw, false)?,
+        spoe::Value::Ipv6(raw) => address(&raw, true)?,
+        spoe::Value::Bin(raw) => PyBytes::new(py, &raw).into_any(),
+        spoe::Value::Str(raw) => match std::str::from_utf8(&raw) {
+            Ok(text) => PyString::new(py, text).into_any(),
+            Err(_) => PyBytes::new(py, &raw).call_method1(
+                intern!(py, "decode"),
+                ("utf-8", "surrogateescape"),
+            )?,
+        },
+    })
 }
 
 fn to_response(py: Python<'_>, answer: &Bound<'_, PyAny>) -> PyResult<RateLimitResponse> {

@@ -2,7 +2,10 @@
 SPOP 2.0 client written here from HAProxy's ``doc/SPOE.txt`` (not with the module's encoders):
 HELLO negotiation, the same decisions as ``/check``, exact counts with checks pipelined on one or
 several connections, the ``ip`` argument believed only from trusted proxies, malformed frames
-(AGENT-DISCONNECT with the status that says why), HAPROXY-DISCONNECT and a store that fails."""
+(AGENT-DISCONNECT with the status that says why), HAPROXY-DISCONNECT and a store that fails.
+
+Every test runs against both agents, ``--spoe-front python`` (asyncio) and ``compiled``
+(``ratewarden._front``), which must answer the same frames byte for byte."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import ipaddress
 import socket
 import struct
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +27,9 @@ from ratewarden.errors import StoreError
 from ratewarden.policy import parse_policy
 from ratewarden.serve import spoe
 from ratewarden.serve.http import ServeApp
-from ratewarden.serve.spoe import start_spoe
+from ratewarden.serve.front_spoe import SPOE_FRONTS, CompiledSpoe, start_spoe_front
+from ratewarden.serve.spoe import SpoeAgent, start_spoe
+from tests.front_door import require_compiled_front
 
 POLICY = """
 version = 1
@@ -61,6 +66,45 @@ tiered = true
 """
 
 NOW = 1_000_000.0  # a fixed clock: windows never roll over during a test
+
+#: The agent ``serving`` and ``start_agent`` start (``spoe_front`` sets it for each test).
+FRONT = {"name": "python"}
+
+
+@pytest.fixture(params=SPOE_FRONTS)
+def spoe_front(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each SPOE front door in turn (the compiled one required where it could be built)."""
+    if request.param == "compiled":
+        require_compiled_front()
+    FRONT["name"] = request.param
+    yield request.param
+    FRONT["name"] = "python"
+
+
+@pytest.fixture(autouse=True)
+def _every_front(spoe_front: str) -> None:
+    """This module's tests run on both front doors."""
+
+
+Started = asyncio.Server | CompiledSpoe
+
+
+async def start_agent(app: ServeApp, sock: socket.socket, agent: SpoeAgent | None = None) -> Started:
+    """The agent ``FRONT`` names, serving on ``sock`` (``stop_agent`` ends it)."""
+    if FRONT["name"] == "compiled":
+        return start_spoe_front(app, sock, agent)
+    return await start_spoe(app, sock, agent)
+
+
+async def stop_agent(server: Started, agent: SpoeAgent | None = None) -> None:
+    """End what ``start_agent`` started, open connections included."""
+    server.close()
+    if isinstance(server, CompiledSpoe):
+        await server.end()
+        return
+    if agent is not None:
+        await agent.close()
+    await server.wait_closed()
 
 
 def _app(limiter: Limiter | None = None, **kwargs: Any) -> ServeApp:
@@ -265,7 +309,7 @@ async def serving(app: ServeApp) -> AsyncIterator[Connect]:
     sock.listen(64)
     sock.setblocking(False)
     port = sock.getsockname()[1]
-    server = await start_spoe(app, sock)
+    server = await start_agent(app, sock)
     opened: list[Spop] = []
 
     async def connect() -> Spop:
@@ -278,8 +322,7 @@ async def serving(app: ServeApp) -> AsyncIterator[Connect]:
     finally:
         for conn in opened:
             await conn.close()
-        server.close()
-        await server.wait_closed()
+        await stop_agent(server)
         for _ in range(200):  # the agent's side of the connections ends too
             if not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
                 break
@@ -677,8 +720,10 @@ async def test_an_unexpected_error_is_status_500(caplog: pytest.LogCaptureFixtur
     assert any(getattr(r, "event", None) == "check_failed" for r in caplog.records)
 
 
-async def test_cancelled_connections_end_without_an_error(caplog: pytest.LogCaptureFixture) -> None:
+async def test_cancelled_connections_end_without_an_error(caplog: pytest.LogCaptureFixture, spoe_front: str) -> None:
     """Shutting down cancels the connections HAProxy keeps open: no "Unhandled exception" logged."""
+    if spoe_front == "compiled":
+        pytest.skip("the compiled agent's connections are no asyncio tasks (ended by CompiledSpoe.end)")
     async with serving(_app()) as connect:
         conn = await connect()
         await conn.hello()

@@ -179,11 +179,7 @@ class SpoeAgent:
     async def _answer(self, writer: asyncio.StreamWriter, stream_id: int, frame_id: int, limit: int,
                       found: Message | None, trusted: bool, peer: object) -> None:
         """Decide a NOTIFY's message and ACK it: never more than ``limit`` bytes (else its status alone)."""
-        if found is None:
-            actions = [set_var("status", 400), set_var("body", f"the NOTIFY frame has no {self.message!r} message"),
-                       set_var("content_type", _PLAIN_TEXT)]
-        else:
-            actions = await self._decide(found, trusted, peer)
+        actions = await self.actions(found, trusted, peer)
         if writer.is_closing():
             return
         if writer.transport.get_write_buffer_size() > MAX_BUFFERED:  # HAProxy is not reading its answers
@@ -193,6 +189,15 @@ class SpoeAgent:
         if len(answer) - 4 > limit:
             answer = ack(stream_id, frame_id, actions[:1])
         writer.write(answer)
+
+    async def actions(self, found: Message | None, trusted: bool, peer: object) -> list[bytes]:
+        """The SET-VAR actions answering a NOTIFY frame whose ``message`` is ``found`` (``None``: the
+        frame has none), from a peer (``(host, port)``) that is a trusted proxy or not; the compiled
+        front door (``serve.front_spoe``) answers with these too."""
+        if found is None:
+            return [set_var("status", 400), set_var("body", f"the NOTIFY frame has no {self.message!r} message"),
+                    set_var("content_type", _PLAIN_TEXT)]
+        return await self._decide(found, trusted, peer)
 
     async def _decide(self, message: Message, trusted: bool, peer: object) -> list[bytes]:
         """The variables answering one ``check`` message."""

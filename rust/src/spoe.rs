@@ -1,0 +1,788 @@
+//! HAProxy's SPOE agent on the compiled front door (`--spoe-front compiled`): tokio accepts the
+//! SPOP connections, answers HAPROXY-HELLO and HAPROXY-DISCONNECT, reads each NOTIFY frame and
+//! queues its `message` (decoded arguments, or none when the frame has no such message) for
+//! Python, which answers with the SET-VAR actions of the Python agent (`SpoeAgent.actions`);
+//! this module frames them as the ACK.
+//!
+//! The codec and the bounds mirror `serve/spop.py` and `serve/spoe.py`: the same DISCONNECT
+//! status codes and messages, the same frame-size negotiation (the smaller of HAProxy's and
+//! `max_frame_size`, at least 256), `pipelining` as the one capability, a connection over
+//! `max_connections` disconnected with status 13, `timeout_hello` / `timeout_idle` /
+//! `timeout_frame` ending a connection with status 2, `max_in_flight` checks per connection,
+//! an ACK cut to its status when larger than the agreed frame size, and a connection dropped
+//! when its peer leaves more than `max_buffered` bytes of ACKs unread.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::Shared;
+
+const HAPROXY_HELLO: u8 = 1;
+const HAPROXY_DISCONNECT: u8 = 2;
+const NOTIFY: u8 = 3;
+const AGENT_HELLO: u8 = 101;
+const AGENT_DISCONNECT: u8 = 102;
+const ACK: u8 = 103;
+const FLAG_FIN: u32 = 0x01;
+/// The smallest frame size a HELLO may offer (`spoe.MIN_FRAME_SIZE`).
+const MIN_FRAME_SIZE: u64 = 256;
+/// Bytes of ACKs waiting to be written above which no further frame is read (asyncio's
+/// default write high-water mark, where the Python agent's `drain()` waits).
+const HIGH_WATER: usize = 64 * 1024;
+
+/// A typed SPOP value (`spop.Value`).
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Ipv4([u8; 4]),
+    Ipv6([u8; 16]),
+    Str(Vec<u8>),
+    Bin(Vec<u8>),
+}
+
+/// A frame the agent cannot use: the DISCONNECT status that says why, and the message.
+#[derive(Debug)]
+pub struct SpopError {
+    pub status: u64,
+    pub message: String,
+}
+
+fn error(status: u64, message: impl Into<String>) -> SpopError {
+    SpopError {
+        status,
+        message: message.into(),
+    }
+}
+
+/// `spop.decode_varint`: HAProxy's variable-length integer at `data[at..]`, and the offset after it.
+pub fn decode_varint(data: &[u8], at: usize) -> Result<(u64, usize), SpopError> {
+    let ends = || error(4, "a frame ends inside a varint");
+    let mut at = at;
+    let first = *data.get(at).ok_or_else(ends)?;
+    at += 1;
+    if first < 240 {
+        return Ok((first as u64, at));
+    }
+    let mut value = first as u128;
+    let mut shift = 4u32;
+    loop {
+        let byte = *data.get(at).ok_or_else(ends)?;
+        at += 1;
+        value += (byte as u128) << shift;
+        shift += 7;
+        if byte < 128 {
+            if value > u64::MAX as u128 {
+                return Err(error(4, "a varint larger than 64 bits"));
+            }
+            return Ok((value as u64, at));
+        }
+        if shift > 64 {
+            return Err(error(4, "a varint longer than 10 bytes"));
+        }
+    }
+}
+
+/// `spop.encode_varint`.
+pub fn encode_varint(out: &mut Vec<u8>, value: u64) {
+    if value < 240 {
+        out.push(value as u8);
+        return;
+    }
+    out.push((value | 0xF0) as u8);
+    let mut value = (value - 240) >> 4;
+    while value >= 128 {
+        out.push((value | 0x80) as u8);
+        value = (value - 128) >> 7;
+    }
+    out.push(value as u8);
+}
+
+fn string(data: &[u8], at: usize) -> Result<(&[u8], usize), SpopError> {
+    let (length, at) = decode_varint(data, at)?;
+    if length as u128 + at as u128 > data.len() as u128 {
+        return Err(error(
+            4,
+            format!("a string of {length} bytes runs past the end of its frame"),
+        ));
+    }
+    let end = at + length as usize;
+    Ok((&data[at..end], end))
+}
+
+fn typed(data: &[u8], at: usize) -> Result<(Value, usize), SpopError> {
+    let head = *data
+        .get(at)
+        .ok_or_else(|| error(4, "a frame ends before a value"))?;
+    let kind = head & 0x0F;
+    let at = at + 1;
+    Ok(match kind {
+        8 | 9 => {
+            let (text, at) = string(data, at)?;
+            let text = text.to_vec();
+            (if kind == 8 { Value::Str(text) } else { Value::Bin(text) }, at)
+        }
+        3 | 5 => {
+            let (value, at) = decode_varint(data, at)?;
+            (Value::UInt(value), at)
+        }
+        2 => {
+            let (value, at) = decode_varint(data, at)?;
+            (Value::Int(value as u32 as i32 as i64), at)
+        }
+        4 => {
+            let (value, at) = decode_varint(data, at)?;
+            (Value::Int(value as i64), at)
+        }
+        1 => (Value::Bool(head & 0x10 != 0), at),
+        0 => (Value::Null, at),
+        6 => {
+            let raw = data
+                .get(at..at + 4)
+                .ok_or_else(|| error(4, "a frame ends inside an IPv4 address"))?;
+            (Value::Ipv4(raw.try_into().unwrap()), at + 4)
+        }
+        7 => {
+            let raw = data
+                .get(at..at + 16)
+                .ok_or_else(|| error(4, "a frame ends inside an IPv6 address"))?;
+            (Value::Ipv6(raw.try_into().unwrap()), at + 16)
+        }
+        _ => return Err(error(4, format!("unknown data type {kind}"))),
+    })
+}
+
+/// A frame's header fields and the offset of its payload (`spop.read_frame`).
+struct Frame {
+    kind: u8,
+    stream_id: u64,
+    frame_id: u64,
+    payload: usize,
+}
+
+fn read_frame(data: &[u8]) -> Result<Frame, SpopError> {
+    if data.len() < 7 {
+        return Err(error(
+            4,
+            format!(
+                "a frame of {} bytes is shorter than its header",
+                data.len()
+            ),
+        ));
+    }
+    let kind = data[0];
+    let flags = u32::from_be_bytes(data[1..5].try_into().unwrap());
+    let (stream_id, at) = decode_varint(data, 5)?;
+    let (frame_id, at) = decode_varint(data, at)?;
+    if flags & FLAG_FIN == 0 {
+        return Err(error(10, "fragmented frames are not supported"));
+    }
+    Ok(Frame {
+        kind,
+        stream_id,
+        frame_id,
+        payload: at,
+    })
+}
+
+fn lossy(raw: &[u8]) -> String {
+    String::from_utf8_lossy(raw).into_owned()
+}
+
+/// `spop.kv_list`: a HELLO or DISCONNECT payload, names and values in order.
+fn kv_list(payload: &[u8]) -> Result<Vec<(String, Value)>, SpopError> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < payload.len() {
+        let (name, next) = string(payload, at)?;
+        let (value, next) = typed(payload, next)?;
+        out.push((lossy(name), value));
+        at = next;
+    }
+    Ok(out)
+}
+
+/// Arguments of one message, in order (a repeated name: the last value, as a Python dict keeps it).
+pub type Args = Vec<(String, Value)>;
+
+/// `spoe._message`: the arguments of the first message called `name` of a NOTIFY payload; all of
+/// it is read (malformed anywhere is status 4).
+fn find_message(payload: &[u8], name: &str) -> Result<Option<Args>, SpopError> {
+    let mut found = None;
+    let mut at = 0;
+    while at < payload.len() {
+        let (message, next) = string(payload, at)?;
+        at = next;
+        let count = *payload
+            .get(at)
+            .ok_or_else(|| error(4, "a message ends before its argument count"))?;
+        at += 1;
+        let mut args = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let (arg, next) = string(payload, at)?;
+            let (value, next) = typed(payload, next)?;
+            args.push((lossy(arg), value));
+            at = next;
+        }
+        if found.is_none() && lossy(message) == name {
+            found = Some(args);
+        }
+    }
+    Ok(found)
+}
+
+fn frame(kind: u8, stream_id: u64, frame_id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(payload.len() + 24);
+    body.push(kind);
+    body.extend_from_slice(&FLAG_FIN.to_be_bytes());
+    encode_varint(&mut body, stream_id);
+    encode_varint(&mut body, frame_id);
+    body.extend_from_slice(payload);
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+fn put_string(out: &mut Vec<u8>, text: &str) {
+    encode_varint(out, text.len() as u64);
+    out.extend_from_slice(text.as_bytes());
+}
+
+fn put_typed_string(out: &mut Vec<u8>, text: &str) {
+    out.push(8);
+    put_string(out, text);
+}
+
+fn put_typed_uint(out: &mut Vec<u8>, value: u64) {
+    out.push(if value < 1 << 32 { 3 } else { 5 });
+    encode_varint(out, value);
+}
+
+/// `spop.agent_hello`: version 2.0, the agreed frame size, pipelining.
+fn agent_hello(max_frame_size: u64) -> Vec<u8> {
+    let mut payload = Vec::new();
+    put_string(&mut payload, "version");
+    put_typed_string(&mut payload, "2.0");
+    put_string(&mut payload, "max-frame-size");
+    put_typed_uint(&mut payload, max_frame_size);
+    put_string(&mut payload, "capabilities");
+    put_typed_string(&mut payload, "pipelining");
+    frame(AGENT_HELLO, 0, 0, &payload)
+}
+
+/// `spop.agent_disconnect`.
+fn agent_disconnect(status: u64, message: &str) -> Vec<u8> {
+    let mut payload = Vec::new();
+    put_string(&mut payload, "status-code");
+    put_typed_uint(&mut payload, status);
+    put_string(&mut payload, "message");
+    put_typed_string(&mut payload, message);
+    frame(AGENT_DISCONNECT, 0, 0, &payload)
+}
+
+/// `spop.ack`: the ACK of NOTIFY `(stream_id, frame_id)` carrying `actions`.
+fn ack(stream_id: u64, frame_id: u64, actions: &[Vec<u8>]) -> Vec<u8> {
+    frame(ACK, stream_id, frame_id, &actions.concat())
+}
+
+/// Python's `repr` of a string (the message of status 8 quotes what HAProxy offered).
+fn py_repr(text: &str) -> String {
+    let quote = if text.contains('\'') && !text.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push(quote);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// Python's `str(value or "")` for a HELLO's `supported-versions` (only text can name a version).
+fn version_text(value: Option<&Value>) -> String {
+    match value {
+        Some(Value::Str(raw)) => lossy(raw),
+        Some(Value::Int(v)) if *v != 0 => v.to_string(),
+        Some(Value::UInt(v)) if *v != 0 => v.to_string(),
+        Some(Value::Bool(true)) => "True".to_string(),
+        Some(Value::Ipv4(raw)) => std::net::Ipv4Addr::from(*raw).to_string(),
+        Some(Value::Ipv6(raw)) => std::net::Ipv6Addr::from(*raw).to_string(),
+        Some(Value::Bin(raw)) if !raw.is_empty() => format!("b{}", py_repr(&lossy(raw))),
+        _ => String::new(),
+    }
+}
+
+/// `spoe.hello`'s checks of a HAPROXY-HELLO payload: the agreed frame size and whether it is a
+/// health check.
+fn negotiate(payload: &[u8], max_frame_size: u64) -> Result<(u64, bool), SpopError> {
+    let offer = kv_list(payload)?;
+    let get = |name: &str| offer.iter().rev().find(|(key, _)| key == name).map(|(_, v)| v);
+    let versions = version_text(get("supported-versions"));
+    if !versions
+        .split(',')
+        .any(|version| version.trim().starts_with("2."))
+    {
+        return Err(error(
+            8,
+            format!(
+                "unsupported SPOP versions {}: this agent speaks 2.0",
+                py_repr(&versions)
+            ),
+        ));
+    }
+    let theirs: i128 = match get("max-frame-size") {
+        Some(Value::Int(v)) => *v as i128,
+        Some(Value::UInt(v)) => *v as i128,
+        _ => return Err(error(6, "max-frame-size value not found")),
+    };
+    if theirs < MIN_FRAME_SIZE as i128 {
+        return Err(error(
+            9,
+            format!("max-frame-size {theirs} is smaller than {MIN_FRAME_SIZE}"),
+        ));
+    }
+    let limit = (theirs as u128).min(max_frame_size as u128) as u64;
+    Ok((limit, matches!(get("healthcheck"), Some(Value::Bool(true)))))
+}
+
+/// A NOTIFY's message waiting for Python: its arguments (None: the frame has no such message).
+pub struct SpoeRequest {
+    pub args: Option<Args>,
+    pub peer: SocketAddr,
+}
+
+/// The agent's bounds (`SpoeAgent`'s arguments).
+pub struct SpoeBounds {
+    pub max_connections: usize,
+    pub max_frame_size: u64,
+    pub timeout_hello: Duration,
+    pub timeout_idle: Duration,
+    pub timeout_frame: Duration,
+    pub message: String,
+    pub max_in_flight: usize,
+    pub max_buffered: usize,
+}
+
+/// The writing side of a connection: frames queued for its writer task, counted until written.
+struct Link {
+    sender: mpsc::UnboundedSender<Vec<u8>>,
+    buffered: AtomicUsize,
+    drained: Notify,
+    aborted: AtomicBool,
+    abort: Notify,
+    max_buffered: usize,
+}
+
+impl Link {
+    /// Queue `frame`; a peer leaving more than `max_buffered` bytes unread is dropped instead.
+    fn send(&self, frame: Vec<u8>) {
+        if self.buffered.load(Ordering::Acquire) > self.max_buffered {
+            self.kill();
+            return;
+        }
+        self.buffered.fetch_add(frame.len(), Ordering::AcqRel);
+        let _ = self.sender.send(frame);
+    }
+
+    fn kill(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.abort.notify_waiters();
+    }
+
+    /// Until at most `HIGH_WATER` bytes wait to be written (`writer.drain()`).
+    async fn drained(&self) {
+        loop {
+            let notified = self.drained.notified();
+            if self.buffered.load(Ordering::Acquire) <= HIGH_WATER {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    async fn killed(&self) {
+        loop {
+            let notified = self.abort.notified();
+            if self.aborted.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+async fn write_loop(
+    mut writer: OwnedWriteHalf,
+    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
+    link: Arc<Link>,
+) {
+    while let Some(frame) = frames.recv().await {
+        if writer.write_all(&frame).await.is_err() {
+            link.kill();
+            return;
+        }
+        link.buffered.fetch_sub(frame.len(), Ordering::AcqRel);
+        link.drained.notify_waiters();
+    }
+    let _ = writer.shutdown().await;
+}
+
+/// How a connection's reading ends.
+enum End {
+    /// EOF or a socket error: closed.
+    Closed,
+    /// A frame the agent cannot use: AGENT-DISCONNECT with its status, then closed.
+    Refused(SpopError),
+    /// Out of time: AGENT-DISCONNECT status 2, unless ACKs are still unwritten (then dropped).
+    Timeout(String),
+    /// HAPROXY-DISCONNECT with every check answered: AGENT-DISCONNECT 0, then closed.
+    Normal,
+    /// A health check's HELLO answered: closed.
+    Health,
+}
+
+impl From<SpopError> for End {
+    fn from(error: SpopError) -> Self {
+        End::Refused(error)
+    }
+}
+
+async fn read_body(reader: &mut OwnedReadHalf, length: u64) -> Result<Vec<u8>, End> {
+    let mut body = vec![0u8; length as usize];
+    reader.read_exact(&mut body).await.map_err(|_| End::Closed)?;
+    Ok(body)
+}
+
+async fn read_length(reader: &mut OwnedReadHalf) -> Result<u64, End> {
+    let mut length = [0u8; 4];
+    reader
+        .read_exact(&mut length)
+        .await
+        .map_err(|_| End::Closed)?;
+    Ok(u32::from_be_bytes(length) as u64)
+}
+
+fn too_big(length: u64, limit: u64) -> End {
+    End::Refused(error(
+        3,
+        format!("a frame of {length} bytes is larger than the {limit} agreed"),
+    ))
+}
+
+fn seconds(duration: Duration) -> String {
+    format!("{}", duration.as_secs_f64())
+}
+
+/// The HELLO exchange: the agreed frame size.
+async fn hello(
+    reader: &mut OwnedReadHalf,
+    link: &Link,
+    bounds: &SpoeBounds,
+) -> Result<u64, End> {
+    let length = read_length(reader).await?;
+    if length > bounds.max_frame_size {
+        return Err(too_big(length, bounds.max_frame_size));
+    }
+    let body = read_body(reader, length).await?;
+    let frame = read_frame(&body)?;
+    if frame.kind != HAPROXY_HELLO {
+        return Err(End::Refused(error(
+            4,
+            format!(
+                "the first frame must be HAPROXY-HELLO, got type {}",
+                frame.kind
+            ),
+        )));
+    }
+    let (limit, health) = negotiate(&body[frame.payload..], bounds.max_frame_size)?;
+    link.send(agent_hello(limit));
+    if health {
+        return Err(End::Health);
+    }
+    Ok(limit)
+}
+
+/// Queue one message for Python, wait for its actions and send the ACK.
+#[allow(clippy::too_many_arguments)]
+async fn decide(
+    shared: Arc<Shared>,
+    link: Arc<Link>,
+    args: Option<Args>,
+    peer: SocketAddr,
+    stream_id: u64,
+    frame_id: u64,
+    limit: u64,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let (sender, receiver) = oneshot::channel();
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let first = {
+        let mut state = shared.state.lock().unwrap();
+        state.spoe_waiting.insert(id, sender);
+        state.spoe_queue.push((id, SpoeRequest { args, peer }));
+        state.spoe_queue.len() == 1
+    };
+    let _forget = Forget(shared.clone(), id);
+    if first {
+        // A full socket buffer means a wake-up is pending already.
+        let _ = (&shared.wake).write(&[1]);
+    }
+    let Ok(Ok(actions)) = tokio::time::timeout(shared.request_timeout, receiver).await else {
+        return; // no answer in time: HAProxy's own processing timeout answers for it
+    };
+    let mut answer = ack(stream_id, frame_id, &actions);
+    if answer.len() as u64 - 4 > limit {
+        answer = ack(stream_id, frame_id, &actions[..actions.len().min(1)]);
+    }
+    link.send(answer);
+}
+
+/// Removes a message from the waiting ones when its connection ends first.
+struct Forget(Arc<Shared>, u64);
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        self.0.state.lock().unwrap().spoe_waiting.remove(&self.1);
+    }
+}
+
+/// Read frames until the connection ends: the HELLO, then NOTIFY frames, each decided in a task of
+/// its own (at most `max_in_flight` at once), until HAPROXY-DISCONNECT, EOF or an error.
+async fn serve(
+    shared: &Arc<Shared>,
+    bounds: &SpoeBounds,
+    reader: &mut OwnedReadHalf,
+    link: &Arc<Link>,
+    checks: &mut JoinSet<()>,
+    peer: SocketAddr,
+) -> End {
+    let limit = match tokio::time::timeout(bounds.timeout_hello, hello(reader, link, bounds)).await
+    {
+        Err(_) => {
+            return End::Timeout(format!(
+                "no HAPROXY-HELLO within {}s",
+                seconds(bounds.timeout_hello)
+            ))
+        }
+        Ok(Err(end)) => return end,
+        Ok(Ok(limit)) => limit,
+    };
+    let idle = format!("no frame begun within {}s", seconds(bounds.timeout_idle));
+    let slow = format!(
+        "a frame not finished within {}s",
+        seconds(bounds.timeout_frame)
+    );
+    let in_flight = Arc::new(Semaphore::new(bounds.max_in_flight));
+    loop {
+        let next = async {
+            link.drained().await; // no more frames read while HAProxy leaves its answers unread
+            read_length(reader).await
+        };
+        let length = match tokio::time::timeout(bounds.timeout_idle, next).await {
+            Err(_) => return End::Timeout(idle),
+            Ok(Err(end)) => return end,
+            Ok(Ok(length)) => length,
+        };
+        if length > limit {
+            return too_big(length, limit);
+        }
+        let body = match tokio::time::timeout(bounds.timeout_frame, read_body(reader, length)).await
+        {
+            Err(_) => return End::Timeout(slow),
+            Ok(Err(end)) => return end,
+            Ok(Ok(body)) => body,
+        };
+        let frame = match read_frame(&body) {
+            Ok(frame) => frame,
+            Err(error) => return End::Refused(error),
+        };
+        match frame.kind {
+            NOTIFY => {
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    return End::Closed;
+                };
+                while checks.try_join_next().is_some() {}
+                let args = match find_message(&body[frame.payload..], &bounds.message) {
+                    Ok(args) => args,
+                    Err(error) => return End::Refused(error),
+                };
+                checks.spawn(decide(
+                    shared.clone(),
+                    link.clone(),
+                    args,
+                    peer,
+                    frame.stream_id,
+                    frame.frame_id,
+                    limit,
+                    permit,
+                ));
+            }
+            HAPROXY_DISCONNECT => {
+                while checks.join_next().await.is_some() {}
+                return End::Normal;
+            }
+            kind => {
+                return End::Refused(error(4, format!("unexpected frame type {kind}")));
+            }
+        }
+    }
+}
+
+/// One connection from HAProxy, from its HELLO to its end.
+async fn connection(
+    shared: Arc<Shared>,
+    bounds: Arc<SpoeBounds>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+) {
+    let (mut reader, writer) = stream.into_split();
+    let (sender, frames) = mpsc::unbounded_channel();
+    let link = Arc::new(Link {
+        sender,
+        buffered: AtomicUsize::new(0),
+        drained: Notify::new(),
+        aborted: AtomicBool::new(false),
+        abort: Notify::new(),
+        max_buffered: bounds.max_buffered,
+    });
+    let mut write_task = tokio::spawn(write_loop(writer, frames, link.clone()));
+    let mut checks = JoinSet::new();
+    let end = tokio::select! {
+        end = serve(&shared, &bounds, &mut reader, &link, &mut checks, peer) => Some(end),
+        _ = link.killed() => None,
+    };
+    checks.abort_all();
+    let last = match end {
+        None => {
+            write_task.abort();
+            return;
+        }
+        Some(End::Closed) | Some(End::Health) => None,
+        Some(End::Normal) => Some(agent_disconnect(0, "normal")),
+        Some(End::Refused(error)) => Some(agent_disconnect(error.status, &error.message)),
+        Some(End::Timeout(why)) => {
+            if link.buffered.load(Ordering::Acquire) > 0 {
+                write_task.abort(); // a peer that does not read: no waiting for it
+                return;
+            }
+            Some(agent_disconnect(2, &why))
+        }
+    };
+    if let Some(last) = last {
+        let _ = link.sender.send(last);
+    }
+    drop(checks);
+    drop(link); // the writer ends once every queued frame is written
+    if tokio::time::timeout(bounds.timeout_frame, &mut write_task)
+        .await
+        .is_err()
+    {
+        write_task.abort();
+    }
+    drop(reader);
+}
+
+/// Serve SPOE on `listener` until `stop` turns true (open connections go on until the runtime stops).
+pub fn spawn(
+    runtime: &tokio::runtime::Runtime,
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    bounds: SpoeBounds,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = {
+        let _entered = runtime.enter();
+        tokio::net::TcpListener::from_std(listener)?
+    };
+    let bounds = Arc::new(bounds);
+    let open = Arc::new(AtomicUsize::new(0));
+    runtime.spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stop.changed() => break,
+            };
+            let (mut stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(_) => {
+                    // out of file descriptors, for instance: let connections end first
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let count = open.fetch_add(1, Ordering::AcqRel) + 1;
+            let open = open.clone();
+            if count > bounds.max_connections {
+                let refusal = agent_disconnect(
+                    13,
+                    &format!(
+                        "this agent has {} connections open",
+                        bounds.max_connections
+                    ),
+                );
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&refusal))
+                        .await;
+                    let _ = stream.shutdown().await;
+                    open.fetch_sub(1, Ordering::AcqRel);
+                });
+                continue;
+            }
+            let shared = shared.clone();
+            let bounds = bounds.clone();
+            tokio::spawn(async move {
+                connection(shared, bounds, stream, peer).await;
+                open.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_round_trip() {
+        for value in [0u64, 239, 240, 241, 2287, 2288, 264431, 264432, u32::MAX as u64, u64::MAX] {
+            let mut out = Vec::new();
+            encode_varint(&mut out, value);
+            assert_eq!(decode_varint(&out, 0).unwrap(), (value, out.len()));
+        }
+        assert_eq!(decode_varint(&[0xf0; 11], 0).unwrap_err().status, 4);
+        assert_eq!(decode_varint(&[0xf0], 0).unwrap_err().status, 4);
+    }
+
+    #[test]
+    fn repr_as_python() {
+        assert_eq!(py_repr("1.0"), "'1.0'");
+        assert_eq!(py_repr("it's"), "\"it's\"");
+    }
+}

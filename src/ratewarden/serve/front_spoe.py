@@ -1,0 +1,218 @@
+"""HAProxy's SPOE agent through the compiled front door (``--spoe-front compiled``): ``ratewarden._front``
+holds the SPOP connections (the HELLO and DISCONNECT exchanges, frames, varints, typed data and the
+agent's bounds, as ``serve.spop`` and ``serve.spoe`` read them) and queues each NOTIFY's message;
+this module answers every waiting message in one batch with the Python agent's own translation
+(``SpoeAgent.actions``: ``ServeApp.decide``'s decision as SET-VAR actions), and Rust frames the ACK
+(docs/serve.md#the-compiled-front-door).
+
+A message decided without suspending (the memory store) is answered in the same batch, with no Task;
+one that suspends (Redis) goes on in a Task from where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Coroutine, Generator
+from typing import Any, Protocol
+
+from . import spoe
+from .front import compiled_module
+from .http import ServeApp
+from .spop import Message, Value, set_var
+
+__all__ = ["SPOE_FRONTS", "CompiledSpoe", "SpoeAdapter", "describe_spoe", "start_spoe_front"]
+
+log = logging.getLogger("ratewarden.serve")
+
+#: ``--spoe-front``'s choices: the SPOE agent of each worker (``python``: asyncio, the default).
+SPOE_FRONTS = ("python", "compiled")
+
+#: One message taken: its id, arguments (``None``: the frame has no message of the agent's name), peer.
+SpoeMessage = tuple[int, "dict[str, Value] | None", str, int]
+#: One answer handed back: the message's id and its encoded SET-VAR actions.
+SpoeItem = tuple[int, list[bytes]]
+
+
+class SpoeFront(Protocol):
+    """What this module uses of ``ratewarden._front.Front`` started with ``spoe_fd``."""
+
+    def fileno(self) -> int: ...
+    def drain(self) -> None: ...
+    def take_spoe(self, limit: int) -> list[SpoeMessage]: ...
+    def answer_spoe(self, items: list[SpoeItem]) -> None: ...
+    def close(self) -> None: ...
+    def stop(self, grace: float) -> None: ...
+
+
+def _failed(exc: BaseException) -> list[bytes]:
+    """The Python agent's answer to a check that raised."""
+    log.error("spoe check failed: %s: %s", type(exc).__name__, exc, exc_info=exc, extra={"event": "check_failed"})
+    return [set_var("status", 500)]
+
+
+class _Resume:
+    """The rest of a coroutine that suspended on ``first``, for a Task."""
+
+    def __init__(self, coro: Coroutine[Any, Any, list[bytes]], first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, list[bytes]]:
+        coro, pending = self.coro, self.first
+        while True:  # what ``yield from`` does, from a coroutine already started
+            try:
+                sent = yield pending
+            except BaseException as exc:
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    thrown: list[bytes] = stop.value
+                    return thrown
+                continue
+            try:
+                pending = coro.send(sent)
+            except StopIteration as stop:
+                done: list[bytes] = stop.value
+                return done
+
+
+class SpoeAdapter:
+    """Answers a started front door's SPOE messages with ``agent`` on the running event loop.
+
+    Args:
+        front: The started front door (with ``spoe_fd``).
+        agent: The Python agent whose ``actions`` answer (its app, trusted proxies and message name).
+        max_batch: The most messages taken in one crossing.
+    """
+
+    def __init__(self, front: SpoeFront, agent: spoe.SpoeAgent, max_batch: int = 1024) -> None:
+        self.front = front
+        self.agent = agent
+        self.max_batch = max_batch
+        self.loop = asyncio.get_running_loop()
+        self._late: list[SpoeItem] = []
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.requests = 0
+        self.loop.add_reader(front.fileno(), self._on_wake)
+
+    def close(self) -> None:
+        """Stop watching the front door; decisions still running are cancelled."""
+        self.loop.remove_reader(self.front.fileno())
+        for task in self._tasks:
+            task.cancel()
+
+    def _on_wake(self) -> None:
+        self.front.drain()
+        agent = self.agent
+        while True:
+            batch = self.front.take_spoe(self.max_batch)
+            if not batch:
+                return
+            self.batches += 1
+            self.requests += len(batch)
+            trusted: dict[str, bool] = {}
+            done: list[SpoeItem] = []
+            for rid, args, host, port in batch:
+                believed = trusted.get(host)
+                if believed is None:
+                    believed = trusted[host] = agent.app.is_trusted(host)
+                found = None if args is None else Message(agent.message, args)
+                coro = agent.actions(found, believed, (host, port))
+                try:
+                    first = coro.send(None)
+                except StopIteration as stop:
+                    done.append((rid, stop.value))
+                    continue
+                except Exception as exc:
+                    done.append((rid, _failed(exc)))
+                    continue
+                task = self.loop.create_task(self._finish(rid, _Resume(coro, first)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self.front.answer_spoe(done)
+
+    async def _finish(self, rid: int, rest: _Resume) -> None:
+        try:
+            actions = await rest
+        except Exception as exc:
+            actions = _failed(exc)
+        self._late.append((rid, actions))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        late, self._late = self._late, []
+        self.front.answer_spoe(late)
+
+
+class CompiledSpoe:
+    """The worker's SPOE agent on the compiled front door: ``close()`` stops accepting connections and
+    closes the listening socket, as ``asyncio.Server.close`` does (the open connections go on);
+    ``await end()`` ends them and the front door's threads."""
+
+    def __init__(self, front: SpoeFront, adapter: SpoeAdapter, sock: socket.socket) -> None:
+        self.front = front
+        self.adapter = adapter
+        self.sock = sock
+
+    def close(self) -> None:
+        """No new connection; the open ones are served until ``end``."""
+        self.front.close()
+        self.sock.close()
+
+    async def wait_closed(self) -> None:
+        """Return at once (``asyncio.Server``'s counterpart: the open connections end in ``end``)."""
+
+    async def end(self) -> None:
+        """End the open connections (HAProxy reconnects, to another worker if there is one); checks
+        still in flight are dropped, and HAProxy answers them as unanswered."""
+        self.close()
+        self.adapter.close()
+        await asyncio.to_thread(self.front.stop, 0.5)
+
+
+def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent | None = None,
+                     *, timeout: float = 10.0) -> CompiledSpoe:
+    """Serve HAProxy's SPOE connections on the listening ``sock`` through the compiled front door, with
+    ``agent``'s bounds and answers (``SpoeAgent(app)`` when not given); ``ImportError`` without
+    ``ratewarden._front``.
+
+    Args:
+        app: The service's app.
+        sock: The listening socket (closed by ``CompiledSpoe.close``, as ``asyncio.start_server`` does).
+        agent: The Python agent whose bounds apply and whose ``actions`` answer.
+        timeout: Seconds a message waits for its decision; then it is left unanswered (HAProxy's own
+            processing timeout, far shorter, has answered it by then).
+    """
+    module, why = compiled_module()
+    if module is None:
+        raise ImportError(why)
+    agent = agent or spoe.SpoeAgent(app)
+    front: SpoeFront = module.Front(
+        None, port=None, request_timeout=timeout, spoe_fd=sock.fileno(),
+        spoe_max_connections=agent.max_connections, spoe_max_frame_size=agent.max_frame_size,
+        spoe_timeout_hello=agent.timeout_hello, spoe_timeout_idle=agent.timeout_idle,
+        spoe_timeout_frame=agent.timeout_frame, spoe_message=agent.message,
+        spoe_max_in_flight=spoe.MAX_IN_FLIGHT, spoe_max_buffered=spoe.MAX_BUFFERED,
+    )
+    return CompiledSpoe(front, SpoeAdapter(front, agent), sock)
+
+
+def describe_spoe(requested: str = "python") -> str:
+    """One line naming the SPOE agent ``--spoe-front requested`` runs (``serve --version``).
+
+    Args:
+        requested: One of ``SPOE_FRONTS``.
+    """
+    if requested != "compiled":
+        return "SPOE front door: python (asyncio)"
+    module, why = compiled_module()
+    if module is None:
+        return f"SPOE front door: none (--spoe-front compiled: {why})"
+    return f"SPOE front door: compiled (tokio in {module.__name__} {getattr(module, '__version__', '?')})"
