@@ -387,9 +387,15 @@ pub struct SpoeBounds {
     pub max_buffered: usize,
 }
 
-/// The writing side of a connection: frames queued for its writer task, counted until written.
+/// The writing side of a connection: frames queued for its writer task (which ends once every
+/// `Link` is dropped and the queue is written).
 struct Link {
     sender: mpsc::UnboundedSender<Vec<u8>>,
+    flow: Arc<Flow>,
+}
+
+/// Bytes queued and not yet written, and whether the connection was dropped.
+struct Flow {
     buffered: AtomicUsize,
     drained: Notify,
     aborted: AtomicBool,
@@ -400,14 +406,17 @@ struct Link {
 impl Link {
     /// Queue `frame`; a peer leaving more than `max_buffered` bytes unread is dropped instead.
     fn send(&self, frame: Vec<u8>) {
-        if self.buffered.load(Ordering::Acquire) > self.max_buffered {
-            self.kill();
+        let flow = &self.flow;
+        if flow.buffered.load(Ordering::Acquire) > flow.max_buffered {
+            flow.kill();
             return;
         }
-        self.buffered.fetch_add(frame.len(), Ordering::AcqRel);
+        flow.buffered.fetch_add(frame.len(), Ordering::AcqRel);
         let _ = self.sender.send(frame);
     }
+}
 
+impl Flow {
     fn kill(&self) {
         self.aborted.store(true, Ordering::Release);
         self.abort.notify_waiters();
@@ -438,7 +447,7 @@ impl Link {
 async fn write_loop(
     mut writer: OwnedWriteHalf,
     mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
-    link: Arc<Link>,
+    link: Arc<Flow>,
 ) {
     while let Some(frame) = frames.recv().await {
         if writer.write_all(&frame).await.is_err() {
@@ -599,7 +608,7 @@ async fn serve(
     let in_flight = Arc::new(Semaphore::new(bounds.max_in_flight));
     loop {
         let next = async {
-            link.drained().await; // no more frames read while HAProxy leaves its answers unread
+            link.flow.drained().await; // no more frames read while HAProxy leaves its answers unread
             read_length(reader).await
         };
         let length = match tokio::time::timeout(bounds.timeout_idle, next).await {
@@ -661,19 +670,22 @@ async fn connection(
 ) {
     let (mut reader, writer) = stream.into_split();
     let (sender, frames) = mpsc::unbounded_channel();
-    let link = Arc::new(Link {
-        sender,
+    let flow = Arc::new(Flow {
         buffered: AtomicUsize::new(0),
         drained: Notify::new(),
         aborted: AtomicBool::new(false),
         abort: Notify::new(),
         max_buffered: bounds.max_buffered,
     });
-    let mut write_task = tokio::spawn(write_loop(writer, frames, link.clone()));
+    let link = Arc::new(Link {
+        sender,
+        flow: flow.clone(),
+    });
+    let mut write_task = tokio::spawn(write_loop(writer, frames, flow.clone()));
     let mut checks = JoinSet::new();
     let end = tokio::select! {
         end = serve(&shared, &bounds, &mut reader, &link, &mut checks, peer) => Some(end),
-        _ = link.killed() => None,
+        _ = flow.killed() => None,
     };
     checks.abort_all();
     let last = match end {
@@ -685,7 +697,7 @@ async fn connection(
         Some(End::Normal) => Some(agent_disconnect(0, "normal")),
         Some(End::Refused(error)) => Some(agent_disconnect(error.status, &error.message)),
         Some(End::Timeout(why)) => {
-            if link.buffered.load(Ordering::Acquire) > 0 {
+            if flow.buffered.load(Ordering::Acquire) > 0 {
                 write_task.abort(); // a peer that does not read: no waiting for it
                 return;
             }

@@ -28,6 +28,7 @@ import pytest
 
 from ratewarden.bench.services import free_port
 from ratewarden.serve.gateways import DEFAULT_PORTS, config_text, names, write_configs
+from tests.front_door import require_compiled_front
 from tests.servers import HOST, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +78,10 @@ KEYS = {
 }
 PER_KEY = 30  # concurrent requests per key: premium passes, standard and basic are limited
 
-GATEWAYS = ("nginx", "haproxy", "haproxy-spoe")  # haproxy-spoe: HAProxy asking over SPOE (haproxy-spoe.cfg)
+# haproxy-spoe: HAProxy asking over SPOE (haproxy-spoe.cfg); haproxy-spoe-compiled: the same, answered by the
+# compiled SPOE front door (--spoe-front compiled)
+GATEWAYS = ("nginx", "haproxy", "haproxy-spoe", "haproxy-spoe-compiled")
+SPOE_GATEWAYS = ("haproxy-spoe", "haproxy-spoe-compiled")
 
 
 # --- the pieces --------------------------------------------------------------------------------
@@ -188,7 +192,7 @@ def fail_open_edit(gateway: str, text: str) -> str:
         return _replace_once(text, "        location @limited {", app + "        location @limited {")
     lines = [line for line in text.splitlines(keepends=True) if not line.startswith("    http-request return status 503")]
     assert len(lines) == text.count("\n") - 1
-    if gateway == "haproxy-spoe":  # the 503 line was all: refusals still apply, no answer lets it through
+    if gateway in SPOE_GATEWAYS:  # the 503 line was all: refusals still apply, no answer lets it through
         return "".join(lines)
     return _replace_once("".join(lines), "/check closed", "/check open")
 
@@ -204,9 +208,12 @@ class Stack:
         self.ports = {"gateway": free_port(), "service": free_port(), "backend": backend_port}
         serve = [*RATEWARDEN, "serve", "policy.toml", "--http", f"{HOST}:{self.ports['service']}", "--log-format", "text",
                  "--workers", str(workers)]
-        if gateway == "haproxy-spoe":
+        if gateway in SPOE_GATEWAYS:
             self.ports["spoe"] = free_port()
             serve += ["--spoe", f"{HOST}:{self.ports['spoe']}"]
+        if gateway == "haproxy-spoe-compiled":
+            require_compiled_front()
+            serve += ["--spoe-front", "compiled"]
         (directory / "policy.toml").write_text(POLICY, encoding="utf-8")
         self.service = Process(serve, directory / "serve.log", directory)
         if gateway == "nginx":
@@ -214,7 +221,7 @@ class Stack:
             prefix = directory / "nginx"
             prefix.mkdir()
             argv = ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
-        elif gateway == "haproxy-spoe":
+        elif gateway in SPOE_GATEWAYS:
             conf = write_configs(directory, "haproxy-spoe.cfg", "spoe.conf", **self.ports)["haproxy-spoe.cfg"]
             argv = ["haproxy", "-f", str(conf), "-db"]
         else:
@@ -439,11 +446,12 @@ def test_fail_open_as_the_docs_show(gateway: str, backend_port: int) -> None:
         assert "x-ratelimit-remaining" not in headers, headers
 
 
-def test_spoe_workers_share_one_count(backend_port: int) -> None:
+@pytest.mark.parametrize("gateway", SPOE_GATEWAYS)
+def test_spoe_workers_share_one_count(backend_port: int, gateway: str) -> None:
     """``--workers 3 --spoe``: three workers accept HAProxy's SPOE connections on one port, and
     whichever answers counts on one shared-memory table: 40 concurrent requests of a basic key
     admit exactly 8."""
-    with running("haproxy-spoe", backend_port, workers=3) as stack:
+    with running(gateway, backend_port, workers=3) as stack:
         with ThreadPoolExecutor(40) as pool:
             statuses = list(pool.map(
                 lambda i: request(stack.port, "GET", f"/api/objects/{i}", {"X-API-Key": "bk-basic"})[0], range(40)))

@@ -33,7 +33,7 @@ from ratewarden.bench.services import free_port
 from ratewarden.serve.envoy_config import parse_envoy_config
 from ratewarden.serve.grpc import rls_json, start_grpc
 from ratewarden.serve.rls import RateLimitService
-from ratewarden.serve.spoe import SpoeAgent, start_spoe
+from ratewarden.serve.spoe import SpoeAgent
 
 from .test_serve_cli import POLICY as CLI_POLICY
 from .test_serve_cli import Serve
@@ -47,6 +47,9 @@ from .test_spoe import (
     frame,
     hdrs_bin,
     hello,
+    spoe_front,  # noqa: F401 (the fixture running the SPOE tests on both front doors)
+    start_agent,
+    stop_agent,
     string,
     typed,
 )
@@ -130,13 +133,12 @@ async def _agent(**bounds: Any) -> AsyncIterator[int]:
     sock.setblocking(False)
     app = _app()
     agent = SpoeAgent(app, **bounds)
-    server = await start_spoe(app, sock, agent)
+    port = sock.getsockname()[1]
+    server = await start_agent(app, sock, agent)
     try:
-        yield sock.getsockname()[1]
+        yield port
     finally:
-        server.close()
-        await agent.close()
-        await server.wait_closed()
+        await stop_agent(server, agent)
 
 
 async def _connect(port: int) -> Spop:
@@ -166,6 +168,7 @@ async def _ended(conn: Spop, timeout: float) -> int | None:
     return status
 
 
+@pytest.mark.usefixtures("spoe_front")
 async def test_spoe_unfinished_hello_frame_or_idle_connections_are_ended_in_time() -> None:
     async with _agent(timeout_hello=0.3, timeout_frame=0.3, timeout_idle=0.6) as port:
         started = time.monotonic()
@@ -190,6 +193,7 @@ async def test_spoe_unfinished_hello_frame_or_idle_connections_are_ended_in_time
         await working.close()
 
 
+@pytest.mark.usefixtures("spoe_front")
 async def test_spoe_connections_over_the_cap_are_disconnected() -> None:
     async with _agent(max_connections=3) as port:
         held = [await _connect(port) for _ in range(3)]
@@ -215,6 +219,7 @@ def _message(name: str, uri: str = "/api/items", key: str = "trial-1") -> bytes:
     return string(name) + bytes((len(args),)) + b"".join(string(n) + typed(v) for n, v in args.items())
 
 
+@pytest.mark.usefixtures("spoe_front")
 async def test_spoe_a_notify_of_many_messages_is_one_decision_of_check() -> None:
     async with _agent() as port:
         conn = await _connect(port)
@@ -242,6 +247,7 @@ async def test_spoe_a_notify_of_many_messages_is_one_decision_of_check() -> None
         await conn.close()
 
 
+@pytest.mark.usefixtures("spoe_front")
 async def test_spoe_an_ack_never_exceeds_the_agreed_frame_size() -> None:
     async with _agent() as port:
         conn = await _connect(port)

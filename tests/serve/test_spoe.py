@@ -26,8 +26,8 @@ from ratewarden import Decision, Limit, Limiter, MemoryStore
 from ratewarden.errors import StoreError
 from ratewarden.policy import parse_policy
 from ratewarden.serve import spoe
-from ratewarden.serve.http import ServeApp
 from ratewarden.serve.front_spoe import SPOE_FRONTS, CompiledSpoe, start_spoe_front
+from ratewarden.serve.http import ServeApp
 from ratewarden.serve.spoe import SpoeAgent, start_spoe
 from tests.front_door import require_compiled_front
 

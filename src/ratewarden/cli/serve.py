@@ -54,6 +54,11 @@ def register(subparsers: Any) -> None:
         "same app (default %(default)s; docs/serve.md#the-compiled-front-door)",
     )
     parser.add_argument(
+        "--spoe-front", choices=("python", "compiled"), default="python",
+        help="the SPOE agent (--spoe): python = asyncio, compiled = tokio in ratewarden._front, answering "
+        "with the same decisions (default %(default)s; docs/serve.md#the-compiled-front-door)",
+    )
+    parser.add_argument(
         "--version", action=_Version, nargs=0,
         help="print the version and which gRPC front door --front would run (and why not the compiled one)",
     )
@@ -87,11 +92,13 @@ class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
         from ..serve.front import describe
         from ..serve.front_http import describe_http
+        from ..serve.front_spoe import describe_spoe
         from . import version_text
 
         print(version_text())
         print(describe(getattr(namespace, "front", None) or "auto"))
         print(describe_http(getattr(namespace, "http_front", None) or "python"))
+        print(describe_spoe(getattr(namespace, "spoe_front", None) or "python"))
         parser.exit()
 
 
@@ -204,6 +211,7 @@ def _run(args: argparse.Namespace) -> int:
             workers=args.workers,
             front=args.front,
             http_front=args.http_front,
+            spoe_front=args.spoe_front,
             store=args.store,
             trusted_proxies=tuple(args.trusted) if args.trusted else DEFAULT_TRUSTED,
             log_format=args.log_format,
@@ -232,6 +240,11 @@ def _run(args: argparse.Namespace) -> int:
 
             if compiled_module()[0] is None:
                 raise ConfigurationError(f"--http-front compiled: {compiled_module()[1]}")
+        if args.spoe_front == "compiled":
+            from ..serve.front import compiled_module
+
+            if compiled_module()[0] is None:
+                raise ConfigurationError(f"--spoe-front compiled: {compiled_module()[1]}")
     except ConfigurationError as exc:
         print(f"ratewarden serve: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ class ServeConfig:
     workers: int = 1
     front: str = "auto"  # auto | compiled | python: the gRPC front door (serve.front.FRONTS)
     http_front: str = "python"  # python | compiled: the HTTP server (serve.front_http.HTTP_FRONTS)
+    spoe_front: str = "python"  # python | compiled: the SPOE agent (serve.front_spoe.SPOE_FRONTS)
     store: str | None = None
     trusted_proxies: Sequence[str] = DEFAULT_TRUSTED
     log_format: str = "json"

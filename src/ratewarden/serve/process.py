@@ -99,6 +99,7 @@ def run(config: ServeConfig) -> int:
         logging.INFO, "started", "ratewarden serve started", http=f"{host}:{port}",
         grpc="{}:{}".format(*config.grpc) if config.grpc and config.envoy else None,
         front=config.front if config.grpc and config.envoy else None, http_front=config.http_front,
+        spoe_front=config.spoe_front if spoe is not None else None,
         spoe="{}:{}".format(*spoe.getsockname()[:2]) if spoe is not None else None, workers=config.workers,
         store=_redacted(store_url), policy=config.policy, envoy=[str(p) for p in config.envoy],
     )

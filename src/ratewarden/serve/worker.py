@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from ..limiter import Limiter
@@ -222,14 +222,31 @@ class Worker:
             max_header_size=config.http_max_header_size, grace=GRACE,
         )
 
+    async def _start_spoe(self, sock: socket.socket) -> tuple[Any, Callable[[], Awaitable[None]]]:
+        """Start HAProxy's SPOE agent on ``sock`` on the front door ``config.spoe_front`` names (the
+        Python agent, or ``serve.front_spoe``): what ``close()`` stops accepting, and what ends the
+        open connections."""
+        from .spoe import SpoeAgent, start_spoe
+
+        config = self.config
+        agent = SpoeAgent(
+            self.app, max_connections=config.spoe_max_connections, timeout_hello=config.spoe_timeout_hello,
+            timeout_idle=config.spoe_timeout_idle, timeout_frame=config.spoe_timeout_frame, message=config.spoe_message,
+        )
+        if config.spoe_front == "compiled":
+            front_spoe: Any = importlib.import_module(f"{__package__}.front_spoe")
+            compiled = front_spoe.start_spoe_front(self.app, sock, agent)
+            return compiled, compiled.end
+        return await start_spoe(self.app, sock, agent), agent.close
+
     async def serve(self, sock: socket.socket, parent: int | None = None, spoe: socket.socket | None = None) -> None:
         """Serve HTTP on ``sock`` (gRPC and HAProxy's SPOE on ``spoe`` when configured) until
         ``SIGTERM``/``SIGINT`` (or, for a forked worker, until its ``parent`` is gone)."""
         loop = asyncio.get_running_loop()
         server = self._http_server(sock)
         grpc_server: Any = None
-        spoe_server: asyncio.Server | None = None
-        spoe_agent: Any = None
+        spoe_server: Any = None
+        spoe_end: Callable[[], Awaitable[None]] | None = None
         stopping: list[asyncio.Task[Any]] = []
 
         def stop(reason: str) -> None:
@@ -251,14 +268,7 @@ class Worker:
         if self.rls is not None and self.config.grpc is not None:
             grpc_server = await self._start_grpc()
         if spoe is not None:
-            from .spoe import SpoeAgent, start_spoe
-
-            spoe_agent = SpoeAgent(
-                self.app, max_connections=self.config.spoe_max_connections, timeout_hello=self.config.spoe_timeout_hello,
-                timeout_idle=self.config.spoe_timeout_idle, timeout_frame=self.config.spoe_timeout_frame,
-                message=self.config.spoe_message,
-            )
-            spoe_server = await start_spoe(self.app, spoe, spoe_agent)
+            spoe_server, spoe_end = await self._start_spoe(spoe)
         tasks = [asyncio.create_task(self._watch())] if self.config.watch > 0 else []
         if parent is not None:
             tasks.append(asyncio.create_task(_orphaned(parent, stop)))
@@ -269,9 +279,9 @@ class Worker:
         finally:
             for task in tasks:
                 task.cancel()
-            if spoe_server is not None:  # served through the HTTP drain; ended before the store closes
+            if spoe_end is not None:  # served through the HTTP drain; ended before the store closes
                 spoe_server.close()
-                await spoe_agent.close()
+                await spoe_end()
             if grpc_server is not None:
                 await (stopping[0] if stopping else grpc_server.stop(GRACE))
             if self.metrics is not None:
