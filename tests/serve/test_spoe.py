@@ -737,3 +737,111 @@ async def test_cancelled_connections_end_without_an_error(caplog: pytest.LogCapt
         await asyncio.sleep(0.01)  # the done callbacks run
         assert await conn.closed()
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+# -- both front doors, byte for byte ----------------------------------------------------------------------
+
+_BIG_URI = "/api/anon/" + "p" * 120  # a refusal whose body does not fit a 256-byte ACK: cut to its status
+_CONVERSATIONS: dict[str, list[tuple[bytes, int]]] = {  # what is sent, then how many frames are read (-1: to EOF)
+    "checks, a refusal, no message, bad headers, then DISCONNECT": [
+        (hello(), 1),
+        *[(notify(1, i, uri="/api/anon", headers={"X-Forwarded-For": "1.2.3.4"}), 1) for i in range(5)],
+        (notify(2, 300, headers={"X-API-Key": "pk-alice"}, ssl=True, ip=ipaddress.IPv6Address("2001:db8::7")), 1),
+        (frame(NOTIFY, string("other") + b"\x00", 3, 1), 1),
+        (frame(NOTIFY, string("check") + b"\x01" + string("headers") + typed(b"\x05ab"), 4, 1), 1),
+        (frame(NOTIFY, string("check") + b"\x01" + string("uri") + b"\x02\xf5\x81\x01", 5, 1), 1),  # an int32 uri
+        (frame(HAPROXY_DISCONNECT, kv(status_code=0, message="bye")), -1),
+    ],
+    "an ACK cut to the frame size": [(hello(max_frame_size=256), 1),
+                                     *[(notify(1, i, uri=_BIG_URI), 1) for i in range(5)], (b"", 0)],
+    "health check": [(hello(healthcheck=True), -1)],
+    "version 1.0": [(hello(versions="1.0, 1.5"), -1)],
+    "a version quoted": [(hello(versions="it's 3"), -1)],
+    "no max-frame-size": [(hello(max_frame_size=None), -1)],
+    "max-frame-size 100": [(hello(max_frame_size=100), -1)],
+    "NOTIFY first": [(frame(NOTIFY, b""), -1)],
+    "a fragmented HELLO": [(frame(HAPROXY_HELLO, kv(supported_versions="2.0", max_frame_size=16380), flags=0), -1)],
+    "an oversize HELLO": [(struct.pack(">I", 16381) + b"\x01" * 16381, -1)],
+    "an oversize NOTIFY": [(hello(max_frame_size=1000), 1), (notify(1, 1, headers={"X-Padding": "p" * 990}), -1)],
+    "a fragmented NOTIFY": [(hello(), 1), (frame(NOTIFY, string("check") + b"\x00", 1, 1, flags=0), -1)],
+    "a short frame": [(hello(), 1), (struct.pack(">I", 3) + b"\x03\x00\x00", -1)],
+    "an id cut in its varint": [(hello(), 1), (struct.pack(">I", 12) + b"\x03\x00\x00\x00\x01" + b"\xf0" * 7, -1)],
+    "an 11-byte varint": [(hello(), 1), (struct.pack(">I", 18) + b"\x03\x00\x00\x00\x01" + b"\xff" * 11 + b"\x00\x00", -1)],
+    "a string past the end": [(hello(), 1), (frame(NOTIFY, string("check") + b"\x02" + string("uri") + b"\x08\x30/a", 1, 1), -1)],
+    "type 12": [(hello(), 1), (frame(NOTIFY, string("check") + b"\x01" + string("uri") + b"\x0c", 1, 1), -1)],
+    "a cut IPv6": [(hello(), 1), (frame(NOTIFY, string("check") + b"\x01" + string("ip") + b"\x07\x20\x01", 1, 1), -1)],
+    "no argument count": [(hello(), 1), (frame(NOTIFY, string("check"), 1, 1), -1)],
+    "frame type 77": [(hello(), 1), (frame(77, b"", 1, 1), -1)],
+    "a second HELLO": [(hello(), 1), (hello(), -1)],
+}
+
+
+async def _transcript(port: int, steps: list[tuple[bytes, int]]) -> list[bytes]:
+    """Every frame the agent sends back over one conversation, as raw bytes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    out: list[bytes] = []
+    try:
+        for data, count in steps:
+            if data:
+                writer.write(data)
+                await writer.drain()
+            while count != 0:
+                try:
+                    head = await asyncio.wait_for(reader.readexactly(4), 10)
+                    out.append(head + await asyncio.wait_for(reader.readexactly(int.from_bytes(head, "big")), 10))
+                except asyncio.IncompleteReadError as exc:
+                    assert count < 0 and not exc.partial, (count, exc.partial)
+                    out.append(b"EOF")
+                    break
+                count -= 1
+    finally:
+        writer.close()
+        with suppress(ConnectionError):
+            await writer.wait_closed()
+    return out
+
+
+async def _converse(front: str, app: ServeApp) -> dict[str, list[bytes]]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    FRONT["name"] = front
+    server = await start_agent(app, sock)
+    try:
+        return {name: await _transcript(port, steps) for name, steps in _CONVERSATIONS.items()}
+    finally:
+        await stop_agent(server)
+
+
+async def test_both_front_doors_answer_byte_for_byte(spoe_front: str) -> None:
+    """The same conversations with the Python agent and the compiled front door: the same frames, byte
+    for byte (HELLO, ACKs with their SET-VAR actions, refusals cut to the frame size, and the
+    AGENT-DISCONNECT status and message of each malformed frame), then the same close."""
+    if spoe_front == "python":
+        pytest.skip("compares the python agent with the compiled one: run once, with the compiled one")
+    python = await _converse("python", _app())
+    compiled = await _converse("compiled", _app())
+    for name in _CONVERSATIONS:
+        assert compiled[name] == python[name], name
+    statuses = Counter(frame[4] for frames in python.values() for frame in frames if frame != b"EOF")
+    assert statuses[ACK] == 14 and statuses[AGENT_DISCONNECT] == 19, statuses
+
+
+async def test_both_front_doors_fail_closed_alike(spoe_front: str) -> None:
+    """A store that fails under ``on_error="closed"``: the same 503 ACK from both, and both go on."""
+    if spoe_front == "python":
+        pytest.skip("compares the python agent with the compiled one: run once, with the compiled one")
+    answers = {}
+    for front in SPOE_FRONTS:
+        store = FlakyStore(clock=lambda: NOW)
+        FRONT["name"] = front
+        async with serving(_app(Limiter(store, on_error="closed"))) as connect:
+            conn = await connect()
+            await conn.hello()
+            failed = await conn.check(1, 1, headers={"X-API-Key": "pk-alice"})
+            store.down = False
+            answers[front] = (failed, await conn.check(1, 2, headers={"X-API-Key": "pk-alice"}))
+    assert answers["python"][0]["status"] == 503 and answers["python"][1]["status"] == 200
+    assert answers["compiled"] == answers["python"]
