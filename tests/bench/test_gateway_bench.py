@@ -359,6 +359,8 @@ def test_floor_and_serve_commands_take_an_spoe_port() -> None:
 
     assert gp.serve_command([Path("p.toml")], 1, spoe=3)[-2:] == ["--spoe", "127.0.0.1:3"]
     assert "--spoe" not in gp.serve_command([Path("p.toml")], 1)
+    assert gp.serve_command([Path("p.toml")], 1, spoe=3, spoe_front="compiled")[-4:] == [
+        "--spoe", "127.0.0.1:3", "--spoe-front", "compiled"]
     argv = gp.floor_command(0, spoe=3)
     assert "--http" not in argv and argv[-2:] == ["--spoe", "3"]
     files = gp.haproxy_spoe_files(8100, 8182, 9100)

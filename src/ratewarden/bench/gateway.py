@@ -14,6 +14,8 @@ variant once per round, the order rotated), each round with fresh API keys:
   anything: what the Lua round trip costs by itself;
 * ``haproxy-spoe``: the shipped ``haproxy-spoe.cfg`` + ``spoe.conf`` asking ``ratewarden serve --spoe``
   over HAProxy's SPOE (persistent, pipelined connections) about every request;
+* ``haproxy-spoe-compiled``: the same, asking ``ratewarden serve --spoe --spoe-front compiled`` (a service
+  of its own): the SPOP connections held by the compiled front door, the same decisions;
 * ``haproxy-spoe-floor``: the same shipped files asking an SPOE agent that answers every request with a
   fixed 200 and an allowed check's variables (``gateway_floor --spoe``): what the SPOE round trip costs;
 * ``nginx``: nginx, no limiting; ``nginx-limit_req``: nginx's own ``limit_req``; ``nginx-ratewarden``:
@@ -94,6 +96,7 @@ class _Services:
 
     http: int = 0
     spoe: int = 0
+    spoe_compiled: int = 0
     floor_http: int = 0
     floor_spoe: int = 0
     description: str = ""
@@ -101,6 +104,8 @@ class _Services:
 
     def asked(self, s: VariantSpec) -> int:
         """The port variant ``s`` asks."""
+        if s.limiter == "ratewarden" and s.via == "spoe" and s.spoe_front == "compiled":
+            return self.spoe_compiled
         return {("ratewarden", "spoe"): self.spoe, ("floor", "spoe"): self.floor_spoe,
                 ("floor", "lua"): self.floor_http}.get((s.limiter, s.via), self.http)
 
@@ -112,7 +117,8 @@ def _start_services(specs: Sequence[VariantSpec], policy: Path, start: _Starter)
     assert services.down is not None
     if any(s.limiter == "ratewarden" for s in specs):
         services.http = gp.free_port()
-        services.spoe = gp.free_port() if any(s.limiter == "ratewarden" and s.via == "spoe" for s in specs) else 0
+        services.spoe = gp.free_port() if any(s.limiter == "ratewarden" and s.via == "spoe" and s.spoe_front != "compiled"
+                                              for s in specs) else 0
         try:
             proc = start("ratewarden", gp.serve_command([policy], services.http, spoe=services.spoe), services.http)
             if services.spoe:
@@ -121,6 +127,14 @@ def _start_services(specs: Sequence[VariantSpec], policy: Path, start: _Starter)
                 ", HTTP and SPOE)" if services.spoe else ")")
         except BenchError as exc:
             services.down["ratewarden"] = f"ratewarden serve did not start: {exc}"
+    if any(s.limiter == "ratewarden" and s.spoe_front == "compiled" for s in specs) and "ratewarden" not in services.down:
+        services.spoe_compiled = gp.free_port()
+        try:  # a service of its own: its SPOE agent on the compiled front door
+            start("ratewarden-spoe-compiled", gp.serve_command([policy], gp.free_port(), spoe=services.spoe_compiled,
+                                                               spoe_front="compiled"), services.spoe_compiled)
+            services.description += "; ratewarden serve --spoe-front compiled (SPOE)"
+        except BenchError as exc:
+            services.down["spoe-compiled"] = f"ratewarden serve --spoe-front compiled did not start: {exc}"
     floors = [s for s in specs if s.limiter == "floor"]
     if floors:
         services.floor_http = gp.free_port() if any(s.via != "spoe" for s in floors) else 0
@@ -143,8 +157,9 @@ def _start_gateways(specs: Sequence[VariantSpec], rows: Sequence[VariantRow], se
     down = services.down or {}
     ports: dict[str, int] = {}
     for s, row in zip(specs, rows, strict=True):
-        if s.limiter in down:
-            row.missing = down[s.limiter]
+        why = down.get(s.limiter) or (down.get("spoe-compiled") if s.spoe_front == "compiled" else None)
+        if why:
+            row.missing = why
             continue
         port = gp.free_port()
         d = start.root / s.key

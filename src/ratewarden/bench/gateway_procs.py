@@ -302,14 +302,16 @@ def nginx_ratewarden_conf(gateway: int, service: int, backend: int) -> str:
 
 # ---------------------------------------------------------------------------------------------- commands
 
-def serve_command(files: Sequence[Path], http: int, grpc: int = 0, spoe: int = 0) -> list[str]:
-    """``ratewarden serve FILES --http 127.0.0.1:HTTP [--grpc 127.0.0.1:GRPC] [--spoe 127.0.0.1:SPOE]
-    --workers 1`` (memory store)."""
+def serve_command(files: Sequence[Path], http: int, grpc: int = 0, spoe: int = 0, spoe_front: str = "python") -> list[str]:
+    """``ratewarden serve FILES --http 127.0.0.1:HTTP [--grpc 127.0.0.1:GRPC] [--spoe 127.0.0.1:SPOE
+    --spoe-front SPOE_FRONT] --workers 1`` (memory store)."""
     if importlib.util.find_spec("ratewarden.cli.serve") is None:
         raise BenchError("`ratewarden serve` is not available in this ratewarden (no ratewarden.cli.serve)")
     argv = [sys.executable, "-m", "ratewarden.cli", "serve", *map(str, files), "--http", f"{HOST}:{http}",
             "--workers", "1", "--log-format", "text", "--log-level", "warning"]
-    return argv + (["--grpc", f"{HOST}:{grpc}"] if grpc else []) + (["--spoe", f"{HOST}:{spoe}"] if spoe else [])
+    argv += ["--grpc", f"{HOST}:{grpc}"] if grpc else []
+    argv += ["--spoe", f"{HOST}:{spoe}"] if spoe else []
+    return argv + (["--spoe-front", spoe_front] if spoe and spoe_front != "python" else [])
 
 
 def floor_command(http: int, grpc: int = 0, headers: bool = False, spoe: int = 0) -> list[str]:

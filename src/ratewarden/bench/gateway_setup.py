@@ -18,6 +18,7 @@ class VariantSpec:
     gateway: str  # haproxy | nginx
     limiter: str  # none | native | ratewarden | floor
     via: str = ""  # how HAProxy asks (ratewarden, floor): lua (httpclient -> HTTP) | spoe
+    spoe_front: str = "python"  # the SPOE agent of ``ratewarden serve`` (--spoe-front): python | compiled
 
 
 VARIANTS: Mapping[str, VariantSpec] = {v.key: v for v in (
@@ -27,6 +28,8 @@ VARIANTS: Mapping[str, VariantSpec] = {v.key: v for v in (
                 "lua"),
     VariantSpec("haproxy-floor", "HAProxy + the same Lua -> fixed-200 service (floor)", "haproxy", "floor", "lua"),
     VariantSpec("haproxy-spoe", "HAProxy + ratewarden (SPOE)", "haproxy", "ratewarden", "spoe"),
+    VariantSpec("haproxy-spoe-compiled", "HAProxy + ratewarden (SPOE, compiled front door)", "haproxy", "ratewarden",
+                "spoe", "compiled"),
     VariantSpec("haproxy-spoe-floor", "HAProxy + the same SPOE -> fixed agent (floor)", "haproxy", "floor", "spoe"),
     VariantSpec("nginx", "nginx, no limiting", "nginx", "none"),
     VariantSpec("nginx-limit_req", "nginx limit_req (leaky bucket)", "nginx", "native"),

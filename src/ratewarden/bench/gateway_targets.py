@@ -80,7 +80,8 @@ def targets(report: GatewayReport) -> list[dict[str, Any]]:
         return None if a is None or b is None or not b else a / b
 
     for path, ours_key, floor_key in (("Lua", "haproxy-ratewarden", "haproxy-floor"),
-                                      ("SPOE", "haproxy-spoe", "haproxy-spoe-floor")):
+                                      ("SPOE", "haproxy-spoe", "haproxy-spoe-floor"),
+                                      ("SPOE, compiled front door", "haproxy-spoe-compiled", "haproxy-spoe-floor")):
         ours, floor = report.variant(ours_key), report.variant(floor_key)
         out.append(entry(f"HAProxy + ratewarden ({path}): added p99", "<= 1 ms over HAProxy without limiting", 1.0,
                          "ms", added_p99, ours_row=ours, floor_row=floor))
