@@ -54,7 +54,7 @@ struct State {
     http_queue: Vec<(u64, http::HttpRequest)>,
     http_waiting: HashMap<u64, oneshot::Sender<http::HttpAnswer>>,
     spoe_queue: Vec<(u64, spoe::SpoeRequest)>,
-    spoe_waiting: HashMap<u64, oneshot::Sender<Vec<Vec<u8>>>>,
+    spoe_waiting: HashMap<u64, spoe::Pending>,
 }
 
 struct Shared {
@@ -718,30 +718,32 @@ impl Front {
                     dict.into_any()
                 }
             };
-            out.append((
-                id,
-                args,
-                request.peer.ip().to_string(),
-                request.peer.port(),
-            ))?;
+            out.append((id, args, request.peer.ip().to_string(), request.peer.port()))?;
         }
         Ok(out)
     }
 
     /// Answer SPOE messages: each item `(id, actions)`, `actions` a list of encoded SET-VAR
-    /// actions (`spop.set_var`), framed here as the NOTIFY's ACK.
-    fn answer_spoe(&self, items: &Bound<'_, PyList>) -> PyResult<()> {
+    /// actions (`spop.set_var`), framed here as the NOTIFY's ACK and written on this thread when
+    /// the socket takes it at once (else by the connection's writer task).
+    fn answer_spoe(&self, py: Python<'_>, items: &Bound<'_, PyList>) -> PyResult<()> {
         let mut answers: Vec<(u64, Vec<Vec<u8>>)> = Vec::with_capacity(items.len());
         for item in items.iter() {
             let (id, actions): (u64, Vec<Bound<'_, PyBytes>>) = item.extract()?;
             answers.push((id, actions.iter().map(|a| a.as_bytes().to_vec()).collect()));
         }
-        let mut state = self.shared.state.lock().unwrap();
-        for (id, actions) in answers {
-            if let Some(sender) = state.spoe_waiting.remove(&id) {
-                let _ = sender.send(actions);
+        let found: Vec<(spoe::Pending, Vec<Vec<u8>>)> = {
+            let mut state = self.shared.state.lock().unwrap();
+            answers
+                .into_iter()
+                .filter_map(|(id, actions)| state.spoe_waiting.remove(&id).map(|p| (p, actions)))
+                .collect()
+        };
+        py.allow_threads(|| {
+            for (pending, actions) in found {
+                pending.answer(&actions);
             }
-        }
+        });
         Ok(())
     }
 
@@ -794,7 +796,10 @@ fn spoe_value<'py>(
     let mut address = |raw: &[u8], v6: bool| -> PyResult<Bound<'py, PyAny>> {
         if addresses.is_none() {
             let module = py.import("ipaddress")?;
-            *addresses = Some((module.getattr("IPv4Address")?, module.getattr("IPv6Address")?));
+            *addresses = Some((
+                module.getattr("IPv4Address")?,
+                module.getattr("IPv6Address")?,
+            ));
         }
         let (v4_class, v6_class) = addresses.as_ref().unwrap();
         (if v6 { v6_class } else { v4_class }).call1((PyBytes::new(py, raw),))
@@ -809,10 +814,8 @@ fn spoe_value<'py>(
         spoe::Value::Bin(raw) => PyBytes::new(py, &raw).into_any(),
         spoe::Value::Str(raw) => match std::str::from_utf8(&raw) {
             Ok(text) => PyString::new(py, text).into_any(),
-            Err(_) => PyBytes::new(py, &raw).call_method1(
-                intern!(py, "decode"),
-                ("utf-8", "surrogateescape"),
-            )?,
+            Err(_) => PyBytes::new(py, &raw)
+                .call_method1(intern!(py, "decode"), ("utf-8", "surrogateescape"))?,
         },
     })
 }

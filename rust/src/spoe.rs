@@ -12,16 +12,17 @@
 //! an ACK cut to its status when larger than the agreed frame size, and a connection dropped
 //! when its peer leaves more than `max_buffered` bytes of ACKs unread.
 
+use std::collections::VecDeque;
 use std::io::Write;
+use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
-use tokio::task::JoinSet;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::Shared;
 
@@ -129,7 +130,14 @@ fn typed(data: &[u8], at: usize) -> Result<(Value, usize), SpopError> {
         8 | 9 => {
             let (text, at) = string(data, at)?;
             let text = text.to_vec();
-            (if kind == 8 { Value::Str(text) } else { Value::Bin(text) }, at)
+            (
+                if kind == 8 {
+                    Value::Str(text)
+                } else {
+                    Value::Bin(text)
+                },
+                at,
+            )
         }
         3 | 5 => {
             let (value, at) = decode_varint(data, at)?;
@@ -173,10 +181,7 @@ fn read_frame(data: &[u8]) -> Result<Frame, SpopError> {
     if data.len() < 7 {
         return Err(error(
             4,
-            format!(
-                "a frame of {} bytes is shorter than its header",
-                data.len()
-            ),
+            format!("a frame of {} bytes is shorter than its header", data.len()),
         ));
     }
     let kind = data[0];
@@ -314,7 +319,9 @@ fn py_repr(text: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -340,7 +347,13 @@ fn version_text(value: Option<&Value>) -> String {
 /// health check.
 fn negotiate(payload: &[u8], max_frame_size: u64) -> Result<(u64, bool), SpopError> {
     let offer = kv_list(payload)?;
-    let get = |name: &str| offer.iter().rev().find(|(key, _)| key == name).map(|(_, v)| v);
+    let get = |name: &str| {
+        offer
+            .iter()
+            .rev()
+            .find(|(key, _)| key == name)
+            .map(|(_, v)| v)
+    };
     let versions = version_text(get("supported-versions"));
     if !versions
         .split(',')
@@ -387,56 +400,165 @@ pub struct SpoeBounds {
     pub max_buffered: usize,
 }
 
-/// The writing side of a connection: frames queued for its writer task (which ends once every
-/// `Link` is dropped and the queue is written).
-struct Link {
-    sender: mpsc::UnboundedSender<Vec<u8>>,
-    flow: Arc<Flow>,
+/// A message Python is deciding: where and how its ACK goes. Dropped (answered, or its connection
+/// ended), it frees its connection's in-flight slot.
+pub struct Pending {
+    conn: Arc<Conn>,
+    stream_id: u64,
+    frame_id: u64,
+    limit: u64,
+    _permit: OwnedSemaphorePermit,
 }
 
-/// Bytes queued and not yet written, and whether the connection was dropped.
-struct Flow {
-    buffered: AtomicUsize,
+impl Pending {
+    /// Send the ACK carrying `actions` (cut to the first, the status, when larger than the frame
+    /// size agreed). Called on Python's thread: written at once when the socket takes it.
+    pub fn answer(self, actions: &[Vec<u8>]) {
+        let mut answer = ack(self.stream_id, self.frame_id, actions);
+        if answer.len() as u64 - 4 > self.limit {
+            answer = ack(
+                self.stream_id,
+                self.frame_id,
+                &actions[..actions.len().min(1)],
+            );
+        }
+        self.conn.send(answer);
+    }
+}
+
+/// Frames not yet written, oldest first (`offset`: bytes of the first already written).
+struct Out {
+    queue: VecDeque<Vec<u8>>,
+    offset: usize,
+    buffered: usize,
+    closed: bool,
+}
+
+/// One connection, shared by its reader, its writer task and the messages Python is deciding.
+struct Conn {
+    stream: tokio::net::TcpStream,
+    out: Mutex<Out>,
+    wake_writer: Notify,
     drained: Notify,
-    aborted: AtomicBool,
-    abort: Notify,
+    killed: AtomicBool,
+    kill: Notify,
     max_buffered: usize,
 }
 
-impl Link {
-    /// Queue `frame`; a peer leaving more than `max_buffered` bytes unread is dropped instead.
-    fn send(&self, frame: Vec<u8>) {
-        let flow = &self.flow;
-        if flow.buffered.load(Ordering::Acquire) > flow.max_buffered {
-            flow.kill();
-            return;
-        }
-        flow.buffered.fetch_add(frame.len(), Ordering::AcqRel);
-        let _ = self.sender.send(frame);
-    }
+enum Step {
+    Idle,
+    Wrote,
+    Blocked,
+    Dead,
 }
 
-impl Flow {
-    fn kill(&self) {
-        self.aborted.store(true, Ordering::Release);
-        self.abort.notify_waiters();
+impl Conn {
+    /// Write `frame` now if nothing waits before it and the socket takes it, else queue it for the
+    /// writer task; a peer leaving more than `max_buffered` bytes unread is dropped instead.
+    fn send(&self, frame: Vec<u8>) {
+        let mut out = self.out.lock().unwrap();
+        if out.closed {
+            return;
+        }
+        if out.buffered > self.max_buffered {
+            drop(out);
+            self.abort();
+            return;
+        }
+        let mut written = 0;
+        if out.queue.is_empty() {
+            while written < frame.len() {
+                match self.stream.try_write(&frame[written..]) {
+                    Ok(n) => written += n,
+                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        drop(out);
+                        self.abort();
+                        return;
+                    }
+                }
+            }
+            if written == frame.len() {
+                return;
+            }
+            out.offset = written;
+        }
+        out.buffered += frame.len() - written;
+        out.queue.push_back(frame);
+        drop(out);
+        self.wake_writer.notify_one();
     }
 
-    /// Until at most `HIGH_WATER` bytes wait to be written (`writer.drain()`).
-    async fn drained(&self) {
+    /// Bytes queued and not yet written.
+    fn buffered(&self) -> usize {
+        self.out.lock().unwrap().buffered
+    }
+
+    /// Write what the queue holds, as far as the socket takes it.
+    fn write_some(&self) -> Step {
+        let mut out = self.out.lock().unwrap();
+        if out.closed {
+            return Step::Dead;
+        }
+        let offset = out.offset;
+        let Some(frame) = out.queue.front() else {
+            return Step::Idle;
+        };
+        match self.stream.try_write(&frame[offset..]) {
+            Ok(n) => {
+                out.buffered -= n;
+                out.offset += n;
+                if out.offset == out.queue.front().map_or(0, Vec::len) {
+                    out.queue.pop_front();
+                    out.offset = 0;
+                }
+                Step::Wrote
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => Step::Blocked,
+            Err(_) => Step::Dead,
+        }
+    }
+
+    /// Drop the connection at once (a peer that does not read, or a failed write).
+    fn abort(&self) {
+        self.killed.store(true, Ordering::Release);
+        self.kill.notify_waiters();
+        self.close();
+    }
+
+    /// No more writes; the socket is shut down both ways (closed when the last reference goes).
+    fn close(&self) {
+        let mut out = self.out.lock().unwrap();
+        if out.closed {
+            return;
+        }
+        out.closed = true;
+        out.queue.clear();
+        out.buffered = 0;
+        drop(out);
+        // SAFETY: `stream` owns the descriptor and outlives this call; ManuallyDrop leaves closing it to `stream`.
+        let socket =
+            ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(self.stream.as_raw_fd()) });
+        let _ = socket.shutdown(std::net::Shutdown::Both);
+        self.wake_writer.notify_one();
+        self.drained.notify_waiters();
+    }
+
+    /// Until at most `bytes` wait to be written (the Python agent's `writer.drain()`).
+    async fn drained_to(&self, bytes: usize) {
         loop {
             let notified = self.drained.notified();
-            if self.buffered.load(Ordering::Acquire) <= HIGH_WATER {
+            if self.buffered() <= bytes {
                 return;
             }
             notified.await;
         }
     }
 
-    async fn killed(&self) {
+    async fn aborted(&self) {
         loop {
-            let notified = self.abort.notified();
-            if self.aborted.load(Ordering::Acquire) {
+            let notified = self.kill.notified();
+            if self.killed.load(Ordering::Acquire) {
                 return;
             }
             notified.await;
@@ -444,21 +566,90 @@ impl Flow {
     }
 }
 
-async fn write_loop(
-    mut writer: OwnedWriteHalf,
-    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
-    link: Arc<Flow>,
-) {
-    while let Some(frame) = frames.recv().await {
-        if writer.write_all(&frame).await.is_err() {
-            link.kill();
-            return;
+/// The writer task: writes what `Conn::send` could not, as the socket becomes writable.
+async fn write_loop(conn: Arc<Conn>) {
+    loop {
+        match conn.write_some() {
+            Step::Wrote => conn.drained.notify_waiters(),
+            Step::Idle => {
+                conn.drained.notify_waiters();
+                conn.wake_writer.notified().await;
+            }
+            Step::Blocked => {
+                if conn.stream.writable().await.is_err() {
+                    conn.abort();
+                    return;
+                }
+            }
+            Step::Dead => {
+                if !conn.out.lock().unwrap().closed {
+                    conn.abort();
+                }
+                return;
+            }
         }
-        link.buffered.fetch_sub(frame.len(), Ordering::AcqRel);
-        link.drained.notify_waiters();
     }
-    let _ = writer.shutdown().await;
 }
+
+/// Frames read from a connection's socket through a buffer (frames that arrive together are read
+/// with one system call).
+struct Reader {
+    conn: Arc<Conn>,
+    buffer: Vec<u8>,
+    start: usize,
+}
+
+impl Reader {
+    /// Until `count` bytes are buffered; `End::Closed` on EOF or an error.
+    async fn fill(&mut self, count: usize) -> Result<(), End> {
+        if self.start > 0 && self.buffer.len() - self.start < count {
+            self.buffer.drain(..self.start);
+            self.start = 0;
+        }
+        while self.buffer.len() - self.start < count {
+            let have = self.buffer.len();
+            let want = (count - (have - self.start)).max(READ_CHUNK);
+            self.buffer.resize(have + want, 0);
+            let read = loop {
+                match self.conn.stream.try_read(&mut self.buffer[have..]) {
+                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                        if self.conn.stream.readable().await.is_err() {
+                            break Err(());
+                        }
+                    }
+                    Ok(0) | Err(_) => break Err(()),
+                    Ok(n) => break Ok(n),
+                }
+            };
+            match read {
+                Ok(n) => self.buffer.truncate(have + n),
+                Err(()) => {
+                    self.buffer.truncate(have);
+                    return Err(End::Closed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn length(&mut self) -> Result<u64, End> {
+        self.fill(4).await?;
+        let raw: [u8; 4] = self.buffer[self.start..self.start + 4].try_into().unwrap();
+        self.start += 4;
+        Ok(u32::from_be_bytes(raw) as u64)
+    }
+
+    /// The next `length` bytes, taken from the buffer.
+    async fn body(&mut self, length: u64) -> Result<Vec<u8>, End> {
+        self.fill(length as usize).await?;
+        let body = self.buffer[self.start..self.start + length as usize].to_vec();
+        self.start += length as usize;
+        Ok(body)
+    }
+}
+
+/// Bytes asked of the socket per read (HAProxy pipelines its frames on few connections).
+const READ_CHUNK: usize = 16 * 1024;
 
 /// How a connection's reading ends.
 enum End {
@@ -480,21 +671,6 @@ impl From<SpopError> for End {
     }
 }
 
-async fn read_body(reader: &mut OwnedReadHalf, length: u64) -> Result<Vec<u8>, End> {
-    let mut body = vec![0u8; length as usize];
-    reader.read_exact(&mut body).await.map_err(|_| End::Closed)?;
-    Ok(body)
-}
-
-async fn read_length(reader: &mut OwnedReadHalf) -> Result<u64, End> {
-    let mut length = [0u8; 4];
-    reader
-        .read_exact(&mut length)
-        .await
-        .map_err(|_| End::Closed)?;
-    Ok(u32::from_be_bytes(length) as u64)
-}
-
 fn too_big(length: u64, limit: u64) -> End {
     End::Refused(error(
         3,
@@ -507,16 +683,12 @@ fn seconds(duration: Duration) -> String {
 }
 
 /// The HELLO exchange: the agreed frame size.
-async fn hello(
-    reader: &mut OwnedReadHalf,
-    link: &Link,
-    bounds: &SpoeBounds,
-) -> Result<u64, End> {
-    let length = read_length(reader).await?;
+async fn hello(reader: &mut Reader, bounds: &SpoeBounds) -> Result<u64, End> {
+    let length = reader.length().await?;
     if length > bounds.max_frame_size {
         return Err(too_big(length, bounds.max_frame_size));
     }
-    let body = read_body(reader, length).await?;
+    let body = reader.body(length).await?;
     let frame = read_frame(&body)?;
     if frame.kind != HAPROXY_HELLO {
         return Err(End::Refused(error(
@@ -528,69 +700,22 @@ async fn hello(
         )));
     }
     let (limit, health) = negotiate(&body[frame.payload..], bounds.max_frame_size)?;
-    link.send(agent_hello(limit));
+    reader.conn.send(agent_hello(limit));
     if health {
         return Err(End::Health);
     }
     Ok(limit)
 }
 
-/// Queue one message for Python, wait for its actions and send the ACK.
-#[allow(clippy::too_many_arguments)]
-async fn decide(
-    shared: Arc<Shared>,
-    link: Arc<Link>,
-    args: Option<Args>,
-    peer: SocketAddr,
-    stream_id: u64,
-    frame_id: u64,
-    limit: u64,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-) {
-    let (sender, receiver) = oneshot::channel();
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let first = {
-        let mut state = shared.state.lock().unwrap();
-        state.spoe_waiting.insert(id, sender);
-        state.spoe_queue.push((id, SpoeRequest { args, peer }));
-        state.spoe_queue.len() == 1
-    };
-    let _forget = Forget(shared.clone(), id);
-    if first {
-        // A full socket buffer means a wake-up is pending already.
-        let _ = (&shared.wake).write(&[1]);
-    }
-    let Ok(Ok(actions)) = tokio::time::timeout(shared.request_timeout, receiver).await else {
-        return; // no answer in time: HAProxy's own processing timeout answers for it
-    };
-    let mut answer = ack(stream_id, frame_id, &actions);
-    if answer.len() as u64 - 4 > limit {
-        answer = ack(stream_id, frame_id, &actions[..actions.len().min(1)]);
-    }
-    link.send(answer);
-}
-
-/// Removes a message from the waiting ones when its connection ends first.
-struct Forget(Arc<Shared>, u64);
-
-impl Drop for Forget {
-    fn drop(&mut self) {
-        self.0.state.lock().unwrap().spoe_waiting.remove(&self.1);
-    }
-}
-
-/// Read frames until the connection ends: the HELLO, then NOTIFY frames, each decided in a task of
-/// its own (at most `max_in_flight` at once), until HAPROXY-DISCONNECT, EOF or an error.
+/// Read frames until the connection ends: the HELLO, then NOTIFY frames, each message queued for
+/// Python (at most `max_in_flight` at once), until HAPROXY-DISCONNECT, EOF or an error.
 async fn serve(
     shared: &Arc<Shared>,
     bounds: &SpoeBounds,
-    reader: &mut OwnedReadHalf,
-    link: &Arc<Link>,
-    checks: &mut JoinSet<()>,
+    reader: &mut Reader,
     peer: SocketAddr,
 ) -> End {
-    let limit = match tokio::time::timeout(bounds.timeout_hello, hello(reader, link, bounds)).await
-    {
+    let limit = match tokio::time::timeout(bounds.timeout_hello, hello(reader, bounds)).await {
         Err(_) => {
             return End::Timeout(format!(
                 "no HAPROXY-HELLO within {}s",
@@ -607,9 +732,10 @@ async fn serve(
     );
     let in_flight = Arc::new(Semaphore::new(bounds.max_in_flight));
     loop {
+        let conn = reader.conn.clone();
         let next = async {
-            link.flow.drained().await; // no more frames read while HAProxy leaves its answers unread
-            read_length(reader).await
+            conn.drained_to(HIGH_WATER).await; // no more frames read while HAProxy leaves its answers unread
+            reader.length().await
         };
         let length = match tokio::time::timeout(bounds.timeout_idle, next).await {
             Err(_) => return End::Timeout(idle),
@@ -619,8 +745,7 @@ async fn serve(
         if length > limit {
             return too_big(length, limit);
         }
-        let body = match tokio::time::timeout(bounds.timeout_frame, read_body(reader, length)).await
-        {
+        let body = match tokio::time::timeout(bounds.timeout_frame, reader.body(length)).await {
             Err(_) => return End::Timeout(slow),
             Ok(Err(end)) => return end,
             Ok(Ok(body)) => body,
@@ -634,24 +759,31 @@ async fn serve(
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     return End::Closed;
                 };
-                while checks.try_join_next().is_some() {}
                 let args = match find_message(&body[frame.payload..], &bounds.message) {
                     Ok(args) => args,
                     Err(error) => return End::Refused(error),
                 };
-                checks.spawn(decide(
-                    shared.clone(),
-                    link.clone(),
-                    args,
-                    peer,
-                    frame.stream_id,
-                    frame.frame_id,
+                let pending = Pending {
+                    conn: reader.conn.clone(),
+                    stream_id: frame.stream_id,
+                    frame_id: frame.frame_id,
                     limit,
-                    permit,
-                ));
+                    _permit: permit,
+                };
+                let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+                let first = {
+                    let mut state = shared.state.lock().unwrap();
+                    state.spoe_waiting.insert(id, pending);
+                    state.spoe_queue.push((id, SpoeRequest { args, peer }));
+                    state.spoe_queue.len() == 1
+                };
+                if first {
+                    // A full socket buffer means a wake-up is pending already.
+                    let _ = (&shared.wake).write(&[1]);
+                }
             }
             HAPROXY_DISCONNECT => {
-                while checks.join_next().await.is_some() {}
+                let _ = in_flight.acquire_many(bounds.max_in_flight as u32).await;
                 return End::Normal;
             }
             kind => {
@@ -668,54 +800,52 @@ async fn connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
 ) {
-    let (mut reader, writer) = stream.into_split();
-    let (sender, frames) = mpsc::unbounded_channel();
-    let flow = Arc::new(Flow {
-        buffered: AtomicUsize::new(0),
+    let conn = Arc::new(Conn {
+        stream,
+        out: Mutex::new(Out {
+            queue: VecDeque::new(),
+            offset: 0,
+            buffered: 0,
+            closed: false,
+        }),
+        wake_writer: Notify::new(),
         drained: Notify::new(),
-        aborted: AtomicBool::new(false),
-        abort: Notify::new(),
+        killed: AtomicBool::new(false),
+        kill: Notify::new(),
         max_buffered: bounds.max_buffered,
     });
-    let link = Arc::new(Link {
-        sender,
-        flow: flow.clone(),
-    });
-    let mut write_task = tokio::spawn(write_loop(writer, frames, flow.clone()));
-    let mut checks = JoinSet::new();
-    let end = tokio::select! {
-        end = serve(&shared, &bounds, &mut reader, &link, &mut checks, peer) => Some(end),
-        _ = flow.killed() => None,
+    let writer = tokio::spawn(write_loop(conn.clone()));
+    let mut reader = Reader {
+        conn: conn.clone(),
+        buffer: Vec::new(),
+        start: 0,
     };
-    checks.abort_all();
+    let end = tokio::select! {
+        end = serve(&shared, &bounds, &mut reader, peer) => Some(end),
+        _ = conn.aborted() => None,
+    };
+    drop(reader);
+    // The messages Python is still deciding go unanswered, as the Python agent cancels them.
+    shared
+        .state
+        .lock()
+        .unwrap()
+        .spoe_waiting
+        .retain(|_, pending| !Arc::ptr_eq(&pending.conn, &conn));
     let last = match end {
-        None => {
-            write_task.abort();
-            return;
-        }
-        Some(End::Closed) | Some(End::Health) => None,
+        None | Some(End::Closed) | Some(End::Health) => None,
         Some(End::Normal) => Some(agent_disconnect(0, "normal")),
         Some(End::Refused(error)) => Some(agent_disconnect(error.status, &error.message)),
-        Some(End::Timeout(why)) => {
-            if flow.buffered.load(Ordering::Acquire) > 0 {
-                write_task.abort(); // a peer that does not read: no waiting for it
-                return;
-            }
-            Some(agent_disconnect(2, &why))
-        }
+        // A peer that does not read gets no DISCONNECT: no waiting for it.
+        Some(End::Timeout(_)) if conn.buffered() > 0 => None,
+        Some(End::Timeout(why)) => Some(agent_disconnect(2, &why)),
     };
     if let Some(last) = last {
-        let _ = link.sender.send(last);
+        conn.send(last);
     }
-    drop(checks);
-    drop(link); // the writer ends once every queued frame is written
-    if tokio::time::timeout(bounds.timeout_frame, &mut write_task)
-        .await
-        .is_err()
-    {
-        write_task.abort();
-    }
-    drop(reader);
+    let _ = tokio::time::timeout(bounds.timeout_frame, conn.drained_to(0)).await;
+    conn.close();
+    let _ = writer.await;
 }
 
 /// Serve SPOE on `listener` until `stop` turns true (open connections go on until the runtime stops).
@@ -753,14 +883,12 @@ pub fn spawn(
             if count > bounds.max_connections {
                 let refusal = agent_disconnect(
                     13,
-                    &format!(
-                        "this agent has {} connections open",
-                        bounds.max_connections
-                    ),
+                    &format!("this agent has {} connections open", bounds.max_connections),
                 );
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&refusal))
-                        .await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(5), stream.write_all(&refusal))
+                            .await;
                     let _ = stream.shutdown().await;
                     open.fetch_sub(1, Ordering::AcqRel);
                 });
@@ -783,7 +911,18 @@ mod tests {
 
     #[test]
     fn varints_round_trip() {
-        for value in [0u64, 239, 240, 241, 2287, 2288, 264431, 264432, u32::MAX as u64, u64::MAX] {
+        for value in [
+            0u64,
+            239,
+            240,
+            241,
+            2287,
+            2288,
+            264431,
+            264432,
+            u32::MAX as u64,
+            u64::MAX,
+        ] {
             let mut out = Vec::new();
             encode_varint(&mut out, value);
             assert_eq!(decode_varint(&out, 0).unwrap(), (value, out.len()));

@@ -664,6 +664,29 @@ async def test_haproxy_disconnect_after_pending_checks() -> None:
         assert await _disconnected(conn) == 0
 
 
+async def test_a_peer_that_leaves_its_acks_unread_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer that pipelines checks and never reads its ACKs: once more than ``MAX_BUFFERED`` bytes of
+    them wait (the kernel's buffers full), the connection is dropped, and others are served."""
+    monkeypatch.setattr(spoe, "MAX_BUFFERED", 4096)
+    async with serving(_app()) as connect:
+        conn = await connect()
+        await conn.hello()
+        conn.writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        batch = b"".join(notify(1, i, headers={"X-API-Key": "trial-9"}) for i in range(500))  # refusals: large ACKs
+        dropped = False
+        for _ in range(400):  # up to 200,000 checks; the kernel's buffers take a few thousand ACKs
+            try:
+                conn.writer.write(batch)
+                await asyncio.wait_for(conn.writer.drain(), 30)
+            except ConnectionError:  # reset: the agent dropped the connection (a timeout here fails the test)
+                dropped = True
+                break
+        assert dropped
+        fresh = await connect()
+        await fresh.hello()
+        assert (await fresh.check(headers={"X-API-Key": "pk-alice"}))["status"] == 200
+
+
 # -- failures -------------------------------------------------------------------------------------------
 
 
