@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from ratewarden.bench.services import free_port
+from tests.front_door import require_compiled_front
 from tests.servers import wait_until
 
 POLICY = """
@@ -338,16 +339,20 @@ def _read_spop(sock: socket.socket) -> tuple[int, bytes]:
     return body[0], body[1:]
 
 
-def test_spoe_agent_answers_and_ends_its_connections_on_sigterm(tmp_path: Path, serve: Any) -> None:
-    """``--spoe``: a HAProxy-like client gets AGENT-HELLO and an ACK for its check; on SIGTERM the
-    service ends the connection it keeps open and exits 0, without a traceback."""
+@pytest.mark.parametrize("front", ["python", "compiled"])
+def test_spoe_agent_answers_and_ends_its_connections_on_sigterm(tmp_path: Path, serve: Any, front: str) -> None:
+    """``--spoe`` (on each ``--spoe-front``): a HAProxy-like client gets AGENT-HELLO and an ACK for its
+    check; on SIGTERM the service ends the connection it keeps open and exits 0, without a traceback."""
     from ratewarden.serve.spop import encode_varint
 
+    if front == "compiled":
+        require_compiled_front()
     policy = tmp_path / "policy.toml"
     _write(policy, POLICY.replace("{basic}", "5/hour"))
     spoe_port = free_port()
-    server = serve(str(policy), "--spoe", f"127.0.0.1:{spoe_port}").ready()
-    assert server.events("started")[0]["spoe"] == f"127.0.0.1:{spoe_port}"
+    server = serve(str(policy), "--spoe", f"127.0.0.1:{spoe_port}", "--spoe-front", front).ready()
+    started = server.events("started")[0]
+    assert (started["spoe"], started["spoe_front"]) == (f"127.0.0.1:{spoe_port}", front)
     hello = (_spop_string("supported-versions") + b"\x08" + _spop_string("2.0")
              + _spop_string("max-frame-size") + b"\x03" + encode_varint(16380)
              + _spop_string("capabilities") + b"\x08" + _spop_string("pipelining"))
@@ -362,6 +367,28 @@ def test_spoe_agent_answers_and_ends_its_connections_on_sigterm(tmp_path: Path, 
         assert server.stop() == 0
         assert _read_spop(sock) == (0, b"")  # the service closed the connection
     assert "Traceback" not in server.log.read_text()
+
+
+def test_version_names_the_spoe_front_door_and_compiled_needs_the_extension(tmp_path: Path) -> None:
+    """``--version`` names the SPOE agent ``--spoe-front`` runs; without ``ratewarden._front``,
+    ``--spoe-front compiled`` exits 2 with the reason, no traceback."""
+    version = [sys.executable, "-m", "ratewarden.cli", "serve", "--version"]
+    assert "SPOE front door: python (asyncio)" in subprocess.run(
+        version, capture_output=True, text=True, timeout=60).stdout
+    policy = tmp_path / "policy.toml"
+    _write(policy, POLICY.replace("{basic}", "5/hour"))
+    code = "import sys; sys.modules['ratewarden._front'] = None; from ratewarden.cli import main; sys.exit(main(sys.argv[1:]))"
+    base = [sys.executable, "-c", code, "serve", str(policy), "--http", "127.0.0.1:1", "--spoe", "127.0.0.1:2"]
+    refused = subprocess.run([*base, "--spoe-front", "compiled"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused
+    assert refused.stderr.startswith("ratewarden serve: --spoe-front compiled: ratewarden._front does not import")
+    assert "Traceback" not in refused.stderr
+    none = subprocess.run([*base, "--spoe-front", "compiled", "--version"], capture_output=True, text=True, timeout=60)
+    assert "SPOE front door: none (--spoe-front compiled: ratewarden._front does not import" in none.stdout
+    require_compiled_front()
+    compiled = subprocess.run([*version[:-1], "--spoe-front", "compiled", "--version"], capture_output=True, text=True,
+                              timeout=60)
+    assert "SPOE front door: compiled (tokio in ratewarden._front" in compiled.stdout
 
 
 def test_start_up_errors_exit_2(tmp_path: Path) -> None:
@@ -388,6 +415,8 @@ def test_start_up_errors_exit_2(tmp_path: Path) -> None:
     envoy.write_text(ENVOY)
     spoe_alone = run(str(envoy), "--spoe", f"127.0.0.1:{free_port()}")  # SPOE answers with a policy file
     assert spoe_alone.returncode == 2 and "--spoe" in spoe_alone.stderr and "policy file" in spoe_alone.stderr
+    spoe_front = run(str(fine), "--spoe", f"127.0.0.1:{free_port()}", "--spoe-front", "rust")
+    assert spoe_front.returncode == 2 and "--spoe-front" in spoe_front.stderr
     spoe_address = run(str(fine), "--spoe", "somewhere")
     assert spoe_address.returncode == 2 and "--spoe" in spoe_address.stderr and "HOST:PORT" in spoe_address.stderr
 
