@@ -177,8 +177,7 @@ class CompiledSpoe:
         await asyncio.to_thread(self.front.stop, 0.5)
 
 
-def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent | None = None,
-                     *, timeout: float = 10.0) -> CompiledSpoe:
+def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent | None = None) -> CompiledSpoe:
     """Serve HAProxy's SPOE connections on the listening ``sock`` through the compiled front door, with
     ``agent``'s bounds and answers (``SpoeAgent(app)`` when not given); ``ImportError`` without
     ``ratewarden._front``.
@@ -187,15 +186,13 @@ def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent |
         app: The service's app.
         sock: The listening socket (closed by ``CompiledSpoe.close``, as ``asyncio.start_server`` does).
         agent: The Python agent whose bounds apply and whose ``actions`` answer.
-        timeout: Seconds a message waits for its decision; then it is left unanswered (HAProxy's own
-            processing timeout, far shorter, has answered it by then).
     """
     module, why = compiled_module()
     if module is None:
         raise ImportError(why)
     agent = agent or spoe.SpoeAgent(app)
     front: SpoeFront = module.Front(
-        None, port=None, request_timeout=timeout, spoe_fd=sock.fileno(),
+        None, port=None, spoe_fd=sock.fileno(),
         spoe_max_connections=agent.max_connections, spoe_max_frame_size=agent.max_frame_size,
         spoe_timeout_hello=agent.timeout_hello, spoe_timeout_idle=agent.timeout_idle,
         spoe_timeout_frame=agent.timeout_frame, spoe_message=agent.message,
