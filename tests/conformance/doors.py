@@ -513,7 +513,8 @@ async def door_serve_v1_check(case: Case, serve: Serve, key: str) -> Run:
     return Run(out, store)
 
 
-async def door_spoe(case: Case) -> Run:
+async def door_spoe(case: Case, compiled: bool = False) -> Run:
+    from ratewarden.serve.front_spoe import CompiledSpoe, start_spoe_front
     from ratewarden.serve.spoe import start_spoe
     from tests.serve.test_spoe import Spop
 
@@ -523,8 +524,9 @@ async def door_spoe(case: Case) -> Run:
     sock.bind(("127.0.0.1", 0))
     sock.listen(8)
     sock.setblocking(False)
-    server = await start_spoe(app, sock)
-    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+    address = sock.getsockname()[:2]
+    server: asyncio.Server | CompiledSpoe = start_spoe_front(app, sock) if compiled else await start_spoe(app, sock)
+    reader, writer = await asyncio.open_connection(*address)
     conn = Spop(reader, writer)
     out = []
     try:
@@ -539,7 +541,17 @@ async def door_spoe(case: Case) -> Run:
         await conn.close()
         server.close()
         await server.wait_closed()
+        if isinstance(server, CompiledSpoe):
+            await server.end()
     return Run(out, store)
+
+
+async def door_spoe_compiled(case: Case) -> Run:
+    """The SPOE door through the compiled front door (``--spoe-front compiled``), on this event loop."""
+    from tests.front_door import require_compiled_front
+
+    require_compiled_front()
+    return await door_spoe(case, compiled=True)
 
 
 # -- gRPC (Envoy's rate limit service) -------------------------------------------------------------------
