@@ -133,7 +133,8 @@ class SpoeAdapter:
                 task = self.loop.create_task(self._finish(rid, _Resume(coro, first)))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            self.front.answer_spoe(done)
+            if done:
+                self.front.answer_spoe(done)
 
     async def _finish(self, rid: int, rest: _Resume) -> None:
         try:
