@@ -22,6 +22,7 @@ mod proto;
 mod spoe;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -39,6 +40,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 use tonic::codegen::{empty_body, http as tonic_http, Body, BoxFuture, Service, StdError};
 use tonic::{Code, Status};
 
@@ -49,7 +51,7 @@ const UNITS_LISTED: &str = "SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR";
 type Answer = Result<RateLimitResponse, Status>;
 
 struct State {
-    queue: Vec<(u64, RateLimitRequest)>,
+    queue: Vec<(u64, RateLimitRequest, Instant)>,
     waiting: HashMap<u64, oneshot::Sender<Answer>>,
     http_queue: Vec<(u64, http::HttpRequest)>,
     http_waiting: HashMap<u64, oneshot::Sender<http::HttpAnswer>>,
@@ -98,8 +100,14 @@ impl Shared {
         Ok(())
     }
 
-    async fn decide(self: Arc<Self>, request: RateLimitRequest) -> Answer {
+    /// Queue `request` for a decision and wait for it until the request's deadline: the sooner of
+    /// `request_timeout` and the caller's own (`grpc-timeout`, `caller`). A request whose caller
+    /// gave up (this future dropped: the call was reset) or whose deadline passed leaves `waiting`,
+    /// so `take` never hands it to Python.
+    async fn decide(self: Arc<Self>, request: RateLimitRequest, caller: Option<StdDuration>) -> Answer {
         self.check(&request)?;
+        let callers = caller.is_some_and(|timeout| timeout < self.request_timeout);
+        let deadline = Instant::now() + caller.map_or(self.request_timeout, |t| t.min(self.request_timeout));
         let (sender, receiver) = oneshot::channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let first = {
@@ -111,25 +119,62 @@ impl Shared {
                 )));
             }
             state.waiting.insert(id, sender);
-            state.queue.push((id, request));
+            state.queue.push((id, request, deadline));
             state.queue.len() == 1
         };
+        let mut leave = Leave(&self, Some(id));
         if first {
             // A full socket buffer means a wake-up is pending already.
             let _ = (&self.wake).write(&[1]);
         }
-        match tokio::time::timeout(self.request_timeout, receiver).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(Status::internal("the decision was dropped")),
-            Err(_) => {
-                self.state.lock().unwrap().waiting.remove(&id);
-                Err(Status::deadline_exceeded(format!(
-                    "no decision within {:.3} s",
-                    self.request_timeout.as_secs_f64()
-                )))
+        match tokio::time::timeout_at(deadline, receiver).await {
+            Ok(Ok(answer)) => {
+                leave.1 = None; // `answer` took it out
+                answer
             }
+            Ok(Err(_)) => Err(Status::internal("the decision was dropped")),
+            Err(_) if callers => Err(caller_deadline()),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "no decision within {:.3} s",
+                self.request_timeout.as_secs_f64()
+            ))),
         }
     }
+}
+
+fn caller_deadline() -> Status {
+    Status::deadline_exceeded("the caller's deadline (grpc-timeout) passed before a decision")
+}
+
+/// Takes a request out of `waiting` when its `decide` ends unanswered or is dropped.
+struct Leave<'a>(&'a Shared, Option<u64>);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        if let (Some(id), Ok(mut state)) = (self.1, self.0.state.lock()) {
+            state.waiting.remove(&id);
+        }
+    }
+}
+
+/// The caller's `grpc-timeout` header (gRPC over HTTP/2: at most 8 digits and a unit, H M S m u n);
+/// `None` when absent or malformed (then only `request_timeout` applies, as tonic does).
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<StdDuration> {
+    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => StdDuration::from_secs(value * 3600),
+        "M" => StdDuration::from_secs(value * 60),
+        "S" => StdDuration::from_secs(value),
+        "m" => StdDuration::from_millis(value),
+        "u" => StdDuration::from_micros(value),
+        "n" => StdDuration::from_nanos(value),
+        _ => return None,
+    })
 }
 
 /// `envoy.service.ratelimit.v3.RateLimitService`, as tonic-build would generate it.
@@ -147,9 +192,10 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
         let shared = self.0.clone();
+        let caller = grpc_timeout(request.metadata());
         Box::pin(async move {
             shared
-                .decide(request.into_inner())
+                .decide(request.into_inner(), caller)
                 .await
                 .map(tonic::Response::new)
         })
@@ -208,6 +254,31 @@ impl tonic::server::NamedService for RlsServer {
 struct Limited {
     stream: tokio::net::TcpStream,
     _permit: OwnedSemaphorePermit,
+    handshake: Option<Handshake>,
+}
+
+/// The HTTP/2 client preface (24 bytes) and the header of the SETTINGS frame that must follow it.
+const HEAD: usize = 24 + 9;
+
+/// Until the client's preface and its first frame (SETTINGS) have arrived whole: a read that would
+/// wait past `deadline` fails instead, so hyper closes the connection and frees its permit.
+struct Handshake {
+    deadline: Pin<Box<Sleep>>,
+    head: [u8; HEAD],
+    seen: usize,
+}
+
+impl Handshake {
+    /// Count `bytes` read; true once the preface and the whole first frame are in.
+    fn saw(&mut self, bytes: &[u8]) -> bool {
+        if self.seen < HEAD {
+            let n = (HEAD - self.seen).min(bytes.len());
+            self.head[self.seen..self.seen + n].copy_from_slice(&bytes[..n]);
+        }
+        self.seen += bytes.len();
+        let length = u32::from_be_bytes([0, self.head[24], self.head[25], self.head[26]]) as usize;
+        self.seen >= HEAD && self.seen >= HEAD + length
+    }
 }
 
 impl tonic::transport::server::Connected for Limited {
@@ -221,7 +292,28 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let Some(handshake) = &mut this.handshake else {
+            return poll;
+        };
+        match &poll {
+            Poll::Ready(Ok(())) => {
+                let read = &buf.filled()[before..];
+                if read.is_empty() || handshake.saw(read) {
+                    this.handshake = None;
+                }
+            }
+            Poll::Pending if handshake.deadline.as_mut().poll(cx).is_ready() => {
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no HTTP/2 preface and SETTINGS within the handshake timeout",
+                )));
+            }
+            _ => {}
+        }
+        poll
     }
 }
 
@@ -261,8 +353,11 @@ impl AsyncWrite for Limited {
 ///     max_message_size: Largest request, bytes (more: RESOURCE_EXHAUSTED, unread).
 ///     max_descriptors, max_entries: Per request (more: INVALID_ARGUMENT, never queued).
 ///     max_connections: Open connections (more are closed at once).
+///     handshake_timeout: Seconds for a new connection to send HTTP/2's preface and SETTINGS (then
+///         it is closed, freeing its place under `max_connections`).
 ///     max_pending: Requests queued or being decided (more: RESOURCE_EXHAUSTED).
-///     request_timeout: Seconds from a request's start to its answer (then DEADLINE_EXCEEDED).
+///     request_timeout: Seconds from a request's start to its answer (then DEADLINE_EXCEEDED); a
+///         caller's shorter `grpc-timeout` applies instead.
 ///     threads: tokio worker threads.
 ///     http_fd: A listening socket to serve the HTTP check API on (duplicated; None: no HTTP).
 ///     http_max_connections, http_max_header_size, http_timeout, http_keep_alive: The HTTP bounds
@@ -291,7 +386,7 @@ impl Front {
     #[new]
     #[pyo3(signature = (descriptor_class, host="127.0.0.1", port=0, *, reuse_port=false,
         max_message_size=1<<20, max_descriptors=256, max_entries=1024, max_connections=1000,
-        max_pending=10000, request_timeout=10.0, threads=1, http_fd=None, http_max_connections=1000,
+        handshake_timeout=5.0, max_pending=10000, request_timeout=10.0, threads=1, http_fd=None, http_max_connections=1000,
         http_max_header_size=65536, http_timeout=10.0, http_keep_alive=5.0, spoe_fd=None,
         spoe_max_connections=256, spoe_max_frame_size=16380, spoe_timeout_hello=5.0,
         spoe_timeout_idle=120.0, spoe_timeout_frame=5.0, spoe_message="check",
@@ -307,6 +402,7 @@ impl Front {
         max_descriptors: usize,
         max_entries: usize,
         max_connections: usize,
+        handshake_timeout: f64,
         max_pending: usize,
         request_timeout: f64,
         threads: usize,
@@ -326,6 +422,7 @@ impl Front {
         spoe_max_buffered: usize,
     ) -> PyResult<Self> {
         for (name, value) in [
+            ("handshake_timeout", handshake_timeout),
             ("http_timeout", http_timeout),
             ("http_keep_alive", http_keep_alive),
             ("spoe_timeout_hello", spoe_timeout_hello),
@@ -423,6 +520,7 @@ impl Front {
                 max_message_size,
             };
             let permits = Arc::new(Semaphore::new(max_connections));
+            let handshake_timeout = StdDuration::from_secs_f64(handshake_timeout);
             let (connections, incoming) =
                 tokio::sync::mpsc::channel::<std::io::Result<Limited>>(64);
             runtime.spawn(async move {
@@ -435,10 +533,16 @@ impl Front {
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
+                    let handshake = Handshake {
+                        deadline: Box::pin(tokio::time::sleep(handshake_timeout)),
+                        head: [0; HEAD],
+                        seen: 0,
+                    };
                     if connections
                         .send(Ok(Limited {
                             stream,
                             _permit: permit,
+                            handshake: Some(handshake),
                         }))
                         .await
                         .is_err()
@@ -545,22 +649,26 @@ impl Front {
         }
     }
 
-    /// Up to `limit` waiting requests, oldest first, as `(id, domain, descriptors, hits_addend)`.
+    /// Up to `limit` waiting requests, oldest first, as `(id, domain, descriptors, hits_addend,
+    /// seconds left)`: the seconds until the request's deadline, when Rust answers it
+    /// DEADLINE_EXCEEDED (stop deciding it then: nothing may be charged for it). A request past its
+    /// deadline, or whose caller left, is never handed out.
     #[pyo3(signature = (limit=usize::MAX))]
     fn take<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
-        let batch: Vec<(u64, RateLimitRequest)> = {
+        let now = Instant::now();
+        let batch: Vec<(u64, RateLimitRequest, Instant)> = {
             let mut state = self.shared.state.lock().unwrap();
             let count = limit.min(state.queue.len());
             let batch: Vec<_> = state.queue.drain(..count).collect();
             let waiting = &state.waiting;
             batch
                 .into_iter()
-                .filter(|(id, _)| waiting.contains_key(id))
+                .filter(|(id, _, deadline)| *deadline > now && waiting.contains_key(id))
                 .collect()
         };
         let out = PyList::empty(py);
         let class = self.descriptor_class.bind(py);
-        for (id, request) in batch {
+        for (id, request, deadline) in batch {
             let descriptors = PyList::empty(py);
             for descriptor in &request.descriptors {
                 let entries = PyTuple::new(
@@ -582,7 +690,8 @@ impl Front {
                 };
                 descriptors.append(class.call1((entries, limit, hits))?)?;
             }
-            out.append((id, request.domain, descriptors, request.hits_addend))?;
+            let left = deadline.saturating_duration_since(now).as_secs_f64();
+            out.append((id, request.domain, descriptors, request.hits_addend, left))?;
         }
         Ok(out)
     }

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from ratewarden.serve import bounds
 from ratewarden.serve.envoy_config import parse_envoy_config
 from ratewarden.serve.front import start_front
 from ratewarden.serve.rls import RateLimitService
-from ratewarden.stores import RedisStore
+from ratewarden.stores import MemoryStore, RedisStore
 from tests.front_door import require_compiled_front
 from tests.servers import RedisStandalone, wait_until
 
@@ -238,6 +239,103 @@ def test_one_connection_over_the_cap_is_closed_at_once(serve: Any) -> None:
     finally:
         for sock in held:
             sock.close()
+    assert server.stop() == 0
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Read until the server closes ``sock`` (True) or ``sock``'s timeout passes (False)."""
+    try:
+        while sock.recv(4096):
+            pass  # the server's own SETTINGS first
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def test_connections_that_never_finish_the_http2_handshake_are_closed(serve: Any) -> None:
+    """Silent connections, and one that stops inside its SETTINGS frame, are closed after
+    ``--grpc-handshake-timeout`` and so free their places under ``--grpc-max-connections``; a client
+    works while they are open and after, and a connection that finished its handshake stays open."""
+    server, address, _ = serve(5, "--front", "compiled", "--grpc-max-connections", "5",
+                               "--grpc-handshake-timeout", "1")
+    ready(server)
+    host, port = address.rsplit(":", 1)
+    handshaken = socket.create_connection((host, int(port)), timeout=20)
+    handshaken.sendall(PREFACE + EMPTY_SETTINGS)
+    junk = [socket.create_connection((host, int(port)), timeout=20) for _ in range(3)]
+    junk[2].sendall(PREFACE + b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00")  # 6-byte SETTINGS, 1 byte sent
+    try:
+        assert asyncio.run(outcome(address, request([("user", "h")]))) == (grpc.StatusCode.OK, "OK")
+        for sock in junk:
+            assert _closed_by_server(sock)  # within the socket's 20 s: the bound is 1 s
+        handshaken.settimeout(1.0)
+        assert not _closed_by_server(handshaken)  # a finished handshake is not timed
+        # the freed places: five connections fit again (the handshaken one and four calls)
+        codes = asyncio.run(concurrent(address, request([("open", "h")]), 4, channels=4))
+        assert codes == {OK: 4}
+    finally:
+        for sock in (*junk, handshaken):
+            sock.close()
+    assert server.stop() == 0
+
+
+async def test_a_call_past_its_deadline_in_the_queue_is_never_decided() -> None:
+    """A call whose caller's deadline passed while it waited in the front door's queue (here: the
+    event loop blocked) is never handed to the decision, so it charges nothing."""
+    domain = parse_envoy_config(ENVOY.replace("LIMIT", "1"))
+    front = start_front(RateLimitService({domain.domain: domain}, Limiter(MemoryStore())), "127.0.0.1", 0)
+    address = f"127.0.0.1:{front.port}"
+
+    def call(timeout: float) -> Any:
+        with grpc.insecure_channel(address) as channel:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            try:
+                return stub.ShouldRateLimit(request([("user", "q")]), timeout=timeout).overall_code
+            except grpc.RpcError as exc:
+                return exc.code()
+
+    try:
+        loop = asyncio.get_running_loop()
+        late = loop.run_in_executor(None, call, 0.3)
+        time.sleep(1.5)  # the loop is blocked: the call waits in Rust's queue past its deadline
+        assert await late == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.sleep(0.1)
+        assert front.adapter.requests == 0  # never taken
+        assert await loop.run_in_executor(None, call, 30) == OK  # the limit of 1 is still whole
+    finally:
+        await front.stop(1.0)
+
+
+def test_a_callers_deadline_cancels_its_decision_on_a_paused_redis(serve: Any, paused_redis: RedisStandalone) -> None:
+    """A call whose ``grpc-timeout`` (0.3 s) is shorter than ``--grpc-timeout`` is answered
+    DEADLINE_EXCEEDED at its deadline, and its decision is cancelled then: queued behind a call in
+    flight to the paused store, it is never sent, so nothing is charged once the store answers again."""
+    store = f"{paused_redis.url}?timeout=10&pool_size=1"
+    server, address, _ = serve(1, "--front", "compiled", "--store", store)
+    ready(server)
+    assert asyncio.run(outcome(address, request([("open", "warm")]))) == (grpc.StatusCode.OK, "OK")
+    paused_redis.server.pause()
+
+    async def behind_a_call_in_flight() -> tuple[Any, Any, float]:
+        first = asyncio.create_task(outcome(address, request([("user", "first")])))
+        await asyncio.sleep(1.0)  # its pipeline is in flight to the paused store now
+        started = time.monotonic()
+        cut = await outcome(address, request([("user", "cut")]), timeout=0.3)
+        took = time.monotonic() - started
+        paused_redis.server.resume()
+        return cut, await first, took
+
+    cut, first, took = asyncio.run(behind_a_call_in_flight())
+    assert cut[0] == grpc.StatusCode.DEADLINE_EXCEEDED and took < 5, (cut, took)  # not --grpc-timeout's 10 s
+    assert first == (grpc.StatusCode.OK, "OK")
+    assert asyncio.run(outcome(address, request([("user", "cut")]))) == (grpc.StatusCode.OK, "OK"), "charged"
+    assert asyncio.run(outcome(address, request([("user", "cut")]))) == (grpc.StatusCode.OK, "OVER_LIMIT")
     assert server.stop() == 0
 
 

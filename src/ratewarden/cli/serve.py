@@ -149,7 +149,10 @@ def _add_bounds(parser: argparse.ArgumentParser) -> None:
                        help="open gRPC connections, compiled front door; one more is closed (default %(default)s)")
     group.add_argument("--grpc-timeout", type=float, default=bounds.GRPC_TIMEOUT, metavar="SECONDS",
                        help="from a gRPC request's arrival to its answer, compiled front door, else "
-                       "DEADLINE_EXCEEDED (default %(default)s)")
+                       "DEADLINE_EXCEEDED; a caller's shorter grpc-timeout applies instead (default %(default)s)")
+    group.add_argument("--grpc-handshake-timeout", type=float, default=bounds.GRPC_HANDSHAKE_TIMEOUT,
+                       metavar="SECONDS", help="for a new gRPC connection to send HTTP/2's preface and SETTINGS, "
+                       "compiled front door, else it is closed (default %(default)s)")
     group.add_argument("--max-descriptors", type=int, default=bounds.MAX_DESCRIPTORS, metavar="N",
                        help="in one Envoy rate limit request, else INVALID_ARGUMENT (default %(default)s)")
     group.add_argument("--max-entries", type=int, default=bounds.MAX_ENTRIES, metavar="N",
@@ -158,7 +161,7 @@ def _add_bounds(parser: argparse.ArgumentParser) -> None:
 
 _POSITIVE = ("http_max_connections", "http_timeout", "http_max_header_size", "spoe_max_connections",
              "spoe_timeout_hello", "spoe_timeout_idle", "spoe_timeout_frame", "grpc_max_message_size",
-             "grpc_max_connections", "grpc_timeout", "max_descriptors", "max_entries")
+             "grpc_max_connections", "grpc_timeout", "grpc_handshake_timeout", "max_descriptors", "max_entries")
 
 
 #: What the service imports, by the package that brings it (all in the ``serve`` extra).

@@ -6,6 +6,7 @@ command-line option; the defaults are far above what a gateway sends.
 from __future__ import annotations
 
 __all__ = [
+    "GRPC_HANDSHAKE_TIMEOUT",
     "GRPC_MAX_CONNECTIONS",
     "GRPC_MAX_MESSAGE_SIZE",
     "GRPC_MAX_PENDING",
@@ -48,6 +49,9 @@ SPOE_MESSAGE = "check"
 GRPC_MAX_MESSAGE_SIZE = 1024 * 1024
 #: Open gRPC connections per worker on the compiled front door; one more is closed at once.
 GRPC_MAX_CONNECTIONS = 1000
+#: Seconds for a new gRPC connection on the compiled front door to send HTTP/2's preface and SETTINGS
+#: (a gRPC client sends them at once); then it is closed, freeing its place under GRPC_MAX_CONNECTIONS.
+GRPC_HANDSHAKE_TIMEOUT = 5.0
 #: Seconds from a gRPC request's arrival to its answer on the compiled front door; then DEADLINE_EXCEEDED.
 GRPC_TIMEOUT = 10.0
 #: Requests waiting for a decision per worker on the compiled front door; more is RESOURCE_EXHAUSTED.

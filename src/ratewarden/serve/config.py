@@ -50,6 +50,7 @@ class ServeConfig:
     grpc_max_message_size: int = bounds.GRPC_MAX_MESSAGE_SIZE
     grpc_max_connections: int = bounds.GRPC_MAX_CONNECTIONS
     grpc_timeout: float = bounds.GRPC_TIMEOUT
+    grpc_handshake_timeout: float = bounds.GRPC_HANDSHAKE_TIMEOUT
     max_descriptors: int = bounds.MAX_DESCRIPTORS
     max_entries: int = bounds.MAX_ENTRIES
     envoy_headers: str = "ratewarden"  # ratewarden | reference | none (serve.rls.HEADER_STYLES)

@@ -44,7 +44,7 @@ class Front(Protocol):
     def port(self) -> int: ...
     def fileno(self) -> int: ...
     def drain(self) -> None: ...
-    def take(self, limit: int) -> list[tuple[int, str, list[RequestDescriptor], int]]: ...
+    def take(self, limit: int) -> list[tuple[int, str, list[RequestDescriptor], int, float]]: ...
     def answer(self, items: list[Item]) -> None: ...
     def pending(self) -> int: ...
     def serving(self) -> bool: ...
@@ -139,6 +139,11 @@ class FrontAdapter:
         self.batches = 0
         self.requests = 0
         self.tasks = 0  # Tasks started for decisions that suspended: one per batch at most
+        self.expired = 0  # decisions stopped at their request's deadline (Rust answered DEADLINE_EXCEEDED)
+        #: What each suspended decision waits for now, and the timer that cancels it at its deadline.
+        self._waits: dict[int, Any] = {}
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._late: set[int] = set()
         self.loop.add_reader(front.fileno(), self._on_wake)
 
     def close(self) -> None:
@@ -155,7 +160,7 @@ class FrontAdapter:
             self.requests += len(batch)
             done: list[Item] = []
             waiting: list[Waiting] = []
-            for rid, domain, descriptors, hits in batch:
+            for rid, domain, descriptors, hits, left in batch:
                 coro = self.service.should_rate_limit(domain, descriptors, hits)
                 try:
                     first = coro.send(None)
@@ -166,6 +171,8 @@ class FrontAdapter:
                     done.append((rid, _error(exc)))
                     continue
                 waiting.append((rid, coro, first))
+                self._waits[rid] = first
+                self._timers[rid] = self.loop.call_later(left, self._expire, rid)
             if done:
                 self.front.answer(done)
             if waiting:
@@ -173,6 +180,27 @@ class FrontAdapter:
                 task = self.loop.create_task(self._finish(waiting))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+
+    def _expire(self, rid: int) -> None:
+        """At a suspended decision's deadline: Rust has answered it DEADLINE_EXCEEDED, so cancel what
+        it waits for (a store call not sent yet is then never sent: nothing is charged for it)."""
+        self._timers.pop(rid, None)
+        self._late.add(rid)
+        pending = self._waits.get(rid)
+        if pending is not None and not pending.done():
+            pending.cancel()
+
+    def _settled(self, rid: int) -> bool:
+        """Forget a decision that ended; true when it ended past its deadline (answered already)."""
+        self._waits.pop(rid, None)
+        timer = self._timers.pop(rid, None)
+        if timer is not None:
+            timer.cancel()
+        if rid in self._late:
+            self._late.discard(rid)
+            self.expired += 1
+            return True
+        return False
 
     async def _finish(self, waiting: list[Waiting]) -> None:
         """Resume a batch's suspended decisions in one Task, each from where it stopped. They were
@@ -192,13 +220,20 @@ class FrontAdapter:
                         if pending is None or not pending.done():
                             raise  # this Task is cancelled
                         # else the future failed: the decision reads that itself, below
+                if rid in self._late:  # past its deadline: go no further (its finally blocks run)
+                    coro.close()
+                    self._settled(rid)
+                    continue
                 try:
                     pending = coro.send(None)  # a done future's ``await`` returns its result
                 except StopIteration as stop:
-                    done.append((rid, stop.value))
+                    if not self._settled(rid):
+                        done.append((rid, stop.value))
                 except (Exception, asyncio.CancelledError) as exc:
-                    done.append((rid, _error(exc)))
+                    if not self._settled(rid):
+                        done.append((rid, _error(exc)))
                 else:
+                    self._waits[rid] = pending
                     later.append((rid, coro, pending))
             waiting = later
         if done:
@@ -238,6 +273,7 @@ def start_front(
     max_message_size: int = bounds.GRPC_MAX_MESSAGE_SIZE, max_descriptors: int = bounds.MAX_DESCRIPTORS,
     max_entries: int = bounds.MAX_ENTRIES, max_connections: int = bounds.GRPC_MAX_CONNECTIONS,
     timeout: float = bounds.GRPC_TIMEOUT, max_pending: int = bounds.GRPC_MAX_PENDING,
+    handshake_timeout: float = bounds.GRPC_HANDSHAKE_TIMEOUT,
 ) -> CompiledFront:
     """Start Envoy's rate limit service through the compiled front door on ``host:port`` (port 0: any
     free one), deciding on the running event loop; ``ImportError`` without ``ratewarden._front``.
@@ -251,8 +287,11 @@ def start_front(
         max_descriptors: Descriptors per request (more: INVALID_ARGUMENT, never decided).
         max_entries: Entries per request, over its descriptors (more: INVALID_ARGUMENT).
         max_connections: Open connections (one more is closed at once).
-        timeout: Seconds from a request's arrival to its answer (then DEADLINE_EXCEEDED).
+        timeout: Seconds from a request's arrival to its answer (then DEADLINE_EXCEEDED); a caller's
+            shorter ``grpc-timeout`` applies instead, and a decision still waiting then is cancelled.
         max_pending: Requests waiting for a decision (more: RESOURCE_EXHAUSTED).
+        handshake_timeout: Seconds for a new connection to send HTTP/2's preface and SETTINGS (then
+            it is closed, freeing its place under ``max_connections``).
     """
     module, why = compiled_module()
     if module is None:
@@ -260,7 +299,7 @@ def start_front(
     front: Front = module.Front(  # OSError "cannot listen for gRPC on ...": the address is taken
         RequestDescriptor, host, port, reuse_port=reuse_port, max_message_size=max_message_size,
         max_descriptors=max_descriptors, max_entries=max_entries, max_connections=max_connections,
-        max_pending=max_pending, request_timeout=timeout,
+        max_pending=max_pending, request_timeout=timeout, handshake_timeout=handshake_timeout,
     )
     return CompiledFront(front, FrontAdapter(front, service))
 

@@ -203,6 +203,7 @@ class Worker:
                 self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
                 max_descriptors=config.max_descriptors, max_entries=config.max_entries,
                 max_connections=config.grpc_max_connections, timeout=config.grpc_timeout,
+                handshake_timeout=config.grpc_handshake_timeout,
             )
         grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
         started = await grpc_module.start_grpc(
