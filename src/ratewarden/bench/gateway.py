@@ -230,8 +230,7 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
         if opts.capacity:
             capacity = measure_capacity(opts, root, policy, bins, procs, log)
         procs.close()  # the peer rows measure CPU per decision: nothing of the above still running
-        peers, notes = run_peers(PeerOptions(opts.peer_rounds, opts.peer_requests, front=opts.peer_front,
-                                             front_lib=opts.peer_front_lib), root / "peers", log) \
+        peers, notes = run_peers(PeerOptions(opts.peer_rounds, opts.peer_requests), root / "peers", log) \
             if opts.peers else ([], [])
     report = GatewayReport(_options_dict(opts), services.description, rows, capacity, [], peers=peers,
                            peer_notes=notes)

@@ -56,29 +56,19 @@ def _start(inst: Instance, tools: Tools, root: Path, redis_port: int, procs: con
     d = root / f"{inst.service}-{inst.store}-w{inst.workers}"
     d.mkdir(exist_ok=True)
     env: dict[str, str] | None = None
-    count = 1
     if inst.service == "reference":
         argv, env = [tools.reference], _reference_env(port, redis_port, root / "runtime")
-    elif inst.service == "python" or tools.front_kind == "serve":
-        front = tools.front[4:] if inst.service == "front" else ["--front", "python"] if tools.serve_front else []
+    else:
+        front = tools.front[4:] if inst.service == "front" else ["--front", "python"]
         head = gp.serve_command([], 0)[:4] + front
         argv = [*head, str(config), "--grpc", f"{gp.HOST}:{port}", "--http", f"{gp.HOST}:{gp.free_port()}", "--store", store, "--workers", str(inst.workers), "--no-metrics", "--log-level", "error", "--watch", "0"]
-    else:  # the prototype: one process per worker on the same port (SO_REUSEPORT)
-        argv = tools.front + ["--grpc", f"{gp.HOST}:{port}", "--store", store, str(config)] \
-            + (["--reuse-port"] if inst.workers > 1 else [])
-        count = inst.workers
-    started: list[gp.Proc] = []
-    for i in range(count):
-        proc = gp.Proc(f"{d.name}-{i}", argv, d, port, None, env)
-        procs.callback(proc.stop)
-        started.append(proc)
-        if i == 0:
-            proc.wait(60.0)
+    proc = gp.Proc(f"{d.name}-0", argv, d, port, None, env)
+    procs.callback(proc.stop)
+    proc.wait(60.0)
     time.sleep(2.0 if inst.workers > 1 else 0.3)  # the other workers listening too
-    for proc in started:
-        if proc.popen.poll() is not None:
-            raise BenchError(f"{proc.name} exited ({proc.popen.returncode}): {proc.log_tail()}")
-    return started, port
+    if proc.popen.poll() is not None:
+        raise BenchError(f"{proc.name} exited ({proc.popen.returncode}): {proc.log_tail()}")
+    return [proc], port
 
 
 def _ghz(tools: Tools, port: int, scenario: str, n: int, connections: int, protoset_path: Path) -> dict[str, Any]:

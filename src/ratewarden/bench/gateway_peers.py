@@ -74,8 +74,6 @@ class PeerOptions:
     rounds: int = 3
     requests: int = 20000  # calls per cell (ghz -n)
     warmup: int = 500  # calls before each cell, not measured
-    front: str = "auto"  # auto | serve (ratewarden serve --front compiled) | prototype (scripts/front_prototype.py)
-    front_lib: str = ""  # the prototype's built .so (default rust/target/release/libratewarden_front.so)
     build: bool = True  # go install what is missing when Go is present
 
 
@@ -85,9 +83,7 @@ class Tools:
 
     ghz: str = ""
     reference: str = ""
-    front: list[str] = field(default_factory=list)  # argv prefix of the compiled front door
-    front_kind: str = ""  # serve | prototype
-    serve_front: bool = False  # ratewarden serve has --front: the Python rows ask for --front python
+    front: list[str] = field(default_factory=list)  # argv prefix of the compiled front door (ratewarden serve)
     skip: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -136,24 +132,6 @@ def _serve_output(flag: str) -> str:
     return ""
 
 
-def _prototype(opts: PeerOptions, root: Path) -> tuple[list[str], str, Path]:
-    """The prototype's argv prefix (``scripts/front_prototype.py --lib DIR``) with its .so copied
-    under the name Python imports; ([], why) where the script or the built library is missing."""
-    checkout = Path(__file__).resolve().parents[3]
-    script = next((p for p in (checkout / "scripts" / "front_prototype.py", Path.cwd() / "scripts" /
-                               "front_prototype.py") if p.is_file()), None)
-    base = script.parent.parent if script else checkout
-    built = [base / d / "release" / "libratewarden_front.so" for d in ("rust/target", "build/cargo")]
-    lib = Path(opts.front_lib) if opts.front_lib else next((p for p in built if p.is_file()), built[0])
-    if script is None:
-        return [], "scripts/front_prototype.py not found (run from a source checkout)", lib
-    if not lib.is_file():
-        return [], f"no built front door at {lib}: build it with `cd rust && cargo build --release` (rust/README.md)", lib
-    (root / "front-lib").mkdir(parents=True, exist_ok=True)
-    shutil.copy(lib, root / "front-lib" / "ratewarden_front.abi3.so")
-    return [sys.executable, str(script), "--lib", str(root / "front-lib")], "", lib
-
-
 def find_tools(opts: PeerOptions, root: Path, log: Callable[[str], None]) -> Tools:
     """ghz, the reference and the compiled front door as far as they can be had, each with why not."""
     tools = Tools()
@@ -172,22 +150,11 @@ def find_tools(opts: PeerOptions, root: Path, log: Callable[[str], None]) -> Too
         tools.skip["reference"] = f"envoyproxy/ratelimit skipped: {why}"
     if shutil.which("redis-server") is None:
         tools.skip["redis"] = "redis-server is not installed (scripts/install-system-deps.sh)"
-    tools.serve_front = "--front" in _serve_output("--help")
-    kind = opts.front if opts.front != "auto" else ("serve" if tools.serve_front else "prototype")
-    if kind == "serve":
-        tools.front, tools.front_kind = [*gp.serve_command([], 0)[:4], "--front", "compiled"], "serve"
-        version = " ".join(_serve_output("--version").split())
-        tools.notes.append(f"compiled front door: `ratewarden serve --front compiled` (`serve --version`: {version})")
-        if "front door: compiled" not in version:
-            tools.skip["front"] = f"compiled front door skipped: `ratewarden serve --version` says {version!r}"
-    else:
-        tools.front, why, lib = _prototype(opts, root)
-        tools.front_kind = "prototype"
-        if why:
-            tools.skip["front"] = f"compiled front door skipped: {why}"
-        else:
-            tools.notes.append(f"compiled front door: {tools.front[1]} with {lib}"
-                               + ("" if tools.serve_front else " (`ratewarden serve` has no --front)"))
+    tools.front = [*gp.serve_command([], 0)[:4], "--front", "compiled"]
+    version = " ".join(_serve_output("--version").split())
+    tools.notes.append(f"compiled front door: `ratewarden serve --front compiled` (`serve --version`: {version})")
+    if "front door: compiled" not in version:
+        tools.skip["front"] = f"compiled front door skipped: `ratewarden serve --version` says {version!r}"
     tools.notes += [f"ghz: {tools.ghz}{_module_version(tools.ghz)}"] + (
         [f"envoyproxy/ratelimit: {tools.reference}{_module_version(tools.reference)} (stats off)"]
         if tools.reference else [])

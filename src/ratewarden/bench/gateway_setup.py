@@ -59,10 +59,7 @@ class GatewayOptions:
     capacity_rounds: int = 3
     capacity_connections: int = 16
     grpc: bool = True
-    #: gRPC beside envoyproxy/ratelimit (``gateway_peers``): rounds, ghz calls per cell, which compiled
-    #: front door (auto | serve | prototype) and the prototype's built library.
+    #: gRPC beside envoyproxy/ratelimit (``gateway_peers``): rounds and ghz calls per cell.
     peers: bool = False
     peer_rounds: int = 3
     peer_requests: int = 20000
-    peer_front: str = "auto"
-    peer_front_lib: str = ""

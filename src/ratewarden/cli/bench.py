@@ -119,12 +119,6 @@ def _register_gateway(p: argparse.ArgumentParser) -> None:
                    help="--gateway: ghz calls per gRPC cell (default 20000; --quick: 2000)")
     p.add_argument("--peer-rounds", type=int, default=None, metavar="N",
                    help="--gateway: interleaved rounds of the gRPC rows (default 3; --quick: 2)")
-    p.add_argument("--peer-front", choices=("auto", "serve", "prototype"), default="auto",
-                   help="--gateway: the compiled front door: `ratewarden serve --front compiled` (serve), "
-                        "scripts/front_prototype.py (prototype), or serve when it offers --front (auto)")
-    p.add_argument("--peer-front-lib", default="", metavar="PATH",
-                   help="--gateway, --peer-front prototype: the built library (default "
-                        "rust/target/release/libratewarden_front.so)")
 
 
 def _gateway_variants() -> list[str]:
@@ -258,8 +252,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
                           rate=args.gateway_rate, variants=[] if args.peers_only else variants,
                           capacity=not (args.no_capacity or args.peers_only),
                           capacity_seconds=1.0 if args.quick else args.capacity_seconds, capacity_rounds=rounds,
-                          peers=not args.no_peers, peer_rounds=peer_rounds, peer_requests=peer_requests,
-                          peer_front=args.peer_front, peer_front_lib=args.peer_front_lib)
+                          peers=not args.no_peers, peer_rounds=peer_rounds, peer_requests=peer_requests)
     before = os.getloadavg()
     t0 = time.monotonic()
     try:
