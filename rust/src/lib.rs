@@ -104,10 +104,15 @@ impl Shared {
     /// `request_timeout` and the caller's own (`grpc-timeout`, `caller`). A request whose caller
     /// gave up (this future dropped: the call was reset) or whose deadline passed leaves `waiting`,
     /// so `take` never hands it to Python.
-    async fn decide(self: Arc<Self>, request: RateLimitRequest, caller: Option<StdDuration>) -> Answer {
+    async fn decide(
+        self: Arc<Self>,
+        request: RateLimitRequest,
+        caller: Option<StdDuration>,
+    ) -> Answer {
         self.check(&request)?;
         let callers = caller.is_some_and(|timeout| timeout < self.request_timeout);
-        let deadline = Instant::now() + caller.map_or(self.request_timeout, |t| t.min(self.request_timeout));
+        let deadline =
+            Instant::now() + caller.map_or(self.request_timeout, |t| t.min(self.request_timeout));
         let (sender, receiver) = oneshot::channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let first = {
