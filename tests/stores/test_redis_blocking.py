@@ -183,9 +183,9 @@ class _LateClock(ScriptClock):
     late = 0
     asked = 0
 
-    def deadline(self, wall_due: float) -> str:
+    def deadline(self, wall_due: float, strict: bool = False) -> str:
         _LateClock.asked += 1
-        return super().deadline(wall_due - 10 if _LateClock.asked <= _LateClock.late else wall_due)
+        return super().deadline(wall_due - 10 if _LateClock.asked <= _LateClock.late else wall_due, strict)
 
 
 @pytest.mark.parametrize("server", ["redis_standalone", "redis_cluster"])

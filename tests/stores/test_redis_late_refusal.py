@@ -22,9 +22,9 @@ class _LateClock(ScriptClock):
 
     __slots__ = ()
 
-    def deadline(self, wall_due: float) -> str:
+    def deadline(self, wall_due: float, strict: bool = False) -> str:
         asked = _ASKED[id(self)] = _ASKED.get(id(self), 0) + 1
-        return super().deadline(wall_due - 10 if asked <= _LATE[id(self)] else wall_due)
+        return super().deadline(wall_due - 10 if asked <= _LATE[id(self)] else wall_due, strict)
 
 
 _LATE: dict[int, int] = {}

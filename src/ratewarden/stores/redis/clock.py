@@ -7,9 +7,9 @@ the time from ``TIME``). The offset between the server clock and ours is measure
 before the first script is sent. A test clock (``clock=`` on the store) replaces all this with
 its own time, sent as is.
 
-A measurement is off by up to half its round trip: the deadline is moved that much earlier, and
-keeps a margin of a tenth of the timeout for the reply's travel. So a sample must not include
-anything but ``TIME`` itself: a client's first call also discovers a cluster and opens connections (tens of ms under
+A measurement is off by up to half its round trip (``deadline`` says which way that moves it), and
+the deadline keeps a margin of a tenth of the timeout for the reply's travel. So a sample must not
+include anything but ``TIME`` itself: a client's first call also discovers a cluster and opens connections (tens of ms under
 load, more than the margin: a script run on a node resuming right after its caller gave up still
 charged). ``measure(..., samples=2)`` keeps the quicker of two samples, the second on the
 connection the first opened.
@@ -50,20 +50,25 @@ class ScriptClock:
     @property
     def error(self) -> float:
         """Seconds the measured offset may be off: half the round trip of the measurement (0
-        before one, or with a test clock); deadlines are moved that much earlier."""
+        before one, or with a test clock)."""
         return self.rtt / 2 if self.rtt < math.inf else 0.0
 
-    def deadline(self, wall_due: float) -> str:
+    def deadline(self, wall_due: float, strict: bool = False) -> str:
         """The clock argument of calls whose callers stop waiting at ``wall_due`` (our
-        ``time.time()``), or the test clock's time. Empty until the offset is known."""
+        ``time.time()``), or the test clock's time. Empty until the offset is known.
+
+        Half the measurement's round trip is the offset's error. An async caller waits on while its
+        own loop is behind (``stores/deadline.py``), so its deadline may be that much later than
+        meant, never earlier (a busy loop's checks would be refused as late). A ``strict`` caller
+        (a thread on a socket timeout) stops at ``wall_due`` exactly, so its deadline is that much
+        earlier: a script run after it gave up would charge for an answer nobody got."""
         if self.test_clock is not None:
             return repr(float(self.test_clock()))
         skew = self.skew
         if skew is None:
             return ""
-        # Half the sample's round trip is the offset's error: a deadline never later than meant (a
-        # script run after its caller gave up would charge for an answer nobody got).
-        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew - self.error)
+        error = -self.error if strict else self.error
+        return "-%.4f" % (wall_due - (1 - _DEADLINE_SHARE) * self.timeout + skew + error)
 
     async def measure(self, server_time: Callable[[], Awaitable[Any]], samples: int = 1) -> None:
         """Keep the offset of the server clock (``server_time()``: ``TIME``'s reply) from ours,

@@ -266,7 +266,7 @@ class BlockingClient:
         loaded = False
         resent = 0
         while True:
-            clock = self.script_clock.deadline(time.time() + self.timeout)
+            clock = self.script_clock.deadline(time.time() + self.timeout, strict=True)
             args = self.args.script_args(mode, limits, costs, clock)
             try:
                 return client.execute_command(command, body, len(keys), *keys, *args)
