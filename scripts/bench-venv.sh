@@ -29,7 +29,11 @@ quietly() {
 rm -rf "$venv" "$wheels"
 step "a virtualenv for the compiled wheel in $venv ($("$python" --version))"
 "$python" -m venv "$venv"  # with the pip it bundles: enough for what follows, and no download
-step "compiling the wheel with mypyc, and the front door with cargo when present (about 1-2 min on 2 cores, 4-5 for cargo's first build, more on a busy machine)"
+if [ -n "${RATEWARDEN_NO_FRONT:-}" ]; then
+  step "compiling the wheel with mypyc (about 1.5 min on 2 cores, more on a busy machine)"
+else
+  step "compiling the wheel with mypyc, and the front door with cargo when present (about 1-2 min on 2 cores, 4-5 for cargo's first build, more on a busy machine)"
+fi
 quietly env RATEWARDEN_REQUIRE_COMPILED=1 "$venv/bin/python" -m pip wheel -q --no-deps -w "$wheels" .
 wheel=$(ls "$PWD/$wheels"/ratewarden-*.whl)
 front=$("$venv/bin/python" -c 'import sys, zipfile; print(zipfile.ZipFile(sys.argv[1]).read("ratewarden/_front_build.txt").decode().strip())' "$wheel" 2>/dev/null || echo "not attempted")
