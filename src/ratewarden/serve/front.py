@@ -17,13 +17,18 @@ import logging
 from collections.abc import Coroutine, Generator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import ConfigurationError, LimitUnavailable
 from . import bounds
 from .rls import RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
-__all__ = ["FRONTS", "CompiledFront", "FrontAdapter", "build_record", "choose_front", "compiled_module", "describe", "start_front"]
+__all__ = [
+    "FRONTS", "CompiledFront", "FrontAdapter", "Resume", "build_record", "choose_front", "compiled_module", "describe",
+    "describe_opt_in", "start_front",
+]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("ratewarden.serve")
 
@@ -73,6 +78,46 @@ def compiled_module() -> tuple[ModuleType | None, str]:
         record = build_record()
         built = f"the build said: {record}" if record else "it is built from rust/ when cargo is on PATH at install time"
         return None, f"{MODULE} does not import ({exc}); {built}"
+
+
+class Resume(Generic[_T]):
+    """The rest of a coroutine that suspended on ``first``, for a Task: the Task waits on ``first``,
+    then the coroutine goes on where it stopped (an adapter first runs each decision inline, and only
+    one that suspends needs a Task)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, _T], first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, _T]:
+        coro, pending = self.coro, self.first
+        while True:  # what ``yield from`` does, from a coroutine already started
+            try:
+                sent = yield pending
+            except BaseException as exc:
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    thrown: _T = stop.value
+                    return thrown
+                continue
+            try:
+                pending = coro.send(sent)
+            except StopIteration as stop:
+                done: _T = stop.value
+                return done
+
+
+def describe_opt_in(kind: str, option: str, requested: str, python: str, engine: str) -> str:
+    """One line naming the front door an opt-in ``--<option>-front requested`` runs (``serve
+    --version``): ``python`` (``python`` names its server), else the compiled one (``engine`` names
+    its library) or why it is missing."""
+    if requested != "compiled":
+        return f"{kind} front door: python ({python})"
+    module, why = compiled_module()
+    if module is None:
+        return f"{kind} front door: none (--{option}-front compiled: {why})"
+    return f"{kind} front door: compiled ({engine} in {module.__name__} {getattr(module, '__version__', '?')})"
 
 
 def choose_front(requested: str) -> tuple[str, str]:

@@ -15,13 +15,13 @@ import asyncio
 import logging
 import socket
 import sys
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Awaitable
 from typing import Any, Protocol
 from urllib.parse import unquote
 
 from ..types import ASGIApp, Message
 from . import bounds
-from .front import compiled_module
+from .front import Resume, compiled_module, describe_opt_in
 from .http import ServeApp
 from .http_io import error_answer
 from .rls import RequestDescriptor
@@ -102,33 +102,6 @@ async def _answer(app: ASGIApp, scope: dict[str, Any], exchange: _Exchange) -> t
     return exchange.status, exchange.headers, b"".join(exchange.chunks)
 
 
-class _Resume:
-    """The rest of a coroutine that suspended on ``first``, for a Task: the Task waits on ``first``,
-    then the coroutine goes on where it stopped."""
-
-    def __init__(self, coro: Coroutine[Any, Any, tuple[int, Headers, bytes]], first: Any) -> None:
-        self.coro = coro
-        self.first = first
-
-    def __await__(self) -> Generator[Any, Any, tuple[int, Headers, bytes]]:
-        coro, pending = self.coro, self.first
-        while True:  # what ``yield from`` does, from a coroutine already started
-            try:
-                sent = yield pending
-            except BaseException as exc:
-                try:
-                    pending = coro.throw(exc)
-                except StopIteration as stop:
-                    thrown: tuple[int, Headers, bytes] = stop.value
-                    return thrown
-                continue
-            try:
-                pending = coro.send(sent)
-            except StopIteration as stop:
-                done: tuple[int, Headers, bytes] = stop.value
-                return done
-
-
 def _scope(
     method: str, raw_path: str, query: str, headers: Headers, peer: tuple[str, int], local: tuple[str, int],
 ) -> dict[str, Any]:
@@ -204,7 +177,7 @@ class HttpAdapter:
                     status, out, payload = stop.value
                     done.append((rid, status, out, payload))
                     continue
-                task = self.loop.create_task(self._finish(rid, _Resume(coro, first)))
+                task = self.loop.create_task(self._finish(rid, Resume(coro, first)))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             self.front.answer_http(done)
@@ -297,9 +270,4 @@ def describe_http(requested: str = "python") -> str:
     Args:
         requested: One of ``HTTP_FRONTS``.
     """
-    if requested != "compiled":
-        return "HTTP front door: python (uvicorn)"
-    module, why = compiled_module()
-    if module is None:
-        return f"HTTP front door: none (--http-front compiled: {why})"
-    return f"HTTP front door: compiled (hyper in {module.__name__} {getattr(module, '__version__', '?')})"
+    return describe_opt_in("HTTP", "http", requested, "uvicorn", "hyper")

@@ -14,11 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Coroutine, Generator
-from typing import Any, Protocol
+from typing import Protocol
 
 from . import spoe
-from .front import compiled_module
+from .front import Resume, compiled_module, describe_opt_in
 from .http import ServeApp
 from .spop import Message, Value, set_var
 
@@ -50,32 +49,6 @@ def _failed(exc: BaseException) -> list[bytes]:
     """The Python agent's answer to a check that raised."""
     log.error("spoe check failed: %s: %s", type(exc).__name__, exc, exc_info=exc, extra={"event": "check_failed"})
     return [set_var("status", 500)]
-
-
-class _Resume:
-    """The rest of a coroutine that suspended on ``first``, for a Task."""
-
-    def __init__(self, coro: Coroutine[Any, Any, list[bytes]], first: Any) -> None:
-        self.coro = coro
-        self.first = first
-
-    def __await__(self) -> Generator[Any, Any, list[bytes]]:
-        coro, pending = self.coro, self.first
-        while True:  # what ``yield from`` does, from a coroutine already started
-            try:
-                sent = yield pending
-            except BaseException as exc:
-                try:
-                    pending = coro.throw(exc)
-                except StopIteration as stop:
-                    thrown: list[bytes] = stop.value
-                    return thrown
-                continue
-            try:
-                pending = coro.send(sent)
-            except StopIteration as stop:
-                done: list[bytes] = stop.value
-                return done
 
 
 class SpoeAdapter:
@@ -130,13 +103,13 @@ class SpoeAdapter:
                 except Exception as exc:
                     done.append((rid, _failed(exc)))
                     continue
-                task = self.loop.create_task(self._finish(rid, _Resume(coro, first)))
+                task = self.loop.create_task(self._finish(rid, Resume(coro, first)))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             if done:
                 self.front.answer_spoe(done)
 
-    async def _finish(self, rid: int, rest: _Resume) -> None:
+    async def _finish(self, rid: int, rest: Resume[list[bytes]]) -> None:
         try:
             actions = await rest
         except Exception as exc:
@@ -208,9 +181,4 @@ def describe_spoe(requested: str = "python") -> str:
     Args:
         requested: One of ``SPOE_FRONTS``.
     """
-    if requested != "compiled":
-        return "SPOE front door: python (asyncio)"
-    module, why = compiled_module()
-    if module is None:
-        return f"SPOE front door: none (--spoe-front compiled: {why})"
-    return f"SPOE front door: compiled (tokio in {module.__name__} {getattr(module, '__version__', '?')})"
+    return describe_opt_in("SPOE", "spoe", requested, "asyncio", "tokio")
