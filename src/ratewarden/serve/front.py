@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
@@ -24,7 +24,7 @@ from . import bounds
 from .rls import RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
 __all__ = [
-    "FRONTS", "CompiledFront", "FrontAdapter", "Resume", "build_record", "choose_front", "compiled_module", "describe",
+    "FRONTS", "CompiledFront", "FrontAdapter", "LateAnswers", "Resume", "build_record", "choose_front", "compiled_module", "describe",
     "describe_opt_in", "start_front",
 ]
 
@@ -106,6 +106,29 @@ class Resume(Generic[_T]):
             except StopIteration as stop:
                 done: _T = stop.value
                 return done
+
+
+class LateAnswers(Generic[_T]):
+    """The answers of decisions that suspended (each finished in a Task), handed to the front door
+    together once per loop pass rather than one crossing each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, answer: Callable[[list[_T]], None]) -> None:
+        self.loop = loop
+        self.answer = answer
+        self._items: list[_T] = []
+        self._scheduled = False
+
+    def add(self, item: _T) -> None:
+        """Queue ``item``; the queue goes to the front door at the end of this loop pass."""
+        self._items.append(item)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        items, self._items = self._items, []
+        self.answer(items)
 
 
 def describe_opt_in(kind: str, option: str, requested: str, python: str, engine: str) -> str:

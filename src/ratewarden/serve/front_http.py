@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 from ..types import ASGIApp, Message
 from . import bounds
-from .front import Resume, compiled_module, describe_opt_in
+from .front import LateAnswers, Resume, compiled_module, describe_opt_in
 from .http import ServeApp
 from .http_io import error_answer
 from .rls import RequestDescriptor
@@ -139,8 +139,7 @@ class HttpAdapter:
         self.loop = asyncio.get_running_loop()
         #: ``/check`` answered without an ASGI exchange: the same translation ``ServeApp`` runs for it.
         self._check = app.check if isinstance(app, ServeApp) else None
-        self._late: list[HttpItem] = []
-        self._flush_scheduled = False
+        self._late: LateAnswers[HttpItem] = LateAnswers(self.loop, front.answer_http)
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.requests = 0
@@ -187,15 +186,7 @@ class HttpAdapter:
             status, out, payload = await rest
         except Exception as exc:
             status, out, payload = _failed(exc)
-        self._late.append((rid, status, out, payload))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        late, self._late = self._late, []
-        self.front.answer_http(late)
+        self._late.add((rid, status, out, payload))
 
 
 class CompiledHttp:

@@ -17,7 +17,7 @@ import socket
 from typing import Protocol
 
 from . import spoe
-from .front import Resume, compiled_module, describe_opt_in
+from .front import LateAnswers, Resume, compiled_module, describe_opt_in
 from .http import ServeApp
 from .spop import Message, Value, set_var
 
@@ -65,8 +65,7 @@ class SpoeAdapter:
         self.agent = agent
         self.max_batch = max_batch
         self.loop = asyncio.get_running_loop()
-        self._late: list[SpoeItem] = []
-        self._flush_scheduled = False
+        self._late: LateAnswers[SpoeItem] = LateAnswers(self.loop, front.answer_spoe)
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.requests = 0
@@ -114,15 +113,7 @@ class SpoeAdapter:
             actions = await rest
         except Exception as exc:
             actions = _failed(exc)
-        self._late.append((rid, actions))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        late, self._late = self._late, []
-        self.front.answer_spoe(late)
+        self._late.add((rid, actions))
 
 
 class CompiledSpoe:
