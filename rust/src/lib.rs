@@ -57,7 +57,15 @@ struct State {
     http_waiting: HashMap<u64, oneshot::Sender<http::HttpAnswer>>,
     spoe_queue: Vec<(u64, spoe::SpoeRequest)>,
     spoe_waiting: HashMap<u64, spoe::Pending>,
+    /// Messages Python was deciding when their connection ended (their decisions are cancelled).
+    spoe_dropped: Vec<u64>,
+    /// How connections ended badly, for Python's log: (`error` or `timeout`, why); at most
+    /// `MAX_SPOE_NOTES` wait.
+    spoe_notes: Vec<(&'static str, String)>,
 }
+
+/// Notes of ended SPOE connections kept for Python's log between two of its wake-ups.
+const MAX_SPOE_NOTES: usize = 1024;
 
 struct Shared {
     state: Mutex<State>,
@@ -484,6 +492,8 @@ impl Front {
                 http_waiting: HashMap::new(),
                 spoe_queue: Vec::new(),
                 spoe_waiting: HashMap::new(),
+                spoe_dropped: Vec::new(),
+                spoe_notes: Vec::new(),
             }),
             next_id: AtomicU64::new(0),
             wake,
@@ -859,6 +869,17 @@ impl Front {
             }
         });
         Ok(())
+    }
+
+    /// What happened to SPOE connections since the last call: the ids of the messages Python was
+    /// deciding when their connection ended (cancel them: nothing answers them now), and how
+    /// connections ended badly, as `(kind, why)`: `error` for a frame refused, `timeout`.
+    fn take_spoe_ended(&self) -> (Vec<u64>, Vec<(&'static str, String)>) {
+        let mut state = self.shared.state.lock().unwrap();
+        (
+            std::mem::take(&mut state.spoe_dropped),
+            std::mem::take(&mut state.spoe_notes),
+        )
     }
 
     /// Requests queued and being decided.

@@ -825,13 +825,37 @@ async fn connection(
         _ = conn.aborted() => None,
     };
     drop(reader);
-    // The messages Python is still deciding go unanswered, as the Python agent cancels them.
-    shared
-        .state
-        .lock()
-        .unwrap()
-        .spoe_waiting
-        .retain(|_, pending| !Arc::ptr_eq(&pending.conn, &conn));
+    // The messages Python is still deciding go unanswered and are cancelled, as the Python agent
+    // cancels them; a connection that ended badly is logged by Python, as the Python agent does.
+    let note = match &end {
+        Some(End::Refused(error)) => Some(("error", error.message.clone())),
+        Some(End::Timeout(why)) => Some(("timeout", why.clone())),
+        _ => None,
+    };
+    let wake = {
+        let mut state = shared.state.lock().unwrap();
+        let state = &mut *state;
+        let before = state.spoe_dropped.len();
+        let dropped = &mut state.spoe_dropped;
+        state.spoe_waiting.retain(|id, pending| {
+            let ours = Arc::ptr_eq(&pending.conn, &conn);
+            if ours {
+                dropped.push(*id);
+            }
+            !ours
+        });
+        let mut wake = state.spoe_dropped.len() > before;
+        if let Some(note) = note {
+            if state.spoe_notes.len() < crate::MAX_SPOE_NOTES {
+                state.spoe_notes.push(note);
+                wake = true;
+            }
+        }
+        wake
+    };
+    if wake {
+        let _ = (&shared.wake).write(&[1]);
+    }
     let last = match end {
         None | Some(End::Closed) | Some(End::Health) => None,
         Some(End::Normal) => Some(agent_disconnect(0, "normal")),

@@ -664,6 +664,65 @@ async def test_haproxy_disconnect_after_pending_checks() -> None:
         assert await _disconnected(conn) == 0
 
 
+async def test_checks_still_deciding_when_their_connection_ends_are_cancelled() -> None:
+    """HAProxy closing a connection with checks in flight: their decisions are cancelled (a store call
+    not sent yet is never sent), so nothing is charged for checks nobody will read the answer of."""
+    app = _app()
+    decide = app.decide
+    release = asyncio.Event()
+    started = cancelled = finished = 0
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        nonlocal started, cancelled, finished
+        started += 1
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+        answer = await decide(*args, **kwargs)
+        finished += 1
+        return answer
+
+    app.decide = held  # type: ignore[method-assign]
+    async with serving(app) as connect:
+        conn = await connect()
+        await conn.hello()
+        await conn.send(*(notify(1, i, headers={"X-API-Key": "pk-alice"}) for i in range(3)))
+        for _ in range(500):
+            if started == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert started == 3
+        await conn.close()
+        for _ in range(500):
+            if cancelled == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert cancelled == 3
+        release.set()
+        app.decide = decide  # type: ignore[method-assign]
+        fresh = await connect()
+        await fresh.hello()
+        assert (await fresh.check(2, 1, headers={"X-API-Key": "pk-alice"}))["x_ratelimit_remaining"] == "99"
+    assert finished == 0
+
+
+async def test_a_refused_frame_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """The connection a bad frame ends is logged (``spoe_error``, with why), by both agents."""
+    async with serving(_app()) as connect:
+        conn = await connect()
+        await conn.hello()
+        await conn.send(frame(77, b"", 1, 1))
+        assert await _disconnected(conn) == 4
+        for _ in range(500):
+            if any(getattr(r, "event", None) == "spoe_error" for r in caplog.records):
+                break
+            await asyncio.sleep(0.01)
+    logged = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "spoe_error"]
+    assert logged == ["spoe: unexpected frame type 77; closing the connection"]
+
+
 async def test_a_peer_that_leaves_its_acks_unread_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     """A peer that pipelines checks and never reads its ACKs: once more than ``MAX_BUFFERED`` bytes of
     them wait (the kernel's buffers full), the connection is dropped, and others are served."""

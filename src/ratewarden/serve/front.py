@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Callable, Coroutine, Generator
+import math
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
@@ -24,11 +25,13 @@ from . import bounds
 from .rls import RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
 __all__ = [
-    "FRONTS", "CompiledFront", "FrontAdapter", "LateAnswers", "Resume", "build_record", "choose_front", "compiled_module", "describe",
-    "describe_opt_in", "start_front",
+    "FRONTS", "BatchAdapter", "CompiledFront", "FrontAdapter", "LateAnswers", "Resume", "Watched", "build_record",
+    "choose_front", "compiled_module", "describe", "describe_opt_in", "start_front",
 ]
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")  # one request taken from the front door
+_I = TypeVar("_I")  # one answer handed back to it
 
 log = logging.getLogger("ratewarden.serve")
 
@@ -38,6 +41,8 @@ FRONTS = ("auto", "compiled", "python")
 MODULE = "ratewarden._front"
 
 _INVALID_ARGUMENT, _INTERNAL, _UNAVAILABLE = 3, 13, 14
+#: A suspended decision this close to its deadline when its batch's timer fires is expired then.
+DUE_SLACK = 0.002
 #: One answer handed back: the request's id and its ``RlsAnswer``, or a gRPC ``(code, message)``.
 Item = tuple[int, "RlsAnswer | tuple[int, str]"]
 
@@ -131,6 +136,118 @@ class LateAnswers(Generic[_T]):
         self.answer(items)
 
 
+class Watched(Protocol):
+    """What ``BatchAdapter`` uses of a started ``ratewarden._front.Front``, whichever protocol it serves."""
+
+    def fileno(self) -> int: ...
+    def drain(self) -> None: ...
+
+
+class BatchAdapter(Generic[_R, _I]):
+    """Feeds a started front door's waiting requests to Python in batches, on the running event loop:
+    Rust wakes the loop through ``front``'s socket pair, ``take`` hands over every waiting request in
+    one call, and ``answer`` takes a batch's answers back in one call. Each protocol's adapter says
+    how a batch is decided (``_begin``); most start each request with ``_start``.
+
+    Args:
+        front: The started front door.
+        take: Up to ``max_batch`` waiting requests of this adapter's protocol.
+        answer: Hands answers back to Rust.
+        max_batch: The most requests taken in one crossing.
+    """
+
+    #: Start every decision in a Task of its own instead of running it inline first (``front_http``).
+    in_task = False
+
+    def __init__(
+        self, front: Watched, take: Callable[[int], list[_R]], answer: Callable[[list[_I]], None], max_batch: int,
+    ) -> None:
+        self.front = front
+        self.take = take
+        self.answer = answer
+        self.max_batch = max_batch
+        self.loop = asyncio.get_running_loop()
+        self._late: LateAnswers[_I] = LateAnswers(self.loop, answer)
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: The Task of each request whose decision suspended (``_start``), by request id.
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self.batches = 0
+        self.requests = 0
+        self.tasks = 0  # Tasks started for decisions that suspended
+        self.loop.add_reader(front.fileno(), self._on_wake)
+
+    def close(self) -> None:
+        """Stop watching the front door; decisions still running are cancelled."""
+        self.loop.remove_reader(self.front.fileno())
+        for task in self._tasks:
+            task.cancel()
+
+    def _on_wake(self) -> None:
+        self.front.drain()
+        while True:
+            batch = self.take(self.max_batch)
+            if not batch:
+                return
+            self.batches += 1
+            self.requests += len(batch)
+            done: list[_I] = []
+            self._begin(batch, done)
+            if done:
+                self.answer(done)
+
+    def _begin(self, batch: list[_R], done: list[_I]) -> None:
+        """Decide ``batch``: answers ready now go to ``done``, the rest are answered later."""
+        raise NotImplementedError
+
+    def _item(self, rid: int, value: Any) -> _I:
+        """The answer handed back for request ``rid`` decided as ``value``."""
+        raise NotImplementedError
+
+    def _failed(self, exc: BaseException) -> Any:
+        """The decided value of a request whose decision raised ``exc``."""
+        raise NotImplementedError
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        self.tasks += 1
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def cancel(self, rids: list[int]) -> None:
+        """Cancel the decisions of requests ``rids`` (nothing will take their answers): a store call
+        not sent yet is then never sent, so nothing is charged for it."""
+        for rid in rids:
+            task = self._running.pop(rid, None)
+            if task is not None:
+                task.cancel()
+
+    def _start(self, rid: int, coro: Coroutine[Any, Any, Any], done: list[_I]) -> None:
+        """Run request ``rid``'s decision inline: its answer goes to ``done`` when it finishes without
+        suspending; else it goes on in a Task from where it stopped, and is answered with the late ones."""
+        if self.in_task:
+            self._running[rid] = self._spawn(self._finish(rid, coro))
+            return
+        try:
+            first = coro.send(None)
+        except StopIteration as stop:
+            done.append(self._item(rid, stop.value))
+            return
+        except Exception as exc:
+            done.append(self._item(rid, self._failed(exc)))
+            return
+        self._running[rid] = self._spawn(self._finish(rid, Resume(coro, first)))
+
+    async def _finish(self, rid: int, rest: Awaitable[Any]) -> None:
+        try:
+            value = await rest
+        except Exception as exc:
+            value = self._failed(exc)
+        finally:
+            self._running.pop(rid, None)
+        self._late.add(self._item(rid, value))
+
+
 def describe_opt_in(kind: str, option: str, requested: str, python: str, engine: str) -> str:
     """One line naming the front door an opt-in ``--<option>-front requested`` runs (``serve
     --version``): ``python`` (``python`` names its server), else the compiled one (``engine`` names
@@ -189,8 +306,12 @@ def _error(exc: BaseException) -> tuple[int, str]:
     return _INTERNAL, f"{type(exc).__name__}: {exc}"
 
 
-class FrontAdapter:
-    """Feeds a started ``Front``'s batches to ``service`` on the running event loop.
+#: One request taken: its id, domain, descriptors, hits added, and seconds left to its deadline.
+GrpcRequest = tuple[int, str, list[RequestDescriptor], int, float]
+
+
+class FrontAdapter(BatchAdapter[GrpcRequest, Item]):
+    """Feeds a started ``Front``'s gRPC batches to ``service`` on the running event loop.
 
     Args:
         front: The started front door.
@@ -199,61 +320,61 @@ class FrontAdapter:
     """
 
     def __init__(self, front: Front, service: RateLimitService, max_batch: int = 1024) -> None:
-        self.front = front
         self.service = service
-        self.max_batch = max_batch
-        self.loop = asyncio.get_running_loop()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0
-        self.requests = 0
-        self.tasks = 0  # Tasks started for decisions that suspended: one per batch at most
         self.expired = 0  # decisions stopped at their request's deadline (Rust answered DEADLINE_EXCEEDED)
-        #: What each suspended decision waits for now, and the timer that cancels it at its deadline.
+        #: What each suspended decision waits for now, and its deadline (the loop's clock).
         self._waits: dict[int, Any] = {}
-        self._timers: dict[int, asyncio.TimerHandle] = {}
-        self._late: set[int] = set()
-        self.loop.add_reader(front.fileno(), self._on_wake)
+        self._due: dict[int, float] = {}
+        self._past: set[int] = set()
+        super().__init__(front, front.take, front.answer, max_batch)
 
-    def close(self) -> None:
-        """Stop watching the front door."""
-        self.loop.remove_reader(self.front.fileno())
+    def _begin(self, batch: list[GrpcRequest], done: list[Item]) -> None:
+        """Decide each request inline; those that suspend (one store pipeline) go on in one Task."""
+        waiting: list[Waiting] = []
+        now = self.loop.time()
+        soonest = math.inf
+        for rid, domain, descriptors, hits, left in batch:
+            coro = self.service.should_rate_limit(domain, descriptors, hits)
+            try:
+                first = coro.send(None)
+            except StopIteration as stop:
+                done.append((rid, stop.value))
+                continue
+            except Exception as exc:
+                done.append((rid, _error(exc)))
+                continue
+            waiting.append((rid, coro, first))
+            self._waits[rid] = first
+            self._due[rid] = now + left
+            soonest = min(soonest, left)
+        if waiting:
+            timer: list[asyncio.TimerHandle] = []
+            timer.append(self.loop.call_at(now + soonest, self._expire_due, [w[0] for w in waiting], timer))
+            self._spawn(self._resume(waiting, timer))
 
-    def _on_wake(self) -> None:
-        self.front.drain()
-        while True:
-            batch = self.front.take(self.max_batch)
-            if not batch:
-                return
-            self.batches += 1
-            self.requests += len(batch)
-            done: list[Item] = []
-            waiting: list[Waiting] = []
-            for rid, domain, descriptors, hits, left in batch:
-                coro = self.service.should_rate_limit(domain, descriptors, hits)
-                try:
-                    first = coro.send(None)
-                except StopIteration as stop:
-                    done.append((rid, stop.value))
-                    continue
-                except Exception as exc:
-                    done.append((rid, _error(exc)))
-                    continue
-                waiting.append((rid, coro, first))
-                self._waits[rid] = first
-                self._timers[rid] = self.loop.call_later(left, self._expire, rid)
-            if done:
-                self.front.answer(done)
-            if waiting:
-                self.tasks += 1
-                task = self.loop.create_task(self._finish(waiting))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+    def _expire_due(self, rids: list[int], timer: list[asyncio.TimerHandle]) -> None:
+        """A batch's one deadline timer: expire its decisions still waiting whose deadline has come
+        (within ``DUE_SLACK``), and wait again for the soonest of the others."""
+        now = self.loop.time()
+        later: list[int] = []
+        soonest = math.inf
+        for rid in rids:
+            due = self._due.get(rid)
+            if due is None:
+                continue  # settled
+            if due - now <= DUE_SLACK:
+                self._expire(rid)
+            else:
+                later.append(rid)
+                soonest = min(soonest, due)
+        if later:
+            timer[0] = self.loop.call_at(soonest, self._expire_due, later, timer)
 
     def _expire(self, rid: int) -> None:
         """At a suspended decision's deadline: Rust has answered it DEADLINE_EXCEEDED, so cancel what
         it waits for (a store call not sent yet is then never sent: nothing is charged for it)."""
-        self._timers.pop(rid, None)
-        self._late.add(rid)
+        self._due.pop(rid, None)
+        self._past.add(rid)
         pending = self._waits.get(rid)
         if pending is not None and not pending.done():
             pending.cancel()
@@ -261,26 +382,31 @@ class FrontAdapter:
     def _settled(self, rid: int) -> bool:
         """Forget a decision that ended; true when it ended past its deadline (answered already)."""
         self._waits.pop(rid, None)
-        timer = self._timers.pop(rid, None)
-        if timer is not None:
-            timer.cancel()
-        if rid in self._late:
-            self._late.discard(rid)
+        self._due.pop(rid, None)
+        if rid in self._past:
+            self._past.discard(rid)
             self.expired += 1
             return True
         return False
 
-    async def _finish(self, waiting: list[Waiting]) -> None:
+    async def _resume(self, waiting: list[Waiting], timer: list[asyncio.TimerHandle]) -> None:
         """Resume a batch's suspended decisions in one Task, each from where it stopped. They were
         queued into the same store pipeline in one loop pass, so the Task wakes once for all of
-        them; the answers go back in one call, and before each wait for what is not done yet."""
+        them; the answers go back in one call, and before each wait for what is not done yet.
+        ``timer`` holds the batch's deadline timer, cancelled once every decision has ended."""
+        try:
+            await self._resume_all(waiting)
+        finally:
+            timer[0].cancel()
+
+    async def _resume_all(self, waiting: list[Waiting]) -> None:
         done: list[Item] = []
         while waiting:
             later: list[Waiting] = []
             for rid, coro, pending in waiting:
                 if pending is None or not pending.done():
                     if done:
-                        self.front.answer(done)
+                        self.answer(done)
                         done = []
                     try:
                         await _Wait(pending)
@@ -288,7 +414,7 @@ class FrontAdapter:
                         if pending is None or not pending.done():
                             raise  # this Task is cancelled
                         # else the future failed: the decision reads that itself, below
-                if rid in self._late:  # past its deadline: go no further (its finally blocks run)
+                if rid in self._past:  # past its deadline: go no further (its finally blocks run)
                     coro.close()
                     self._settled(rid)
                     continue
@@ -305,7 +431,7 @@ class FrontAdapter:
                     later.append((rid, coro, pending))
             waiting = later
         if done:
-            self.front.answer(done)
+            self.answer(done)
 
 
 class CompiledFront:

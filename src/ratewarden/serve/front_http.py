@@ -15,13 +15,12 @@ import asyncio
 import logging
 import socket
 import sys
-from collections.abc import Awaitable
 from typing import Any, Protocol
 from urllib.parse import unquote
 
 from ..types import ASGIApp, Message
 from . import bounds
-from .front import LateAnswers, Resume, compiled_module, describe_opt_in
+from .front import BatchAdapter, compiled_module, describe_opt_in
 from .http import ServeApp
 from .http_io import error_answer
 from .rls import RequestDescriptor
@@ -123,7 +122,7 @@ def _scope(
     }
 
 
-class HttpAdapter:
+class HttpAdapter(BatchAdapter[HttpRequest, HttpItem]):
     """Answers a started front door's HTTP requests with ``app`` on the running event loop.
 
     Args:
@@ -132,61 +131,30 @@ class HttpAdapter:
         max_batch: The most requests taken in one crossing.
     """
 
+    in_task = _IN_TASK
+
     def __init__(self, front: HttpFront, app: ASGIApp, max_batch: int = 1024) -> None:
-        self.front = front
         self.app = app
-        self.max_batch = max_batch
-        self.loop = asyncio.get_running_loop()
         #: ``/check`` answered without an ASGI exchange: the same translation ``ServeApp`` runs for it.
         self._check = app.check if isinstance(app, ServeApp) else None
-        self._late: LateAnswers[HttpItem] = LateAnswers(self.loop, front.answer_http)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0
-        self.requests = 0
-        self.loop.add_reader(front.fileno(), self._on_wake)
+        super().__init__(front, front.take_http, front.answer_http, max_batch)
 
-    def close(self) -> None:
-        """Stop watching the front door."""
-        self.loop.remove_reader(self.front.fileno())
-
-    def _on_wake(self) -> None:
-        self.front.drain()
+    def _begin(self, batch: list[HttpRequest], done: list[HttpItem]) -> None:
         app, check = self.app, self._check
-        while True:
-            batch = self.front.take_http(self.max_batch)
-            if not batch:
-                return
-            self.batches += 1
-            self.requests += len(batch)
-            done: list[HttpItem] = []
-            for rid, method, target, headers, peer, local, body in batch:
-                raw_path, _, query = target.partition("?")
-                if check is not None and raw_path == "/check":
-                    coro = check(query.encode("latin-1", "replace"), headers, peer, local)
-                else:
-                    coro = _answer(app, _scope(method, raw_path, query, headers, peer, local), _Exchange(body))
-                if _IN_TASK:
-                    task = self.loop.create_task(self._finish(rid, coro))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-                    continue
-                try:
-                    first = coro.send(None)
-                except StopIteration as stop:
-                    status, out, payload = stop.value
-                    done.append((rid, status, out, payload))
-                    continue
-                task = self.loop.create_task(self._finish(rid, Resume(coro, first)))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            self.front.answer_http(done)
+        for rid, method, target, headers, peer, local, body in batch:
+            raw_path, _, query = target.partition("?")
+            if check is not None and raw_path == "/check":
+                coro = check(query.encode("latin-1", "replace"), headers, peer, local)
+            else:
+                coro = _answer(app, _scope(method, raw_path, query, headers, peer, local), _Exchange(body))
+            self._start(rid, coro, done)
 
-    async def _finish(self, rid: int, rest: Awaitable[tuple[int, Headers, bytes]]) -> None:
-        try:
-            status, out, payload = await rest
-        except Exception as exc:
-            status, out, payload = _failed(exc)
-        self._late.add((rid, status, out, payload))
+    def _item(self, rid: int, value: tuple[int, Headers, bytes]) -> HttpItem:
+        status, out, payload = value
+        return rid, status, out, payload
+
+    def _failed(self, exc: BaseException) -> tuple[int, Headers, bytes]:
+        return _failed(exc)
 
 
 class CompiledHttp:

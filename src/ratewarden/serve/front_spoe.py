@@ -17,7 +17,7 @@ import socket
 from typing import Protocol
 
 from . import spoe
-from .front import LateAnswers, Resume, compiled_module, describe_opt_in
+from .front import BatchAdapter, compiled_module, describe_opt_in
 from .http import ServeApp
 from .spop import Message, Value, set_var
 
@@ -41,6 +41,7 @@ class SpoeFront(Protocol):
     def drain(self) -> None: ...
     def take_spoe(self, limit: int) -> list[SpoeMessage]: ...
     def answer_spoe(self, items: list[SpoeItem]) -> None: ...
+    def take_spoe_ended(self) -> tuple[list[int], list[tuple[str, str]]]: ...
     def close(self) -> None: ...
     def stop(self, grace: float) -> None: ...
 
@@ -51,7 +52,7 @@ def _failed(exc: BaseException) -> list[bytes]:
     return [set_var("status", 500)]
 
 
-class SpoeAdapter:
+class SpoeAdapter(BatchAdapter[SpoeMessage, SpoeItem]):
     """Answers a started front door's SPOE messages with ``agent`` on the running event loop.
 
     Args:
@@ -61,59 +62,36 @@ class SpoeAdapter:
     """
 
     def __init__(self, front: SpoeFront, agent: spoe.SpoeAgent, max_batch: int = 1024) -> None:
-        self.front = front
         self.agent = agent
-        self.max_batch = max_batch
-        self.loop = asyncio.get_running_loop()
-        self._late: LateAnswers[SpoeItem] = LateAnswers(self.loop, front.answer_spoe)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0
-        self.requests = 0
-        self.loop.add_reader(front.fileno(), self._on_wake)
-
-    def close(self) -> None:
-        """Stop watching the front door; decisions still running are cancelled."""
-        self.loop.remove_reader(self.front.fileno())
-        for task in self._tasks:
-            task.cancel()
+        self._ended = front.take_spoe_ended
+        super().__init__(front, front.take_spoe, front.answer_spoe, max_batch)
 
     def _on_wake(self) -> None:
-        self.front.drain()
-        agent = self.agent
-        while True:
-            batch = self.front.take_spoe(self.max_batch)
-            if not batch:
-                return
-            self.batches += 1
-            self.requests += len(batch)
-            trusted: dict[str, bool] = {}
-            done: list[SpoeItem] = []
-            for rid, args, host, port in batch:
-                believed = trusted.get(host)
-                if believed is None:
-                    believed = trusted[host] = agent.app.is_trusted(host)
-                found = None if args is None else Message(agent.message, args)
-                coro = agent.actions(found, believed, (host, port))
-                try:
-                    first = coro.send(None)
-                except StopIteration as stop:
-                    done.append((rid, stop.value))
-                    continue
-                except Exception as exc:
-                    done.append((rid, _failed(exc)))
-                    continue
-                task = self.loop.create_task(self._finish(rid, Resume(coro, first)))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            if done:
-                self.front.answer_spoe(done)
+        super()._on_wake()
+        dropped, notes = self._ended()
+        if dropped:  # their connection ended: nothing takes their answers now
+            self.cancel(dropped)
+        for kind, why in notes:  # as the Python agent logs its connections' ends
+            if kind == "timeout":
+                log.debug("spoe: %s; closing the connection", why, extra={"event": "spoe_timeout"})
+            else:
+                log.warning("spoe: %s; closing the connection", why, extra={"event": "spoe_error"})
 
-    async def _finish(self, rid: int, rest: Resume[list[bytes]]) -> None:
-        try:
-            actions = await rest
-        except Exception as exc:
-            actions = _failed(exc)
-        self._late.add((rid, actions))
+    def _begin(self, batch: list[SpoeMessage], done: list[SpoeItem]) -> None:
+        agent = self.agent
+        trusted: dict[str, bool] = {}
+        for rid, args, host, port in batch:
+            believed = trusted.get(host)
+            if believed is None:
+                believed = trusted[host] = agent.app.is_trusted(host)
+            found = None if args is None else Message(agent.message, args)
+            self._start(rid, agent.actions(found, believed, (host, port)), done)
+
+    def _item(self, rid: int, value: list[bytes]) -> SpoeItem:
+        return rid, value
+
+    def _failed(self, exc: BaseException) -> list[bytes]:
+        return _failed(exc)
 
 
 class CompiledSpoe:
