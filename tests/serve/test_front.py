@@ -285,6 +285,22 @@ def test_connections_that_never_finish_the_http2_handshake_are_closed(serve: Any
     assert server.stop() == 0
 
 
+def test_the_python_door_closes_connections_that_never_finish_the_http2_handshake(serve: Any) -> None:
+    """``--grpc-handshake-timeout`` bounds the Python gRPC door too (grpc core's server handshake
+    deadline): a silent connection is closed after it, and a client is served meanwhile."""
+    server, address, _ = serve(5, "--front", "python", "--grpc-handshake-timeout", "1")
+    server.ready(1)
+    assert server.events("started")[0]["front"] == "python"
+    host, port = address.rsplit(":", 1)
+    silent = socket.create_connection((host, int(port)), timeout=20)
+    try:
+        assert asyncio.run(outcome(address, request([("user", "p")]))) == (grpc.StatusCode.OK, "OK")
+        assert _closed_by_server(silent)  # within the socket's 20 s (grpc core's default is 120 s)
+    finally:
+        silent.close()
+    assert server.stop() == 0
+
+
 async def test_a_call_past_its_deadline_in_the_queue_is_never_decided() -> None:
     """A call whose caller's deadline passed while it waited in the front door's queue (here: the
     event loop blocked) is never handed to the decision, so it charges nothing."""

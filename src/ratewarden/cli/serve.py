@@ -152,7 +152,7 @@ def _add_bounds(parser: argparse.ArgumentParser) -> None:
                        "DEADLINE_EXCEEDED; a caller's shorter grpc-timeout applies instead (default %(default)s)")
     group.add_argument("--grpc-handshake-timeout", type=float, default=bounds.GRPC_HANDSHAKE_TIMEOUT,
                        metavar="SECONDS", help="for a new gRPC connection to send HTTP/2's preface and SETTINGS, "
-                       "compiled front door, else it is closed (default %(default)s)")
+                       "else it is closed (default %(default)s)")
     group.add_argument("--max-descriptors", type=int, default=bounds.MAX_DESCRIPTORS, metavar="N",
                        help="in one Envoy rate limit request, else INVALID_ARGUMENT (default %(default)s)")
     group.add_argument("--max-entries", type=int, default=bounds.MAX_ENTRIES, metavar="N",

@@ -18,7 +18,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[imp
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from ..errors import LimitUnavailable
-from .bounds import GRPC_MAX_MESSAGE_SIZE
+from .bounds import GRPC_HANDSHAKE_TIMEOUT, GRPC_MAX_MESSAGE_SIZE
 from .rls import UINT32_MAX, RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
 __all__ = ["RlsServicer", "answer_to_proto", "request_from_proto", "rls_json", "start_grpc"]
@@ -124,7 +124,7 @@ class RlsServicer:
 
 async def start_grpc(
     service: RateLimitService, host: str = "127.0.0.1", port: int = 8081, *, reuse_port: bool = False,
-    max_message_size: int = GRPC_MAX_MESSAGE_SIZE,
+    max_message_size: int = GRPC_MAX_MESSAGE_SIZE, handshake_timeout: float = GRPC_HANDSHAKE_TIMEOUT,
 ) -> tuple[grpc.aio.Server, int]:
     """Start Envoy's rate limit service on ``host:port`` (port 0: any free port); returns the
     started server and its port. Stop it with ``await server.stop(grace)``.
@@ -136,10 +136,13 @@ async def start_grpc(
         reuse_port: Let several processes listen on the port (``SO_REUSEPORT``, for workers); off,
             a port in use is an error.
         max_message_size: The largest request accepted, in bytes (larger: RESOURCE_EXHAUSTED, unread).
+        handshake_timeout: Seconds for a new connection to send HTTP/2's preface and SETTINGS (then
+            grpc core closes it; its own default is 120 s).
     """
     options = [
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_receive_message_length", max_message_size),
+        ("grpc.server_handshake_timeout_ms", max(1, round(handshake_timeout * 1000))),
     ]
     server = grpc.aio.server(options=options)
     rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RlsServicer(service), server)

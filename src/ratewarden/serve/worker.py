@@ -208,6 +208,7 @@ class Worker:
         grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
         started = await grpc_module.start_grpc(
             self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
+            handshake_timeout=config.grpc_handshake_timeout,
         )
         return started[0] if isinstance(started, tuple) else started
 
