@@ -38,6 +38,6 @@ quietly env RATEWARDEN_REQUIRE_COMPILED=1 "$venv/bin/python" -m pip wheel -q --n
 wheel=$(ls "$PWD/$wheels"/ratewarden-*.whl)
 front=$("$venv/bin/python" -c 'import sys, zipfile; print(zipfile.ZipFile(sys.argv[1]).read("ratewarden/_front_build.txt").decode().strip())' "$wheel" 2>/dev/null || echo "not attempted")
 step "compiled front door (ratewarden._front): $front"
-step "installing $(basename "$wheel") with the bench and serve extras (FastAPI, uvicorn, traffik, slowapi, limits, ...; about 30 s)"
-quietly "$venv/bin/python" -m pip install -q "ratewarden[bench,serve] @ file://$wheel"
+step "installing $(basename "$wheel") with the bench, serve and redis extras (FastAPI, uvicorn, traffik, slowapi, limits, ...; about 30 s)"
+quietly "$venv/bin/python" -m pip install -q "ratewarden[bench,serve,redis] @ file://$wheel"
 step "ready: $("$venv/bin/ratewarden" --version)"
