@@ -15,7 +15,11 @@ __all__ = ["EXACT_CALLS", "EXACT_LIMIT", "SERVICES", "PeerRound", "PeerRow", "pe
 #: The exactness check: this many concurrent calls against a fresh descriptor limited to ``EXACT_LIMIT``/minute.
 EXACT_CALLS, EXACT_LIMIT = 200, 50
 SERVICES = {"python": "ratewarden serve (Python grpc)", "front": "ratewarden serve (compiled front door)",
+            "front-same": "ratewarden serve (compiled front door), the reference's answers (--envoy-headers none)",
             "reference": "envoyproxy/ratelimit"}
+#: What each compiled front door row is compared as: ratewarden's default answers (its five rate limit
+#: headers), and the reference's own default answers (no headers: the same bytes on the wire).
+ANSWERS = {"front": "ratewarden's headers", "front-same": "the same answers"}
 STATS = ("rps", "p50_ms", "p99_ms", "cpu_us", "redis_cpu_us")
 
 
@@ -36,7 +40,7 @@ class PeerRound:
 
 @dataclass
 class PeerRow:
-    service: str  # python | front | reference
+    service: str  # python | front | front-same | reference
     store: str  # redis | memory
     scenario: str  # over | under (the limit)
     workers: int
@@ -109,12 +113,13 @@ def peer_targets(rows: Sequence[PeerRow]) -> list[dict[str, Any]]:
     <= 1.0x, p99 <= the reference's; and every peer row exact."""
     out: list[dict[str, Any]] = []
     for ours in rows:
-        if (ours.service, ours.store, ours.workers, ours.connections) != ("front", "redis", 1, 1) or not ours.rounds:
+        if ours.service not in ANSWERS or (ours.store, ours.workers, ours.connections) != ("redis", 1, 1) \
+                or not ours.rounds:
             continue
         ref = next((r for r in rows if r.service == "reference" and r.same_cell(ours) and r.rounds), None)
         if ref is None:
             continue
-        where = f"gRPC vs envoyproxy/ratelimit (Redis, {ours.scenario} the limit)"
+        where = f"gRPC vs envoyproxy/ratelimit (Redis, {ours.scenario} the limit, {ANSWERS[ours.service]})"
         rps = [1 / x for x in vs_reference(rows, ours, "rps") if x]
         out.append(_ratio_entry(f"{where}: req/s", "reference req/s / ours <= 1.0 (same round)", rps, ours, ref,
                                 "rps", "rps"))

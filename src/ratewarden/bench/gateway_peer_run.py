@@ -59,7 +59,9 @@ def _start(inst: Instance, tools: Tools, root: Path, redis_port: int, procs: con
     if inst.service == "reference":
         argv, env = [tools.reference], _reference_env(port, redis_port, root / "runtime")
     else:
-        front = tools.front[4:] if inst.service == "front" else ["--front", "python"]
+        front = ["--front", "python"] if inst.service == "python" else tools.front[4:]
+        if inst.service == "front-same":
+            front += ["--envoy-headers", "none"]  # the reference's default answers: no headers
         head = gp.serve_command([], 0)[:4] + front
         argv = [*head, str(config), "--grpc", f"{gp.HOST}:{port}", "--http", f"{gp.HOST}:{gp.free_port()}", "--store", store, "--workers", str(inst.workers), "--no-metrics", "--log-level", "error", "--watch", "0"]
     proc = gp.Proc(f"{d.name}-0", argv, d, port, None, env)
@@ -115,7 +117,8 @@ def _measure(tools: Tools, procs: list[gp.Proc], redis: gp.Proc | None, port: in
 
 
 def _skip_reason(inst: Instance, tools: Tools) -> str:
-    return tools.skip.get("all") or tools.skip.get(inst.service if inst.service != "python" else "", "") \
+    service = {"python": "", "front-same": "front"}.get(inst.service, inst.service)
+    return tools.skip.get("all") or tools.skip.get(service, "") \
         or (tools.skip.get("redis", "") if inst.store == "redis" else "")
 
 

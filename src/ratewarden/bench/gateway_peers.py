@@ -53,7 +53,7 @@ descriptors:
 class Instance:
     """One service started once per round, and the cells (scenario, ghz connections) it runs."""
 
-    service: str  # python | front | reference
+    service: str  # python | front | front-same | reference
     store: str  # redis | memory
     workers: int
     cells: tuple[tuple[str, int], ...]
@@ -62,6 +62,7 @@ class Instance:
 INSTANCES = (
     Instance("python", "redis", 1, (("over", 1), ("under", 1))),
     Instance("front", "redis", 1, (("over", 1), ("under", 1), ("under", 4))),
+    Instance("front-same", "redis", 1, (("over", 1), ("under", 1))),
     Instance("reference", "redis", 1, (("over", 1), ("under", 1), ("under", 4))),
     Instance("front", "redis", 2, (("under", 4),)),
     Instance("python", "memory", 1, (("over", 1), ("under", 1))),
