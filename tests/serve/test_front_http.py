@@ -279,14 +279,18 @@ def test_version_and_log_name_the_http_front_door(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "ratewarden.cli", "serve", "--http-front", "compiled", "--version"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "HTTP front door: compiled (hyper in ratewarden._front" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "ratewarden.cli", "serve", "--http-front", "python", "--version"],
+                         capture_output=True, text=True, timeout=60)
+    assert "HTTP front door: python (uvicorn); not compiled: --http-front python" in out.stdout
     out = subprocess.run([sys.executable, "-m", "ratewarden.cli", "serve", "--version"],
                          capture_output=True, text=True, timeout=60)
-    assert "HTTP front door: python (uvicorn)" in out.stdout
-    server = _start(tmp_path, "--http-front", "compiled")
-    try:
-        assert server.events("started")[0]["http_front"] == "compiled"
-    finally:
-        assert server.stop() == 0
+    assert "HTTP front door: compiled (hyper in ratewarden._front" in out.stdout  # auto, where it imports
+    for asked in ("compiled", "auto"):
+        server = _start(tmp_path, "--http-front", asked)
+        try:
+            assert server.events("started")[0]["http_front"] == "compiled"
+        finally:
+            assert server.stop() == 0
 
 
 def test_without_the_extension_http_front_compiled_exits_2(tmp_path: Path) -> None:
@@ -300,3 +304,5 @@ def test_without_the_extension_http_front_compiled_exits_2(tmp_path: Path) -> No
     assert "Traceback" not in refused.stderr
     version = subprocess.run([*base, "--http-front", "compiled", "--version"], capture_output=True, text=True, timeout=60)
     assert "HTTP front door: none (--http-front compiled: ratewarden._front does not import" in version.stdout
+    version = subprocess.run([*base, "--version"], capture_output=True, text=True, timeout=60)
+    assert "HTTP front door: python (uvicorn); not compiled: ratewarden._front does not import" in version.stdout

@@ -370,11 +370,12 @@ def test_spoe_agent_answers_and_ends_its_connections_on_sigterm(tmp_path: Path, 
 
 
 def test_version_names_the_spoe_front_door_and_compiled_needs_the_extension(tmp_path: Path) -> None:
-    """``--version`` names the SPOE agent ``--spoe-front`` runs; without ``ratewarden._front``,
-    ``--spoe-front compiled`` exits 2 with the reason, no traceback."""
+    """``--version`` names the SPOE agent ``--spoe-front`` runs; without ``ratewarden._front``, the
+    default falls back to the Python agent and says why, and ``--spoe-front compiled`` exits 2 with
+    the reason, no traceback."""
     version = [sys.executable, "-m", "ratewarden.cli", "serve", "--version"]
-    assert "SPOE front door: python (asyncio)" in subprocess.run(
-        version, capture_output=True, text=True, timeout=60).stdout
+    assert "SPOE front door: python (asyncio); not compiled: --spoe-front python" in subprocess.run(
+        [*version[:-1], "--spoe-front", "python", "--version"], capture_output=True, text=True, timeout=60).stdout
     policy = tmp_path / "policy.toml"
     _write(policy, POLICY.replace("{basic}", "5/hour"))
     code = "import sys; sys.modules['ratewarden._front'] = None; from ratewarden.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -385,10 +386,14 @@ def test_version_names_the_spoe_front_door_and_compiled_needs_the_extension(tmp_
     assert "Traceback" not in refused.stderr
     none = subprocess.run([*base, "--spoe-front", "compiled", "--version"], capture_output=True, text=True, timeout=60)
     assert "SPOE front door: none (--spoe-front compiled: ratewarden._front does not import" in none.stdout
+    fallback = subprocess.run([*base, "--version"], capture_output=True, text=True, timeout=60)
+    assert "SPOE front door: python (asyncio); not compiled: ratewarden._front does not import" in fallback.stdout
     require_compiled_front()
     compiled = subprocess.run([*version[:-1], "--spoe-front", "compiled", "--version"], capture_output=True, text=True,
                               timeout=60)
     assert "SPOE front door: compiled (tokio in ratewarden._front" in compiled.stdout
+    default = subprocess.run(version, capture_output=True, text=True, timeout=60)
+    assert "SPOE front door: compiled (tokio in ratewarden._front" in default.stdout  # auto, where it imports
 
 
 def test_start_up_errors_exit_2(tmp_path: Path) -> None:

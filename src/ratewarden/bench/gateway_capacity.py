@@ -48,13 +48,14 @@ def measure_capacity(opts: GatewayOptions, root: Path, policy: Path, bins: Mappi
     envoy.write_text(gp.envoy_yaml(), encoding="utf-8")
     stacks = {"floor": "fixed 200 / OK on ratewarden serve's stack (uvicorn + grpc.aio, one event loop)",
               "floor-headers": "the same fixed 200 with an allowed check's 5 rate-limit headers",
-              "ours": "ratewarden serve --workers 1, memory store"}
+              "ours": "ratewarden serve --workers 1 --http-front python (uvicorn), memory store"}
     rows: list[CapacityRow] = []
     live: list[tuple[CapacityRow, int, int]] = []
     for what in CAPACITY_SERVERS:
         http, grpc = gp.free_port(), gp.free_port() if opts.grpc and what != "floor-headers" else 0
         if what == "ours":
-            argv = gp.serve_command([policy, envoy], http, grpc)
+            # uvicorn, as its fixed-answer floor (scripts/bench_front_http.py sets the compiled one beside its own)
+            argv = gp.serve_command([policy, envoy], http, grpc, http_front="python")
         else:
             argv = gp.floor_command(http, grpc, headers=what == "floor-headers")
         mine = [CapacityRow("http", what, stacks[what])] + ([CapacityRow("grpc", what, stacks[what])] if grpc else [])

@@ -49,14 +49,16 @@ def register(subparsers: Any) -> None:
         "compiled when it is installed (default %(default)s; docs/serve.md#the-compiled-front-door)",
     )
     parser.add_argument(
-        "--http-front", choices=("python", "compiled"), default="python",
-        help="the HTTP server: python = uvicorn, compiled = hyper in ratewarden._front, answering with the "
-        "same app (default %(default)s; docs/serve.md#the-compiled-front-door)",
+        "--http-front", choices=("auto", "python", "compiled"), default="auto",
+        help="the HTTP server: compiled = hyper in ratewarden._front, answering with the same app; python = "
+        "uvicorn; auto = compiled when ratewarden._front imports (default %(default)s; "
+        "docs/serve.md#the-compiled-front-door)",
     )
     parser.add_argument(
-        "--spoe-front", choices=("python", "compiled"), default="python",
-        help="the SPOE agent (--spoe): python = asyncio, compiled = tokio in ratewarden._front, answering "
-        "with the same decisions (default %(default)s; docs/serve.md#the-compiled-front-door)",
+        "--spoe-front", choices=("auto", "python", "compiled"), default="auto",
+        help="the SPOE agent (--spoe): compiled = tokio in ratewarden._front, answering with the same "
+        "decisions; python = asyncio; auto = compiled when ratewarden._front imports (default %(default)s; "
+        "docs/serve.md#the-compiled-front-door)",
     )
     parser.add_argument(
         "--version", action=_Version, nargs=0,
@@ -97,8 +99,8 @@ class _Version(argparse.Action):
 
         print(version_text())
         print(describe(getattr(namespace, "front", None) or "auto"))
-        print(describe_http(getattr(namespace, "http_front", None) or "python"))
-        print(describe_spoe(getattr(namespace, "spoe_front", None) or "python"))
+        print(describe_http(getattr(namespace, "http_front", None) or "auto"))
+        print(describe_spoe(getattr(namespace, "spoe_front", None) or "auto"))
         parser.exit()
 
 
@@ -234,20 +236,11 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name)}")
         if not args.spoe_message:
             raise ConfigurationError("--spoe-message must name the spoe-message, e.g. check")
-        if args.front == "compiled":
-            from ..serve.front import choose_front
+        from ..serve.front import choose_front
 
-            choose_front(args.front)
-        if args.http_front == "compiled":
-            from ..serve.front import compiled_module
-
-            if compiled_module()[0] is None:
-                raise ConfigurationError(f"--http-front compiled: {compiled_module()[1]}")
-        if args.spoe_front == "compiled":
-            from ..serve.front import compiled_module
-
-            if compiled_module()[0] is None:
-                raise ConfigurationError(f"--spoe-front compiled: {compiled_module()[1]}")
+        for option, requested in (("--front", args.front), ("--http-front", args.http_front),
+                                  ("--spoe-front", args.spoe_front)):
+            choose_front(requested, option)  # compiled asked for and missing: exit 2, saying why
     except ConfigurationError as exc:
         print(f"ratewarden serve: {exc}", file=sys.stderr)
         return 2

@@ -30,8 +30,8 @@ class ServeConfig:
     spoe: tuple[str, int] | None = None
     workers: int = 1
     front: str = "auto"  # auto | compiled | python: the gRPC front door (serve.front.FRONTS)
-    http_front: str = "python"  # python | compiled: the HTTP server (serve.front_http.HTTP_FRONTS)
-    spoe_front: str = "python"  # python | compiled: the SPOE agent (serve.front_spoe.SPOE_FRONTS)
+    http_front: str = "auto"  # auto | python | compiled: the HTTP server (serve.front.FRONTS)
+    spoe_front: str = "auto"  # auto | python | compiled: the SPOE agent (serve.front.FRONTS)
     store: str | None = None
     trusted_proxies: Sequence[str] = DEFAULT_TRUSTED
     log_format: str = "json"

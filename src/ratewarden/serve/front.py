@@ -249,33 +249,37 @@ class BatchAdapter(Generic[_R, _I]):
 
 
 def describe_opt_in(kind: str, option: str, requested: str, python: str, engine: str) -> str:
-    """One line naming the front door an opt-in ``--<option>-front requested`` runs (``serve
-    --version``): ``python`` (``python`` names its server), else the compiled one (``engine`` names
-    its library) or why it is missing."""
-    if requested != "compiled":
-        return f"{kind} front door: python ({python})"
-    module, why = compiled_module()
-    if module is None:
-        return f"{kind} front door: none (--{option}-front compiled: {why})"
-    return f"{kind} front door: compiled ({engine} in {module.__name__} {getattr(module, '__version__', '?')})"
+    """One line naming the front door ``--<option>-front requested`` runs (``serve --version``): the
+    compiled one (``engine`` names its library), else ``python`` (``python`` names its server) and why
+    not the compiled one."""
+    try:
+        front, why = choose_front(requested, f"--{option}-front")
+    except ConfigurationError as exc:
+        return f"{kind} front door: none ({exc})"
+    if front == "python":
+        return f"{kind} front door: python ({python}); not compiled: {why}"
+    module, _ = compiled_module()
+    return f"{kind} front door: compiled ({engine} in {MODULE} {getattr(module, '__version__', '?')})"
 
 
-def choose_front(requested: str) -> tuple[str, str]:
-    """The front door ``--front requested`` runs, ``"compiled"`` or ``"python"``, and why not the
-    compiled one (empty when it runs); ``ConfigurationError`` when ``compiled`` is asked for and absent.
+def choose_front(requested: str, option: str = "--front") -> tuple[str, str]:
+    """The front door ``option requested`` runs (``--front``, ``--http-front``, ``--spoe-front``),
+    ``"compiled"`` or ``"python"``, and why not the compiled one (empty when it runs);
+    ``ConfigurationError`` when ``compiled`` is asked for and absent.
 
     Args:
         requested: One of ``FRONTS``.
+        option: The option that asked, for the messages.
     """
     if requested not in FRONTS:
-        raise ConfigurationError(f"--front must be one of {', '.join(FRONTS)}, got {requested!r}")
+        raise ConfigurationError(f"{option} must be one of {', '.join(FRONTS)}, got {requested!r}")
     if requested == "python":
-        return "python", "--front python"
+        return "python", f"{option} python"
     module, why = compiled_module()
     if module is not None:
         return "compiled", ""
     if requested == "compiled":
-        raise ConfigurationError(f"--front compiled: {why}")
+        raise ConfigurationError(f"{option} compiled: {why}")
     return "python", why
 
 

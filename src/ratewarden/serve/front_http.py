@@ -29,7 +29,7 @@ __all__ = ["HTTP_FRONTS", "CompiledHttp", "HttpAdapter", "describe_http", "start
 
 log = logging.getLogger("ratewarden.serve")
 
-#: ``--http-front``'s choices: the HTTP server of each worker (``python``: uvicorn, the default).
+#: The HTTP servers a worker can run (``--http-front``, whose ``auto`` is ``compiled`` where it imports).
 HTTP_FRONTS = ("python", "compiled")
 
 Headers = list[tuple[bytes, bytes]]
@@ -223,10 +223,10 @@ def start_http_front(
     return CompiledHttp(front, HttpAdapter(front, app), grace)
 
 
-def describe_http(requested: str = "python") -> str:
+def describe_http(requested: str = "auto") -> str:
     """One line naming the HTTP front door ``--http-front requested`` runs (``serve --version``).
 
     Args:
-        requested: One of ``HTTP_FRONTS``.
+        requested: One of ``front.FRONTS``.
     """
     return describe_opt_in("HTTP", "http", requested, "uvicorn", "hyper")

@@ -25,7 +25,7 @@ __all__ = ["SPOE_FRONTS", "CompiledSpoe", "SpoeAdapter", "describe_spoe", "start
 
 log = logging.getLogger("ratewarden.serve")
 
-#: ``--spoe-front``'s choices: the SPOE agent of each worker (``python``: asyncio, the default).
+#: The SPOE agents a worker can run (``--spoe-front``, whose ``auto`` is ``compiled`` where it imports).
 SPOE_FRONTS = ("python", "compiled")
 
 #: One message taken: its id, arguments (``None``: the frame has no message of the agent's name), peer.
@@ -144,10 +144,10 @@ def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent |
     return CompiledSpoe(front, SpoeAdapter(front, agent), sock)
 
 
-def describe_spoe(requested: str = "python") -> str:
+def describe_spoe(requested: str = "auto") -> str:
     """One line naming the SPOE agent ``--spoe-front requested`` runs (``serve --version``).
 
     Args:
-        requested: One of ``SPOE_FRONTS``.
+        requested: One of ``front.FRONTS``.
     """
     return describe_opt_in("SPOE", "spoe", requested, "asyncio", "tokio")

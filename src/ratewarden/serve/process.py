@@ -123,16 +123,21 @@ def run(config: ServeConfig) -> int:
 
 
 def _choose_front(config: ServeConfig) -> ServeConfig:
-    """``config`` with ``front`` the gRPC front door that runs, ``compiled`` or ``python`` (chosen once,
-    before forking); ``auto`` falling back to python says why in one log line."""
-    if not config.envoy:
-        return config
+    """``config`` with ``front``, ``http_front`` and ``spoe_front`` the front doors that run, ``compiled``
+    or ``python`` (chosen once, before forking); ``auto`` falling back to python says why in one log line
+    (the first door that falls back: the others fall back for the same reason)."""
     from .front import choose_front
 
-    front, why = choose_front(config.front)
-    if front == "python" and config.front == "auto":
-        event(logging.WARNING, "front_python", f"gRPC through the python front door: {why}", reason=why)
-    return replace(config, front=front)
+    chosen: dict[str, str] = {}
+    for field, option, kind, used in (("front", "--front", "gRPC", bool(config.envoy)),
+                                      ("http_front", "--http-front", "HTTP", True),
+                                      ("spoe_front", "--spoe-front", "SPOE", config.spoe is not None)):
+        requested = getattr(config, field)
+        front, why = choose_front(requested, option)
+        if used and front == "python" and requested == "auto" and "python" not in chosen.values():
+            event(logging.WARNING, "front_python", f"{kind} through the python front door: {why}", reason=why)
+        chosen[field] = front
+    return replace(config, front=chosen["front"], http_front=chosen["http_front"], spoe_front=chosen["spoe_front"])
 
 
 #: Open files a worker keeps for itself beside its connections (store, gRPC, listening sockets, logs, metrics).
