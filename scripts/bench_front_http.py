@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from ratewarden.bench.gateway_peers import cpu_seconds
+from ratewarden.bench.gateway_procs import wait_port
 from ratewarden.bench.services import free_port
 
 POLICY = """
@@ -44,7 +44,6 @@ name = "api"
 path = "/api/**"
 tiered = true
 """
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _floor_compiled(port: int) -> None:
@@ -65,34 +64,18 @@ def _floor_compiled(port: int) -> None:
     asyncio.run(serve())
 
 
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def _wait(port: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"nothing listens on {port}")
-
-
 def _start(variant: str, port: int, policy: Path) -> subprocess.Popen[bytes]:
     python = sys.executable
     argv = {
         "python": [python, "-m", "ratewarden.cli", "serve", str(policy), "--http", f"127.0.0.1:{port}",
-                   "--no-metrics", "--watch", "0", "--log-level", "warning"],
+                   "--no-metrics", "--watch", "0", "--log-level", "warning", "--http-front", "python"],
         "compiled": [python, "-m", "ratewarden.cli", "serve", str(policy), "--http", f"127.0.0.1:{port}",
                      "--no-metrics", "--watch", "0", "--log-level", "warning", "--http-front", "compiled"],
         "python-floor": [python, "-m", "ratewarden.bench.gateway_floor", "--http", str(port), "--headers"],
         "compiled-floor": [python, __file__, "--floor-compiled", str(port)],
     }[variant]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    _wait(port)
+    wait_port(port, 60.0)
     return proc
 
 
@@ -127,9 +110,9 @@ def main() -> int:
             proc = _start(variant, port, policy)
             try:
                 _wrk(port, 1)
-                before = _cpu(proc.pid)
+                before = cpu_seconds([proc.pid])
                 requests = _wrk(port, args.seconds)
-                cpu = _cpu(proc.pid) - before
+                cpu = cpu_seconds([proc.pid]) - before
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(30)

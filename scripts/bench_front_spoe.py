@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -25,26 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_front_http import POLICY  # the same policy (run as a script: its folder is on sys.path)
+
+from ratewarden.bench.gateway_peers import cpu_seconds
+from ratewarden.bench.gateway_procs import wait_port
 from ratewarden.bench.services import free_port
 from ratewarden.serve.spop import NOTIFY, encode_varint
-
-POLICY = """
-version = 1
-
-[identity]
-sources = ["header:X-API-Key"]
-unknown_group = "basic"
-anonymous_group = "basic"
-
-[groups.basic]
-limits = "1000000000/hour"
-
-[[rules]]
-name = "api"
-path = "/api/**"
-tiered = true
-"""
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _string(raw: bytes) -> bytes:
@@ -64,28 +48,12 @@ _ARGS = (_string(b"method") + b"\x08" + _string(b"GET") + _string(b"uri") + b"\x
 NOTIFY_PAYLOAD = _string(b"check") + b"\x04" + _ARGS
 
 
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def _wait(port: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"nothing listens on {port}")
-
-
 def _start(variant: str, port: int, policy: Path) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "ratewarden.cli", "serve", str(policy), "--http", f"127.0.0.1:{free_port()}",
             "--spoe", f"127.0.0.1:{port}", "--spoe-front", variant, "--no-metrics", "--watch", "0",
             "--log-level", "warning"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    _wait(port)
+    wait_port(port, 60.0)
     return proc
 
 
@@ -139,9 +107,9 @@ def main() -> int:
             proc = _start(variant, port, policy)
             try:
                 asyncio.run(_load(port, args.connections, args.depth, 1.0))
-                before = _cpu(proc.pid)
+                before = cpu_seconds([proc.pid])
                 checks, batch_ms = asyncio.run(_load(port, args.connections, args.depth, args.seconds))
-                cpu = _cpu(proc.pid) - before
+                cpu = cpu_seconds([proc.pid]) - before
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(30)

@@ -79,12 +79,14 @@ def targets(report: GatewayReport) -> list[dict[str, Any]]:
         a, b = lat(v, "mean", i), lat(none, "mean", i)
         return None if a is None or b is None or not b else a / b
 
-    for path, ours_key, floor_key in (("Lua", "haproxy-ratewarden", "haproxy-floor"),
-                                      ("SPOE", "haproxy-spoe", "haproxy-spoe-floor"),
-                                      ("SPOE, compiled front door", "haproxy-spoe-compiled", "haproxy-spoe-floor")):
+    # Added p99: 1 ms for the Lua set-up (the gateway issue's), 0.5 ms for SPOE (the compiled front door's issue).
+    for path, ours_key, floor_key, p99 in (("Lua", "haproxy-ratewarden", "haproxy-floor", 1.0),
+                                           ("SPOE", "haproxy-spoe", "haproxy-spoe-floor", 0.5),
+                                           ("SPOE, compiled front door", "haproxy-spoe-compiled", "haproxy-spoe-floor",
+                                            0.5)):
         ours, floor = report.variant(ours_key), report.variant(floor_key)
-        out.append(entry(f"HAProxy + ratewarden ({path}): added p99", "<= 1 ms over HAProxy without limiting", 1.0,
-                         "ms", added_p99, ours_row=ours, floor_row=floor))
+        out.append(entry(f"HAProxy + ratewarden ({path}): added p99", f"<= {p99:g} ms over HAProxy without limiting",
+                         p99, "ms", added_p99, ours_row=ours, floor_row=floor))
         out.append(entry(f"HAProxy + ratewarden ({path}): average latency",
                          "<= 1.25x HAProxy without limiting (HAProxy's Lua set-up: 6.99x)", 1.25, "x", avg_ratio,
                          ours_row=ours, floor_row=floor))
