@@ -357,8 +357,11 @@ def test_the_spoe_floor_answers_what_the_agent_answers_an_allowed_check(tmp_path
 def test_floor_and_serve_commands_take_an_spoe_port() -> None:
     from ratewarden.bench import gateway_procs as gp
 
-    assert gp.serve_command([Path("p.toml")], 1, spoe=3)[-2:] == ["--spoe", "127.0.0.1:3"]
+    # the python agent is named: the default (auto) runs the compiled one where it imports
+    assert gp.serve_command([Path("p.toml")], 1, spoe=3)[-4:] == ["--spoe", "127.0.0.1:3", "--spoe-front", "python"]
     assert "--spoe" not in gp.serve_command([Path("p.toml")], 1)
+    assert "--http-front" not in gp.serve_command([Path("p.toml")], 1)
+    assert gp.serve_command([Path("p.toml")], 1, http_front="python")[-2:] == ["--http-front", "python"]
     assert gp.serve_command([Path("p.toml")], 1, spoe=3, spoe_front="compiled")[-4:] == [
         "--spoe", "127.0.0.1:3", "--spoe-front", "compiled"]
     argv = gp.floor_command(0, spoe=3)
