@@ -20,7 +20,8 @@ from urllib.parse import unquote
 
 from ..types import ASGIApp, Message
 from . import bounds
-from .front import BatchAdapter, compiled_module, describe_opt_in
+from .front import compiled_module, describe_opt_in
+from .front_batch import BatchAdapter
 from .http import ServeApp
 from .http_io import error_answer
 from .rls import RequestDescriptor

@@ -17,7 +17,8 @@ import socket
 from typing import Protocol
 
 from . import spoe
-from .front import BatchAdapter, compiled_module, describe_opt_in
+from .front import compiled_module, describe_opt_in
+from .front_batch import BatchAdapter
 from .http import ServeApp
 from .spop import Message, Value, set_var
 
