@@ -16,7 +16,7 @@ import json
 import random
 import re
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -481,28 +481,26 @@ def serve_app(case: Case) -> tuple[ServeApp, Store]:
     return ServeApp(limiter_for(store, case), parse_policy(policy_text(case), "toml", "case.toml")), store
 
 
-async def door_serve_check(case: Case, serve: Serve, key: str) -> Run:
-    app, store = serve_app(case)
-    serve.dispatch.apps[key] = app
+async def _checks(case: Case, port: int, key: str) -> list[tuple[int, dict[str, str]]]:
+    """The case's ``/check`` calls to ``serve``'s HTTP server on ``port`` (an nginx ``auth_request``'s)."""
     headers = {
         **case.request_headers, "X-Original-URI": url(case), "X-Original-Method": case.method,
         "X-Real-IP": case.client, "X-Conformance-Case": key,
     }
     out = []
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{serve.port}") as client:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
         for _ in range(case.sends):
             r = await client.get("/check", headers=headers)
             out.append((r.status_code, tracked(r.headers.items())))
-    return Run(out, store)
+    return out
 
 
-async def door_serve_v1_check(case: Case, serve: Serve, key: str) -> Run:
-    app, store = serve_app(case)
-    serve.dispatch.apps[key] = app
+async def _v1_checks(case: Case, port: int, key: str) -> list[tuple[int, dict[str, str]]]:
+    """The case's ``/v1/check`` calls (a JSON description) to ``serve``'s HTTP server on ``port``."""
     body = {"method": case.method, "path": url(case), "headers": dict(case.request_headers), "client": case.client,
             "cost": case.cost}
     out = []
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{serve.port}") as client:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
         for _ in range(case.sends):
             r = await client.post("/v1/check", json=body, headers={"X-Conformance-Case": key})
             if r.status_code != 200:  # the description itself was refused
@@ -510,7 +508,52 @@ async def door_serve_v1_check(case: Case, serve: Serve, key: str) -> Run:
                 continue
             answer = r.json()
             out.append((answer["status"], tracked(answer["headers"].items())))
+    return out
+
+
+async def door_serve_check(case: Case, serve: Serve, key: str) -> Run:
+    app, store = serve_app(case)
+    serve.dispatch.apps[key] = app
+    return Run(await _checks(case, serve.port, key), store)
+
+
+async def door_serve_v1_check(case: Case, serve: Serve, key: str) -> Run:
+    app, store = serve_app(case)
+    serve.dispatch.apps[key] = app
+    return Run(await _v1_checks(case, serve.port, key), store)
+
+
+async def _compiled_http(case: Case, calls: Callable[[Case, int, str], Awaitable[list[tuple[int, dict[str, str]]]]]) -> Run:
+    """``calls`` through the compiled HTTP front door (``--http-front compiled``, the default where it
+    imports), on this event loop, answering with the case's ``ServeApp``."""
+    from ratewarden.serve.front_http import start_http_front
+    from tests.front_door import require_compiled_front
+
+    require_compiled_front()
+    app, store = serve_app(case)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = start_http_front(app, sock, grace=5.0)
+    serving = asyncio.create_task(server.serve())
+    try:
+        out = await calls(case, sock.getsockname()[1], "compiled")
+    finally:
+        server.should_exit = True
+        await serving
+        sock.close()
     return Run(out, store)
+
+
+async def door_serve_check_compiled(case: Case) -> Run:
+    """``/check`` through the compiled front door: ``ServeApp.check`` without the ASGI exchange."""
+    return await _compiled_http(case, _checks)
+
+
+async def door_serve_v1_check_compiled(case: Case) -> Run:
+    """``/v1/check`` through the compiled front door (the ASGI app, run by the front door's adapter)."""
+    return await _compiled_http(case, _v1_checks)
 
 
 async def door_spoe(case: Case, compiled: bool = False) -> Run:

@@ -31,13 +31,16 @@ DOORS: dict[str, Callable[..., Awaitable[doors.Run]]] = {
     "sanic": doors.door_sanic,
     "serve-check": doors.door_serve_check,
     "serve-v1-check": doors.door_serve_v1_check,
+    "serve-check-compiled": doors.door_serve_check_compiled,
+    "serve-v1-check-compiled": doors.door_serve_v1_check_compiled,
     "spoe": doors.door_spoe,
     "spoe-compiled": doors.door_spoe_compiled,
     "grpc": doors.door_grpc,
     "grpc-compiled": doors.door_grpc_compiled,
 }
 #: Doors that answer as another door does: its differences are theirs.
-SAME_AS = {"grpc-compiled": "grpc", "spoe-compiled": "spoe"}
+SAME_AS = {"grpc-compiled": "grpc", "spoe-compiled": "spoe", "serve-check-compiled": "serve-check",
+           "serve-v1-check-compiled": "serve-v1-check"}
 #: The doors behind ``ratewarden serve``'s HTTP server (one uvicorn for the module).
 SERVED = ("serve-check", "serve-v1-check")
 #: Names a door gives the rules' limits in its headers, when not the rule's name.
