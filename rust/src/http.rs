@@ -183,30 +183,33 @@ fn seconds(duration: Duration) -> String {
     format!("{}", duration.as_secs_f64())
 }
 
+/// Bytes a queued request holds: its target, headers and body, and their allocations.
+fn weight(request: &HttpRequest) -> usize {
+    let headers: usize = request
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 64)
+        .sum();
+    256 + request.method.len() + request.target.len() + headers + request.body.len()
+}
+
 /// Queue `request` for Python and wait for its answer (at most the request timeout).
 async fn decide(shared: Arc<Shared>, request: HttpRequest) -> Response<Full<Bytes>> {
     let (sender, receiver) = oneshot::channel();
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let bytes = weight(&request);
+    let deadline = tokio::time::Instant::now() + shared.request_timeout;
     let first = {
         let mut state = shared.state.lock().unwrap();
-        if state.waiting.len() + state.http_waiting.len() >= shared.max_pending {
-            return error_response(
-                503,
-                &format!(
-                    "more than {} requests waiting for a decision",
-                    shared.max_pending
-                ),
-            );
+        if let Some(why) = state.full(&shared, bytes) {
+            return error_response(503, &why);
         }
-        state.http_waiting.insert(id, sender);
-        state.http_queue.push((id, request));
-        state.http_queue.len() == 1
+        state.http.push(id, request, sender, bytes, deadline)
     };
     if first {
-        // A full socket buffer means a wake-up is pending already.
-        let _ = (&shared.wake).write(&[1]);
+        shared.wake();
     }
-    match tokio::time::timeout(shared.request_timeout, receiver).await {
+    match tokio::time::timeout_at(deadline, receiver).await {
         Ok(Ok(answer)) => {
             let mut response = Response::new(Full::new(Bytes::from(answer.body)));
             *response.status_mut() =
@@ -222,9 +225,11 @@ async fn decide(shared: Arc<Shared>, request: HttpRequest) -> Response<Full<Byte
             }
             response
         }
-        Ok(Err(_)) => error_response(500, "the decision was dropped"),
-        Err(_) => {
-            shared.state.lock().unwrap().http_waiting.remove(&id);
+        Ok(Err(_)) if tokio::time::Instant::now() < deadline => {
+            error_response(500, "the decision was dropped")
+        }
+        _ => {
+            shared.state.lock().unwrap().http.remove(id);
             error_response(
                 503,
                 &format!(

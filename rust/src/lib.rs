@@ -19,9 +19,9 @@
 
 mod http;
 mod proto;
+mod queue;
 mod spoe;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -41,6 +41,9 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+use bytes::Buf;
+use prost::Message;
+use queue::Queue;
 use tonic::codegen::{empty_body, http as tonic_http, Body, BoxFuture, Service, StdError};
 use tonic::{Code, Status};
 
@@ -51,12 +54,9 @@ const UNITS_LISTED: &str = "SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR";
 type Answer = Result<RateLimitResponse, Status>;
 
 struct State {
-    queue: Vec<(u64, RateLimitRequest, Instant)>,
-    waiting: HashMap<u64, oneshot::Sender<Answer>>,
-    http_queue: Vec<(u64, http::HttpRequest)>,
-    http_waiting: HashMap<u64, oneshot::Sender<http::HttpAnswer>>,
-    spoe_queue: Vec<(u64, spoe::SpoeRequest)>,
-    spoe_waiting: HashMap<u64, spoe::Pending>,
+    grpc: Queue<RateLimitRequest, oneshot::Sender<Answer>>,
+    http: Queue<http::HttpRequest, oneshot::Sender<http::HttpAnswer>>,
+    spoe: Queue<spoe::SpoeRequest, spoe::Pending>,
     /// Messages Python was deciding when their connection ended (their decisions are cancelled).
     spoe_dropped: Vec<u64>,
     /// How connections ended badly, for Python's log: (`error` or `timeout`, why); at most
@@ -67,6 +67,26 @@ struct State {
 /// Notes of ended SPOE connections kept for Python's log between two of its wake-ups.
 const MAX_SPOE_NOTES: usize = 1024;
 
+impl State {
+    /// Why a gRPC or HTTP request of `bytes` may not be queued now: the worker holds `max_pending`
+    /// requests, or their bytes and these would pass `max_pending_bytes`.
+    fn full(&self, shared: &Shared, bytes: usize) -> Option<String> {
+        if self.grpc.len() + self.http.len() >= shared.max_pending {
+            return Some(format!(
+                "more than {} requests waiting for a decision",
+                shared.max_pending
+            ));
+        }
+        if self.grpc.bytes() + self.http.bytes() + bytes > shared.max_pending_bytes {
+            return Some(format!(
+                "more than {} bytes of requests waiting for a decision",
+                shared.max_pending_bytes
+            ));
+        }
+        None
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     next_id: AtomicU64,
@@ -74,10 +94,22 @@ struct Shared {
     max_descriptors: usize,
     max_entries: usize,
     max_pending: usize,
+    max_pending_bytes: usize,
     request_timeout: StdDuration,
 }
 
+/// Bytes a decoded gRPC request holds: its encoding, and the allocations of its strings.
+fn weight(request: &RateLimitRequest) -> usize {
+    let entries: usize = request.descriptors.iter().map(|d| d.entries.len()).sum();
+    256 + request.encoded_len() + 64 * request.descriptors.len() + 64 * entries
+}
+
 impl Shared {
+    /// Write the wake-up byte (a full socket buffer means one is pending already).
+    fn wake(&self) {
+        let _ = (&self.wake).write(&[1]);
+    }
+
     /// Refuse what the decision core would refuse for its size or shape before queueing it,
     /// with the same messages (`RateLimitService.check_size`, `request_from_proto`).
     fn check(&self, request: &RateLimitRequest) -> Result<(), Status> {
@@ -108,51 +140,56 @@ impl Shared {
         Ok(())
     }
 
-    /// Queue `request` for a decision and wait for it until the request's deadline: the sooner of
-    /// `request_timeout` and the caller's own (`grpc-timeout`, `caller`). A request whose caller
-    /// gave up (this future dropped: the call was reset) or whose deadline passed leaves `waiting`,
-    /// so `take` never hands it to Python.
-    async fn decide(
-        self: Arc<Self>,
-        request: RateLimitRequest,
-        caller: Option<StdDuration>,
-    ) -> Answer {
+    /// Queue `request` for a decision and wait for it until `deadline`: the sooner of the call's
+    /// arrival plus `request_timeout` and the caller's own (`grpc-timeout`, `callers`). A request
+    /// whose caller gave up (this future dropped: the call was reset) or whose deadline passed
+    /// leaves the queue, so `take` never hands it to Python.
+    async fn decide(self: Arc<Self>, request: RateLimitRequest, deadline: Deadline) -> Answer {
         self.check(&request)?;
-        let callers = caller.is_some_and(|timeout| timeout < self.request_timeout);
-        let deadline =
-            Instant::now() + caller.map_or(self.request_timeout, |t| t.min(self.request_timeout));
+        let bytes = weight(&request);
         let (sender, receiver) = oneshot::channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let first = {
             let mut state = self.state.lock().unwrap();
-            if state.waiting.len() + state.http_waiting.len() >= self.max_pending {
-                return Err(Status::resource_exhausted(format!(
-                    "more than {} requests waiting for a decision",
-                    self.max_pending
-                )));
+            if let Some(why) = state.full(&self, bytes) {
+                return Err(Status::resource_exhausted(why));
             }
-            state.waiting.insert(id, sender);
-            state.queue.push((id, request, deadline));
-            state.queue.len() == 1
+            state.grpc.push(id, request, sender, bytes, deadline.at)
         };
         let mut leave = Leave(&self, Some(id));
         if first {
-            // A full socket buffer means a wake-up is pending already.
-            let _ = (&self.wake).write(&[1]);
+            self.wake();
         }
-        match tokio::time::timeout_at(deadline, receiver).await {
+        match tokio::time::timeout_at(deadline.at, receiver).await {
             Ok(Ok(answer)) => {
                 leave.1 = None; // `answer` took it out
                 answer
             }
-            Ok(Err(_)) => Err(Status::internal("the decision was dropped")),
-            Err(_) if callers => Err(caller_deadline()),
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "no decision within {:.3} s",
-                self.request_timeout.as_secs_f64()
-            ))),
+            Ok(Err(_)) if Instant::now() < deadline.at => {
+                Err(Status::internal("the decision was dropped"))
+            }
+            _ => Err(self.deadline_status(deadline)),
         }
     }
+
+    fn deadline_status(&self, deadline: Deadline) -> Status {
+        if deadline.callers {
+            caller_deadline()
+        } else {
+            Status::deadline_exceeded(format!(
+                "no decision within {:.3} s",
+                self.request_timeout.as_secs_f64()
+            ))
+        }
+    }
+}
+
+/// A gRPC call's deadline, from its headers' arrival: `callers` when the caller's `grpc-timeout`
+/// set it (shorter than the server's request timeout).
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    callers: bool,
 }
 
 fn caller_deadline() -> Status {
@@ -165,15 +202,15 @@ struct Leave<'a>(&'a Shared, Option<u64>);
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
         if let (Some(id), Ok(mut state)) = (self.1, self.0.state.lock()) {
-            state.waiting.remove(&id);
+            state.grpc.remove(id);
         }
     }
 }
 
 /// The caller's `grpc-timeout` header (gRPC over HTTP/2: at most 8 digits and a unit, H M S m u n);
 /// `None` when absent or malformed (then only `request_timeout` applies, as tonic does).
-fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<StdDuration> {
-    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+fn grpc_timeout(headers: &tonic_http::HeaderMap) -> Option<StdDuration> {
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
     let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -195,6 +232,121 @@ fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<StdDuration> 
 struct RlsServer {
     shared: Arc<Shared>,
     max_message_size: usize,
+    /// Bytes of unfinished request bodies of the whole worker, and the bounds of both budgets.
+    receiving: Budget,
+    bounds: BodyBounds,
+}
+
+/// Bounds on what calls still being received may hold, counted from their headers to their
+/// message's last byte: each counts `STREAM_BYTES` plus the bytes it sent.
+#[derive(Clone, Copy)]
+struct BodyBounds {
+    per_connection: usize,
+    per_worker: usize,
+}
+
+/// What a call counts while it is received (an HTTP/2 stream's state and its tonic task).
+const STREAM_BYTES: usize = 8 * 1024;
+
+/// Bytes of unfinished request bodies: of one connection (its `ConnectInfo`) or of the worker.
+#[derive(Clone, Default)]
+struct Budget(Arc<AtomicUsize>);
+
+impl Budget {
+    /// Add `bytes` unless that passes `bound`.
+    fn charge(&self, bytes: usize, bound: usize) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + bytes <= bound).then_some(held + bytes)
+            })
+            .is_ok()
+    }
+    fn release(&self, bytes: usize) {
+        self.0.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// A call's request body, counted against its connection's and the worker's budgets until it is
+/// dropped (tonic drops it once the message is decoded, before the decision).
+struct Counted<B> {
+    body: Pin<Box<B>>,
+    connection: Budget,
+    worker: Budget,
+    bounds: BodyBounds,
+    held: usize,
+}
+
+impl<B> Counted<B> {
+    /// Count a new call, or say why it is refused: a budget is spent.
+    fn new(body: B, connection: Budget, worker: Budget, bounds: BodyBounds) -> Result<Self, Status> {
+        let mut counted = Counted {
+            body: Box::pin(body),
+            connection,
+            worker,
+            bounds,
+            held: 0,
+        };
+        counted.charge(STREAM_BYTES)?;
+        Ok(counted)
+    }
+
+    fn charge(&mut self, bytes: usize) -> Result<(), Status> {
+        if !self.connection.charge(bytes, self.bounds.per_connection) {
+            return Err(Status::resource_exhausted(format!(
+                "this connection's calls being received hold more than {} bytes",
+                self.bounds.per_connection
+            )));
+        }
+        if !self.worker.charge(bytes, self.bounds.per_worker) {
+            self.connection.release(bytes);
+            return Err(Status::resource_exhausted(format!(
+                "calls being received hold more than {} bytes in this worker",
+                self.bounds.per_worker
+            )));
+        }
+        self.held += bytes;
+        Ok(())
+    }
+}
+
+impl<B> Drop for Counted<B> {
+    fn drop(&mut self) {
+        self.connection.release(self.held);
+        self.worker.release(self.held);
+    }
+}
+
+impl<B> Body for Counted<B>
+where
+    B: Body,
+    B::Error: Into<StdError>,
+{
+    type Data = B::Data;
+    type Error = StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, StdError>>> {
+        let this = &mut *self;
+        match this.body.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    if let Err(status) = this.charge(data.remaining()) {
+                        return Poll::Ready(Some(Err(Box::new(status))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(error.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
 }
 
 struct ShouldRateLimit(Arc<Shared>);
@@ -205,10 +357,11 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
         let shared = self.0.clone();
-        let caller = grpc_timeout(request.metadata());
+        let deadline = request.extensions().get::<Deadline>().copied();
         Box::pin(async move {
+            let deadline = deadline.ok_or_else(|| Status::internal("a call without a deadline"))?;
             shared
-                .decide(request.into_inner(), caller)
+                .decide(request.into_inner(), deadline)
                 .await
                 .map(tonic::Response::new)
         })
@@ -241,12 +394,32 @@ where
                 Ok(response)
             });
         }
+        // The call's deadline counts from here: receiving its message, waiting and its decision.
+        let server = self.shared.request_timeout;
+        let caller = grpc_timeout(request.headers());
+        let deadline = Deadline {
+            at: Instant::now() + caller.map_or(server, |t| t.min(server)),
+            callers: caller.is_some_and(|t| t < server),
+        };
+        let (mut parts, body) = request.into_parts();
+        parts.extensions.insert(deadline);
+        let connection = parts.extensions.get::<Budget>().cloned().unwrap_or_default();
+        let body = match Counted::new(body, connection, self.receiving.clone(), self.bounds) {
+            Ok(body) => body,
+            Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
+        };
+        let request = tonic_http::Request::from_parts(parts, body);
         let shared = self.shared.clone();
         let size = self.max_message_size;
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(tonic::codec::ProstCodec::default())
                 .apply_max_message_size_config(Some(size), None);
-            let mut response = grpc.unary(ShouldRateLimit(shared), request).await;
+            let unary = grpc.unary(ShouldRateLimit(shared.clone()), request);
+            // Past the deadline the call's future is dropped, and with it its body: the stream is
+            // reset and what it had sent is freed, whether or not its message was complete.
+            let Ok(mut response) = tokio::time::timeout_at(deadline.at, unary).await else {
+                return Ok(shared.deadline_status(deadline).into_http());
+            };
             // tonic answers a message over the limit OUT_OF_RANGE; gRPC's servers say RESOURCE_EXHAUSTED.
             let status = response.headers().get("grpc-status");
             if status.is_some_and(|value| value.as_bytes() == b"11") {
@@ -263,11 +436,13 @@ impl tonic::server::NamedService for RlsServer {
     const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
 }
 
-/// A connection holding one of `max_connections` permits for as long as it is open.
+/// A connection holding one of `max_connections` permits for as long as it is open, and the
+/// budget of its calls being received.
 struct Limited {
     stream: tokio::net::TcpStream,
     _permit: OwnedSemaphorePermit,
     handshake: Option<Handshake>,
+    budget: Budget,
 }
 
 /// The HTTP/2 client preface (24 bytes) and the header of the SETTINGS frame that must follow it.
@@ -295,8 +470,10 @@ impl Handshake {
 }
 
 impl tonic::transport::server::Connected for Limited {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
+    type ConnectInfo = Budget;
+    fn connect_info(&self) -> Budget {
+        self.budget.clone()
+    }
 }
 
 impl AsyncRead for Limited {
@@ -399,11 +576,13 @@ impl Front {
     #[new]
     #[pyo3(signature = (descriptor_class, host="127.0.0.1", port=0, *, reuse_port=false,
         max_message_size=1<<20, max_descriptors=256, max_entries=1024, max_connections=1000,
-        handshake_timeout=5.0, max_pending=10000, request_timeout=10.0, threads=1, http_fd=None, http_max_connections=1000,
+        handshake_timeout=5.0, max_pending=10000, max_pending_bytes=32<<20, max_receiving=32<<20,
+        max_receiving_per_connection=4<<20, request_timeout=10.0, threads=1, http_fd=None, http_max_connections=1000,
         http_max_header_size=65536, http_timeout=10.0, http_keep_alive=5.0, spoe_fd=None,
         spoe_max_connections=256, spoe_max_frame_size=16380, spoe_timeout_hello=5.0,
         spoe_timeout_idle=120.0, spoe_timeout_frame=5.0, spoe_message="check",
-        spoe_max_in_flight=256, spoe_max_buffered=1<<20))]
+        spoe_max_in_flight=256, spoe_max_buffered=1<<20, spoe_max_bytes_in_flight=256<<10,
+        spoe_max_bytes=32<<20, spoe_timeout_processing=1.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -417,6 +596,9 @@ impl Front {
         max_connections: usize,
         handshake_timeout: f64,
         max_pending: usize,
+        max_pending_bytes: usize,
+        max_receiving: usize,
+        max_receiving_per_connection: usize,
         request_timeout: f64,
         threads: usize,
         http_fd: Option<i32>,
@@ -433,6 +615,9 @@ impl Front {
         spoe_message: &str,
         spoe_max_in_flight: usize,
         spoe_max_buffered: usize,
+        spoe_max_bytes_in_flight: usize,
+        spoe_max_bytes: usize,
+        spoe_timeout_processing: f64,
     ) -> PyResult<Self> {
         for (name, value) in [
             ("handshake_timeout", handshake_timeout),
@@ -441,6 +626,7 @@ impl Front {
             ("spoe_timeout_hello", spoe_timeout_hello),
             ("spoe_timeout_idle", spoe_timeout_idle),
             ("spoe_timeout_frame", spoe_timeout_frame),
+            ("spoe_timeout_processing", spoe_timeout_processing),
         ] {
             if !(value > 0.0 && value.is_finite()) {
                 return Err(PyValueError::new_err(format!(
@@ -470,6 +656,19 @@ impl Front {
                 "threads, max_connections and max_pending must be at least 1",
             ));
         }
+        for (name, value, least) in [
+            ("max_pending_bytes", max_pending_bytes, 2 * max_message_size),
+            ("max_receiving", max_receiving, max_receiving_per_connection),
+            ("max_receiving_per_connection", max_receiving_per_connection, max_message_size + 64 * 1024),
+            ("spoe_max_bytes_in_flight", spoe_max_bytes_in_flight, 2 * spoe_max_frame_size as usize),
+            ("spoe_max_bytes", spoe_max_bytes, spoe_max_bytes_in_flight),
+        ] {
+            if value < least {
+                return Err(PyValueError::new_err(format!(
+                    "{name} must be at least {least} bytes, got {value}"
+                )));
+            }
+        }
         let address: SocketAddr = format!(
             "{}:{}",
             if host.contains(':') && !host.starts_with('[') {
@@ -486,12 +685,9 @@ impl Front {
         reader.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                queue: Vec::new(),
-                waiting: HashMap::new(),
-                http_queue: Vec::new(),
-                http_waiting: HashMap::new(),
-                spoe_queue: Vec::new(),
-                spoe_waiting: HashMap::new(),
+                grpc: Queue::default(),
+                http: Queue::default(),
+                spoe: Queue::default(),
                 spoe_dropped: Vec::new(),
                 spoe_notes: Vec::new(),
             }),
@@ -500,6 +696,7 @@ impl Front {
             max_descriptors,
             max_entries,
             max_pending,
+            max_pending_bytes,
             request_timeout: StdDuration::from_secs_f64(request_timeout),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -533,6 +730,11 @@ impl Front {
             let server = RlsServer {
                 shared: shared.clone(),
                 max_message_size,
+                receiving: Budget::default(),
+                bounds: BodyBounds {
+                    per_connection: max_receiving_per_connection,
+                    per_worker: max_receiving,
+                },
             };
             let permits = Arc::new(Semaphore::new(max_connections));
             let handshake_timeout = StdDuration::from_secs_f64(handshake_timeout);
@@ -558,6 +760,7 @@ impl Front {
                             stream,
                             _permit: permit,
                             handshake: Some(handshake),
+                            budget: Budget::default(),
                         }))
                         .await
                         .is_err()
@@ -628,7 +831,10 @@ impl Front {
                     message: spoe_message.to_string(),
                     max_in_flight: spoe_max_in_flight,
                     max_buffered: spoe_max_buffered,
+                    max_bytes_in_flight: spoe_max_bytes_in_flight,
+                    timeout_processing: StdDuration::from_secs_f64(spoe_timeout_processing),
                 },
+                Arc::new(Semaphore::new(spoe_max_bytes)),
                 stop_receiver,
             )?;
             spoe_stop = Some(stop_sender);
@@ -671,16 +877,7 @@ impl Front {
     #[pyo3(signature = (limit=usize::MAX))]
     fn take<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
         let now = Instant::now();
-        let batch: Vec<(u64, RateLimitRequest, Instant)> = {
-            let mut state = self.shared.state.lock().unwrap();
-            let count = limit.min(state.queue.len());
-            let batch: Vec<_> = state.queue.drain(..count).collect();
-            let waiting = &state.waiting;
-            batch
-                .into_iter()
-                .filter(|(id, _, deadline)| *deadline > now && waiting.contains_key(id))
-                .collect()
-        };
+        let batch = self.shared.state.lock().unwrap().grpc.take(limit, now);
         let out = PyList::empty(py);
         let class = self.descriptor_class.bind(py);
         for (id, request, deadline) in batch {
@@ -730,7 +927,7 @@ impl Front {
         }
         let mut state = self.shared.state.lock().unwrap();
         for (id, answer) in answers {
-            if let Some(sender) = state.waiting.remove(&id) {
+            if let Some(sender) = state.grpc.remove(id) {
                 let _ = sender.send(answer);
             }
         }
@@ -742,18 +939,9 @@ impl Front {
     /// `headers` is a list of `(name, value)` bytes, names in lowercase.
     #[pyo3(signature = (limit=usize::MAX))]
     fn take_http<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
-        let batch: Vec<(u64, http::HttpRequest)> = {
-            let mut state = self.shared.state.lock().unwrap();
-            let count = limit.min(state.http_queue.len());
-            let batch: Vec<_> = state.http_queue.drain(..count).collect();
-            let waiting = &state.http_waiting;
-            batch
-                .into_iter()
-                .filter(|(id, _)| waiting.contains_key(id))
-                .collect()
-        };
+        let batch = self.shared.state.lock().unwrap().http.take(limit, Instant::now());
         let out = PyList::empty(py);
-        for (id, request) in batch {
+        for (id, request, _) in batch {
             let headers = PyList::empty(py);
             for (name, value) in request.headers.iter() {
                 headers.append((
@@ -806,7 +994,7 @@ impl Front {
         }
         let mut state = self.shared.state.lock().unwrap();
         for (id, answer) in answers {
-            if let Some(sender) = state.http_waiting.remove(&id) {
+            if let Some(sender) = state.http.remove(id) {
                 let _ = sender.send(answer);
             }
         }
@@ -818,19 +1006,10 @@ impl Front {
     /// has no message of the agent's name.
     #[pyo3(signature = (limit=usize::MAX))]
     fn take_spoe<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
-        let batch: Vec<(u64, spoe::SpoeRequest)> = {
-            let mut state = self.shared.state.lock().unwrap();
-            let count = limit.min(state.spoe_queue.len());
-            let batch: Vec<_> = state.spoe_queue.drain(..count).collect();
-            let waiting = &state.spoe_waiting;
-            batch
-                .into_iter()
-                .filter(|(id, _)| waiting.contains_key(id))
-                .collect()
-        };
+        let batch = self.shared.state.lock().unwrap().spoe.take(limit, Instant::now());
         let out = PyList::empty(py);
         let mut addresses: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = None;
-        for (id, request) in batch {
+        for (id, request, _) in batch {
             let args = match request.args {
                 None => py.None().into_bound(py),
                 Some(args) => {
@@ -860,7 +1039,7 @@ impl Front {
             let mut state = self.shared.state.lock().unwrap();
             answers
                 .into_iter()
-                .filter_map(|(id, actions)| state.spoe_waiting.remove(&id).map(|p| (p, actions)))
+                .filter_map(|(id, actions)| state.spoe.remove(id).map(|p| (p, actions)))
                 .collect()
         };
         py.allow_threads(|| {
@@ -885,7 +1064,25 @@ impl Front {
     /// Requests queued and being decided.
     fn pending(&self) -> usize {
         let state = self.shared.state.lock().unwrap();
-        state.waiting.len() + state.http_waiting.len() + state.spoe_waiting.len()
+        state.grpc.len() + state.http.len() + state.spoe.len()
+    }
+
+    /// Bytes of the requests queued and being decided, as `(grpc, http, spoe)`.
+    fn pending_bytes(&self) -> (usize, usize, usize) {
+        let state = self.shared.state.lock().unwrap();
+        (state.grpc.bytes(), state.http.bytes(), state.spoe.bytes())
+    }
+
+    /// Seconds each protocol's wake-up has waited for a `take` that empties its queue, as
+    /// `(grpc, http, spoe)` (0: nothing waits). Past its request deadline, the door is stalled.
+    fn stalled(&self) -> (f64, f64, f64) {
+        let now = Instant::now();
+        let state = self.shared.state.lock().unwrap();
+        (
+            state.grpc.stalled(now),
+            state.http.stalled(now),
+            state.spoe.stalled(now),
+        )
     }
 
     /// False once the server has stopped after `close()`: every connection has ended, so every

@@ -13,7 +13,6 @@
 //! when its peer leaves more than `max_buffered` bytes of ACKs unread.
 
 use std::collections::VecDeque;
-use std::io::Write;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -398,6 +397,12 @@ pub struct SpoeBounds {
     pub message: String,
     pub max_in_flight: usize,
     pub max_buffered: usize,
+    /// Bytes of NOTIFY frames a connection may have queued or being decided; past them no frame
+    /// is read from it until answers free some.
+    pub max_bytes_in_flight: usize,
+    /// Seconds a message may wait in the queue; then it is dropped undecided (HAProxy has given up
+    /// on it: its `timeout processing` is shorter).
+    pub timeout_processing: Duration,
 }
 
 /// A message Python is deciding: where and how its ACK goes. Dropped (answered, or its connection
@@ -408,6 +413,7 @@ pub struct Pending {
     frame_id: u64,
     limit: u64,
     _permit: OwnedSemaphorePermit,
+    _bytes: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
 impl Pending {
@@ -712,6 +718,7 @@ async fn hello(reader: &mut Reader, bounds: &SpoeBounds) -> Result<u64, End> {
 async fn serve(
     shared: &Arc<Shared>,
     bounds: &SpoeBounds,
+    worker_bytes: &Arc<Semaphore>,
     reader: &mut Reader,
     peer: SocketAddr,
 ) -> End {
@@ -731,6 +738,7 @@ async fn serve(
         seconds(bounds.timeout_frame)
     );
     let in_flight = Arc::new(Semaphore::new(bounds.max_in_flight));
+    let connection_bytes = Arc::new(Semaphore::new(bounds.max_bytes_in_flight));
     loop {
         let conn = reader.conn.clone();
         let next = async {
@@ -759,6 +767,15 @@ async fn serve(
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     return End::Closed;
                 };
+                // Its bytes, from the connection's budget and then the worker's: waiting for
+                // them reads no further frame from this connection (HAProxy's own queue holds them).
+                let weight = (body.len() + 256).min(bounds.max_bytes_in_flight) as u32;
+                let Ok(own) = connection_bytes.clone().acquire_many_owned(weight).await else {
+                    return End::Closed;
+                };
+                let Ok(shared_bytes) = worker_bytes.clone().acquire_many_owned(weight).await else {
+                    return End::Closed;
+                };
                 let args = match find_message(&body[frame.payload..], &bounds.message) {
                     Ok(args) => args,
                     Err(error) => return End::Refused(error),
@@ -769,17 +786,20 @@ async fn serve(
                     frame_id: frame.frame_id,
                     limit,
                     _permit: permit,
+                    _bytes: (own, shared_bytes),
                 };
                 let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-                let first = {
-                    let mut state = shared.state.lock().unwrap();
-                    state.spoe_waiting.insert(id, pending);
-                    state.spoe_queue.push((id, SpoeRequest { args, peer }));
-                    state.spoe_queue.len() == 1
-                };
+                let deadline = tokio::time::Instant::now() + bounds.timeout_processing;
+                let request = SpoeRequest { args, peer };
+                let first = shared.state.lock().unwrap().spoe.push(
+                    id,
+                    request,
+                    pending,
+                    weight as usize,
+                    deadline,
+                );
                 if first {
-                    // A full socket buffer means a wake-up is pending already.
-                    let _ = (&shared.wake).write(&[1]);
+                    shared.wake();
                 }
             }
             HAPROXY_DISCONNECT => {
@@ -797,6 +817,7 @@ async fn serve(
 async fn connection(
     shared: Arc<Shared>,
     bounds: Arc<SpoeBounds>,
+    worker_bytes: Arc<Semaphore>,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
 ) {
@@ -821,7 +842,7 @@ async fn connection(
         start: 0,
     };
     let end = tokio::select! {
-        end = serve(&shared, &bounds, &mut reader, peer) => Some(end),
+        end = serve(&shared, &bounds, &worker_bytes, &mut reader, peer) => Some(end),
         _ = conn.aborted() => None,
     };
     drop(reader);
@@ -834,17 +855,11 @@ async fn connection(
     };
     let wake = {
         let mut state = shared.state.lock().unwrap();
-        let state = &mut *state;
-        let before = state.spoe_dropped.len();
-        let dropped = &mut state.spoe_dropped;
-        state.spoe_waiting.retain(|id, pending| {
-            let ours = Arc::ptr_eq(&pending.conn, &conn);
-            if ours {
-                dropped.push(*id);
-            }
-            !ours
-        });
-        let mut wake = state.spoe_dropped.len() > before;
+        let gone = state
+            .spoe
+            .remove_where(|pending| Arc::ptr_eq(&pending.conn, &conn));
+        let mut wake = !gone.is_empty();
+        state.spoe_dropped.extend(gone);
         if let Some(note) = note {
             if state.spoe_notes.len() < crate::MAX_SPOE_NOTES {
                 state.spoe_notes.push(note);
@@ -854,7 +869,7 @@ async fn connection(
         wake
     };
     if wake {
-        let _ = (&shared.wake).write(&[1]);
+        shared.wake();
     }
     let last = match end {
         None | Some(End::Closed) | Some(End::Health) => None,
@@ -878,6 +893,7 @@ pub fn spawn(
     shared: Arc<Shared>,
     listener: std::net::TcpListener,
     bounds: SpoeBounds,
+    worker_bytes: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
@@ -920,8 +936,9 @@ pub fn spawn(
             }
             let shared = shared.clone();
             let bounds = bounds.clone();
+            let worker_bytes = worker_bytes.clone();
             tokio::spawn(async move {
-                connection(shared, bounds, stream, peer).await;
+                connection(shared, bounds, worker_bytes, stream, peer).await;
                 open.fetch_sub(1, Ordering::AcqRel);
             });
         }
