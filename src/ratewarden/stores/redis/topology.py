@@ -95,7 +95,7 @@ def _sentinel_primary(
         sentinel_kwargs["username"] = cfg.options.get("sentinel_username")
     if cfg.tls:
         sentinel_kwargs.update({k: v for k, v in common.items() if k.startswith("ssl")})
-    sentinel = Sentinel(cfg.hosts, sentinel_kwargs=sentinel_kwargs, **common)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(cfg.hosts, sentinel_kwargs=sentinel_kwargs, **common)  # type: ignore[no-untyped-call, unused-ignore]
     primary = sentinel.master_for(cfg.service, db=cfg.db, retry=retry, max_connections=pool_limit(cfg.kind, pool_size))
     return primary, sentinel_clients(sentinel)
 
