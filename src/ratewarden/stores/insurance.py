@@ -2,30 +2,153 @@
 (``RedisStore.ledger``, ``MemcachedStore.ledger``): the last answer the store gave for each key,
 so an outage starts from what was left instead of from zero, and what the insurance limiter
 admitted meanwhile, charged to the store (``adjust``) ahead of the next check, which fails
-with the charge-back's error if the store fails it. Both are bounded in entries, whatever the clients send.
+with the charge-back's error if the store fails it. Both are bounded in entries, whatever the
+clients send: a flood of keys pushes out the least recently answered seeds one at a time, and a
+seed pushed out before its window ends counts as nothing left (``Seeds``).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
+from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 
-from ..caches import remember
+from ..caches import size_of
 from ..decision import Decision
 from ..errors import StoreError
 from ..limits import Limit
 from .base import Store
 
-__all__ = ["ANSWERS", "OWED", "Ledger"]
+__all__ = ["ANSWERS", "OWED", "Ledger", "Seeds"]
 
-#: Keys whose last answer a store keeps (emptied whole when full, as every lookup cache), and their
-#: bytes at most: room for the longest storage keys (a client key of ``MAX_KEY_LENGTH``).
+#: Keys whose last answer a store keeps (``Seeds``), and the bytes of one key and answer at most:
+#: room for the longest ASCII storage keys (a client key of ``MAX_KEY_LENGTH``); a larger one is marked instead.
 ANSWERS = 16_384
-ANSWER_BYTES = ANSWERS * 512
+ENTRY_BYTES = 512
+ANSWER_BYTES = ANSWERS * ENTRY_BYTES
+#: A storage key's bytes at most (``sys.getsizeof``): the rest of ``ENTRY_BYTES`` is its answer's (remaining below 2**60).
+KEY_BYTES = ENTRY_BYTES - size_of((1 << 60, 0.0))
+#: Of those, keys answered again while kept: keys answered once cannot push them out.
+PROTECTED = ANSWERS * 3 // 4
+#: Slots of the marks seeds pushed out before their window ended leave (a float each), made at the first.
+MARKS = 1 << 16
+MARK_BYTES = MARKS * 8
 #: Keys whose local admissions wait to be charged back; beyond, new keys' are not kept (``dropped``).
 OWED = 16_384
+
+Seed = tuple[int, float]
+"""What the store said was left for a key, and the monotonic time its window ends."""
+
+
+class Seeds:
+    """The store's last answer per key, at most ``ANSWERS`` keys of at most ``ENTRY_BYTES`` each.
+
+    A key answered once waits in probation; answered again while kept, it moves to the protected
+    part (at most ``PROTECTED``; beyond, the least recently answered there goes back to probation).
+    A new key pushes out probation's least recently answered one, so keys answered once, however
+    many, never push out a protected one. A seed pushed out (or too large to keep) while its
+    window runs leaves a mark instead: the latest end of such windows in the slot its key hashes to
+    (one of ``MARKS``). A key without a seed whose slot's mark is still running is taken as having
+    nothing left: marks can only lower what an outage admits, never raise it.
+    """
+
+    def __init__(self) -> None:
+        self._probation: OrderedDict[str, Seed] = OrderedDict()
+        self._protected: OrderedDict[str, Seed] = OrderedDict()
+        self._marks: array[float] | None = None
+        #: Live seeds pushed out or not kept since the last ``clear``: each left a mark.
+        self.marked = 0
+        self._lock = threading.Lock()  # ``note`` runs on the event loop and in the blocking clients' threads
+
+    def __len__(self) -> int:
+        return len(self._probation) + len(self._protected)
+
+    def note(self, key: str, remaining: int, ends: float, now: float) -> None:
+        """The store said ``remaining`` was left for ``key`` until ``ends`` (monotonic, as ``now``).
+
+        Args:
+            key: The storage key.
+            remaining: What was left.
+            ends: When its window ends.
+            now: Monotonic seconds.
+        """
+        seed = (remaining, ends)
+        with self._lock:
+            protected = self._protected
+            if key in protected:
+                protected[key] = seed
+                protected.move_to_end(key)
+                return
+            probation = self._probation
+            if probation.pop(key, None) is not None:
+                protected[key] = seed
+                if len(protected) > PROTECTED:
+                    demoted, kept = protected.popitem(last=False)
+                    probation[demoted] = kept
+                return
+            if sys.getsizeof(key) > KEY_BYTES:
+                self._mark(key, ends, now)
+                return
+            if len(probation) + len(protected) >= ANSWERS:
+                evicted, (_, evicted_ends) = (probation or protected).popitem(last=False)
+                self._mark(evicted, evicted_ends, now)
+            probation[key] = seed
+
+    def _mark(self, key: str, ends: float, now: float) -> None:
+        """``key``'s seed is gone while its window runs until ``ends``: its slot says so until then."""
+        if ends <= now:
+            return
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = array("d", bytes(MARK_BYTES))
+        slot = hash(key) & (MARKS - 1)
+        if marks[slot] < ends:
+            marks[slot] = ends
+        self.marked += 1
+
+    def take(self, key: str, now: float) -> int | None:
+        """What was left for ``key`` if its window still runs at ``now``, the seed removed; 0 when
+        its slot is marked until later; ``None``: nothing known (the whole limit).
+
+        Args:
+            key: The storage key.
+            now: Monotonic seconds.
+        """
+        with self._lock:
+            seed = self._protected.pop(key, None)
+            if seed is None:
+                seed = self._probation.pop(key, None)
+            if seed is None:
+                marks = self._marks
+                return 0 if marks is not None and marks[hash(key) & (MARKS - 1)] > now else None
+        return seed[0] if seed[1] > now else None
+
+    def forget(self, key: str) -> None:
+        """Drop ``key``'s seed (its mark stays: it is shared, and only ever lowers).
+
+        Args:
+            key: The storage key.
+        """
+        with self._lock:
+            self._protected.pop(key, None)
+            self._probation.pop(key, None)
+
+    def clear(self) -> None:
+        """Drop every seed and mark (every key was reset)."""
+        with self._lock:
+            self._protected.clear()
+            self._probation.clear()
+            self._marks = None
+            self.marked = 0
+
+    def mark_bytes(self) -> int:
+        """The bytes the marks take: 0 until a live seed is first pushed out, then ``MARK_BYTES``."""
+        marks = self._marks
+        return 0 if marks is None else marks.itemsize * len(marks)
 
 
 class Ledger:
@@ -33,7 +156,7 @@ class Ledger:
 
     def __init__(self) -> None:
         #: key -> (remaining, monotonic time its window ends) at the store's last answer.
-        self.answers: dict[str, tuple[int, float]] = {}
+        self.answers = Seeds()
         #: key -> (limit, units admitted locally, monotonic time they stop counting).
         self.owed: dict[str, tuple[Limit, float, float]] = {}
         #: Monotonic time of the store's last answer (``-inf``: none yet).
@@ -51,7 +174,7 @@ class Ledger:
         """
         now = time.monotonic()
         self.answered_at = now
-        remember(self.answers, key, (decision.remaining, now + decision.reset_after), ANSWERS, ANSWER_BYTES)
+        self.answers.note(key, decision.remaining, now + decision.reset_after, now)
 
     def note_check(self, keys: Sequence[str], limits: Sequence[Limit], decision: Decision) -> None:
         """The store answered ``decision`` for a check of ``keys``: noted for the key whose limit
@@ -73,16 +196,14 @@ class Ledger:
 
     def last_remaining(self, key: str, now: float) -> int | None:
         """What the store said was left for ``key``, if it said so in the window still running at
-        ``now`` (monotonic); taken: an outage seeds each key once.
+        ``now`` (monotonic); taken: an outage seeds each key once. 0 when its seed was pushed out
+        while its window may still run (``Seeds``).
 
         Args:
             key: The storage key.
             now: Monotonic seconds.
         """
-        found = self.answers.pop(key, None)
-        if found is None or found[1] <= now:
-            return None
-        return found[0]
+        return self.answers.take(key, now)
 
     def owe(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], decision: Decision) -> None:
         """The insurance limiter admitted a check the store failed: its costs are owed to the store.
@@ -194,5 +315,5 @@ class Ledger:
                 self.owed.clear()
                 return
             for key in keys:
-                self.answers.pop(key, None)
+                self.answers.forget(key)
                 self.owed.pop(key, None)
