@@ -10,6 +10,9 @@ __all__ = [
     "GRPC_MAX_CONNECTIONS",
     "GRPC_MAX_MESSAGE_SIZE",
     "GRPC_MAX_PENDING",
+    "GRPC_MAX_PENDING_BYTES",
+    "GRPC_MAX_RECEIVING",
+    "GRPC_MAX_RECEIVING_PER_CONNECTION",
     "GRPC_TIMEOUT",
     "HTTP_MAX_CONNECTIONS",
     "HTTP_MAX_HEADER_SIZE",
@@ -17,11 +20,14 @@ __all__ = [
     "HTTP_TIMEOUT_KEEP_ALIVE",
     "MAX_DESCRIPTORS",
     "MAX_ENTRIES",
+    "SPOE_MAX_BYTES",
+    "SPOE_MAX_BYTES_IN_FLIGHT",
     "SPOE_MAX_CONNECTIONS",
     "SPOE_MESSAGE",
     "SPOE_TIMEOUT_FRAME",
     "SPOE_TIMEOUT_HELLO",
     "SPOE_TIMEOUT_IDLE",
+    "SPOE_TIMEOUT_PROCESSING",
 ]
 
 #: Open HTTP connections per worker; more are answered 503 and closed at once.
@@ -42,6 +48,14 @@ SPOE_TIMEOUT_HELLO = 5.0
 SPOE_TIMEOUT_IDLE = 120.0
 #: Seconds to send the rest of a frame once its length arrived.
 SPOE_TIMEOUT_FRAME = 5.0
+#: Bytes of NOTIFY frames one SPOE connection may have queued or being decided on the compiled front door;
+#: past them no further frame is read from it until answers free some (HAProxy queues the rest).
+SPOE_MAX_BYTES_IN_FLIGHT = 256 * 1024
+#: The same over all of a worker's SPOE connections.
+SPOE_MAX_BYTES = 32 * 1024 * 1024
+#: Seconds a message may wait for its decision on the compiled front door; then it is dropped undecided
+#: (HAProxy's ``timeout processing`` is shorter: it has moved on).
+SPOE_TIMEOUT_PROCESSING = 1.0
 #: The SPOE message decided (spoe.conf's ``spoe-message check``); a NOTIFY's other messages are ignored.
 SPOE_MESSAGE = "check"
 
@@ -56,6 +70,14 @@ GRPC_HANDSHAKE_TIMEOUT = 5.0
 GRPC_TIMEOUT = 10.0
 #: Requests waiting for a decision per worker on the compiled front door; more is RESOURCE_EXHAUSTED.
 GRPC_MAX_PENDING = 10000
+#: Bytes of the gRPC and HTTP requests waiting for a decision per worker on the compiled front door (a
+#: decoded request's strings counted with their allocations); more is RESOURCE_EXHAUSTED (HTTP: 503).
+GRPC_MAX_PENDING_BYTES = 32 * 1024 * 1024
+#: Bytes of gRPC calls still being received (from their headers to their message's last byte, 8 KiB a
+#: call plus what it sent) per connection on the compiled front door; more is RESOURCE_EXHAUSTED.
+GRPC_MAX_RECEIVING_PER_CONNECTION = 4 * 1024 * 1024
+#: The same over all of a worker's connections.
+GRPC_MAX_RECEIVING = 32 * 1024 * 1024
 #: Descriptors in one ``ShouldRateLimit`` request (Envoy sends a few); more is INVALID_ARGUMENT.
 MAX_DESCRIPTORS = 256
 #: Entries in one request, over all its descriptors; more is INVALID_ARGUMENT.

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigurationError, LimitUnavailable
 from . import bounds
-from .front_batch import BatchAdapter
+from .front_batch import BatchAdapter, stall_problem
 from .rls import RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
 __all__ = [
@@ -55,6 +55,7 @@ class Front(Protocol):
     def take(self, limit: int) -> list[tuple[int, str, list[RequestDescriptor], int, float]]: ...
     def answer(self, items: list[Item]) -> None: ...
     def pending(self) -> int: ...
+    def stalled(self) -> tuple[float, float, float]: ...
     def serving(self) -> bool: ...
     def close(self) -> None: ...
     def stop(self, grace: float) -> None: ...
@@ -276,9 +277,14 @@ class FrontAdapter(BatchAdapter[GrpcRequest, Item]):
 class CompiledFront:
     """A started compiled front door and its adapter; ``await stop(grace)`` ends it gracefully."""
 
-    def __init__(self, front: Front, adapter: FrontAdapter) -> None:
+    def __init__(self, front: Front, adapter: FrontAdapter, timeout: float = bounds.GRPC_TIMEOUT) -> None:
         self.front = front
         self.adapter = adapter
+        self.timeout = timeout
+
+    def stalled(self) -> str | None:
+        """Why ``/healthz`` fails for this door (its queue waits past the request timeout), or ``None``."""
+        return stall_problem("gRPC", self.front.stalled()[0], self.timeout)
 
     @property
     def port(self) -> int:
@@ -307,6 +313,8 @@ def start_front(
     max_entries: int = bounds.MAX_ENTRIES, max_connections: int = bounds.GRPC_MAX_CONNECTIONS,
     timeout: float = bounds.GRPC_TIMEOUT, max_pending: int = bounds.GRPC_MAX_PENDING,
     handshake_timeout: float = bounds.GRPC_HANDSHAKE_TIMEOUT,
+    max_pending_bytes: int = bounds.GRPC_MAX_PENDING_BYTES, max_receiving: int = bounds.GRPC_MAX_RECEIVING,
+    max_receiving_per_connection: int = bounds.GRPC_MAX_RECEIVING_PER_CONNECTION,
 ) -> CompiledFront:
     """Start Envoy's rate limit service through the compiled front door on ``host:port`` (port 0: any
     free one), deciding on the running event loop; ``ImportError`` without ``ratewarden._front``.
@@ -320,11 +328,16 @@ def start_front(
         max_descriptors: Descriptors per request (more: INVALID_ARGUMENT, never decided).
         max_entries: Entries per request, over its descriptors (more: INVALID_ARGUMENT).
         max_connections: Open connections (one more is closed at once).
-        timeout: Seconds from a request's arrival to its answer (then DEADLINE_EXCEEDED); a caller's
+        timeout: Seconds from a request's arrival (its headers) to its answer, its message's bytes
+            included (then DEADLINE_EXCEEDED, the stream reset and what it sent freed); a caller's
             shorter ``grpc-timeout`` applies instead, and a decision still waiting then is cancelled.
         max_pending: Requests waiting for a decision (more: RESOURCE_EXHAUSTED).
         handshake_timeout: Seconds for a new connection to send HTTP/2's preface and SETTINGS (then
             it is closed, freeing its place under ``max_connections``).
+        max_pending_bytes: Bytes of the requests waiting for a decision (more: RESOURCE_EXHAUSTED).
+        max_receiving: Bytes of the calls still being received, over every connection (8 KiB a call
+            plus what it sent; more: RESOURCE_EXHAUSTED).
+        max_receiving_per_connection: The same on one connection.
     """
     module, why = compiled_module()
     if module is None:
@@ -333,8 +346,10 @@ def start_front(
         RequestDescriptor, host, port, reuse_port=reuse_port, max_message_size=max_message_size,
         max_descriptors=max_descriptors, max_entries=max_entries, max_connections=max_connections,
         max_pending=max_pending, request_timeout=timeout, handshake_timeout=handshake_timeout,
+        max_pending_bytes=max_pending_bytes, max_receiving=max_receiving,
+        max_receiving_per_connection=max_receiving_per_connection,
     )
-    return CompiledFront(front, FrontAdapter(front, service))
+    return CompiledFront(front, FrontAdapter(front, service), timeout)
 
 
 def describe(requested: str = "auto") -> str:

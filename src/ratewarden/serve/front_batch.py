@@ -10,11 +10,20 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["BatchAdapter", "LateAnswers", "Resume", "Watched"]
+__all__ = ["BatchAdapter", "LateAnswers", "Resume", "Watched", "stall_problem"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")  # one request taken from the front door
 _I = TypeVar("_I")  # one answer handed back to it
+
+
+def stall_problem(door: str, waited: float, deadline: float) -> str | None:
+    """Why ``/healthz`` fails for a front door whose queue has waited ``waited`` seconds for Python to
+    take it (``Front.stalled``), or ``None`` while that is within the requests' ``deadline``: past it,
+    every request queued there is answered as timed out, which a gateway failing open reads as no limit."""
+    if waited <= deadline:
+        return None
+    return f"the {door} front door's queue has waited {waited:.1f} s for a decision, past its {deadline:g} s deadline"
 
 
 class Resume(Generic[_T]):

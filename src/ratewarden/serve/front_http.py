@@ -21,7 +21,7 @@ from urllib.parse import unquote
 from ..types import ASGIApp, Message
 from . import bounds
 from .front import compiled_module, describe_opt_in
-from .front_batch import BatchAdapter
+from .front_batch import BatchAdapter, stall_problem
 from .http import ServeApp
 from .http_io import error_answer
 from .rls import RequestDescriptor
@@ -50,6 +50,7 @@ class HttpFront(Protocol):
     def drain(self) -> None: ...
     def take_http(self, limit: int) -> list[HttpRequest]: ...
     def answer_http(self, items: list[HttpItem]) -> None: ...
+    def stalled(self) -> tuple[float, float, float]: ...
     def serving(self) -> bool: ...
     def close(self) -> None: ...
     def stop(self, grace: float) -> None: ...
@@ -162,11 +163,16 @@ class CompiledHttp:
     """The worker's HTTP server on the compiled front door, driven as the worker drives uvicorn's:
     ``await serve()`` returns once ``should_exit`` is set and the requests in flight are answered."""
 
-    def __init__(self, front: HttpFront, adapter: HttpAdapter, grace: float) -> None:
+    def __init__(self, front: HttpFront, adapter: HttpAdapter, grace: float, timeout: float = bounds.HTTP_TIMEOUT) -> None:
         self.front = front
         self.adapter = adapter
         self.grace = grace
+        self.timeout = timeout
         self._exit = asyncio.Event()
+
+    def stalled(self) -> str | None:
+        """Why ``/healthz`` fails for this door (its queue waits past the request timeout), or ``None``."""
+        return stall_problem("HTTP", self.front.stalled()[1], self.timeout)
 
     @property
     def should_exit(self) -> bool:
@@ -199,6 +205,7 @@ def start_http_front(
     app: ASGIApp, sock: socket.socket, *, max_connections: int = bounds.HTTP_MAX_CONNECTIONS,
     timeout: float = bounds.HTTP_TIMEOUT, max_header_size: int = bounds.HTTP_MAX_HEADER_SIZE,
     max_pending: int = bounds.GRPC_MAX_PENDING, grace: float = 10.0,
+    max_pending_bytes: int = bounds.GRPC_MAX_PENDING_BYTES,
 ) -> CompiledHttp:
     """Serve the HTTP check API on ``sock`` (a listening socket) through the compiled front door,
     answering with ``app`` on the running event loop; ``ImportError`` without ``ratewarden._front``.
@@ -211,6 +218,7 @@ def start_http_front(
             closed), and from its arrival to its answer (then 503).
         max_header_size: Bytes of a request's line and headers (more: 431).
         max_pending: Requests waiting for an answer (more: 503).
+        max_pending_bytes: Bytes of the requests waiting for an answer (more: 503).
         grace: Seconds for the requests in flight when stopping.
     """
     module, why = compiled_module()
@@ -219,9 +227,12 @@ def start_http_front(
     front: HttpFront = module.Front(
         RequestDescriptor, port=None, http_fd=sock.fileno(), http_max_connections=max_connections,
         http_max_header_size=max_header_size, http_timeout=timeout, http_keep_alive=float(bounds.HTTP_TIMEOUT_KEEP_ALIVE),
-        request_timeout=timeout, max_pending=max_pending,
+        request_timeout=timeout, max_pending=max_pending, max_pending_bytes=max_pending_bytes,
     )
-    return CompiledHttp(front, HttpAdapter(front, app), grace)
+    compiled = CompiledHttp(front, HttpAdapter(front, app), grace, timeout)
+    if isinstance(app, ServeApp):
+        app.doors.append(compiled.stalled)
+    return compiled
 
 
 def describe_http(requested: str = "auto") -> str:

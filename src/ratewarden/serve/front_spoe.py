@@ -16,9 +16,9 @@ import logging
 import socket
 from typing import Protocol
 
-from . import spoe
+from . import bounds, spoe
 from .front import compiled_module, describe_opt_in
-from .front_batch import BatchAdapter
+from .front_batch import BatchAdapter, stall_problem
 from .http import ServeApp
 from .spop import Message, Value, set_var
 
@@ -43,6 +43,7 @@ class SpoeFront(Protocol):
     def take_spoe(self, limit: int) -> list[SpoeMessage]: ...
     def answer_spoe(self, items: list[SpoeItem]) -> None: ...
     def take_spoe_ended(self) -> tuple[list[int], list[tuple[str, str]]]: ...
+    def stalled(self) -> tuple[float, float, float]: ...
     def close(self) -> None: ...
     def stop(self, grace: float) -> None: ...
 
@@ -105,6 +106,10 @@ class CompiledSpoe:
         self.adapter = adapter
         self.sock = sock
 
+    def stalled(self) -> str | None:
+        """Why ``/healthz`` fails for this door (its queue waits past the processing timeout), or ``None``."""
+        return stall_problem("SPOE", self.front.stalled()[2], bounds.SPOE_TIMEOUT_PROCESSING)
+
     def close(self) -> None:
         """No new connection; the open ones are served until ``end``."""
         self.front.close()
@@ -141,8 +146,12 @@ def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent |
         spoe_timeout_hello=agent.timeout_hello, spoe_timeout_idle=agent.timeout_idle,
         spoe_timeout_frame=agent.timeout_frame, spoe_message=agent.message,
         spoe_max_in_flight=spoe.MAX_IN_FLIGHT, spoe_max_buffered=spoe.MAX_BUFFERED,
+        spoe_max_bytes_in_flight=bounds.SPOE_MAX_BYTES_IN_FLIGHT, spoe_max_bytes=bounds.SPOE_MAX_BYTES,
+        spoe_timeout_processing=bounds.SPOE_TIMEOUT_PROCESSING,
     )
-    return CompiledSpoe(front, SpoeAdapter(front, agent), sock)
+    compiled = CompiledSpoe(front, SpoeAdapter(front, agent), sock)
+    app.doors.append(compiled.stalled)
+    return compiled
 
 
 def describe_spoe(requested: str = "auto") -> str:

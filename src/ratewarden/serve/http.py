@@ -145,6 +145,8 @@ class ServeApp:
         self._costed_app: PolicyMiddleware | None = None  # for JSON checks whose cost is not 1, built on demand
         self._header_style: HeaderStyle = header_style
         self._lock = threading.Lock()
+        #: The compiled front doors' stall checks (``/healthz``): each says why its door is stuck, or ``None``.
+        self.doors: list[Callable[[], str | None]] = []
         if policy is not None:
             self.apply_policy(policy)
 
@@ -411,6 +413,11 @@ class ServeApp:
         if self.policy_app is None and self.rls is None:
             await send_text(send, 503, "no configuration loaded\n")
             return
+        for stalled in self.doors:
+            problem = stalled()
+            if problem is not None:
+                await send_text(send, 503, f"{problem}\n")
+                return
         store = innermost(self.limiter.store)
         limits = self.limiter.limits("1/s")
         error = await probe_store(store, self.limiter.keys_for("ratewarden:healthz", limits), limits, 2.0)

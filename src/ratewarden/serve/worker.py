@@ -199,12 +199,14 @@ class Worker:
         assert self.rls is not None and address is not None
         front: Any = importlib.import_module(f"{__package__}.front")
         if front.choose_front(config.front)[0] == "compiled":
-            return front.start_front(
+            compiled = front.start_front(
                 self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
                 max_descriptors=config.max_descriptors, max_entries=config.max_entries,
                 max_connections=config.grpc_max_connections, timeout=config.grpc_timeout,
                 handshake_timeout=config.grpc_handshake_timeout,
             )
+            self.app.doors.append(compiled.stalled)
+            return compiled
         grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
         started = await grpc_module.start_grpc(
             self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
