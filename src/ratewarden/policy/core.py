@@ -159,7 +159,9 @@ class PolicyCore(Decider, Operations):
                 self.limiter.store.require("adjust", f"rule {rule.name!r} (charge: counting only some statuses)")
 
     def reload(self) -> bool:
-        """Reload the policy file now (an admin call); ``False`` if it was invalid (old one kept)."""
+        """Reload the policy file (an admin call) once it has stopped changing: this blocks for the
+        reloader's ``settle`` time at least (0.5 s), so call it in a thread from async code.
+        ``False`` if the file was invalid or still changing (the old policy is kept)."""
         if self.reloader is None:
             raise UsageError("this middleware was not given a policy file to reload")
         return self.reloader.reload()

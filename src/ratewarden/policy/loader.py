@@ -13,7 +13,7 @@ from ..errors import ConfigurationError
 from .problems import Locate, PolicyError, Problem
 from .schema import Policy, require_limits, validate
 
-__all__ = ["load_policy", "parse_policy"]
+__all__ = ["decode_policy", "load_policy", "parse_policy"]
 
 _HEADER_RE = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 _KEY_RE = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
@@ -198,22 +198,56 @@ def load_policy(path: str | Path, *, allow_empty: bool = False) -> Policy:
         allow_empty: Accept a policy that limits nothing.
     """
     file = Path(path)
+    policy_format(file)
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise unreadable(file, exc) from None
+    return decode_policy(data, file, allow_empty=allow_empty)
+
+
+def policy_format(file: Path) -> str:
+    """The format a policy file's name says (``"toml"`` or ``"yaml"``); ``PolicyError`` if neither.
+
+    Args:
+        file: The policy file.
+    """
     suffix = file.suffix.lower()
     if suffix == ".toml":
-        format = "toml"
-    elif suffix in (".yaml", ".yml"):
-        format = "yaml"
-    else:
-        raise PolicyError([Problem("", f"unknown policy file type {suffix or '(none)'!r}: use .toml, .yaml or .yml", None, str(file))])
+        return "toml"
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    raise PolicyError([Problem("", f"unknown policy file type {suffix or '(none)'!r}: use .toml, .yaml or .yml", None, str(file))])
+
+
+def unreadable(file: Path, exc: OSError) -> PolicyError:
+    """The error of a policy file that cannot be read.
+
+    Args:
+        file: The policy file.
+        exc: Why it cannot be read.
+    """
+    return PolicyError([Problem("", f"cannot read policy file: {exc.strerror or exc}", None, str(file))])
+
+
+def decode_policy(data: bytes, file: Path, *, allow_empty: bool = False) -> Policy:
+    """Validate the bytes already read from the policy file ``file`` (``load_policy`` without the
+    read, for a reloader that compared what it read across reads before using it).
+
+    Args:
+        data: The file's contents.
+        file: The file they were read from: its name gives the format and names it in messages.
+        allow_empty: Accept a policy that limits nothing.
+    """
+    format = policy_format(file)
     try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError([Problem("", f"cannot read policy file: {exc.strerror or exc}", None, str(file))]) from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PolicyError([Problem(
             "", f"not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
             "policy files are TOML or YAML text", None, str(file),
         )]) from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as a text-mode read translates newlines
     policy = parse_policy(text, format, str(file))
     if not allow_empty:
         require_limits(policy)
