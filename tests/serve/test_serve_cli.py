@@ -187,6 +187,7 @@ def test_sighup_reloads_every_worker(tmp_path: Path, serve: Any) -> None:
     os.kill(server.proc.pid, signal.SIGHUP)
     reloads = server.wait_for("reloaded", 2)
     assert {e["reason"] for e in reloads} == {"SIGHUP"} and len({e["pid"] for e in reloads}) == 2
+    assert [e.get("groups_changed") for e in reloads] == [["basic"], ["basic"]]  # what the reload changed, named
     assert asyncio.run(_checks(server.url, 8, "k2")) == {200: 2, 429: 6}
     assert server.stop() == 0
 

@@ -205,8 +205,9 @@ class PolicyReloader:
         self.last_error = None
         self.reloads += 1
         previous, self.policy = self.policy, policy
-        self.last_changes = policy_changes(previous, policy)
-        _log_changes(self.path, previous, policy, self.last_changes)
+        changes = policy_changes(previous, policy)
+        _log_changes(self.path, previous, policy, changes)
+        self.last_changes = {key: _shown(names) for key, names in changes.items()}
         return True
 
     def _refuse(self, exc: ConfigurationError) -> bool:

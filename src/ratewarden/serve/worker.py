@@ -131,7 +131,10 @@ class Worker:
             self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls,
             exposition=_total_exposition(self.metrics) if shared else None,
         )
-        self.reloader = PolicyReloader(config.policy, self._apply, interval=config.watch or 1.0) if config.policy else None
+        self.reloader = (
+            PolicyReloader(config.policy, self._apply, interval=config.watch or 1.0, current=policy)
+            if config.policy else None
+        )
         self._envoy_signature = self._signature()
 
     def _apply(self, policy: Policy) -> None:
@@ -151,7 +154,7 @@ class Worker:
         """Reload every file now (``SIGHUP``); a broken one keeps what is in force."""
         if self.reloader is not None:
             ok = self.reloader.reload()
-            self._report(ok, "policy", self.config.policy, reason, self.reloader.last_error)
+            self._report(ok, "policy", self.config.policy, reason, self.reloader.last_error, self.reloader.last_changes)
         if self.config.envoy:
             self._reload_envoy(reason)
 
@@ -160,7 +163,10 @@ class Worker:
         if self.reloader is not None:
             changed = self.reloader.check()
             if changed is not None:
-                self._report(changed, "policy", self.config.policy, "file changed", self.reloader.last_error)
+                self._report(
+                    changed, "policy", self.config.policy, "file changed", self.reloader.last_error,
+                    self.reloader.last_changes,
+                )
         if self.config.envoy and self._signature() != self._envoy_signature:
             self._reload_envoy("file changed")
 
@@ -176,9 +182,15 @@ class Worker:
         self._report(True, "envoy", self.config.envoy, reason, None)
 
     @staticmethod
-    def _report(ok: bool, kind: str, path: object, reason: str, error: BaseException | None) -> None:
+    def _report(
+        ok: bool, kind: str, path: object, reason: str, error: BaseException | None,
+        changes: dict[str, list[str]] | None = None,
+    ) -> None:
         if ok:
-            event(logging.INFO, "reloaded", f"{kind} configuration reloaded", kind=kind, path=path, reason=reason)
+            event(
+                logging.INFO, "reloaded", f"{kind} configuration reloaded", kind=kind, path=path, reason=reason,
+                **(changes or {}),
+            )
         else:
             event(
                 logging.ERROR, "reload_rejected", f"{kind} reload rejected, keeping the previous configuration",
