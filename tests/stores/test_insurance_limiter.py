@@ -518,8 +518,8 @@ async def test_the_check_after_a_failed_one_counts_what_the_insurance_limiter_ad
 
 
 def test_the_ledger_is_bounded_whatever_the_keys() -> None:
-    """A flood of distinct keys: the last answers stay at most ``ANSWERS`` (emptied whole when
-    full), the charges owed at most ``OWED`` (beyond, counted as ``dropped``), a long key kept too."""
+    """A flood of distinct keys: the last answers stay at most ``ANSWERS`` (one pushed out at a
+    time when full), the charges owed at most ``OWED`` (beyond, counted as ``dropped``), a long key kept too."""
     from ratewarden.decision import Decision
     from ratewarden.stores.insurance import ANSWERS, OWED, Ledger
 
