@@ -21,7 +21,7 @@ export PATH := $(if $(wildcard $(CARGO_BIN)/cargo),$(CARGO_BIN):)$(PATH)
 export CARGO_TARGET_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ratewarden/cargo
 RUST_SOURCES := rust/Cargo.toml rust/Cargo.lock $(wildcard rust/src/*.rs)
 
-.PHONY: setup system-deps demo bench bench-gateway test test-pure test-wheels matrix dist docs lint clean
+.PHONY: setup system-deps demo bench bench-gateway test test-rust test-pure test-wheels matrix dist docs lint clean
 
 setup: $(VENV)/.installed
 
@@ -77,7 +77,13 @@ docs: setup
 
 # ruff and mypy --strict; the strict docs build; the suite on the pure-Python package (the fallback where no compiler
 # exists); the suite on the compiled wheel installed in a fresh venv, oldest and newest Python.
-test: setup lint docs test-pure test-wheels
+test: setup lint docs test-rust test-pure test-wheels
+
+# The front door's own Rust tests (rust/: the one queue, the SPOP codec on generated frames) when cargo
+# exists (the wheels are then built with the front door, and their passes test it through Python).
+test-rust:
+	@if command -v cargo >/dev/null; then cd rust && cargo test --release --quiet; \
+	else echo "== no cargo on PATH: the front door's Rust tests are not run (nor is it built)"; fi
 
 # Each pass runs the suite in JOBS pytest-xdist worker processes (each starts its own servers on free
 # ports, in its own temporary directories); JOBS=0 runs it in one process.

@@ -972,6 +972,82 @@ mod tests {
         assert_eq!(decode_varint(&[0xf0], 0).unwrap_err().status, 4);
     }
 
+    /// xorshift64*: reproducible inputs without a crate.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// A valid NOTIFY frame's body (without its length) carrying `check` with a few arguments.
+    fn notify_body(rng: &mut Rng) -> Vec<u8> {
+        let mut payload = Vec::new();
+        put_string(&mut payload, "check");
+        payload.push(4);
+        put_string(&mut payload, "method");
+        put_typed_string(&mut payload, "GET");
+        put_string(&mut payload, "uri");
+        put_typed_string(&mut payload, &"/api/".repeat(1 + rng.below(20)));
+        put_string(&mut payload, "n");
+        put_typed_uint(&mut payload, rng.next());
+        put_string(&mut payload, "ip");
+        payload.push(6);
+        payload.extend_from_slice(&[127, 0, 0, 1]);
+        frame(NOTIFY, rng.next() >> 40, rng.next() >> 40, &payload)[4..].to_vec()
+    }
+
+    /// Mutated and random frames: every decode ends in a value or a `SpopError` with a status,
+    /// never a panic, and no decoded string is longer than the frame that carried it.
+    #[test]
+    fn generated_frames_never_panic() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut refused = 0;
+        for round in 0..20_000 {
+            let mut body = notify_body(&mut rng);
+            match round % 4 {
+                0 => {
+                    for _ in 0..1 + rng.below(8) {
+                        let at = rng.below(body.len());
+                        body[at] = rng.next() as u8;
+                    }
+                }
+                1 => body.truncate(rng.below(body.len())),
+                2 => {
+                    let at = rng.below(body.len());
+                    body.insert(at, 0xF0 | rng.next() as u8);
+                }
+                _ => body = (0..rng.below(64)).map(|_| rng.next() as u8).collect(),
+            }
+            let decoded = read_frame(&body).and_then(|frame| {
+                let payload = &body[frame.payload..];
+                let hello = kv_list(payload).map(|_| ());
+                let message = find_message(payload, "check").map(|args| {
+                    for (name, value) in args.unwrap_or_default() {
+                        assert!(name.len() <= body.len());
+                        if let Value::Str(raw) | Value::Bin(raw) = value {
+                            assert!(raw.len() <= body.len());
+                        }
+                    }
+                });
+                let _ = negotiate(payload, 16380);
+                hello.or(message)
+            });
+            if let Err(error) = decoded {
+                assert!(matches!(error.status, 3 | 4 | 10), "status {}", error.status);
+                assert!(!error.message.is_empty());
+                refused += 1;
+            }
+        }
+        assert!(refused > 1000, "the mutations should be refused often: {refused}");
+    }
+
     #[test]
     fn repr_as_python() {
         assert_eq!(py_repr("1.0"), "'1.0'");
