@@ -73,16 +73,28 @@ def test_a_key_checked_during_the_flood_keeps_its_seed() -> None:
     assert ledger.last_remaining(victim, time.monotonic()) == LIMIT - USED
 
 
-def test_a_live_seed_pushed_out_is_assumed_at_its_limit_until_its_window_ends() -> None:
-    """Checked once, then a flood: the seed is gone but its key starts the outage with nothing left
-    (0, not the whole limit); once the seed's window has ended, with the whole limit again."""
+def test_a_live_seed_pushed_out_leaves_at_most_what_it_had_until_its_window_ends() -> None:
+    """Checked, then a flood: the seed is gone but its key starts the outage with at most what it
+    had left (the least of the seeds pushed out into its slot), never the whole limit; once the
+    seeds' windows have ended, with the whole limit again."""
     ledger = Ledger()
     victim = key("victim")
-    ledger.note(victim, answer(LIMIT - 1, reset_after=0.5))
-    flood(ledger, ANSWERS + 1)
+    ledger.note(victim, answer(LIMIT - 3, reset_after=5.0))  # answered once: in probation
+    flood(ledger, ANSWERS + 1, reset_after=5.0)
     now = time.monotonic()
-    assert ledger.last_remaining(victim, now) == 0
-    assert ledger.last_remaining(victim, now + 0.6) is None
+    assert ledger.answers.marked > 0
+    assert ledger.last_remaining(victim, now) == LIMIT - 3
+    assert ledger.last_remaining(victim, now + 5.1) is None
+
+
+def test_a_key_sharing_a_marked_slot_gets_the_least_left_there() -> None:
+    """A newcomer hashed to a slot where seeds were pushed out starts an outage with the least they
+    had left (a flood of keys checked once: one less than the limit), not with nothing."""
+    ledger = Ledger()
+    flood(ledger, 4 * ANSWERS)
+    now = time.monotonic()
+    seen = {ledger.last_remaining(key(f"newcomer{i}"), now) for i in range(2000)}
+    assert seen <= {None, LIMIT - 1} and LIMIT - 1 in seen
 
 
 def test_seeds_whose_window_has_ended_leave_no_mark() -> None:
@@ -95,15 +107,15 @@ def test_seeds_whose_window_has_ended_leave_no_mark() -> None:
     assert ledger.last_remaining(key("newcomer"), time.monotonic()) is None
 
 
-def test_a_seed_too_large_to_keep_is_assumed_at_its_limit() -> None:
-    """A storage key over the entry's bytes (non-ASCII text is 4 bytes a character) is not kept,
-    and its key starts the outage with nothing left rather than with the whole limit."""
+def test_a_seed_too_large_to_keep_is_marked() -> None:
+    """A storage key over the entry's bytes (non-ASCII text is 4 bytes a character) is not kept:
+    its mark starts its key's outage from what it had left, not from the whole limit."""
     ledger = Ledger()
     huge = "rw:{|" + "\U0001f600" * 200 + "}:" + HOURLY.suffix
     assert sys.getsizeof(huge) > ENTRY_BYTES
     ledger.note(huge, answer(LIMIT - 1))
     assert len(ledger.answers) == 0
-    assert ledger.last_remaining(huge, time.monotonic()) == 0
+    assert ledger.last_remaining(huge, time.monotonic()) == LIMIT - 1
 
 
 def test_forgetting_every_key_drops_the_marks_too() -> None:

@@ -34,9 +34,10 @@ ANSWER_BYTES = ANSWERS * ENTRY_BYTES
 KEY_BYTES = ENTRY_BYTES - size_of((1 << 60, 0.0))
 #: Of those, keys answered again while kept: keys answered once cannot push them out.
 PROTECTED = ANSWERS * 3 // 4
-#: Slots of the marks seeds pushed out before their window ended leave (a float each), made at the first.
+#: Slots of the marks seeds pushed out before their window ended leave (when the latest such window
+#: ends, and the least any of them had left: 16 bytes a slot), made at the first.
 MARKS = 1 << 16
-MARK_BYTES = MARKS * 8
+MARK_BYTES = MARKS * 16
 #: Keys whose local admissions wait to be charged back; beyond, new keys' are not kept (``dropped``).
 OWED = 16_384
 
@@ -51,15 +52,17 @@ class Seeds:
     part (at most ``PROTECTED``; beyond, the least recently answered there goes back to probation).
     A new key pushes out probation's least recently answered one, so keys answered once, however
     many, never push out a protected one. A seed pushed out (or too large to keep) while its
-    window runs leaves a mark instead: the latest end of such windows in the slot its key hashes to
-    (one of ``MARKS``). A key without a seed whose slot's mark is still running is taken as having
-    nothing left: marks can only lower what an outage admits, never raise it.
+    window runs leaves a mark instead, in the slot its key hashes to (one of ``MARKS``): the latest
+    end of such windows, and the least any of them had left. A key without a seed whose slot's mark
+    still runs is taken as having that least left, which is at most its own: marks can only lower
+    what an outage admits, never raise it (a key sharing the slot is lowered with it).
     """
 
     def __init__(self) -> None:
         self._probation: OrderedDict[str, Seed] = OrderedDict()
         self._protected: OrderedDict[str, Seed] = OrderedDict()
         self._marks: array[float] | None = None
+        self._least: array[int] | None = None
         #: Live seeds pushed out or not kept since the last ``clear``: each left a mark.
         self.marked = 0
         self._lock = threading.Lock()  # ``note`` runs on the event loop and in the blocking clients' threads
@@ -91,28 +94,34 @@ class Seeds:
                     probation[demoted] = kept
                 return
             if sys.getsizeof(key) > KEY_BYTES:
-                self._mark(key, ends, now)
+                self._mark(key, seed, now)
                 return
             if len(probation) + len(protected) >= ANSWERS:
-                evicted, (_, evicted_ends) = (probation or protected).popitem(last=False)
-                self._mark(evicted, evicted_ends, now)
+                evicted, pushed = (probation or protected).popitem(last=False)
+                self._mark(evicted, pushed, now)
             probation[key] = seed
 
-    def _mark(self, key: str, ends: float, now: float) -> None:
-        """``key``'s seed is gone while its window runs until ``ends``: its slot says so until then."""
+    def _mark(self, key: str, seed: Seed, now: float) -> None:
+        """``key``'s seed is gone while its window runs: its slot keeps the latest end of the
+        windows marked there and the least they had left, until that end."""
+        remaining, ends = seed
         if ends <= now:
             return
-        marks = self._marks
-        if marks is None:
-            marks = self._marks = array("d", bytes(MARK_BYTES))
+        marks, least = self._marks, self._least
+        if marks is None or least is None:
+            marks = self._marks = array("d", bytes(MARKS * 8))
+            least = self._least = array("q", bytes(MARKS * 8))
         slot = hash(key) & (MARKS - 1)
+        if marks[slot] <= now or remaining < least[slot]:  # or the slot's earlier marks have all ended
+            least[slot] = remaining
         if marks[slot] < ends:
             marks[slot] = ends
         self.marked += 1
 
     def take(self, key: str, now: float) -> int | None:
-        """What was left for ``key`` if its window still runs at ``now``, the seed removed; 0 when
-        its slot is marked until later; ``None``: nothing known (the whole limit).
+        """What was left for ``key`` if its window still runs at ``now``, the seed removed; without
+        a seed, the least left of the seeds marked in its slot while their windows run; ``None``:
+        nothing known (the whole limit).
 
         Args:
             key: The storage key.
@@ -123,8 +132,11 @@ class Seeds:
             if seed is None:
                 seed = self._probation.pop(key, None)
             if seed is None:
-                marks = self._marks
-                return 0 if marks is not None and marks[hash(key) & (MARKS - 1)] > now else None
+                marks, least = self._marks, self._least
+                if marks is None or least is None:
+                    return None
+                slot = hash(key) & (MARKS - 1)
+                return least[slot] if marks[slot] > now else None
         return seed[0] if seed[1] > now else None
 
     def forget(self, key: str) -> None:
@@ -142,13 +154,15 @@ class Seeds:
         with self._lock:
             self._protected.clear()
             self._probation.clear()
-            self._marks = None
+            self._marks = self._least = None
             self.marked = 0
 
     def mark_bytes(self) -> int:
         """The bytes the marks take: 0 until a live seed is first pushed out, then ``MARK_BYTES``."""
-        marks = self._marks
-        return 0 if marks is None else marks.itemsize * len(marks)
+        marks, least = self._marks, self._least
+        if marks is None or least is None:
+            return 0
+        return marks.itemsize * len(marks) + least.itemsize * len(least)
 
 
 class Ledger:
