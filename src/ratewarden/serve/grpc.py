@@ -7,6 +7,7 @@ Needs the ``serve`` extra (grpcio and xds-protos, the generated Envoy API); impo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -14,16 +15,32 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 from envoy.config.core.v3 import base_pb2  # type: ignore[import-untyped]
-from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[import-untyped]
+from envoy.service.ratelimit.v3 import rls_pb2  # type: ignore[import-untyped]
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from ..errors import LimitUnavailable
-from .bounds import GRPC_HANDSHAKE_TIMEOUT, GRPC_MAX_MESSAGE_SIZE
+from .bounds import GRPC_HANDSHAKE_TIMEOUT, GRPC_MAX_MESSAGE_SIZE, GRPC_TIMEOUT
 from .rls import UINT32_MAX, RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
-__all__ = ["RlsServicer", "answer_to_proto", "request_from_proto", "rls_json", "start_grpc"]
+__all__ = [
+    "MAX_CONCURRENT_RPCS", "RlsServicer", "answer_to_proto", "request_from_proto",
+    "rls_json", "start_grpc",
+]
 
 log = logging.getLogger("ratewarden.serve")
+
+#: Calls one worker's Python door holds at once, over all its connections (grpc.aio's
+#: ``maximum_concurrent_rpcs``), each from its headers' arrival to its answer; more are answered
+#: RESOURCE_EXHAUSTED at once. A call still receiving its message holds up to ``--grpc-max-message-size``
+#: in grpc core (which opens a stream's flow-control window to the size its message announces), so
+#: unfinished messages hold at most this many times that (256 MiB by default), each for at most
+#: ``start_grpc``'s ``timeout``. Envoy's rate limit filter waits 20 ms by default: 256 calls in flight
+#: are far more than a worker answers in that time. (No per-connection stream limit
+#: (``grpc.max_concurrent_streams``): grpc core resets the streams a new connection opens past it before
+#: the client has read the server's SETTINGS, with REFUSED_STREAM, which grpcio's client reports as
+#: UNAVAILABLE instead of retrying.)
+MAX_CONCURRENT_RPCS = 256
+_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 
 _UNIT_NAMES: dict[int, str] = {
     number: name.lower()
@@ -122,9 +139,44 @@ class RlsServicer:
         return answer_to_proto(answer)
 
 
+def _timed_handler(servicer: RlsServicer, timeout: float) -> Any:
+    """``ShouldRateLimit`` as grpc.aio runs it, its message received under a deadline: the handler is
+    a request-streaming one, which grpc.aio starts at the call's headers (a unary one starts only
+    once its message is whole, so nothing could end a message that never finishes). It reads the one
+    message within ``timeout`` of its start, else answers DEADLINE_EXCEEDED, which ends the call in
+    grpc core (RST_STREAM) and frees what it had received; then it decides as ``servicer`` does.
+    Only the first message counts, as grpc.aio's unary handlers read only the first."""
+
+    async def should_rate_limit(requests: Any, context: Any) -> Any:
+        read = asyncio.ensure_future(context.read())
+        try:
+            done, _ = await asyncio.wait((read,), timeout=timeout)
+        finally:
+            read.add_done_callback(_retrieved)  # it ends with the call, whatever ends the call
+        if not done:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no whole request within {timeout:.3f} s")
+        request = read.result()
+        if request is grpc.aio.EOF:
+            await context.abort(grpc.StatusCode.INTERNAL, "the call ended without its request message")
+        return await servicer.ShouldRateLimit(request, context)
+
+    return grpc.stream_unary_rpc_method_handler(
+        should_rate_limit,
+        request_deserializer=rls_pb2.RateLimitRequest.FromString,
+        response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
+    )
+
+
+def _retrieved(read: asyncio.Future[Any]) -> None:
+    """Retrieve a read's outcome, so a read left behind by a deadline never logs "never retrieved"."""
+    if not read.cancelled():
+        read.exception()
+
+
 async def start_grpc(
     service: RateLimitService, host: str = "127.0.0.1", port: int = 8081, *, reuse_port: bool = False,
     max_message_size: int = GRPC_MAX_MESSAGE_SIZE, handshake_timeout: float = GRPC_HANDSHAKE_TIMEOUT,
+    timeout: float = GRPC_TIMEOUT,
 ) -> tuple[grpc.aio.Server, int]:
     """Start Envoy's rate limit service on ``host:port`` (port 0: any free port); returns the
     started server and its port. Stop it with ``await server.stop(grace)``.
@@ -138,14 +190,20 @@ async def start_grpc(
         max_message_size: The largest request accepted, in bytes (larger: RESOURCE_EXHAUSTED, unread).
         handshake_timeout: Seconds for a new connection to send HTTP/2's preface and SETTINGS (then
             grpc core closes it; its own default is 120 s).
+        timeout: Seconds from a call's headers to its message's last byte; then DEADLINE_EXCEEDED,
+            the call ended and what it sent freed (a caller's shorter ``grpc-timeout`` ends it sooner,
+            in grpc core). The decision itself is not timed here.
     """
     options = [
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_receive_message_length", max_message_size),
         ("grpc.server_handshake_timeout_ms", max(1, round(handshake_timeout * 1000))),
     ]
-    server = grpc.aio.server(options=options)
-    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RlsServicer(service), server)
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+    handlers = {"ShouldRateLimit": _timed_handler(RlsServicer(service), timeout)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+    if hasattr(server, "add_registered_method_handlers"):  # grpcio 1.63+: the method's lookup skips the generic one
+        server.add_registered_method_handlers(_SERVICE, handlers)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = int(server.add_insecure_port(address))
