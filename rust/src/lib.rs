@@ -420,12 +420,23 @@ where
             let Ok(mut response) = tokio::time::timeout_at(deadline.at, unary).await else {
                 return Ok(shared.deadline_status(deadline).into_http());
             };
-            // tonic answers a message over the limit OUT_OF_RANGE; gRPC's servers say RESOURCE_EXHAUSTED.
-            let status = response.headers().get("grpc-status");
-            if status.is_some_and(|value| value.as_bytes() == b"11") {
-                response
-                    .headers_mut()
-                    .insert("grpc-status", (Code::ResourceExhausted as i32).into());
+            // tonic answers a message over the limit OUT_OF_RANGE (gRPC's servers: RESOURCE_EXHAUSTED),
+            // and bytes that are no RateLimitRequest INTERNAL (the Python door: INVALID_ARGUMENT); the
+            // message is percent-encoded.
+            let headers = response.headers_mut();
+            let code = match headers.get("grpc-status").map(|value| value.as_bytes()) {
+                Some(b"11") => Some(Code::ResourceExhausted),
+                Some(b"13")
+                    if headers
+                        .get("grpc-message")
+                        .is_some_and(|m| m.as_bytes().starts_with(b"failed%20to%20decode%20Protobuf")) =>
+                {
+                    Some(Code::InvalidArgument)
+                }
+                _ => None,
+            };
+            if let Some(code) = code {
+                headers.insert("grpc-status", (code as i32).into());
             }
             Ok(response)
         })

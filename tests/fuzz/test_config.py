@@ -270,10 +270,6 @@ def _nested_descriptors(depth: int) -> str:
             + "[{key: last, rate_limit: {unit: second, requests_per_unit: 1}}]" + "}]" * depth + "\n")
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError, reason=(
-    "parse_envoy_config lets PyYAML's RecursionError out for deeply nested YAML ('[' * 1000, or 300 nested "
-    "descriptors): yaml.compose recurses once per level and only yaml.YAMLError is caught; the policy loader "
-    "catches RecursionError (and refuses flow nesting past 64 levels before parsing)"))
 @pytest.mark.parametrize("text", ["[" * _DEEP, _nested_descriptors(300)], ids=["brackets", "descriptors"])
 def test_deeply_nested_envoy_yaml_is_an_envoy_config_error(text: str) -> None:
     with pytest.raises(EnvoyConfigError):

@@ -97,13 +97,6 @@ def call(channel: grpc.Channel, message: bytes) -> tuple[grpc.StatusCode, str, A
         return exc.code(), exc.details() or "", None
 
 
-def is_decode_failure(code: grpc.StatusCode, details: str) -> bool:
-    """The known bug of ``test_bytes_that_are_no_request_are_invalid_argument``: a message that does
-    not decode is INTERNAL (compiled: tonic's codec) or UNKNOWN (python: grpc.aio's deserializer)."""
-    return (code == grpc.StatusCode.INTERNAL and details.startswith("failed to decode Protobuf message")) or (
-        code == grpc.StatusCode.UNKNOWN and "DecodeError" in details)
-
-
 def check_answer(code: grpc.StatusCode, details: str, answer: Any, descriptor_count: int | None) -> None:
     if code == grpc.StatusCode.OK:
         assert answer.overall_code in (OK, OVER), answer
@@ -154,25 +147,19 @@ def _mutated(draw: st.DrawFn) -> bytes:
 
 def test_random_bytes_as_the_message(door: Door, channel: grpc.Channel) -> None:
     """Random bytes and mutated encodings of requests: decoded, they are answered as requests;
-    undecodable, they are refused (today with the status of the known bug below)."""
+    undecodable, they are refused INVALID_ARGUMENT."""
 
     @fuzz(200)
     @given(st.one_of(st.binary(max_size=200), _mutated()))
     def property(message: bytes) -> None:
         with door.guard(message):
             code, details, answer = call(channel, message)
-            if not is_decode_failure(code, details):
-                check_answer(code, details, answer, None)
+            check_answer(code, details, answer, None)
             still_answers(channel, door)
 
     property()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a gRPC message that does not decode as a RateLimitRequest (here b'\\xff', a cut varint) is answered "
-    "INTERNAL 'failed to decode Protobuf message: invalid varint' by the compiled door (tonic's ProstCodec) "
-    "and UNKNOWN \"Unexpected <class 'google.protobuf.message.DecodeError'>...\" by the python door "
-    "(grpc.aio's deserializer), not INVALID_ARGUMENT"))
 def test_bytes_that_are_no_request_are_invalid_argument(door: Door, channel: grpc.Channel) -> None:
     for message in (b"\xff", b"\x0a\x02\xff\xfe"):  # a cut varint; a domain that is not UTF-8
         code, details, _ = call(channel, message)

@@ -138,9 +138,9 @@ def _parse_policy(text: str, format: str, source: str) -> Policy:
             import yaml
         except ImportError:  # pragma: no cover - depends on the environment
             raise ImportError("YAML policies need PyYAML: pip install 'ratewarden[policy]'") from None
-        if _flow_depth(text) > _MAX_DEPTH:
+        if flow_depth(text) > MAX_DEPTH:
             # PyYAML's scanner is quadratic in flow nesting: refuse before it spends seconds.
-            raise PolicyError([Problem("", f"invalid YAML: nested more than {_MAX_DEPTH} levels deep", None, source)])
+            raise PolicyError([Problem("", f"invalid YAML: nested more than {MAX_DEPTH} levels deep", None, source)])
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -150,12 +150,12 @@ def _parse_policy(text: str, format: str, source: str) -> Policy:
     raise ConfigurationError(f"unknown policy format {format!r}: use 'toml' or 'yaml'")
 
 
-_MAX_DEPTH = 64  # a policy needs a handful of levels
+MAX_DEPTH = 64  # a policy needs a handful of levels
 
 
-def _flow_depth(text: str) -> int:
+def flow_depth(text: str) -> int:
     """The deepest ``[``/``{`` nesting in ``text`` (brackets inside strings count too, which only
-    matters past ``_MAX_DEPTH`` of them)."""
+    matters past ``MAX_DEPTH`` of them)."""
     depth = deepest = 0
     for char in text:
         if char in "[{":

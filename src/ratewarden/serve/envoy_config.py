@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..algorithms import AlgorithmName
 from ..limits import DEFAULT_ALGORITHM, Limit
+from ..policy.loader import MAX_DEPTH, flow_depth
 from ..policy.schema import PolicyError, Problem
 from ..rates import Rate
 from .envoy_yaml import Reader, kind_of
@@ -166,6 +167,16 @@ def parse_envoy_config(text: str, source: str = "<envoy config>") -> EnvoyDomain
         text: The YAML text.
         source: Its name, for messages.
     """
+    if flow_depth(text) > MAX_DEPTH:
+        # PyYAML's scanner is quadratic in flow nesting: refuse before it spends seconds.
+        raise EnvoyConfigError([Problem("", f"not valid YAML: nested more than {MAX_DEPTH} levels deep", None, source)])
+    try:
+        return _parse_envoy_config(text, source)
+    except RecursionError:  # PyYAML and the descriptors' reader recurse per nesting level
+        raise EnvoyConfigError([Problem("", "not valid YAML: nested too deeply", None, source)]) from None
+
+
+def _parse_envoy_config(text: str, source: str) -> EnvoyDomain:
     import yaml
 
     reader = Reader(source)

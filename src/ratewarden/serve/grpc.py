@@ -17,6 +17,7 @@ import grpc  # type: ignore[import-untyped]
 from envoy.config.core.v3 import base_pb2  # type: ignore[import-untyped]
 from envoy.service.ratelimit.v3 import rls_pb2  # type: ignore[import-untyped]
 from google.protobuf import json_format  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from ..errors import LimitUnavailable
 from .bounds import GRPC_HANDSHAKE_TIMEOUT, GRPC_MAX_MESSAGE_SIZE, GRPC_TIMEOUT
@@ -155,14 +156,18 @@ def _timed_handler(servicer: RlsServicer, timeout: float) -> Any:
             read.add_done_callback(_retrieved)  # it ends with the call, whatever ends the call
         if not done:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no whole request within {timeout:.3f} s")
-        request = read.result()
-        if request is grpc.aio.EOF:
+        raw = read.result()
+        if raw is grpc.aio.EOF:
             await context.abort(grpc.StatusCode.INTERNAL, "the call ended without its request message")
+        try:
+            request = rls_pb2.RateLimitRequest.FromString(raw)
+        except DecodeError as exc:  # as the compiled door answers bytes that are no request
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"failed to decode Protobuf message: {exc}")
         return await servicer.ShouldRateLimit(request, context)
 
     return grpc.stream_unary_rpc_method_handler(
         should_rate_limit,
-        request_deserializer=rls_pb2.RateLimitRequest.FromString,
+        request_deserializer=None,  # the bytes, decoded above: a DecodeError is the caller's
         response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
     )
 
