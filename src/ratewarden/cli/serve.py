@@ -27,6 +27,8 @@ def register(subparsers: Any) -> None:
         "serve", help=COMMANDS["serve"][1], description=COMMANDS["serve"][1], epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    for name, action in ((None, _Given), ("store", _Given), ("store_true", _GivenFlag)):
+        parser.register("action", name, action)  # every option given is noted in ``args.given``
     parser.add_argument(
         "files", nargs="+", metavar="FILE", type=Path,
         help="a ratewarden policy file (.toml/.yaml, at most one: /check and /v1/check), or envoyproxy/ratelimit "
@@ -34,8 +36,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT", help="HTTP address (default %(default)s)")
     parser.add_argument(
-        "--grpc", default="127.0.0.1:8081", metavar="HOST:PORT",
-        help="gRPC address, served when Envoy configurations are given (default %(default)s)",
+        "--grpc", metavar="HOST:PORT",
+        help=f"gRPC address, served when Envoy configurations are given (default {_GRPC_DEFAULT}; without "
+        "one, an error)",
     )
     parser.add_argument(
         "--spoe", metavar="HOST:PORT",
@@ -85,6 +88,25 @@ def register(subparsers: Any) -> None:
     _add_envoy(parser)
     _add_bounds(parser)
     parser.set_defaults(func=_run)
+
+
+_GRPC_DEFAULT = "127.0.0.1:8081"
+
+
+class _Given(argparse.Action):
+    """argparse's ``store``, noting the option's destination in ``args.given``: an option that cannot
+    take effect is refused only when the command line gave it (``_check_combinations``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
+class _GivenFlag(_Given):
+    """argparse's ``store_true``, noted as ``_Given`` is."""
+
+    def __init__(self, option_strings: list[str], dest: str, default: bool = False, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, const=True, default=default, **kwargs)
 
 
 class _Version(argparse.Action):
@@ -166,6 +188,46 @@ _POSITIVE = ("http_max_connections", "http_timeout", "http_max_header_size", "sp
              "grpc_max_connections", "grpc_timeout", "grpc_handshake_timeout", "max_descriptors", "max_entries")
 
 
+#: Options of Envoy's rate limit API (gRPC and ``POST /json``), and of the SPOE agent: each without
+#: what it applies to cannot take effect, and is refused (``_check_combinations``).
+_ENVOY_ONLY = ("grpc", "front", "envoy_headers", "envoy_charge", "envoy_merge_domains", "grpc_max_message_size",
+               "grpc_max_connections", "grpc_timeout", "grpc_handshake_timeout", "max_descriptors", "max_entries")
+_SPOE_ONLY = ("spoe_front", "spoe_max_connections", "spoe_timeout_hello", "spoe_timeout_idle", "spoe_timeout_frame",
+              "spoe_message")
+_ENVOY_FILES = ("an Envoy ratelimit configuration: give its YAML file (one with a top-level `domain:`) or a "
+                "directory of them among the FILEs")
+
+
+def _check_combinations(args: argparse.Namespace, envoy: bool) -> None:
+    """Refuse an option the command line gave that cannot take effect, naming what it needs: gRPC's
+    and Envoy's options without an Envoy configuration, the SPOE agent's without ``--spoe``, the
+    compiled gRPC front door's connection cap with ``--front python``."""
+    given: set[str] = getattr(args, "given", set())
+    for dest in _ENVOY_ONLY:
+        option = f"--{dest.replace('_', '-')}"
+        if dest not in given or envoy:
+            continue
+        if dest == "grpc":
+            raise ConfigurationError(
+                f"--grpc {args.grpc}: gRPC serves Envoy's rate limit API, which needs {_ENVOY_FILES}; or leave out "
+                "--grpc (a ratewarden policy is served over --http and --spoe)"
+            )
+        what = ("chooses the gRPC front door (--http-front and --spoe-front choose the others), which runs only"
+                if dest == "front" else "applies to Envoy's rate limit API (gRPC and POST /json), which runs only")
+        raise ConfigurationError(f"{option} {what} with {_ENVOY_FILES}; or leave out {option}")
+    for dest in _SPOE_ONLY:
+        if dest in given and args.spoe is None:
+            option = f"--{dest.replace('_', '-')}"
+            raise ConfigurationError(
+                f"{option} applies to the SPOE agent, which runs only with --spoe HOST:PORT: give --spoe, or leave out {option}"
+            )
+    if {"grpc_max_connections", "front"} <= given and args.front == "python":
+        raise ConfigurationError(
+            "--grpc-max-connections caps the compiled gRPC front door's connections, and --front python has no "
+            "such cap: use --front compiled (or auto), or leave out --grpc-max-connections"
+        )
+
+
 #: What the service imports, by the package that brings it (all in the ``serve`` extra).
 _HTTP_NEEDS = (("uvicorn", "uvicorn"),)
 _YAML_NEEDS = (("yaml", "PyYAML"),)
@@ -211,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
             policy=policy,
             envoy=envoy,
             http=parse_address(args.http, "--http"),
-            grpc=parse_address(args.grpc, "--grpc"),
+            grpc=parse_address(args.grpc or _GRPC_DEFAULT, "--grpc"),
             spoe=parse_address(args.spoe, "--spoe") if args.spoe else None,
             workers=args.workers,
             front=args.front,
@@ -236,6 +298,7 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name)}")
         if not args.spoe_message:
             raise ConfigurationError("--spoe-message must name the spoe-message, e.g. check")
+        _check_combinations(args, bool(envoy))
         from ..serve.front import choose_front
 
         for option, requested in (("--front", args.front), ("--http-front", args.http_front),

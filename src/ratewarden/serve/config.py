@@ -1,9 +1,14 @@
 """What ``ratewarden serve`` runs: its options (``ServeConfig``), the files it is given sorted into
 the ratewarden policy and Envoy ratelimit YAML (``envoy_files``, ``load_envoy``) and its listening
-addresses (``parse_address``)."""
+addresses (``parse_address``, ``bind_listener``, ``check_listen``, ``listen_error``: a listener that
+cannot be opened is one ``ConfigurationError`` naming the option, the address, why and the fix)."""
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +19,10 @@ from ..limiter import FailurePolicy
 from . import bounds
 from .http import DEFAULT_TRUSTED
 
-__all__ = ["ServeConfig", "envoy_files", "load_envoy", "parse_address"]
+__all__ = [
+    "ServeConfig", "bind_listener", "check_listen", "envoy_files", "format_address", "listen_error", "load_envoy",
+    "parse_address",
+]
 
 _YAML = (".yaml", ".yml")
 
@@ -119,3 +127,109 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
         raise ConfigurationError(f"{what} {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
+
+
+def format_address(address: tuple[str, int]) -> str:
+    """``(host, port)`` as ``HOST:PORT`` (``[::1]:8080`` for IPv6), as the options take it.
+
+    Args:
+        address: The host and port.
+    """
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _errno(exc: BaseException) -> int | None:
+    """The error number of a failed bind: ``exc.errno``, else one in its text (the compiled front
+    door's ``... (os error 98)``)."""
+    if isinstance(exc, socket.gaierror):
+        return None
+    number = getattr(exc, "errno", None)
+    if isinstance(number, int):
+        return number
+    found = re.search(r"os error (\d+)|\[Errno (\d+)\]", str(exc))
+    return int(found.group(1) or found.group(2)) if found else None
+
+
+def listen_error(option: str, address: tuple[str, int], exc: BaseException, *, probe: bool = False) -> ConfigurationError:
+    """The one-line error for a listener ``option`` (``--grpc``) that could not listen on ``address``:
+    the option and the address, why (in use, permission denied, not an address of this host) and
+    the fix.
+
+    Args:
+        option: The option that gave the address.
+        address: The host and port.
+        exc: What the bind raised.
+        probe: When ``exc`` carries no error number (grpc core says only that it failed), bind
+            ``address`` once to learn why.
+    """
+    host, port = address
+    where = f"{option} {format_address(address)}: cannot listen there"
+    number = _errno(exc)
+    if number is None and probe and not isinstance(exc, socket.gaierror):
+        try:
+            check_listen(option, address)
+        except ConfigurationError as probed:
+            return probed
+    if isinstance(exc, socket.gaierror):
+        why, fix = f"{host!r} does not resolve ({exc.strerror})", f"give an IP address with {option}"
+    elif number == errno.EADDRINUSE:
+        why, fix = "the address is in use", f"choose another port with {option}, or stop what listens there"
+    elif number in (errno.EACCES, errno.EPERM):
+        why = "permission denied" + (" (a port below 1024 needs root or CAP_NET_BIND_SERVICE)" if port < 1024 else "")
+        fix = f"choose a port above 1023 with {option}" if port < 1024 else f"choose another port with {option}"
+    elif number == errno.EADDRNOTAVAIL:
+        why = f"cannot assign the address: {host} is not an address of this host"
+        fix = f"give one of this host's addresses with {option} ({'[::]' if ':' in host else '0.0.0.0'} for every interface)"
+    elif number == errno.EAFNOSUPPORT:
+        why, fix = "this host has no IPv6" if ":" in host else "address family not supported", f"give an IPv4 address with {option}"
+    else:
+        said = re.sub(r"^cannot listen for gRPC on \S+?(: | )", "", str(exc))  # the front doors' own prefix
+        why, fix = (_strerror(number) if number is not None else said), f"choose another address with {option}"
+    return ConfigurationError(f"{where}: {why}; {fix}")
+
+
+def _strerror(number: int) -> str:
+    """The system's text for an error number, lower-cased as the rest of the line."""
+    text = os.strerror(number)
+    return text[:1].lower() + text[1:]
+
+
+def bind_listener(option: str, address: tuple[str, int], *, reuse_port: bool = False) -> socket.socket:
+    """A socket listening on ``address`` (``SO_REUSEADDR``, and ``SO_REUSEPORT`` with ``reuse_port``),
+    inheritable by forked workers; a ``ConfigurationError`` from ``listen_error`` when it cannot.
+
+    Args:
+        option: The option that gave the address, for the error.
+        address: The host and port.
+        reuse_port: Set ``SO_REUSEPORT`` too (several processes on the port).
+    """
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY for IPPROTO_TCP only
+    except OSError as exc:
+        raise listen_error(option, address, exc) from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise listen_error(option, address, exc) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def check_listen(option: str, address: tuple[str, int]) -> None:
+    """Raise ``listen_error``'s ``ConfigurationError`` unless a socket can listen on ``address`` now,
+    for a listener the workers open themselves (gRPC): bound, listening and closed again. Without
+    ``SO_REUSEPORT``, so a port another process shares (``SO_REUSEPORT``) counts as in use, as it is.
+
+    Args:
+        option: The option that gave the address, for the error.
+        address: The host and port.
+    """
+    bind_listener(option, address).close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -21,7 +22,7 @@ from ..errors import ConfigurationError
 from ..policy.loader import load_policy
 from ..stores import open_store
 from ..stores.urls import check_store_url
-from .config import ServeConfig, load_envoy
+from .config import ServeConfig, bind_listener, check_listen, format_address, load_envoy
 from .http import parse_networks
 from .logs import configure_logging, event
 from .worker import run_worker, shared_metrics_directory
@@ -34,13 +35,68 @@ _CRASH_LOOP = 2.0
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY for IPPROTO_TCP only
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
+    """A listening socket as the service binds its HTTP one (``bench.gateway_floor`` binds its own so)."""
+    return bind_listener("--http", (host, port))
+
+
+def _listeners(config: ServeConfig) -> list[tuple[str, tuple[str, int]]]:
+    """The listeners this run opens, by option: HTTP, SPOE with ``--spoe``, gRPC with an Envoy configuration."""
+    found = [("--http", config.http)]
+    if config.spoe is not None:
+        found.append(("--spoe", config.spoe))
+    if config.envoy and config.grpc is not None:
+        found.append(("--grpc", config.grpc))
+    return found
+
+
+def _overlap(host: str, other: str) -> bool:
+    """Whether listeners on ``host`` and ``other`` (one port) would take the same address: the same
+    host, or one of them every address of its family (``::`` is both families, as Linux binds it)."""
+    return host == other or any(
+        wild == "::" or (wild == "0.0.0.0" and ":" not in rest) for wild, rest in ((host, other), (other, host))
+    )
+
+
+def _check_distinct(listeners: list[tuple[str, tuple[str, int]]]) -> None:
+    """Two listeners on one port of one address would refuse each other: said as such, before the
+    bind would call it "in use"."""
+    for index, (option, (host, port)) in enumerate(listeners):
+        for other, (other_host, other_port) in listeners[:index]:
+            if port == other_port and port != 0 and _overlap(host, other_host):
+                raise ConfigurationError(
+                    f"{option} {format_address((host, port))}: {other} {format_address((other_host, other_port))} "
+                    f"listens there: give {option} its own port"
+                )
+
+
+def _check_grpc_host(config: ServeConfig) -> None:
+    """The compiled gRPC front door listens on an IP address only: a host name is refused here, not
+    as a worker's ``bad address`` later."""
+    assert config.grpc is not None
+    host, port = config.grpc
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if config.front == "compiled":
+            raise ConfigurationError(
+                f"--grpc {format_address(config.grpc)}: the compiled gRPC front door listens on an IP address, not a "
+                f"host name: give one with --grpc (127.0.0.1:{port}, [::1]:{port}, 0.0.0.0:{port}), or --front python"
+            ) from None
+
+
+def _open_listeners(config: ServeConfig) -> tuple[socket.socket, socket.socket | None]:
+    """Bind the HTTP and SPOE sockets the workers share, and check that gRPC's address (each worker
+    opens its own listener there) can be listened on, all before ``started`` and before forking:
+    a listener that cannot be opened is a ``ConfigurationError`` naming its option, address and the fix."""
+    _check_distinct(_listeners(config))
+    with contextlib.ExitStack() as opened:  # closed again when a later one fails
+        sock = opened.enter_context(bind_listener("--http", config.http))
+        spoe = opened.enter_context(bind_listener("--spoe", config.spoe)) if config.spoe is not None else None
+        if config.envoy and config.grpc is not None:
+            _check_grpc_host(config)
+            check_listen("--grpc", config.grpc)
+        opened.pop_all()
+    return sock, spoe
 
 
 def _check(config: ServeConfig) -> str | None:
@@ -80,8 +136,7 @@ def run(config: ServeConfig) -> int:
         store_url = _check(config)
         config = _choose_front(config)
         config = fit_open_files(config)
-        sock = _bind(*config.http)
-        spoe = _bind(*config.spoe) if config.spoe is not None else None
+        sock, spoe = _open_listeners(config)
     except (ConfigurationError, OSError, ImportError) as exc:
         event(logging.ERROR, "config_error", str(exc))
         return 2
@@ -219,7 +274,8 @@ def _supervise(config: ServeConfig, sock: socket.socket, store_url: str, spoe: s
 
     for index in range(config.workers):
         spawn(index)
-    stopping = failed = False
+    stopping = False
+    failed = 0  # the exit status a worker that could not start leaves: 2 could not listen, 1 anything else
     try:
         while children:
             while pending:
@@ -238,9 +294,11 @@ def _supervise(config: ServeConfig, sock: socket.socket, store_url: str, spoe: s
             if stopping:
                 continue
             code = os.waitstatus_to_exitcode(status)
-            if code == 1 and time.monotonic() - started < _CRASH_LOOP:  # it could not start: it would not again
-                event(logging.ERROR, "worker_failed", "a worker failed at start-up; stopping", worker=index, code=code)
-                failed = stopping = True
+            could_not_listen = code == 2  # its config_error line names the option, the address and the fix
+            if could_not_listen or (code == 1 and time.monotonic() - started < _CRASH_LOOP):  # it would not again
+                why = "could not open its listeners" if could_not_listen else "failed at start-up"
+                event(logging.ERROR, "worker_failed", f"a worker {why}; stopping", worker=index, code=code)
+                failed, stopping = code, True
                 _signal_all(children, signal.SIGTERM)
                 continue
             event(logging.ERROR, "worker_exited", "a worker exited; starting another", worker=index, pid=pid, code=code)
@@ -248,7 +306,7 @@ def _supervise(config: ServeConfig, sock: socket.socket, store_url: str, spoe: s
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return 1 if failed else 0
+    return failed
 
 
 def _signal_all(children: dict[int, tuple[int, float]], signum: int) -> None:

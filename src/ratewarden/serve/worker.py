@@ -15,13 +15,14 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..policy.loader import load_policy
 from ..policy.reload import PolicyReloader
 from ..policy.schema import Policy
 from ..stores import open_store
 from . import bounds
-from .config import ServeConfig, load_envoy
+from .config import ServeConfig, listen_error, load_envoy
 from .http import ServeApp
 from .logs import event, log
 
@@ -206,24 +207,29 @@ class Worker:
                 log.exception("watching the configuration failed; will retry", extra={"event": "watch_failed"})
 
     async def _start_grpc(self) -> Any:
-        """Start gRPC on the front door ``config.front`` names (``serve.front``); returns what ``stop(grace)`` ends."""
+        """Start gRPC on the front door ``config.front`` names (``serve.front``); returns what ``stop(grace)``
+        ends. An address it cannot listen on is a ``ConfigurationError`` naming ``--grpc``, the address
+        and the fix (``config.listen_error``)."""
         config, address = self.config, self.config.grpc
         assert self.rls is not None and address is not None
         front: Any = importlib.import_module(f"{__package__}.front")
-        if front.choose_front(config.front)[0] == "compiled":
-            compiled = front.start_front(
+        try:
+            if front.choose_front(config.front)[0] == "compiled":
+                compiled = front.start_front(
+                    self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
+                    max_descriptors=config.max_descriptors, max_entries=config.max_entries,
+                    max_connections=config.grpc_max_connections, timeout=config.grpc_timeout,
+                    handshake_timeout=config.grpc_handshake_timeout,
+                )
+                self.app.doors.append(compiled.stalled)
+                return compiled
+            grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
+            started = await grpc_module.start_grpc(
                 self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
-                max_descriptors=config.max_descriptors, max_entries=config.max_entries,
-                max_connections=config.grpc_max_connections, timeout=config.grpc_timeout,
                 handshake_timeout=config.grpc_handshake_timeout,
             )
-            self.app.doors.append(compiled.stalled)
-            return compiled
-        grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
-        started = await grpc_module.start_grpc(
-            self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
-            handshake_timeout=config.grpc_handshake_timeout,
-        )
+        except (OSError, ValueError) as exc:  # the port taken since the supervisor's check, or never checked
+            raise listen_error("--grpc", address, exc, probe=True) from None
         return started[0] if isinstance(started, tuple) else started
 
     def _http_server(self, sock: socket.socket) -> Any:
@@ -259,8 +265,14 @@ class Worker:
         """Serve HTTP on ``sock`` (gRPC and HAProxy's SPOE on ``spoe`` when configured) until
         ``SIGTERM``/``SIGINT`` (or, for a forked worker, until its ``parent`` is gone)."""
         loop = asyncio.get_running_loop()
-        server = self._http_server(sock)
         grpc_server: Any = None
+        if self.rls is not None and self.config.grpc is not None:  # first: the one listener opened here
+            try:
+                grpc_server = await self._start_grpc()
+            except BaseException:
+                await self._close()
+                raise
+        server = self._http_server(sock)
         spoe_server: Any = None
         spoe_end: Callable[[], Awaitable[None]] | None = None
         stopping: list[asyncio.Task[Any]] = []
@@ -281,8 +293,6 @@ class Worker:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop, signal.Signals(signum).name)
         loop.add_signal_handler(signal.SIGHUP, hup)
-        if self.rls is not None and self.config.grpc is not None:
-            grpc_server = await self._start_grpc()
         if spoe is not None:
             spoe_server, spoe_end = await self._start_spoe(spoe)
         tasks = [asyncio.create_task(self._watch())] if self.config.watch > 0 else []
@@ -300,10 +310,14 @@ class Worker:
                 await spoe_end()
             if grpc_server is not None:
                 await (stopping[0] if stopping else grpc_server.stop(GRACE))
-            if self.metrics is not None:
-                self.metrics.close()
-            await self.limiter.close()
+            await self._close()
             event(logging.INFO, "worker_stopped", "worker stopped")
+
+    async def _close(self) -> None:
+        """Close the metrics and the store (last, once nothing decides any more)."""
+        if self.metrics is not None:
+            self.metrics.close()
+        await self.limiter.close()
 
 
 async def _orphaned(parent: int, stop: Callable[[str], None]) -> None:
@@ -316,10 +330,25 @@ async def _orphaned(parent: int, stop: Callable[[str], None]) -> None:
 def run_worker(
     config: ServeConfig, sock: socket.socket, store_url: str, parent: int | None = None, spoe: socket.socket | None = None
 ) -> int:
+    """Run one worker until it is told to stop; its exit status: 0 after a clean stop, 1 when it could
+    not start, 2 when a listener could not be opened (one ``config_error`` line naming the option,
+    the address and the fix).
+
+    Args:
+        config: What to serve.
+        sock: The HTTP listening socket.
+        store_url: Where the counts live.
+        parent: The supervisor's pid, for a forked worker (it stops when the supervisor is gone).
+        spoe: The SPOE listening socket, with ``--spoe``.
+    """
     try:
         worker = Worker(config, store_url)
     except Exception as exc:
         event(logging.ERROR, "worker_failed", f"the worker could not start: {exc}", error=type(exc).__name__)
         return 1
-    asyncio.run(worker.serve(sock, parent, spoe))
+    try:
+        asyncio.run(worker.serve(sock, parent, spoe))
+    except ConfigurationError as exc:
+        event(logging.ERROR, "config_error", str(exc))
+        return 2
     return 0
