@@ -33,17 +33,17 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration as StdDuration;
 
+use bytes::Buf;
+use prost::Message;
 use proto::*;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
+use queue::Queue;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
-use bytes::Buf;
-use prost::Message;
-use queue::Queue;
 use tonic::codegen::{empty_body, http as tonic_http, Body, BoxFuture, Service, StdError};
 use tonic::{Code, Status};
 
@@ -278,7 +278,12 @@ struct Counted<B> {
 
 impl<B> Counted<B> {
     /// Count a new call, or say why it is refused: a budget is spent.
-    fn new(body: B, connection: Budget, worker: Budget, bounds: BodyBounds) -> Result<Self, Status> {
+    fn new(
+        body: B,
+        connection: Budget,
+        worker: Budget,
+        bounds: BodyBounds,
+    ) -> Result<Self, Status> {
         let mut counted = Counted {
             body: Box::pin(body),
             connection,
@@ -403,7 +408,11 @@ where
         };
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(deadline);
-        let connection = parts.extensions.get::<Budget>().cloned().unwrap_or_default();
+        let connection = parts
+            .extensions
+            .get::<Budget>()
+            .cloned()
+            .unwrap_or_default();
         let body = match Counted::new(body, connection, self.receiving.clone(), self.bounds) {
             Ok(body) => body,
             Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
@@ -427,9 +436,9 @@ where
             let code = match headers.get("grpc-status").map(|value| value.as_bytes()) {
                 Some(b"11") => Some(Code::ResourceExhausted),
                 Some(b"13")
-                    if headers
-                        .get("grpc-message")
-                        .is_some_and(|m| m.as_bytes().starts_with(b"failed%20to%20decode%20Protobuf")) =>
+                    if headers.get("grpc-message").is_some_and(|m| {
+                        m.as_bytes().starts_with(b"failed%20to%20decode%20Protobuf")
+                    }) =>
                 {
                     Some(Code::InvalidArgument)
                 }
@@ -670,8 +679,16 @@ impl Front {
         for (name, value, least) in [
             ("max_pending_bytes", max_pending_bytes, 2 * max_message_size),
             ("max_receiving", max_receiving, max_receiving_per_connection),
-            ("max_receiving_per_connection", max_receiving_per_connection, max_message_size + 64 * 1024),
-            ("spoe_max_bytes_in_flight", spoe_max_bytes_in_flight, 2 * spoe_max_frame_size as usize),
+            (
+                "max_receiving_per_connection",
+                max_receiving_per_connection,
+                max_message_size + 64 * 1024,
+            ),
+            (
+                "spoe_max_bytes_in_flight",
+                spoe_max_bytes_in_flight,
+                2 * spoe_max_frame_size as usize,
+            ),
             ("spoe_max_bytes", spoe_max_bytes, spoe_max_bytes_in_flight),
         ] {
             if value < least {
@@ -950,7 +967,13 @@ impl Front {
     /// `headers` is a list of `(name, value)` bytes, names in lowercase.
     #[pyo3(signature = (limit=usize::MAX))]
     fn take_http<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
-        let batch = self.shared.state.lock().unwrap().http.take(limit, Instant::now());
+        let batch = self
+            .shared
+            .state
+            .lock()
+            .unwrap()
+            .http
+            .take(limit, Instant::now());
         let out = PyList::empty(py);
         for (id, request, _) in batch {
             let headers = PyList::empty(py);
@@ -1017,7 +1040,13 @@ impl Front {
     /// has no message of the agent's name.
     #[pyo3(signature = (limit=usize::MAX))]
     fn take_spoe<'py>(&self, py: Python<'py>, limit: usize) -> PyResult<Bound<'py, PyList>> {
-        let batch = self.shared.state.lock().unwrap().spoe.take(limit, Instant::now());
+        let batch = self
+            .shared
+            .state
+            .lock()
+            .unwrap()
+            .spoe
+            .take(limit, Instant::now());
         let out = PyList::empty(py);
         let mut addresses: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = None;
         for (id, request, _) in batch {

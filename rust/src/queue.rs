@@ -54,7 +54,14 @@ impl<T, W> Queue<T, W> {
     }
 
     /// Queue `request`; true when the queue was empty, so the caller writes the wake-up byte.
-    pub fn push(&mut self, id: u64, request: T, waiter: W, bytes: usize, deadline: Instant) -> bool {
+    pub fn push(
+        &mut self,
+        id: u64,
+        request: T,
+        waiter: W,
+        bytes: usize,
+        deadline: Instant,
+    ) -> bool {
         let first = self.order.is_empty();
         if first {
             self.waiting_since = Some(Instant::now());
@@ -133,8 +140,9 @@ impl<T, W> Queue<T, W> {
 
     /// Seconds since a wake-up that no `take` has answered by emptying the queue (0: none pending).
     pub fn stalled(&self, now: Instant) -> f64 {
-        self.waiting_since
-            .map_or(0.0, |since| now.saturating_duration_since(since).as_secs_f64())
+        self.waiting_since.map_or(0.0, |since| {
+            now.saturating_duration_since(since).as_secs_f64()
+        })
     }
 }
 

@@ -1040,12 +1040,19 @@ mod tests {
                 hello.or(message)
             });
             if let Err(error) = decoded {
-                assert!(matches!(error.status, 3 | 4 | 10), "status {}", error.status);
+                assert!(
+                    matches!(error.status, 3 | 4 | 10),
+                    "status {}",
+                    error.status
+                );
                 assert!(!error.message.is_empty());
                 refused += 1;
             }
         }
-        assert!(refused > 1000, "the mutations should be refused often: {refused}");
+        assert!(
+            refused > 1000,
+            "the mutations should be refused often: {refused}"
+        );
     }
 
     #[test]

@@ -438,8 +438,8 @@ def test_the_python_door_answers_unfinished_messages_by_the_deadline_within_its_
     but RESOURCE_EXHAUSTED while one connection holds all 256 calls; OK again once they ended."""
     from ratewarden.serve.grpc import MAX_CONCURRENT_RPCS
 
-    server, address = grpc_serve(serve, tmp_path, "python")
-    deadline = bounds.GRPC_TIMEOUT  # start_grpc's timeout: serve does not hand --grpc-timeout to the Python door
+    server, address = grpc_serve(serve, tmp_path, "python", "--grpc-timeout", str(TIMEOUT))
+    deadline = TIMEOUT
     outcome = attack(server, address, 1, 1024, bounds.GRPC_MAX_MESSAGE_SIZE, deadline)
     print(outcome.report())
     assert len(outcome.calls) == 1024, outcome.report()

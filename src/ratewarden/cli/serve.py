@@ -172,8 +172,9 @@ def _add_bounds(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--grpc-max-connections", type=int, default=bounds.GRPC_MAX_CONNECTIONS, metavar="N",
                        help="open gRPC connections, compiled front door; one more is closed (default %(default)s)")
     group.add_argument("--grpc-timeout", type=float, default=bounds.GRPC_TIMEOUT, metavar="SECONDS",
-                       help="from a gRPC request's arrival to its answer, compiled front door, else "
-                       "DEADLINE_EXCEEDED; a caller's shorter grpc-timeout applies instead (default %(default)s)")
+                       help="from a gRPC request's arrival to its answer (the Python door: to its message's "
+                       "last byte), else DEADLINE_EXCEEDED; a caller's shorter grpc-timeout applies instead "
+                       "(default %(default)s)")
     group.add_argument("--grpc-handshake-timeout", type=float, default=bounds.GRPC_HANDSHAKE_TIMEOUT,
                        metavar="SECONDS", help="for a new gRPC connection to send HTTP/2's preface and SETTINGS, "
                        "else it is closed (default %(default)s)")

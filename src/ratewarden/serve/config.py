@@ -98,7 +98,7 @@ def _is_envoy(path: Path) -> bool:
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+    except (yaml.YAMLError, OSError, UnicodeDecodeError, RecursionError):
         return False  # the policy loader reports it, naming the line
     return isinstance(data, dict) and "domain" in data
 

@@ -226,7 +226,7 @@ class Worker:
             grpc_module: Any = importlib.import_module(f"{__package__}.grpc")
             started = await grpc_module.start_grpc(
                 self.rls, *address, reuse_port=config.workers > 1, max_message_size=config.grpc_max_message_size,
-                handshake_timeout=config.grpc_handshake_timeout,
+                handshake_timeout=config.grpc_handshake_timeout, timeout=config.grpc_timeout,
             )
         except (OSError, ValueError) as exc:  # the port taken since the supervisor's check, or never checked
             raise listen_error("--grpc", address, exc, probe=True) from None
