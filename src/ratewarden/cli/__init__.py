@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("ratewarden.cli.policy:register_check", "validate a policy file and print its effective rules"),
     "explain": ("ratewarden.cli.policy:register_explain", "show which rules and limits a request would get"),
     "serve": ("ratewarden.cli.serve:register", "run the decision service for gateways (Envoy gRPC, nginx, HAProxy, Traefik)"),
+    "rls": ("ratewarden.cli.rls:register", "send one Envoy ShouldRateLimit call over gRPC and print the answer"),
 }
 
 Subparsers = Any  # argparse's _SubParsersAction is private
