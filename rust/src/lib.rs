@@ -95,7 +95,7 @@ impl Front {
         http_max_header_size=65536, http_timeout=10.0, http_keep_alive=5.0, spoe_fd=None,
         spoe_max_connections=256, spoe_max_frame_size=16380, spoe_timeout_hello=5.0,
         spoe_timeout_idle=120.0, spoe_timeout_frame=5.0, spoe_message="check",
-        spoe_max_in_flight=256, spoe_max_buffered=1<<20, spoe_max_bytes_in_flight=256<<10,
+        spoe_max_in_flight=256, spoe_max_buffered=1<<20, spoe_max_bytes_in_flight=64<<10,
         spoe_max_bytes=32<<20, spoe_timeout_processing=1.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(

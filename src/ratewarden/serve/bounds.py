@@ -50,7 +50,7 @@ SPOE_TIMEOUT_IDLE = 120.0
 SPOE_TIMEOUT_FRAME = 5.0
 #: Bytes of NOTIFY frames one SPOE connection may have queued or being decided on the compiled front door;
 #: past them no further frame is read from it until answers free some (HAProxy queues the rest).
-SPOE_MAX_BYTES_IN_FLIGHT = 256 * 1024
+SPOE_MAX_BYTES_IN_FLIGHT = 64 * 1024
 #: The same over all of a worker's SPOE connections.
 SPOE_MAX_BYTES = 32 * 1024 * 1024
 #: Seconds a message may wait for its decision on the compiled front door; then it is dropped undecided
