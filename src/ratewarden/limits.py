@@ -10,9 +10,9 @@ from ._mypyc import mypyc_attr
 from .algorithms import Algorithm, AlgorithmName, State, get_algorithm
 from .algorithms.fixed_window import fixed_window, fixed_window_of
 from .decision import Decision
-from .rates import Rate, parse_rates
+from .rates import Rate, freeze_rates, parse_rates
 
-__all__ = ["DEFAULT_ALGORITHM", "Limit", "make_limits"]
+__all__ = ["DEFAULT_ALGORITHM", "Limit", "make_limits", "written_rates"]
 
 DEFAULT_ALGORITHM: AlgorithmName = "fixed_window"
 _TOKEN_RE = re.compile(r"[^A-Za-z0-9_.:/*-]+")
@@ -26,8 +26,8 @@ class Limit:
     Args:
         rate: How much, per how long.
         algorithm: The algorithm's name (default ``"fixed_window"``).
-        name: The policy name shown in headers and metrics; the default ``""`` uses ``rate.ident``
-            (``100/60000``).
+        name: The policy name shown in headers, 429 bodies, logs and metrics; the default ``""``
+            uses the rate's text (``str(rate)``: ``100/minute``).
     """
 
     __slots__ = ("algorithm", "fn", "name", "period", "quota", "rate", "suffix")
@@ -41,7 +41,7 @@ class Limit:
         burst = "" if rate.burst is None else f"b{rate.burst}"
         debt = "" if rate.debt is None else f"d{rate.debt:g}"
         self.suffix = f"{algorithm}:{rate.ident}{burst}{debt}"
-        self.name = _TOKEN_RE.sub("-", name) or rate.ident
+        self.name = _TOKEN_RE.sub("-", name or str(rate))
 
     def __repr__(self) -> str:
         return f"Limit({self.rate!s}, {self.algorithm!r}, name={self.name!r})"
@@ -63,15 +63,34 @@ class Limit:
 def make_limits(
     rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, name: str = ""
 ) -> tuple[Limit, ...]:
-    """Parse ``rates`` and bind each to ``algorithm``; several rates get distinct policy names.
+    """Parse ``rates`` and bind each to ``algorithm``; several rates get distinct policy names, each
+    with the rate as it was written (``"10/s; 1000/day"`` named ``api``: ``api-10/s`` and
+    ``api-1000/day``).
 
     Args:
         rates: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
             every one must allow.
         algorithm: The algorithm's name (default ``"fixed_window"``).
-        name: The policy name; with several rates each gets ``name-<rate.ident>``. Default: each rate's ``ident``.
+        name: The policy name; with several rates each gets ``name-<rate as written>``. Default: each
+            rate as written.
     """
-    parsed: Sequence[Rate] = parse_rates(rates)
-    if len(parsed) == 1:
+    frozen = freeze_rates(rates)
+    parsed: Sequence[Rate] = parse_rates(frozen)
+    if len(parsed) == 1 and name:
         return (Limit(parsed[0], algorithm, name),)
-    return tuple(Limit(r, algorithm, f"{name}-{r.ident}" if name else r.ident) for r in parsed)
+    texts = written_rates(frozen)
+    return tuple(Limit(r, algorithm, f"{name}-{text}" if name else text) for r, text in zip(parsed, texts, strict=True))
+
+
+def written_rates(rates: str | Rate | Iterable[str | Rate]) -> tuple[str, ...]:
+    """Each rate of ``rates`` as the user wrote it (``"10/s; 1000/day"``: ``10/s``, ``1000/day``),
+    in ``parse_rates``' order; a ``Rate`` given as an object is its ``str`` (``100/minute``).
+
+    Args:
+        rates: Rates as ``parse_rates`` takes them (already read once, e.g. by ``freeze_rates``).
+    """
+    if isinstance(rates, Rate):
+        return (str(rates),)
+    if isinstance(rates, str):
+        return tuple(part.strip() for part in re.split(r"[;,]", rates) if part.strip())
+    return tuple(item.strip() if isinstance(item, str) else str(item) for item in rates)

@@ -92,6 +92,9 @@ class Rule:
             name is a ``ConfigurationError``.
         bypass: Matching requests skip every rule.
         name: Labels the limit in headers, storage keys and metrics; the default ``None`` means the path.
+        label: What headers, 429 bodies, logs and metrics call the limit, when it is not ``name``
+            (which still names the storage keys): ``""`` is the rate as written (``10/m``); the
+            default ``None`` means ``name``.
         cost: What one request costs: a number, or a function of the scope.
         websocket: Limit WebSocket connections on this path (instead of HTTP requests).
         message_rate: Limits the messages of each client key on a WebSocket path, across all its
@@ -113,6 +116,7 @@ class Rule:
         websocket: bool = False,
         message_rate: str | Rate | Iterable[str | Rate] | None = None,
         shadow: bool = False,
+        label: str | None = None,
     ) -> None:
         if rate is None and message_rate is None and not bypass:
             raise ConfigurationError(f"Rule({path!r}) needs a rate (e.g. '100/min') unless bypass=True")
@@ -144,7 +148,8 @@ class Rule:
         self.websocket = websocket or message_rate is not None
         self.shadow = shadow
         # Validate eagerly so a bad rate string fails at start-up, not on the first request.
-        self.limits: tuple[Limit, ...] = make_limits(rate, algorithm, self.name) if rate is not None else ()
+        shown = self.name if label is None else label
+        self.limits: tuple[Limit, ...] = make_limits(rate, algorithm, shown) if rate is not None else ()
         self.message_limits: tuple[Limit, ...] = (
             make_limits(message_rate, algorithm, self.name + "-msg") if message_rate is not None else ()
         )

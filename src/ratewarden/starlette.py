@@ -65,8 +65,9 @@ def limit(
         key: Who is charged: a key function of the scope (default: the client IP).
         algorithm: The algorithm's name (default ``"fixed_window"``).
         cost: What one request costs: a number, or a function of the scope.
-        name: The limit's name; the default ``None`` is the endpoint's module-qualified name, so two
-            endpoints never share a limit by accident.
+        name: The limit's name; the default ``None`` counts each endpoint on its own (under its
+            module-qualified name, never sent to clients: headers and 429 bodies then name the rate
+            as written, ``10/m``), so two endpoints never share a limit by accident.
         headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` (429 answers only) or
             ``"off"``.
         header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` (draft-10
@@ -75,7 +76,9 @@ def limit(
 
     def decorate(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         label = name or f"{endpoint.__module__}.{endpoint.__qualname__}"
-        rules = (CompiledRule(Rule("/**", rate, key=key, algorithm=algorithm, cost=cost, name=label), limiter.prefix),)
+        # Counted under the module-qualified name, shown as the user named it: ``name``, else the rate.
+        rule = Rule("/**", rate, key=key, algorithm=algorithm, cost=cost, name=label, label=name or "")
+        rules = (CompiledRule(rule, limiter.prefix),)
         is_async = inspect.iscoroutinefunction(endpoint)
 
         @functools.wraps(endpoint)

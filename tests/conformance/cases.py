@@ -198,8 +198,8 @@ CASES: tuple[Case, ...] = (
         (RuleSpec("api", rate="2/s; 100/min"),),
         (200,),
         {
-            "ratelimit-policy": '"api-2/1000";q=2;w=1, "api-100/60000";q=100;w=60',
-            "ratelimit": '"api-2/1000";r=1;t=1',
+            "ratelimit-policy": '"api-2/s";q=2;w=1, "api-100/min";q=100;w=60',
+            "ratelimit": '"api-2/s";r=1;t=1',
             "x-ratelimit-limit": "2", "x-ratelimit-remaining": "1", "x-ratelimit-reset": "1",
         },
         {"2/s": 1, "100/min": 1},
@@ -210,8 +210,8 @@ CASES: tuple[Case, ...] = (
         (RuleSpec("api", rate="2/s; 100/min"),),
         (200, 200, 429),
         {
-            "ratelimit-policy": '"api-2/1000";q=2;w=1, "api-100/60000";q=100;w=60',
-            "ratelimit": '"api-2/1000";r=0;t=1',
+            "ratelimit-policy": '"api-2/s";q=2;w=1, "api-100/min";q=100;w=60',
+            "ratelimit": '"api-2/s";r=0;t=1',
             "x-ratelimit-limit": "2", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1", "retry-after": "1",
         },
         {"2/s": 2, "100/min": 2},

@@ -25,7 +25,7 @@ def test_function_view() -> None:
     responses = [client.get("/fbv") for _ in range(4)]
     assert [r.status_code for r in responses] == [200, 200, 200, 429]
     assert responses[0]["X-RateLimit-Remaining"] == "2"
-    assert responses[0]["RateLimit-Policy"] == '"tests.django.app.fbv";q=3;w=60'
+    assert responses[0]["RateLimit-Policy"] == '"3/m";q=3;w=60'  # the rate as written, not the module path
     assert responses[3]["Content-Type"] == "application/problem+json" and "Retry-After" in responses[3]
 
 

@@ -94,7 +94,8 @@ def limit(
         block: Answer 429 over the limit (the default); ``False`` sets ``request.limited`` and calls
             the view.
         name: The limit's name (django-ratelimit's ``group``): views with one name share one count.
-            The default is the view's module-qualified name.
+            The default counts each view on its own (under its module-qualified name, never sent to
+            clients: headers and 429 bodies then name the rate as written, ``10/m``).
         algorithm: The algorithm's name (default ``"fixed_window"``).
         cost: What one request costs: a number, or a function of the scope.
         limiter: Checks the limit; the default is the one of ``settings.RATEWARDEN`` (its ``STORE``).
@@ -118,7 +119,9 @@ def limit(
         # method_decorator decorates the bound method on every request: one rule per label all the same.
         bound = bounds.get(label)
         if bound is None:
-            bound = bounds.setdefault(label, _Bound(key, label, limiter, {"rate": frozen, "algorithm": algorithm, "cost": cost}))
+            # Counted under the module-qualified name, shown as the user named it: ``name``, else the rate.
+            rule_args = {"rate": frozen, "algorithm": algorithm, "cost": cost, "label": name or ""}
+            bound = bounds.setdefault(label, _Bound(key, label, limiter, rule_args))
         view_is_async = iscoroutinefunction(view) or _async_class_view(view)
         if not view_is_async and callable(key) and iscoroutinefunction(key):
             raise ConfigurationError(f"limit() on {label}: an async key function needs an async view")

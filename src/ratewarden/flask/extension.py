@@ -30,10 +30,12 @@ from .responses import (
     add_headers,
     allowed_headers,
     denied_headers,
+    denying_limit,
+    epoch_reset,
     unavailable_response,
     unhandled,
 )
-from .settings import RateSpec, read_settings
+from .settings import RateSpec, ResetFormat, read_settings
 
 __all__ = ["EXTENSION_KEY", "RateLimiter"]
 
@@ -66,6 +68,8 @@ class RateLimiter:
         algorithm: The algorithm of limits that name none (default ``"fixed_window"``).
         headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` or ``"off"``.
         header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` or ``"legacy"``.
+        header_reset: What ``X-RateLimit-Reset`` holds: ``"seconds"`` until more quota (the default)
+            or that moment as a Unix time (``"epoch"``, flask-limiter's).
         on_limit: Called with the denying decision; a response it returns is sent instead of the
             429 (``None``: the 429 is raised as usual).
         enabled: ``False`` lets every request through.
@@ -82,6 +86,7 @@ class RateLimiter:
         algorithm: AlgorithmName | None = None,
         headers: HeaderMode | bool | None = None,
         header_style: HeaderStyle | None = None,
+        header_reset: ResetFormat | None = None,
         on_limit: OnLimit | None = None,
         enabled: bool | None = None,
     ) -> None:
@@ -90,7 +95,8 @@ class RateLimiter:
             Declared("1/s", key=key)  # a key it cannot call (its signature, async) fails here, not per request
         self._options: dict[str, Any] = {
             "limiter": limiter, "key": key, "default_limits": default_limits, "application_limits": application_limits,
-            "algorithm": algorithm, "headers": headers, "header_style": header_style, "enabled": enabled,
+            "algorithm": algorithm, "headers": headers, "header_style": header_style, "header_reset": header_reset,
+            "enabled": enabled,
         }
         self.on_limit = on_limit
         self.registry = Registry()
@@ -260,7 +266,10 @@ class RateLimiter:
             if answer is not None:
                 return answer
         settings = state.settings
-        error = RateLimitExceeded(decision, settings.header_style, settings.headers != "off", checked.policy)
+        error = RateLimitExceeded(
+            decision, settings.header_style, settings.headers != "off", checked.policy,
+            denying_limit(decision, checked.rules), settings.header_reset,
+        )
         checked.answer = error.response
         if unhandled(current_app, error, request.blueprints, in_request=True):
             # No handler of the app's would see it: answer the 429 as it is. Raising it makes Flask
@@ -275,11 +284,13 @@ class RateLimiter:
         settings = _state().settings
         decision = checked.decision
         if decision.allowed:
-            if settings.headers == "always":
-                add_headers(response, allowed_headers(decision, settings.header_style, checked.policy))
+            if settings.headers != "always":
+                return response
+            headers = allowed_headers(decision, settings.header_style, checked.policy)
+            add_headers(response, epoch_reset(headers) if settings.header_reset == "epoch" else headers)
         else:  # the app's own 429 (on_limit, an errorhandler): the headers it left out
             headers = denied_headers(decision, settings.header_style, settings.headers != "off", checked.policy)
-            add_headers(response, headers, missing_only=True)
+            add_headers(response, epoch_reset(headers) if settings.header_reset == "epoch" else headers, missing_only=True)
         return response
 
 

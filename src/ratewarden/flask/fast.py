@@ -34,7 +34,7 @@ from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHea
 from ..wsgi.scope import scope_of
 from .applicable import Applicable, AppState
 from .declared import Registry
-from .responses import RateLimitExceeded, unhandled
+from .responses import RateLimitExceeded, epoch_reset, unhandled
 
 
 class RateLimiter(Protocol):
@@ -76,11 +76,12 @@ _SIGNALS = (
 class Checked:
     """What was decided about the current request (kept in its environ)."""
 
-    __slots__ = ("answer", "at_wsgi", "decision", "policy")
+    __slots__ = ("answer", "at_wsgi", "decision", "policy", "rules")
 
-    def __init__(self, decision: Decision, policy: bytes) -> None:
+    def __init__(self, decision: Decision, policy: bytes, rules: tuple[CompiledRule, ...] = ()) -> None:
         self.decision = decision
         self.policy = policy
+        self.rules = rules  # those charged: the limit that denied is found there
         self.answer: object = None  # the extension's own 429, sent as it is
         self.at_wsgi = False  # the rate-limit headers are added by FastCheck's start_response
 
@@ -102,7 +103,7 @@ def check_request(state: AppState, rules: tuple[CompiledRule, ...], scope: Scope
     if decision is None:
         return None
     context_for(scope).decision = decision
-    return Checked(decision, policy_of(rules))
+    return Checked(decision, policy_of(rules), rules)
 
 
 def scope_only(function: object) -> bool:
@@ -205,6 +206,8 @@ class FastCheck:
         decision = checked.decision
         environ[CHECKED_KEY] = checked
         if decision.allowed:
+            if settings.header_reset == "epoch":  # the after_request hook writes X-RateLimit-Reset's time
+                return self.inner(environ, start_response)
             checked.at_wsgi = True
             if settings.headers != "always":
                 return self.inner(environ, start_response)
@@ -212,6 +215,8 @@ class FastCheck:
             return self.inner(environ, wrapped)
         if plan.answers and self.extension.on_limit is None and self._answerable(environ):
             body, headers = rejection(decision, settings.header_style, settings.headers != "off", checked.policy)
+            if settings.header_reset == "epoch":
+                headers = epoch_reset(headers)
             start_response(_TOO_MANY, _text_headers(headers))
             return [body]
         return self.inner(environ, start_response)  # the hook answers from checked

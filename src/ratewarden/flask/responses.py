@@ -5,6 +5,8 @@ the rate-limit headers added to a response."""
 from __future__ import annotations
 
 import inspect
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Flask, Response, current_app
@@ -22,8 +24,22 @@ from ..enforcement.answers import (
 )
 from ..errors import RateLimitExceeded as _RateLimitExceeded
 from ..headers import HeaderStyle, rate_limit_headers
+from ..limits import Limit
+from ..rates import Rate
+from ..rules import CompiledRule
+from .settings import ResetFormat
 
-__all__ = ["RateLimitExceeded", "add_headers", "answer_response", "unavailable_response"]
+__all__ = [
+    "RateLimitExceeded",
+    "add_headers",
+    "answer_response",
+    "epoch_reset",
+    "limit_text",
+    "unavailable_response",
+]
+
+# flask-limiter's (the limits library's) granularities that ratewarden's periods can be: "N per M <unit>".
+_GRANULARITIES = (("day", 86400.0), ("hour", 3600.0), ("minute", 60.0), ("second", 1.0))
 
 
 def answer_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
@@ -52,6 +68,49 @@ def unavailable_response(exc: BaseException | None = None) -> Response:
     return answer_response(503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
 
 
+def limit_text(rate: Rate) -> str:
+    """``rate`` as flask-limiter writes a limit (``str`` of a ``limits`` item, its 429's
+    description): ``5 per 1 minute``, ``10 per 1 second``, ``100 per 30 minute``.
+
+    Args:
+        rate: The rate.
+    """
+    period = rate.period
+    for unit, seconds in _GRANULARITIES:
+        if period >= seconds and period % seconds == 0:
+            return f"{rate.limit} per {int(period // seconds)} {unit}"
+    return f"{rate.limit} per {round(period * 1000)} millisecond"  # no such limits granularity
+
+
+def denying_limit(decision: Decision, rules: Iterable[CompiledRule]) -> Limit | None:
+    """The limit of ``rules`` that made ``decision`` (its name, quota and period), or ``None``.
+
+    Args:
+        decision: The denying decision.
+        rules: The rules the request was charged to.
+    """
+    for rule in rules:
+        for limit in rule.limits:
+            if limit.name == decision.policy and limit.period == decision.period:
+                return limit
+    return None
+
+
+def epoch_reset(headers: list[tuple[bytes, bytes]], now: float | None = None) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``X-RateLimit-Reset`` as a Unix time (flask-limiter's) instead of seconds
+    left: the moment more quota is made available, in whole seconds.
+
+    Args:
+        headers: The headers, as the check layer writes them (a new list is returned).
+        now: The current Unix time (default: ``time.time()``).
+    """
+    base = int(time.time() if now is None else now)
+    return [
+        (name, b"%d" % (base + int(value))) if name == b"x-ratelimit-reset" else (name, value)
+        for name, value in headers
+    ]
+
+
 class RateLimitExceeded(_RateLimitExceeded, TooManyRequests):
     """Raised on a denied request (a werkzeug ``TooManyRequests`` and a
     ``ratewarden.errors.RateLimitExceeded``); Flask answers it with ``response``, the problem+json 429, unless
@@ -59,17 +118,35 @@ class RateLimitExceeded(_RateLimitExceeded, TooManyRequests):
     ``decision`` to build its own answer (``Retry-After`` and the rate-limit headers are added to that
     answer if it lacks them).
 
+    ``description`` is flask-limiter's text for the limit that was hit (``5 per 1 minute``), as
+    flask-limiter's handlers expect; ``body`` is the problem+json text the default 429 sends.
+
     Args:
         decision: The denying decision.
         style: Which rate-limit headers the 429 carries: ``"both"``, ``"ietf"`` or ``"legacy"``.
         with_rate_headers: Whether it carries them at all (``Retry-After`` always).
         policy: The ``RateLimit-Policy`` value listing every limit that applied.
+        limit: The limit that was hit (``None``: described from the decision's quota and period).
+        reset: What ``X-RateLimit-Reset`` holds: ``"seconds"`` left or the ``"epoch"`` time.
     """
 
-    def __init__(self, decision: Decision, style: HeaderStyle, with_rate_headers: bool, policy: bytes | None) -> None:
+    def __init__(
+        self,
+        decision: Decision,
+        style: HeaderStyle,
+        with_rate_headers: bool,
+        policy: bytes | None,
+        limit: Limit | None = None,
+        reset: ResetFormat = "seconds",
+    ) -> None:
         body, headers = rejection(decision, style, with_rate_headers, policy)
-        super().__init__(description=body.decode(), response=answer_response(429, body, headers))
+        if reset == "epoch":
+            headers = epoch_reset(headers)
+        rate = limit.rate if limit is not None else Rate(max(1, decision.limit), decision.period or 1.0)
+        super().__init__(description=limit_text(rate), response=answer_response(429, body, headers))
         self.decision = decision
+        #: The problem+json text of the default 429 (``application/problem+json``).
+        self.body = body.decode()
 
 
 def add_headers(response: BaseResponse, headers: list[tuple[bytes, bytes]], missing_only: bool = False) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from ..algorithms import AlgorithmName, algorithm_name
 from ..errors import ConfigurationError
@@ -17,10 +17,14 @@ from ..limits import DEFAULT_ALGORITHM
 from ..rates import Rate
 from ..stores.urls import open_store
 
-__all__ = ["CONFIG_KEYS", "FLASK_LIMITER_KEYS", "RateSpec", "Settings", "check_keys", "read_settings"]
+__all__ = ["CONFIG_KEYS", "FLASK_LIMITER_KEYS", "RateSpec", "ResetFormat", "Settings", "check_keys", "read_settings"]
 
 RateSpec = str | Rate | Iterable[str | Rate]
 """One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them."""
+
+ResetFormat = Literal["seconds", "epoch"]
+"""What ``X-RateLimit-Reset`` holds: seconds until more quota (``"seconds"``, the draft's ``t``) or
+that moment as a Unix time (``"epoch"``, flask-limiter's)."""
 
 CONFIG_KEYS = {
     "RATEWARDEN_ENABLED": "False turns the extension off (every request passes, no headers).",
@@ -32,6 +36,7 @@ CONFIG_KEYS = {
     "RATEWARDEN_ALGORITHM": "The algorithm of limits that name none (default fixed_window).",
     "RATEWARDEN_HEADERS": "always (default), on_limit or off (True and False also work).",
     "RATEWARDEN_HEADER_STYLE": "both (default), ietf or legacy.",
+    "RATEWARDEN_HEADER_RESET": "seconds (default) or epoch: X-RateLimit-Reset as seconds left or as a Unix time (flask-limiter's).",
     "RATEWARDEN_TRUSTED_PROXIES": "CIDRs whose forwarding header the default key believes (a list, or comma-separated).",
     "RATEWARDEN_FORWARDED_HEADER": "X-Forwarded-For (default) or Forwarded: the header those proxies set.",
 }
@@ -56,8 +61,12 @@ FLASK_LIMITER_KEYS = {
     "RATELIMIT_FAIL_ON_FIRST_BREACH": "nothing: one all-or-nothing check is always made",
     **{
         f"RATELIMIT_HEADER_{part}": "RATEWARDEN_HEADER_STYLE (the names are fixed: ietf or legacy X-RateLimit-*)"
-        for part in ("LIMIT", "REMAINING", "RESET", "RETRY_AFTER", "RETRY_AFTER_VALUE")
+        for part in ("LIMIT", "REMAINING", "RETRY_AFTER", "RETRY_AFTER_VALUE")
     },
+    "RATELIMIT_HEADER_RESET": (
+        "RATEWARDEN_HEADER_STYLE (the names are fixed: ietf or legacy X-RateLimit-*); "
+        "RATEWARDEN_HEADER_RESET = 'epoch' gives X-RateLimit-Reset as flask-limiter's Unix time"
+    ),
 }
 """flask-limiter's ``RATELIMIT_*`` keys, each with what replaces it; the others have no equivalent
 (docs/flask.md, "Migrating from flask-limiter")."""
@@ -79,6 +88,7 @@ class Settings:
         application_limits: Rates for every request, one counter (``None``: none).
         headers: When the rate-limit headers are sent: ``"always"``, ``"on_limit"`` or ``"off"``.
         header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` or ``"legacy"``.
+        header_reset: What ``X-RateLimit-Reset`` holds: ``"seconds"`` left or the ``"epoch"`` time.
     """
 
     limiter: Limiter
@@ -89,6 +99,7 @@ class Settings:
     application_limits: RateSpec | None
     headers: HeaderMode
     header_style: HeaderStyle
+    header_reset: ResetFormat = "seconds"
 
 
 def _flag(value: object, name: str) -> bool:
@@ -113,6 +124,15 @@ def _header_style(value: object) -> HeaderStyle:
     if value not in get_args(HeaderStyle):
         raise ConfigurationError(f"RATEWARDEN_HEADER_STYLE / header_style= must be 'both', 'ietf' or 'legacy', got {value!r}")
     return cast("HeaderStyle", value)
+
+
+def _header_reset(value: object) -> ResetFormat:
+    if value not in get_args(ResetFormat):
+        raise ConfigurationError(
+            f"RATEWARDEN_HEADER_RESET / header_reset= must be 'seconds' or 'epoch' (what X-RateLimit-Reset "
+            f"holds; its name is fixed), got {value!r}"
+        )
+    return cast("ResetFormat", value)
 
 
 def check_keys(config: Mapping[str, Any]) -> None:
@@ -174,6 +194,7 @@ def read_settings(
     application_limits: RateSpec | None = None,
     headers: HeaderMode | bool | None = None,
     header_style: HeaderStyle | None = None,
+    header_reset: ResetFormat | None = None,
     enabled: bool | None = None,
 ) -> Settings:
     """The settings of one app: each argument given (not ``None``) wins over its config key. A
@@ -191,6 +212,7 @@ def read_settings(
         application_limits: ``None``: ``RATEWARDEN_APPLICATION_LIMITS``.
         headers: ``None``: ``RATEWARDEN_HEADERS`` or ``"always"``.
         header_style: ``None``: ``RATEWARDEN_HEADER_STYLE`` or ``"both"``.
+        header_reset: ``None``: ``RATEWARDEN_HEADER_RESET`` or ``"seconds"``.
         enabled: ``None``: ``RATEWARDEN_ENABLED`` or ``True``.
     """
     check_keys(config)
@@ -206,4 +228,5 @@ def read_settings(
         ),
         headers=_header_mode(headers if headers is not None else config.get("RATEWARDEN_HEADERS", "always")),
         header_style=_header_style(header_style or config.get("RATEWARDEN_HEADER_STYLE") or "both"),
+        header_reset=_header_reset(header_reset or config.get("RATEWARDEN_HEADER_RESET") or "seconds"),
     )

@@ -42,7 +42,7 @@ def parse_duration(value: Any) -> float:
 
 
 class Groups:
-    """The ``[groups]`` section: ``limits`` (name -> parsed rates, ``None`` = unlimited) for the
+    """The ``[groups]`` section: ``limits`` (name -> its rates as written, ``None`` = unlimited) for the
     groups that validated, ``declared`` for every name written, ``valid`` when all validated."""
 
     def __init__(self, limits: dict[str, Any], declared: dict[str, Any], valid: bool) -> None:
@@ -77,8 +77,8 @@ def groups_section(v: Validator, raw: Any) -> Groups:
             v.error([*path, "limits"], f"expected a rate string or a list of them, got {describe_value(rates)}")
             continue
         parsed = v.attempt([*path, "limits"], parse_rates, rates)
-        if parsed is not None:
-            limits[name] = parsed
+        if parsed is not None:  # kept as written: limits are named with their rates (api.premium-100/s)
+            limits[name] = rates if isinstance(rates, str) else tuple(rates)
     return Groups(limits, declared, len(v.problems) == before)
 
 
