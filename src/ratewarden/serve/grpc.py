@@ -148,7 +148,21 @@ def _timed_handler(servicer: RlsServicer, timeout: float) -> Any:
     grpc core (RST_STREAM) and frees what it had received; then it decides as ``servicer`` does.
     Only the first message counts, as grpc.aio's unary handlers read only the first."""
 
+    active = 0  # calls started and not ended: grpc.aio's own cap is not applied to them by every grpcio
+
     async def should_rate_limit(requests: Any, context: Any) -> Any:
+        nonlocal active
+        if active >= MAX_CONCURRENT_RPCS:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {MAX_CONCURRENT_RPCS} calls at once in this worker",
+            )
+        active += 1
+        try:
+            return await decide(context)
+        finally:
+            active -= 1
+
+    async def decide(context: Any) -> Any:
         read = asyncio.ensure_future(context.read())
         try:
             done, _ = await asyncio.wait((read,), timeout=timeout)
