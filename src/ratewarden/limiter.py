@@ -243,15 +243,20 @@ class Limiter:
 
     def _seed(self, fallback: Store, ledger: Ledger | None, keys: Sequence[str], limits: Sequence[Limit], now: float) -> None:
         """Bring each key's count on the insurance limiter down to this process's share of what is
-        left, once per key and window of an outage: what the store last said was left for the key
-        (``ledger``; else the whole limit), divided among ``workers``. A key already at or below
-        its share is left as it is."""
+        left, once per key and window of an outage, and again whenever the store answered for the
+        key since (a failure now and then while it answers: its checks went on meanwhile): what
+        the store last said was left for the key (``ledger``; else the whole limit), divided among
+        ``workers``. A key already at or below its share is left as it is."""
         seeded = self._seeded
         workers = self.workers
         for key, limit in zip(keys, limits, strict=False):
             if seeded.get(key, 0.0) > now:
-                continue
-            left = ledger.last_remaining(key, now) if ledger is not None else None
+                # Seeded in this outage: a seed is there again only if the store answered since.
+                left = ledger.last_remaining(key, now, marked=False) if ledger is not None else None
+                if left is None:
+                    continue
+            else:
+                left = ledger.last_remaining(key, now) if ledger is not None else None
             if left is None and workers == 1:  # the whole limit: nothing to bring down
                 remember(seeded, key, now + limit.rate.period, SEEDED, SEEDED_BYTES)
                 continue

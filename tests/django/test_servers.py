@@ -109,8 +109,12 @@ def test_gunicorn_gthread_with_the_store_down(on_error: str, how: str) -> None:
                     redis.server.resume()
             assert codes == [200 if on_error == "open" else 503] * 40, codes
             assert clock.within(40 / 8 * (2 * 0.1 + 0.5)), f"40 requests on 8 threads: {clock}"
+            # On a busy machine some of these checks still time out (0.1 s): a reply that came
+            # after its check gave up is read, and its charge given back, so each request counts
+            # once (before: 92 admitted, tests/stores/test_redis_late_replies.py).
             codes = http_burst(port, "/burst", 150, 150, {"x-client": "c"})
-            assert set(codes) <= {200, 429} and codes.count(200) == 100, sorted(set(codes))
+            assert set(codes) <= {200, 429}, sorted(set(codes))
+            assert codes.count(200) == 100, f"{codes.count(200)} admitted of 150 against 100 after the outage"
     finally:
         redis.server.resume()
         redis.close()

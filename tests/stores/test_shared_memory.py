@@ -7,6 +7,7 @@ stores: see tests/shm.py."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import multiprocessing
 import os
@@ -19,7 +20,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -231,12 +232,30 @@ def test_four_processes_ten_thousand_keys_each_agree_with_memory_store(shm_dir: 
 
 # --- crash safety --------------------------------------------------------------------------------
 
+# The lock deadline of the chaos below. What it tests is that a killed holder never holds the others
+# up (its lock is free at once), not the deadline (test_shm_garbage.py's process holding a lock
+# does). Processes checking one region in a loop on a busy machine (load 7-11 on 2 cores) wait for
+# a live holder the scheduler left waiting as long as the default 0.5 s (measured: one survivor
+# step of this test 0.54 s; four such processes for 20 s, lock waits cut at 0.5 s), and a check
+# that waited past it fails with "was not free within 0.5 s", which ends the survivor. The final
+# check's own bound (5 s, plus its run-queue wait) is what says nobody is held up.
+CHAOS_LOCK_TIMEOUT = 10.0
+
+
+def _with_chaos_lock_timeout(target: Callable[..., None], *args: object) -> None:
+    """``target(*args)`` in this (forked) process, each table it opens with ``CHAOS_LOCK_TIMEOUT``."""
+    shm_workers.SharedMemoryStore = functools.partial(  # type: ignore[misc]
+        SharedMemoryStore, lock_timeout=CHAOS_LOCK_TIMEOUT
+    )
+    target(*args)
+
+
 def test_sigkill_in_the_middle_of_checks(shm_dir: Path, lock: str) -> None:
     """Kill workers at random points while they check, insert and delete: the survivors never
     block, untouched keys keep their counts, and a hot key never admits more than its limit."""
     name = unique_name()
     # One region (max_keys < 4096): every victim's insert and delete shares the bystanders' lock.
-    store = SharedMemoryStore(name, max_keys=1000, directory=shm_dir, lock=lock)
+    store = SharedMemoryStore(name, max_keys=1000, directory=shm_dir, lock=lock, lock_timeout=CHAOS_LOCK_TIMEOUT)
     bystanders = {
         f"rw:{{bystander{i}}}": Limit(Rate(10, shm_workers.EON), a) for i, a in enumerate(ALGORITHM_NAMES * 3)
     }
@@ -248,7 +267,8 @@ def test_sigkill_in_the_middle_of_checks(shm_dir: Path, lock: str) -> None:
     rng = random.Random(7)
     survivor_read, survivor_write = os.pipe()
     survivor = ctx.Process(
-        target=shm_workers.chaos, args=(name, str(shm_dir), str(shm_dir / "admitted-s"), survivor_write, 1000)
+        target=_with_chaos_lock_timeout,
+        args=(shm_workers.chaos, name, str(shm_dir), str(shm_dir / "admitted-s"), survivor_write, 1000),
     )
     survivor.start()
     assert os.read(survivor_read, 1) == b"r"
@@ -260,7 +280,8 @@ def test_sigkill_in_the_middle_of_checks(shm_dir: Path, lock: str) -> None:
             for seed in range(3 * round_, 3 * round_ + 3):
                 ready_read, ready_write = os.pipe()
                 victim = ctx.Process(
-                    target=shm_workers.chaos, args=(name, str(shm_dir), str(shm_dir / f"admitted-{seed}"), ready_write, seed)
+                    target=_with_chaos_lock_timeout,
+                    args=(shm_workers.chaos, name, str(shm_dir), str(shm_dir / f"admitted-{seed}"), ready_write, seed),
                 )
                 victim.start()
                 victims.append((victim, ready_read, ready_write))
@@ -272,11 +293,11 @@ def test_sigkill_in_the_middle_of_checks(shm_dir: Path, lock: str) -> None:
                 victim.join(10)
                 os.close(ready_read)
                 os.close(ready_write)
-            assert survivor.is_alive()
+            assert survivor.is_alive(), f"the survivor ended (exit code {survivor.exitcode}; its error is above)"
         progress = (shm_dir / "admitted-s").stat().st_size
         # A new process does one check of every kind within a bounded time, and so does the survivor.
         out = ctx.Queue()
-        final = ctx.Process(target=shm_workers.final_check, args=(name, str(shm_dir), out))
+        final = ctx.Process(target=_with_chaos_lock_timeout, args=(shm_workers.final_check, name, str(shm_dir), out))
         final.start()
         took = out.get(timeout=30)
         final.join(10)

@@ -2,7 +2,9 @@
 (``RedisStore.ledger``, ``MemcachedStore.ledger``): the last answer the store gave for each key,
 so an outage starts from what was left instead of from zero, and what the insurance limiter
 admitted meanwhile, charged to the store (``adjust``) ahead of the next check, which fails
-with the charge-back's error if the store fails it. Both are bounded in entries, whatever the
+with the charge-back's error if the store fails it. A call the store failed that changed it all
+the same (its reply came after its caller gave up) is given back the same way (``credit``), so
+the request it was for counts once. Both are bounded in entries, whatever the
 clients send: a flood of keys pushes out the least recently answered seeds one at a time, and a
 seed pushed out before its window ends counts as nothing left (``Seeds``).
 """
@@ -40,6 +42,9 @@ MARKS = 1 << 16
 MARK_BYTES = MARKS * 16
 #: Keys whose local admissions wait to be charged back; beyond, new keys' are not kept (``dropped``).
 OWED = 16_384
+
+#: A net amount owed this close to zero is nothing (costs are floats: a charge and its credit cancel).
+_NOTHING = 1e-9
 
 Seed = tuple[int, float]
 """What the store said was left for a key, and the monotonic time its window ends."""
@@ -118,14 +123,15 @@ class Seeds:
             marks[slot] = ends
         self.marked += 1
 
-    def take(self, key: str, now: float) -> int | None:
+    def take(self, key: str, now: float, marked: bool = True) -> int | None:
         """What was left for ``key`` if its window still runs at ``now``, the seed removed; without
-        a seed, the least left of the seeds marked in its slot while their windows run; ``None``:
-        nothing known (the whole limit).
+        a seed, the least left of the seeds marked in its slot while their windows run (unless not
+        ``marked``); ``None``: nothing known (the whole limit).
 
         Args:
             key: The storage key.
             now: Monotonic seconds.
+            marked: Whether a key without a seed takes its slot's mark.
         """
         with self._lock:
             seed = self._protected.pop(key, None)
@@ -133,7 +139,7 @@ class Seeds:
                 seed = self._probation.pop(key, None)
             if seed is None:
                 marks, least = self._marks, self._least
-                if marks is None or least is None:
+                if not marked or marks is None or least is None:
                     return None
                 slot = hash(key) & (MARKS - 1)
                 return least[slot] if marks[slot] > now else None
@@ -208,16 +214,18 @@ class Ledger:
                 return
         self.answered_at = time.monotonic()
 
-    def last_remaining(self, key: str, now: float) -> int | None:
+    def last_remaining(self, key: str, now: float, marked: bool = True) -> int | None:
         """What the store said was left for ``key``, if it said so in the window still running at
-        ``now`` (monotonic); taken: an outage seeds each key once. 0 when its seed was pushed out
-        while its window may still run (``Seeds``).
+        ``now`` (monotonic); taken: there is one again once the store answers for the key again.
+        Its slot's mark when its seed was pushed out while its window may still run (``Seeds``),
+        unless not ``marked``.
 
         Args:
             key: The storage key.
             now: Monotonic seconds.
+            marked: Whether a key without a seed takes its slot's mark.
         """
-        return self.answers.take(key, now)
+        return self.answers.take(key, now, marked)
 
     def owe(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], decision: Decision) -> None:
         """The insurance limiter admitted a check the store failed: its costs are owed to the store.
@@ -245,9 +253,38 @@ class Ledger:
                 else:
                     self.dropped += cost
 
+    def credit(
+        self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float], counting: Sequence[float]
+    ) -> None:
+        """A call the store failed changed it all the same (a check that charged ``amounts``, an
+        adjust that applied them: their replies came after their callers gave up, who went on as
+        if they had not): they are given back, netted with what is owed (the insurance limiter's
+        charge for that same request cancels out), while the change counts (a window over, it
+        counted in that window only).
+
+        Args:
+            keys: The call's storage keys.
+            limits: The limit on each key.
+            amounts: What the call charged each key (an adjust's negative amount gave units back).
+            counting: Seconds from now each key's change counts for (its ``reset_after``).
+        """
+        now = time.monotonic()
+        with self._lock:
+            owed = self.owed
+            for key, limit, amount, lasts in zip(keys, limits, amounts, counting, strict=False):
+                if amount == 0 or lasts <= 0:
+                    continue
+                until = now + lasts
+                found = owed.get(key)
+                if found is not None and found[2] > now:
+                    owed[key] = (limit, found[1] - amount, max(found[2], until))
+                elif found is not None or len(owed) < OWED:
+                    owed[key] = (limit, -amount, until)
+
     def take(self) -> tuple[list[str], list[Limit], list[float], list[float]]:
         """Every charge still owed (keys, limits, amounts, until), the ledger emptied of them;
-        charges whose window has ended are dropped (they counted in a window now over)."""
+        charges whose window has ended are dropped (they counted in a window now over), and so are
+        those a credit cancelled."""
         now = time.monotonic()
         with self._lock:
             owed, self.owed = self.owed, {}
@@ -256,7 +293,7 @@ class Ledger:
         amounts: list[float] = []
         untils: list[float] = []
         for key, (limit, amount, until) in owed.items():
-            if until > now:
+            if until > now and abs(amount) > _NOTHING:
                 keys.append(key)
                 limits.append(limit)
                 amounts.append(amount)

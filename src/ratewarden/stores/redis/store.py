@@ -194,11 +194,14 @@ class RedisStore(Store):
         """``hit`` for synchronous code, on redis-py's synchronous client in the calling thread (the
         same script, keys, deadline and failures; see ``sync_client``), answering from the rejection
         cache first and filling it, as ``hit`` does."""
+        blocking = self._blocking
+        if blocking.late:  # what calls whose callers gave up changed, given back with the charges owed
+            blocking.collect_late()
         if self.ledger.owed:  # charged back first, so this check counts them
             error = self.ledger.settle_blocking(self)
             if error is not None:
                 raise error
-        return self._blocking.hit(keys, limits, costs)
+        return blocking.hit(keys, limits, costs)
 
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         """``peek`` on the synchronous client (``sync_client``): one script call (per slot)."""
