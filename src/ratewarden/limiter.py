@@ -242,21 +242,16 @@ class Limiter:
         return decision
 
     def _seed(self, fallback: Store, ledger: Ledger | None, keys: Sequence[str], limits: Sequence[Limit], now: float) -> None:
-        """Bring each key's count on the insurance limiter down to this process's share of what is
-        left, once per key and window of an outage, and again whenever the store answered for the
-        key since (a failure now and then while it answers: its checks went on meanwhile): what
-        the store last said was left for the key (``ledger``; else the whole limit), divided among
-        ``workers``. A key already at or below its share is left as it is."""
+        """Bring each key's count on the insurance limiter down to this process's share of what the
+        store last said was left for it (``ledger``; else the whole limit) over ``workers``: once per
+        key and outage window, again when the store answered for it since; never up."""
         seeded = self._seeded
         workers = self.workers
         for key, limit in zip(keys, limits, strict=False):
-            if seeded.get(key, 0.0) > now:
-                # Seeded in this outage: a seed is there again only if the store answered since.
-                left = ledger.last_remaining(key, now, marked=False) if ledger is not None else None
-                if left is None:
-                    continue
-            else:
-                left = ledger.last_remaining(key, now) if ledger is not None else None
+            again = seeded.get(key, 0.0) > now  # seeded in this outage: again only if the store answered since
+            left = ledger.last_remaining(key, now, marked=not again) if ledger is not None else None
+            if again and left is None:
+                continue
             if left is None and workers == 1:  # the whole limit: nothing to bring down
                 remember(seeded, key, now + limit.rate.period, SEEDED, SEEDED_BYTES)
                 continue

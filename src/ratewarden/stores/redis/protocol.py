@@ -11,6 +11,7 @@ redis-py with string arguments (``ScriptArgs``).
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ from ...decision import Decision
 from ...limits import Limit
 
 __all__ = [
-    "ALGORITHM_IDS", "SCRIPT", "SCRIPT_SHA", "PackedCommands", "Reply", "ScriptArgs", "as_eval", "bulk",
+    "ALGORITHM_IDS", "SCRIPT", "SCRIPT_SHA", "PackedCommands", "Reply", "ScriptArgs", "ThreadScriptArgs", "as_eval", "bulk",
     "decision_at", "key_bytes",
 ]
 
@@ -190,3 +191,21 @@ def decision_at(reply: Reply, base: int, limit: Limit) -> Decision:
         reply[base] == 1, reply[base + 1], reply[base + 2], float(reply[base + 3]), float(reply[base + 4]),
         limit.rate.period, limit.name,
     )
+
+
+class ThreadScriptArgs(ScriptArgs):
+    """``ScriptArgs`` for many threads: its cache of each limit's arguments is filled (and its
+    oldest entry evicted when full) by one thread at a time; reads take no lock."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, clock: Any) -> None:
+        super().__init__(clock)
+        self._lock = threading.Lock()
+
+    def of(self, limit: Limit) -> list[str]:
+        args = self.limit_args.get(limit)
+        if args is None:
+            with self._lock:
+                args = super().of(limit)
+        return args

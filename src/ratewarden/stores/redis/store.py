@@ -195,8 +195,7 @@ class RedisStore(Store):
         same script, keys, deadline and failures; see ``sync_client``), answering from the rejection
         cache first and filling it, as ``hit`` does."""
         blocking = self._blocking
-        if blocking.late:  # what calls whose callers gave up changed, given back with the charges owed
-            blocking.collect_late()
+        blocking.collect_late()  # what calls whose callers gave up changed, given back with the charges owed
         if self.ledger.owed:  # charged back first, so this check counts them
             error = self.ledger.settle_blocking(self)
             if error is not None:

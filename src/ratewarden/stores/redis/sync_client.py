@@ -17,17 +17,8 @@ the calling thread, never on an event loop.
   refused as late charged nothing either: it is sent again with a fresh deadline, at most
   ``RESENDS`` times, then the check fails. ``NOSCRIPT`` (the server lost the script) loads it
   once (on every primary of a cluster) and sends the call again; ``EVAL`` if loading is refused.
-* A check or an adjust that ran in time but whose reply came after its caller gave up (the server
-  descheduled between the two on a busy machine: the deadline leaves a tenth of the timeout for
-  the reply) failed all the same, and what its caller did next counts it: the insurance limiter's
-  charge-back, or a 503. So on a standalone or Sentinel server its call is sent on a connection
-  of the pool taken by hand, and one that times out is kept aside (``_Late``: with its connection
-  and its turn) until its reply says what it changed; each check (``RedisStore.hit_blocking``)
-  first reads the replies that came (``collect_late``), and what a late call charged is given back
-  (``Ledger.credit``: netted with the charge-back). A late call whose reply has not come once the
-  server has answered a call sent after it gave up, for a timeout more, is let go (as is the
-  oldest beyond half the pool, ``LATE_SHARE``): its script did not run in time, or its server is
-  gone. A Cluster call goes through redis-py's cluster client, which drops such a reply.
+* A check or an adjust that ran in time but whose reply came after its caller gave up is kept
+  aside until its reply says what it changed, which is given back (``late``).
 * At most ``pool_limit`` calls at once, one connection each: the rest wait for a turn, at most
   ``timeout`` (then ``StoreError`` naming the pool's limit). redis-py's Sentinel and Cluster
   pools raise as soon as they are exhausted; this bound keeps a burst of threads from failing.
@@ -46,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import math
 import os
 import threading
@@ -64,8 +54,6 @@ from ..urls import StoreURL
 from ._redis import (
     NoBackoff,
     NoScriptError,
-    RedisClusterException,
-    RedisError,
     RedisTimeoutError,
     ResponseError,
     SyncClusterNode,
@@ -76,18 +64,16 @@ from ._redis import (
 )
 from .clock import ScriptClock
 from .errors import RESENDS, bad_reply, closed_under, pool_busy, refused_as_late, store_name
-from .protocol import SCRIPT, SCRIPT_SHA, Reply, ScriptArgs, decision_at, key_bytes
+from .late import FAILURES, LATE_SHARE, LateCalls, Unanswered, eval_kept
+from .protocol import SCRIPT, SCRIPT_SHA, Reply, ThreadScriptArgs, decision_at, key_bytes
 from .topology import pool_limit, slot_groups, spans_slots
 
-__all__ = ["LATE_SHARE", "BlockingClient", "read_decisions"]
+__all__ = ["BlockingClient", "read_decisions"]
 
 #: What the synchronous client raises when the store cannot answer (RedisClusterException: no
-#: node of a cluster reachable, no node for a slot; it is no RedisError).
-FAILURES = (RedisError, OSError, RedisClusterException)
+#: node of a cluster reachable, no node for a slot; it is no RedisError): ``late.FAILURES``.
 _OPERATIONS = {"h": "hit", "p": "peek", "a": "adjust"}
 _T = TypeVar("_T")
-#: Late calls kept at most: the pool's size divided by this (each keeps a connection and a turn).
-LATE_SHARE = 2
 
 
 def read_decisions(out: list[Decision], idx: Sequence[int], reply: Reply, limits: Sequence[Limit], url: str) -> None:
@@ -107,107 +93,6 @@ def read_decisions(out: list[Decision], idx: Sequence[int], reply: Reply, limits
             out[i] = decision_at(reply, 5 * j, limits[i])
         except (TypeError, ValueError, IndexError) as exc:
             raise bad_reply(url, reply) from exc
-
-
-class _Args(ScriptArgs):
-    """``ScriptArgs`` for many threads: its cache of each limit's arguments is filled (and its
-    oldest entry evicted when full) by one thread at a time; reads take no lock."""
-
-    __slots__ = ("_lock",)
-
-    def __init__(self, clock: Any) -> None:
-        super().__init__(clock)
-        self._lock = threading.Lock()
-
-    def of(self, limit: Limit) -> list[str]:
-        args = self.limit_args.get(limit)
-        if args is None:
-            with self._lock:
-                args = super().of(limit)
-        return args
-
-
-class _Late:
-    """A script call (``"h"`` check, ``"a"`` adjust) whose caller gave up waiting for its reply
-    while the script may have run: its connection, out of the pool, and the turn its caller took,
-    until the reply says what it changed (``outcome``) or it is let go (``let_go``)."""
-
-    __slots__ = ("amounts", "conn", "gave_up", "keys", "limits", "mode", "overtaken", "pool", "turns")
-
-    def __init__(
-        self, conn: Any, pool: Any, mode: str, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]
-    ) -> None:
-        self.conn = conn
-        self.pool = pool
-        self.mode = mode
-        self.keys = list(keys)
-        self.limits = list(limits)
-        self.amounts = list(amounts)
-        self.gave_up = time.monotonic()
-        self.overtaken = math.inf  # when a call sent after ``gave_up`` was first seen answered
-        self.turns: threading.BoundedSemaphore | None = None  # set by ``_turn``
-
-    def outcome(self) -> list[float] | None:
-        """What the call changed, from its reply: for how long each key's change counts (its
-        ``reset_after``; the limit's period for a check of several keys, whose reply gives the
-        deciding one's only); empty if it changed nothing (a check denied, an error reply, a broken
-        connection: the server restarted, or was killed); ``None`` while no reply has come.
-        Returns the connection to the pool once it has an answer."""
-        conn = self.conn
-        try:
-            if not conn.can_read(timeout=0):
-                return None
-            reply = conn.read_response(disconnect_on_error=False)
-        except ResponseError:  # expired, NOSCRIPT, an error: nothing changed; the connection is sound
-            self._release(broken=False)
-            return []
-        except Exception:  # a broken connection (or one closed under us): nothing to read any more
-            self._release(broken=True)
-            return []
-        self._release(broken=False)
-        periods = [limit.rate.period for limit in self.limits]
-        try:
-            if self.mode == "h":
-                if reply[0] != 1:
-                    return []
-                return [float(reply[3])] if len(self.keys) == 1 else periods
-            return [float(reply[5 * i + 3]) for i in range(len(self.keys))]
-        except (TypeError, ValueError, IndexError):  # a reply that cannot be read: as if it counted
-            return periods
-
-    def let_go(self) -> None:
-        """No reply is waited for any more: the connection is closed (its reply would be read by
-        the next call on it) and goes back to the pool."""
-        self._release(broken=True)
-
-    def _release(self, broken: bool) -> None:
-        with contextlib.suppress(*FAILURES):
-            if broken:
-                self.conn.disconnect()
-            self.pool.release(self.conn)
-        if self.turns is not None:
-            self.turns.release()
-            self.turns = None
-
-
-class _Unanswered(RedisTimeoutError):
-    """No reply within the timeout to a call that may have run: ``late`` keeps it."""
-
-    def __init__(self, late: _Late, message: str) -> None:
-        super().__init__(message)
-        self.late = late
-
-
-def _take_connection(pool: Any) -> Any:
-    """A connection of ``pool``: redis-py 5.3 deprecated the command name ``get_connection`` took."""
-    named = _NAMED.get(type(pool))
-    if named is None:
-        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-        named = _NAMED[type(pool)] = parameter is not None and parameter.default is inspect.Parameter.empty
-    return pool.get_connection("EVALSHA") if named else pool.get_connection()
-
-
-_NAMED: dict[type, bool] = {}
 
 
 class BlockingClient:
@@ -231,14 +116,11 @@ class BlockingClient:
         self.cluster = cfg.kind == "cluster"
         self.size = pool_limit(cfg.kind, pool_size)
         self.script_clock = ScriptClock(timeout, clock)
-        self.args = _Args(clock)
+        self.args = ThreadScriptArgs(clock)
         self._client: Any = None
         self._others: list[Any] = []  # a Sentinel set-up's client of each Sentinel
         self._closed = False
-        self.max_late = max(1, self.size // LATE_SHARE)
-        self._late: list[_Late] = []
-        # The send time (monotonic) of the latest call answered: a late call it overtook is let go.
-        self._answered_sent = -math.inf
+        self._late = LateCalls(max(1, self.size // LATE_SHARE), timeout)
         self._reset()
         if hasattr(os, "register_at_fork"):  # a forked worker (gunicorn --preload) starts afresh
             ref = weakref.ref(self)
@@ -249,9 +131,8 @@ class BlockingClient:
         client is kept: redis-py's pools drop their parent's connections in a child."""
         self._lock = threading.Lock()  # building the client
         self._clock_lock = threading.Lock()  # updating the server clock's offset
-        self._late_lock = threading.Lock()  # the late calls
         self._turns = threading.BoundedSemaphore(self.size)
-        self._late = []  # a child's are its parent's connections and turns
+        self._late.reset()  # a child's are its parent's connections and turns
 
     # -- the check ---------------------------------------------------------------------------
 
@@ -337,12 +218,12 @@ class BlockingClient:
         if self.cluster:
             return self._turn(_OPERATIONS[mode], lambda client: self._eval(client, mode, names, limits, costs))
         return self._turn(
-            _OPERATIONS[mode], lambda client: self._eval_on(client.connection_pool, mode, names, keys, limits, costs)
+            _OPERATIONS[mode], lambda client: eval_kept(client.connection_pool, mode, names, keys, limits, costs, self._script_args, self._late)
         )
 
     def _turn(self, operation: str, command: Callable[[Any], _T]) -> _T:
         """``command(client)`` in a turn of the pool, its failures as ``StoreError`` naming
-        ``operation``. A call kept waiting for its reply (``_Unanswered``) keeps the turn."""
+        ``operation``. A call kept waiting for its reply (``Unanswered``) keeps the turn."""
         turns = self._turns
         if not turns.acquire(timeout=self.timeout):
             raise pool_busy(self.url, operation, self.timeout, self.size, self.pool_size)
@@ -352,9 +233,9 @@ class BlockingClient:
             client = self._connected(operation)
             return command(client)
         except RedisTimeoutError as exc:
-            if isinstance(exc, _Unanswered):
+            if isinstance(exc, Unanswered):
                 kept = True
-                self._keep(exc.late, turns)
+                self._late.keep(exc.late, turns)
             if "connect" in str(exc):  # redis-py's "Timeout connecting to server": connect_timeout
                 raise client_error(self.name, operation, exc) from exc
             raise no_reply(self.name, operation, self.timeout) from exc
@@ -370,123 +251,18 @@ class BlockingClient:
                 turns.release()
             if self._closed:  # closed meanwhile, or called after close: leave nothing open
                 self._close(client)
-                self._let_go_late()
+                self._late.let_go_all()
 
-    def _eval_on(
-        self, pool: Any, mode: str, names: list[bytes], keys: Sequence[str], limits: Sequence[Limit],
-        costs: Sequence[float],
-    ) -> Reply:
-        """``_eval`` on a connection of ``pool`` taken by hand (standalone, Sentinel): a check or an
-        adjust with no reply in time keeps it (``_Unanswered``) for its reply; the script is
-        loaded on that same connection after ``NOSCRIPT``."""
-        conn = _take_connection(pool)
-        sound = False  # the connection may be used again (nothing unread on it)
-        try:
-            command, body = "EVALSHA", SCRIPT_SHA
-            loaded = False
-            resent = 0
-            while True:
-                clock = self.script_clock.deadline(time.time() + self.timeout, strict=True)
-                args = self.args.script_args(mode, limits, costs, clock)
-                sound = False
-                conn.send_command(command, body, len(names), *names, *args)
-                sent = time.monotonic()
-                try:
-                    reply = conn.read_response(disconnect_on_error=False)
-                except NoScriptError:
-                    sound = True
-                    if loaded:
-                        raise
-                    loaded = True
-                    sound = False
-                    if not self._load_script_on(conn):
-                        command, body = "EVAL", SCRIPT
-                    continue
-                except ResponseError as exc:
-                    sound = True
-                    if resent == RESENDS or not refused_as_late(exc):
-                        raise
-                    resent += 1
-                    continue
-                except RedisTimeoutError as exc:
-                    if mode == "p":  # charges nothing: nothing to wait for
-                        raise
-                    late = _Late(conn, pool, mode, keys, limits, costs)
-                    conn = None
-                    raise _Unanswered(late, str(exc)) from exc
-                sound = True
-                if sent > self._answered_sent:
-                    self._answered_sent = sent
-                return reply
-        finally:
-            if conn is not None:
-                with contextlib.suppress(*FAILURES):
-                    if not sound:
-                        conn.disconnect()
-                    pool.release(conn)
-
-    @staticmethod
-    def _load_script_on(conn: Any) -> bool:
-        """``SCRIPT LOAD`` on ``conn``: whether it was loaded (an ACL may refuse it)."""
-        conn.send_command("SCRIPT", "LOAD", SCRIPT)
-        try:
-            conn.read_response(disconnect_on_error=False)
-        except ResponseError:
-            return False
-        return True
+    def _script_args(self, mode: str, limits: Sequence[Limit], costs: Sequence[float]) -> list[Any]:
+        """The script's arguments for one send, with a fresh deadline."""
+        clock = self.script_clock.deadline(time.time() + self.timeout, strict=True)
+        return list(self.args.script_args(mode, limits, costs, clock))
 
     # -- calls whose callers gave up -----------------------------------------------------------
 
-    @property
-    def late(self) -> bool:
-        """Whether calls wait for their late replies (``collect_late``)."""
-        return bool(self._late)
-
-    def _keep(self, late: _Late, turns: threading.BoundedSemaphore) -> None:
-        """Keep ``late`` (with ``turns``' turn) until its reply comes; beyond ``max_late``, the
-        oldest is let go."""
-        late.turns = turns
-        with self._late_lock:
-            self._late.append(late)
-            gone = self._late[: -self.max_late]
-            del self._late[: -self.max_late]
-        for each in gone:
-            each.let_go()
-
     def collect_late(self) -> None:
-        """Read the replies that came for calls whose callers gave up (none waited for): what
-        each changed is given back (``Ledger.credit``); a call still unanswered a timeout after
-        the server answered one sent after it gave up is let go. One thread at a time; the
-        others go on."""
-        if not self._late or not self._late_lock.acquire(blocking=False):
-            return
-        try:
-            now = time.monotonic()
-            waiting: list[_Late] = []
-            changed: list[tuple[_Late, list[float]]] = []
-            for late in self._late:
-                outcome = late.outcome()
-                if outcome is None:
-                    if self._answered_sent > late.gave_up and late.overtaken == math.inf:
-                        late.overtaken = now
-                    if now - late.overtaken <= self.timeout:
-                        waiting.append(late)
-                        continue
-                    late.let_go()
-                elif outcome:
-                    changed.append((late, outcome))
-            self._late = waiting
-        finally:
-            self._late_lock.release()
-        ledger = self.store.ledger
-        for late, counting in changed:
-            ledger.credit(late.keys, late.limits, late.amounts, counting)
-
-    def _let_go_late(self) -> None:
-        with self._late_lock:
-            gone, self._late = self._late, []
-        for late in gone:
-            late.let_go()
+        """Give back what the late replies that came changed (``LateCalls.collect``)."""
+        self._late.collect(self.store.ledger)
 
     def _eval(self, client: Any, mode: str, keys: list[bytes], limits: Sequence[Limit], costs: Sequence[float]) -> Reply:
         """``EVALSHA`` with a fresh deadline; after ``NOSCRIPT`` the script is loaded once and the
@@ -630,7 +406,7 @@ class BlockingClient:
     def close(self) -> None:
         """Close the client with every connection it opened (each client even if another fails)."""
         self._closed = True
-        self._let_go_late()
+        self._late.let_go_all()
         self._close(None)
 
     def _close(self, used: Any) -> None:
