@@ -76,15 +76,20 @@ def remote_burst(store: type[Store], url: str, workers: int, preload: bool, tmp_
     """gthread workers with 4 threads each on a remote store's synchronous client (``hit_blocking``:
     no skip, a store without it would be a failure here); with 2 workers, both answer."""
     assert store.hit_blocking is not Store.hit_blocking, f"{store.__name__} has no hit_blocking"
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    env = {
-        "RW_STORE": url, "RW_LIMIT": "100", "RW_PREFIX": f"wsgi-{uuid.uuid4().hex[:12]}", "RW_PIDS": str(pids),
-        "RW_SLEEP": "0.005" if workers > 1 else "0.002",
-    }
-    assert admitted(burst(env, workers=workers, threads=4, worker_class="gthread", preload=preload)) == 100
-    if workers > 1:
-        assert len(list(pids.iterdir())) > 1, "one worker answered every request: nothing was shared"
+    # Every burst must admit exactly 100. On a loaded machine one worker can take a whole burst (the
+    # other not scheduled while it lasts): sharing was then not exercised, so a fresh burst (a fresh
+    # key) runs, at most three in all.
+    for attempt in range(3):
+        pids = tmp_path / f"pids-{attempt}"
+        pids.mkdir()
+        env = {
+            "RW_STORE": url, "RW_LIMIT": "100", "RW_PREFIX": f"wsgi-{uuid.uuid4().hex[:12]}", "RW_PIDS": str(pids),
+            "RW_SLEEP": "0.005" if workers > 1 else "0.002",
+        }
+        assert admitted(burst(env, workers=workers, threads=4, worker_class="gthread", preload=preload)) == 100
+        if workers == 1 or len(list(pids.iterdir())) > 1:
+            return
+    raise AssertionError("one worker answered every request of 3 bursts: nothing was shared")
 
 
 @pytest.mark.parametrize(("workers", "preload"), [(1, False), (2, False), (2, True)], ids=["1", "2", "2-preload"])
