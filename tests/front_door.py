@@ -5,6 +5,7 @@ that it compiled it, a missing extension fails them loudly."""
 from __future__ import annotations
 
 import shutil
+import socket
 
 import pytest
 
@@ -24,3 +25,13 @@ def require_compiled_front() -> None:
             f"build record: {record}): {why}. Build it: pip install -e . (or make setup)"
         )
     pytest.skip(f"the compiled front door is not built here: {why}")
+
+
+def loopback_listener(backlog: int = 2048) -> socket.socket:
+    """A non-blocking listening socket on a free loopback port, for a compiled door to serve on."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(backlog)
+    listener.setblocking(False)
+    return listener

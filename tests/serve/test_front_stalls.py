@@ -21,7 +21,7 @@ from ratewarden.serve.front_http import start_http_front
 from ratewarden.serve.front_spoe import start_spoe_front
 from ratewarden.serve.rls import RateLimitService
 from ratewarden.stores import MemoryStore
-from tests.front_door import require_compiled_front
+from tests.front_door import loopback_listener, require_compiled_front
 
 from .test_spoe import ACK, AGENT_HELLO, _app, hello, notify
 
@@ -108,14 +108,6 @@ async def test_healthz_names_a_grpc_door_whose_queue_waits_past_its_deadline() -
         await front.stop(1.0)
 
 
-def _listener() -> socket.socket:
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(2048)
-    listener.setblocking(False)
-    return listener
-
 
 def _http_statuses(port: int, n: int) -> list[int]:
     """``n`` requests at once, one connection each: their status codes."""
@@ -138,7 +130,7 @@ def _http_statuses(port: int, n: int) -> list[int]:
 async def test_more_than_a_batch_of_expired_http_requests_never_stalls_the_door() -> None:
     """1,100 HTTP requests (more than the 1,024 taken at once) expire in the queue while the loop is
     blocked; every later request is still answered, three rounds over."""
-    listener = _listener()
+    listener = loopback_listener()
     port = listener.getsockname()[1]
     server = start_http_front(_app(), listener, timeout=0.5, max_connections=2000, grace=0.5)
     loop = asyncio.get_running_loop()
@@ -183,7 +175,7 @@ async def test_more_than_a_batch_of_orphaned_spoe_messages_never_stalls_the_agen
     """1,280 NOTIFYs of connections that closed before the blocked loop took them (more than the
     1,024 taken at once) are skipped; an honest NOTIFY behind them is answered at once."""
     app = _app()
-    listener = _listener()
+    listener = loopback_listener()
     port = listener.getsockname()[1]
     server = start_spoe_front(app, listener)
     loop = asyncio.get_running_loop()

@@ -34,7 +34,7 @@ from ratewarden.serve.front_spoe import start_spoe_front
 from ratewarden.serve.http_io import MAX_BODY
 from ratewarden.serve.rls import RateLimitService
 from ratewarden.stores import MemoryStore
-from tests.front_door import require_compiled_front
+from tests.front_door import loopback_listener, require_compiled_front
 from tests.servers import wait_until
 
 from .test_front_http_parity import _CHECK, _POST, INVALID, _both, _exchange, doors  # noqa: F401 (doors: a fixture)
@@ -111,14 +111,6 @@ async def test_grpc_calls_over_the_queue_are_resource_exhausted_at_once(bound: s
 # -- the compiled HTTP door ----------------------------------------------------------------------------------
 
 
-def _listener() -> socket.socket:
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(256)
-    listener.setblocking(False)
-    return listener
-
 
 def _answer(port: int, data: bytes) -> bytes:
     """``data`` sent on its own connection: everything answered until the door closes it (or 10 s)."""
@@ -142,7 +134,7 @@ def _check_request(key: str, extra: bytes = b"") -> bytes:
 async def test_http_requests_over_the_queue_are_503_at_once(bound: str) -> None:
     """docs/security.md: "at most 10,000 queued per worker, more get 503" (``GRPC_MAX_PENDING``
     requests, ``GRPC_MAX_PENDING_BYTES`` of them, lowered here), tried with the loop blocked."""
-    listener = _listener()
+    listener = loopback_listener()
     port = listener.getsockname()[1]
     options = {"max_pending": 5} if bound == "max_pending" else {"max_pending_bytes": 2 * MiB}  # its least
     server = start_http_front(_app(), listener, **options)
@@ -174,7 +166,7 @@ async def test_http_requests_over_the_queue_are_503_at_once(bound: str) -> None:
 
 async def test_http_a_body_over_64_kib_is_413_and_a_check_body_is_never_read() -> None:
     """docs/security.md: "a body is read only off ``/check``, over 64 KiB 413", on the compiled door."""
-    listener = _listener()
+    listener = loopback_listener()
     port = listener.getsockname()[1]
     server = start_http_front(_app(), listener)
     serving = asyncio.ensure_future(server.serve())
@@ -271,7 +263,7 @@ async def test_spoe_a_message_waiting_past_the_processing_timeout_is_dropped_und
     never decided (nothing charged, no ACK), and the next one is answered."""
     assert bounds.SPOE_TIMEOUT_PROCESSING == 1.0
     monkeypatch.setattr(bounds, "SPOE_TIMEOUT_PROCESSING", 0.3)
-    listener = _listener()
+    listener = loopback_listener()
     port = listener.getsockname()[1]
     server = start_spoe_front(_app(), listener)
     loop = asyncio.get_running_loop()
@@ -332,7 +324,7 @@ async def test_spoe_frames_past_the_bytes_in_flight_are_left_unread(
         monkeypatch.setattr(bounds, "SPOE_MAX_BYTES", 64 * 1024)
     else:
         assert bounds.SPOE_MAX_BYTES_IN_FLIGHT == 64 * 1024 and bounds.SPOE_MAX_BYTES == 32 * 1024 * 1024
-    listener = _listener()
+    listener = loopback_listener()
     port = listener.getsockname()[1]
     server = start_spoe_front(_app(), listener)
     loop = asyncio.get_running_loop()
