@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ..errors import ConfigurationError, LimitUnavailable
+from ..stores.caller_deadline import CALLER_DEADLINE
 from . import bounds
 from .front_batch import BatchAdapter, stall_problem
 from .rls import RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
@@ -171,10 +172,11 @@ class FrontAdapter(BatchAdapter[GrpcRequest, Item]):
     def _begin(self, batch: list[GrpcRequest], done: list[Item]) -> None:
         """Decide each request inline; those that suspend (one store pipeline) go on in one Task."""
         waiting: list[Waiting] = []
-        now = self.loop.time()
+        now = self.taken_at  # before Rust measured ``left``: our deadlines are never later than its
         soonest = math.inf
         for rid, domain, descriptors, hits, left in batch:
             coro = self.service.should_rate_limit(domain, descriptors, hits)
+            token = CALLER_DEADLINE.set(now + left)
             try:
                 first = coro.send(None)
             except StopIteration as stop:
@@ -183,6 +185,8 @@ class FrontAdapter(BatchAdapter[GrpcRequest, Item]):
             except Exception as exc:
                 done.append((rid, _error(exc)))
                 continue
+            finally:
+                CALLER_DEADLINE.reset(token)
             waiting.append((rid, coro, first))
             self._waits[rid] = first
             self._due[rid] = now + left
@@ -254,10 +258,13 @@ class FrontAdapter(BatchAdapter[GrpcRequest, Item]):
                         if pending is None or not pending.done():
                             raise  # this Task is cancelled
                         # else the future failed: the decision reads that itself, below
-                if rid in self._past:  # past its deadline: go no further (its finally blocks run)
-                    coro.close()
+                due = self._due.get(rid, math.inf)
+                if rid in self._past or due <= self.loop.time():  # past its deadline: go no further
+                    self._expire(rid)
+                    coro.close()  # its finally blocks run
                     self._settled(rid)
                     continue
+                token = CALLER_DEADLINE.set(due)
                 try:
                     pending = coro.send(None)  # a done future's ``await`` returns its result
                 except StopIteration as stop:
@@ -269,6 +276,8 @@ class FrontAdapter(BatchAdapter[GrpcRequest, Item]):
                 else:
                     self._waits[rid] = pending
                     later.append((rid, coro, pending))
+                finally:
+                    CALLER_DEADLINE.reset(token)
             waiting = later
         if done:
             self.answer(done)

@@ -114,6 +114,7 @@ class BatchAdapter(Generic[_R, _I]):
         self._running: dict[int, asyncio.Task[None]] = {}
         self.batches = 0
         self.requests = 0
+        self.taken_at = 0.0  # the loop's time just before the batch being begun was taken
         self.tasks = 0  # Tasks started for decisions that suspended
         self.loop.add_reader(front.fileno(), self._on_wake)
 
@@ -126,6 +127,7 @@ class BatchAdapter(Generic[_R, _I]):
     def _on_wake(self) -> None:
         self.front.drain()
         while True:
+            self.taken_at = self.loop.time()
             batch = self.take(self.max_batch)
             if not batch:
                 return

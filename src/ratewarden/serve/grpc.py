@@ -20,6 +20,7 @@ from google.protobuf import json_format  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from ..errors import LimitUnavailable
+from ..stores.caller_deadline import CALLER_DEADLINE
 from .bounds import GRPC_HANDSHAKE_TIMEOUT, GRPC_MAX_MESSAGE_SIZE, GRPC_TIMEOUT
 from .rls import UINT32_MAX, RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
@@ -177,6 +178,9 @@ def _timed_handler(servicer: RlsServicer, timeout: float) -> Any:
             request = rls_pb2.RateLimitRequest.FromString(raw)
         except DecodeError as exc:  # as the compiled door answers bytes that are no request
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"failed to decode Protobuf message: {exc}")
+        remaining = context.time_remaining()
+        if remaining is not None:  # this call's Task only: its store calls are never sent past it
+            CALLER_DEADLINE.set(asyncio.get_running_loop().time() + remaining)
         return await servicer.ShouldRateLimit(request, context)
 
     return grpc.stream_unary_rpc_method_handler(

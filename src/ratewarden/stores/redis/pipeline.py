@@ -36,11 +36,13 @@ to be measured and is sent with its deadline, never without.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...limits import Limit
+from ..caller_deadline import CALLER_DEADLINE
 from ..deadline import EXTENSIONS, GRACE_PASSES, LATE, rearm_delay
 from .client import Arrivals, arrivals
 from .clock import ScriptClock
@@ -113,12 +115,13 @@ class _Batch:
     the encoding made of it: a packed command (standalone, Sentinel) or ``(keys, args)``."""
 
     __slots__ = (
-        "clock", "dated", "dated_at", "due", "exchange", "extensions", "finished", "graced", "items", "runs_until",
-        "started", "started_at", "task", "timer",
+        "callers", "clock", "dated", "dated_at", "due", "exchange", "extensions", "finished", "graced", "items",
+        "runs_until", "started", "started_at", "task", "timer",
     )
 
     def __init__(self, due: float, clock: Any, dated: bool, dated_at: float) -> None:
         self.items: list[tuple[Any, asyncio.Future[Reply]]] = []
+        self.callers: list[tuple[asyncio.Future[Reply], float]] = []  # calls whose caller has a deadline
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.due = due
@@ -182,6 +185,9 @@ class Pipeline:
         if batch is None:
             batch = self._new_batch(loop)
         batch.items.append((self._encode(mode, keys, limits, costs, batch.clock), future))
+        deadline = CALLER_DEADLINE.get()
+        if deadline < math.inf:
+            batch.callers.append((future, deadline))
         return future
 
     def _new_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
@@ -327,7 +333,9 @@ class Pipeline:
                 if self.clock.unknown:
                     await self._prepare()  # within the batch's timeout: its timer judges this
                 batch.dated = True
-            items = [item for item in items if not item[1].done()]  # callers cancelled: not sent
+            if batch.callers:
+                _give_up_past(batch.callers, asyncio.get_running_loop().time())
+            items = [item for item in items if not item[1].done()]  # callers cancelled or gone: not sent
             if not items:
                 return
             requests = [request for request, _ in items]
@@ -339,6 +347,8 @@ class Pipeline:
             for _ in range(RESENDS):
                 # Scripts that refused to run past their deadline charged nothing: their callers
                 # still wait (a busy loop wrote them late), so they go again with a fresh one.
+                if batch.callers:
+                    _give_up_past(batch.callers, asyncio.get_running_loop().time())
                 late = [i for i, reply in enumerate(replies) if refused_as_late(reply) and not items[i][1].done()]
                 if not late:
                     break
@@ -370,3 +380,10 @@ class Pipeline:
             self.inflight -= 1
             if self.batch is not None and self.batch.task is None:
                 self._send()
+
+
+def _give_up_past(callers: list[tuple[asyncio.Future[Reply], float]], now: float) -> None:
+    """Cancel the calls whose caller's deadline (``CALLER_DEADLINE``) has passed: never sent."""
+    for future, deadline in callers:
+        if deadline <= now and not future.done():
+            future.cancel()
