@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from ratewarden.bench.services import free_port
+from ratewarden.errors import ArgumentError
 from ratewarden.serve.gateways import DEFAULT_PORTS, config_text, names, write_configs
 from tests.front_door import require_compiled_front
 from tests.servers import HOST, wait_until
@@ -500,7 +501,7 @@ def test_config_text_substitutes_the_documented_ports() -> None:
     assert "127.0.0.1:9000" not in swapped
     with pytest.raises(TypeError, match="unknown port role"):
         config_text("nginx.conf", admin=1)
-    with pytest.raises(KeyError, match="no gateway configuration"):
+    with pytest.raises(ArgumentError, match="no gateway configuration"):
         config_text("caddy.json")
 
 

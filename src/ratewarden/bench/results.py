@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import ArgumentError
+
 __all__ = ["Row", "Run", "Spread", "median_run", "percentile", "spread", "summarize_latencies"]
 
 
@@ -15,7 +17,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     if not sorted_values:
         return 0.0
     if not 0 <= q <= 100:
-        raise ValueError(f"percentile must be within 0..100, got {q}")
+        raise ArgumentError(f"percentile must be within 0..100, got {q}")
     rank = max(1, math.ceil(q / 100 * len(sorted_values)))
     return float(sorted_values[rank - 1])
 
@@ -97,7 +99,7 @@ def median_run(runs: Sequence[Run]) -> Run:
     Selecting a whole run (rather than averaging fields) keeps its latencies and counts consistent.
     """
     if not runs:
-        raise ValueError("no runs to select from")
+        raise ArgumentError("no runs to select from")
     ordered = sorted(runs, key=lambda r: r.rps)
     return ordered[len(ordered) // 2]
 

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..errors import ArgumentError
 from .wsgi_apps import (
     ALLOW,
     KEY_HEADER,
@@ -137,7 +138,7 @@ def live_app(variant: str, limit: int, store: str, url: str = "", *, per: str = 
         return app
     if variant == "ratewarden.django":
         return _rw_django_mw_live(limit, store, url, per, key)
-    raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(LIVE_VARIANTS)}")
+    raise ArgumentError(f"unknown variant {variant!r}; choose from {', '.join(LIVE_VARIANTS)}")
 
 
 def gunicorn_app(variant: str, mode: str = "allow", store: str = "memory") -> WSGIApp:

@@ -6,13 +6,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ...errors import RatewardenError
 from ..apps import ASGIApp
 from ..scenarios import Scenario
 
 __all__ = ["Adapter", "StoreSpec", "Unsupported"]
 
 
-class Unsupported(Exception):
+class Unsupported(RatewardenError):
     """This library cannot run this scenario/store (the message says why); the row is skipped, not failed."""
 
 

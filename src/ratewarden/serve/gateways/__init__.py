@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
+from ...errors import ArgumentError
+
 __all__ = ["DEFAULT_PORTS", "config_text", "names", "write_configs"]
 
 #: The port each role uses in the shipped files (always on 127.0.0.1).
@@ -41,14 +43,14 @@ def config_text(name: str, **ports: int) -> str:
             their default.
 
     Raises:
-        KeyError: No such shipped file.
+        ArgumentError: No such shipped file.
         TypeError: An unknown role.
     """
     unknown = sorted(set(ports) - set(DEFAULT_PORTS))
     if unknown:
         raise TypeError(f"unknown port role(s) {unknown}: expected some of {sorted(DEFAULT_PORTS)}")
     if name not in names():
-        raise KeyError(f"no gateway configuration {name!r}: shipped are {names()}")
+        raise ArgumentError(f"no gateway configuration {name!r}: shipped are {names()}")
     text = resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
     new = {str(DEFAULT_PORTS[role]): str(port) for role, port in ports.items()}
     if not new:
