@@ -1,8 +1,7 @@
 """Envoy's global rate limit service, framework-free: ``RateLimitService.should_rate_limit``.
 
-It answers what ``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`` answers
-(``serve.grpc`` translates the protobuf), with envoyproxy/ratelimit's semantics and ratewarden's
-counting:
+It answers ``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`` (``serve.grpc`` translates
+the protobuf), with envoyproxy/ratelimit's semantics and ratewarden's counting:
 
 - each request descriptor selects a limit (``serve.descriptors``) or, with a ``limit`` override,
   that rate (in the domain, with the matched descriptor's algorithm);
@@ -25,8 +24,7 @@ counting:
 - the answer's headers are ratewarden's, as ``/check`` writes them, envoyproxy/ratelimit's three,
   or none (``headers=``, ``serve.rls_headers``).
 
-So this module only translates: descriptors to storage keys, limits and costs; decisions to
-per-descriptor statuses and Envoy's codes.
+So this module only translates: descriptors to storage keys, limits and costs; decisions to statuses and codes.
 """
 
 from __future__ import annotations
@@ -84,6 +82,8 @@ class _Plan:
     decision: Decision | None = None
     quota: bool = False
     name: str = ""  # a zero plan's limit name in the headers (a counted plan's is its limit's)
+    stat: str = ""  # the reference's stats key, for its metrics (serve.reference_service)
+    left: float = -1.0  # charge="each": what a refused charge found left, before it was charged up to the limit
 
 
 class RateLimitService:
@@ -305,6 +305,7 @@ class RateLimitService:
             except LimitUnavailable as exc:
                 raise LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}") from exc.__cause__
         if decision is not None and not decision.allowed:
+            plan.left = decision.remaining
             if decision.remaining > 0:
                 try:
                     await limiter.store.adjust(keys, limits, costs)
