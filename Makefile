@@ -63,8 +63,17 @@ bench: $(WHEEL_VENV)/.installed
 bench-gateway: $(GATEWAY_VENV)/.installed
 	$(GATEWAY_VENV)/bin/ratewarden bench --gateway --out bench-results/gateway
 
-demo: setup
-	$(VENV)/bin/ratewarden demo
+# Only what the demo needs, in a venv of its own: ratewarden (pure Python: no compiler, no cargo) with the
+# extra the demo imports (fastapi), and uvicorn to serve it. No system package, no browser, no dev tools.
+DEMO_VENV := build/venv-demo
+$(DEMO_VENV)/.installed: pyproject.toml setup.py $(SOURCES)
+	@echo "== make demo: ratewarden (pure Python), FastAPI and uvicorn in $(DEMO_VENV)"
+	python3 -m venv $(DEMO_VENV)
+	RATEWARDEN_PURE_PYTHON=1 $(DEMO_VENV)/bin/python -m pip install -q '.[fastapi]' 'uvicorn>=0.30'
+	touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/ratewarden demo
 
 lint: setup
 	$(PY) -m ruff check src tests

@@ -15,4 +15,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
         markdown = README.read_text(encoding="utf-8").replace("](docs/", "](")
     blob = f"{config['repo_url'].rstrip('/')}/blob/main/"
     markdown = markdown.replace("](../README.md", "](index.md")  # the README is the site's home page
-    return markdown.replace("](../examples/", f"]({blob}examples/").replace("](examples/", f"]({blob}examples/")
+    for folder in ("examples", "scripts"):  # from docs/ and from docs/gateways/
+        for prefix in (f"](../../{folder}/", f"](../{folder}/", f"]({folder}/"):
+            markdown = markdown.replace(prefix, f"]({blob}{folder}/")
+    return markdown

@@ -1,9 +1,11 @@
-"""The import paths the README names work as written, and the core never imports FastAPI.
+"""The import paths the user guide names work as written, and the core never imports FastAPI.
 
-- ``from ratewarden.stores import open_store`` (the README names ``open_store``);
+(The README's sections moved to docs/ in issue 39; each check reads the page that now says it.)
+
+- ``from ratewarden.stores import open_store`` (docs/choosing-a-store.md names ``open_store``);
 - ``from ratewarden.errors import RateLimitExceeded``: the base of the FastAPI dependency's and the
   Flask extension's errors, so ``ratewarden.errors`` (and the core) imports neither framework;
-- the ``test`` extra brings the HTTP client that the README's ``TestClient`` examples need.
+- the ``test`` extra brings the HTTP client that the guide's ``TestClient`` examples need.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import ratewarden.stores.urls
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+STORES_PAGE = (ROOT / "docs" / "choosing-a-store.md").read_text(encoding="utf-8")
+ERRORS_PAGE = (ROOT / "docs" / "responses.md").read_text(encoding="utf-8")
+FASTAPI_PAGE = (ROOT / "docs" / "fastapi.md").read_text(encoding="utf-8")
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
@@ -34,7 +39,7 @@ def test_open_store_is_importable_from_stores() -> None:
     assert "open_store" in ratewarden.stores.__all__
     store = open_store("memory://?max_keys=10")
     assert isinstance(store, ratewarden.stores.MemoryStore)
-    assert "from ratewarden.stores import open_store" in README  # where the README names it
+    assert "from ratewarden.stores import open_store" in STORES_PAGE  # where the guide names it
 
 
 def test_rate_limit_exceeded_is_importable_from_errors() -> None:
@@ -61,8 +66,8 @@ def test_errors_module_does_not_import_a_framework() -> None:
 
 
 def test_readme_says_where_rate_limit_exceeded_lives() -> None:
-    assert "from ratewarden.errors import RateLimitExceeded" in README
-    assert "ratewarden.fastapi.RateLimitExceeded" in README and "ratewarden.flask.RateLimitExceeded" in README
+    assert "from ratewarden.errors import RateLimitExceeded" in ERRORS_PAGE
+    assert "ratewarden.fastapi.RateLimitExceeded" in ERRORS_PAGE and "ratewarden.flask.RateLimitExceeded" in ERRORS_PAGE
 
 
 def _extras() -> dict[str, list[str]]:
@@ -76,14 +81,16 @@ def _extras() -> dict[str, list[str]]:
 
 def test_test_extra_brings_the_testclient_http_client() -> None:
     """FastAPI's and Starlette's ``TestClient`` need httpx, which the ``fastapi`` extra does not
-    bring: the README's TestClient examples failed on a ``pip install 'ratewarden[fastapi]'``."""
+    bring: the README's TestClient examples (docs/fastapi.md since issue 39) failed on a
+    ``pip install 'ratewarden[fastapi]'``."""
     extras = _extras()
     assert "fastapi" in extras and "test" in extras, sorted(extras)
     assert any(re.match(r"httpx\b", requirement) for requirement in extras["test"]), extras["test"]
     # Starlette 1.x's TestClient takes httpx2 when it is there, and warns on every import without it
     # (StarletteDeprecationWarning); httpx2 needs Python 3.11, where FastAPI's own extras bring it.
     assert "httpx2>=2.0; python_version >= '3.11'" in extras["test"], extras["test"]
-    assert "pip install 'ratewarden[fastapi,test]'" in README
-    # Said where the examples are: before the first README example that uses TestClient.
-    first_testclient = README.index("from fastapi.testclient import TestClient")
-    assert README.rfind("ratewarden[fastapi,test]", 0, first_testclient) != -1
+    assert "pip install 'ratewarden[fastapi,test]'" in FASTAPI_PAGE
+    assert "`test` (httpx, which\nFastAPI's `TestClient` needs)" in README  # the README's install line says why
+    # Said where the examples are: before the first example of the page that uses TestClient.
+    first_testclient = FASTAPI_PAGE.index("from fastapi.testclient import TestClient")
+    assert FASTAPI_PAGE.rfind("ratewarden[fastapi,test]", 0, first_testclient) != -1

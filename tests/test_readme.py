@@ -1,8 +1,10 @@
-"""The README: every Python example runs as written, and the main ones do what the README says."""
+"""The README: a page for users first (issue 39), every Python example of it and of the guide pages its
+former sections moved to runs as written, and the main ones do what the pages say."""
 
 from __future__ import annotations
 
 import json
+import re
 import runpy
 from pathlib import Path
 
@@ -10,20 +12,25 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.core.asgi import request
-from tests.readme import first_example, python_blocks, run_block
+from tests.readme import DOCS, GUIDE, README, ROOT, first_example, guide_blocks, python_blocks, run_block
 from tests.vectors.runner import FakeClock
 
-BLOCKS = python_blocks()
+BLOCKS = guide_blocks()
+
+
+def blocks() -> list[str]:
+    return [code for _, code in BLOCKS]
 
 
 def test_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 4
+    assert len(python_blocks()) >= 1
+    assert len(BLOCKS) >= 16  # the README's 16 examples before issue 39, none lost in the move
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"{page}-{i}" for i, (page, _) in enumerate(BLOCKS)])
 def test_readme_example_runs(index: int, tmp_path: Path) -> None:
     script = tmp_path / f"readme_{index}.py"
-    script.write_text(BLOCKS[index])
+    script.write_text(BLOCKS[index][1])
     runpy.run_path(str(script), run_name="__main__")
 
 
@@ -67,11 +74,10 @@ def test_demo_drives_the_first_examples_limits() -> None:
 
 
 def test_rates_and_limiter_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
-    blocks = python_blocks()
-    rates = next(b for b in blocks if "parse_rate(" in b)
+    rates = next(b for b in blocks() if "parse_rate(" in b)
     run_block(rates)
     assert "fortnight" in capsys.readouterr().out
-    limiter_block = next(b for b in blocks if "limiter.hit(" in b and "asyncio.run" in b)
+    limiter_block = next(b for b in blocks() if "limiter.hit(" in b and "asyncio.run" in b)
     run_block(limiter_block)
     lines = capsys.readouterr().out.split("\n")
     assert lines[0].startswith("True 1") and lines[1].startswith("True 0") and lines[2].startswith("False 0")
@@ -79,7 +85,7 @@ def test_rates_and_limiter_examples_run(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_decorator_and_websocket_example_runs() -> None:
-    block = next(b for b in python_blocks() if "@limit(" in b)
+    block = next(b for b in blocks() if "@limit(" in b and "WebSocketRoute" in b)
     ns = run_block(block)
     ns["limiter"].store.clock = FakeClock(6000.0)
     with TestClient(ns["app"]) as client:
@@ -95,7 +101,7 @@ def test_decorator_and_websocket_example_runs() -> None:
 
 def test_wsgi_example_answers_off_its_route(capsys: pytest.CaptureFixture[str]) -> None:
     """The plain WSGI example's app reads the context only where a rule applied: no 500 off /api/**."""
-    block = next(b for b in python_blocks() if "from ratewarden.wsgi import RateLimitMiddleware" in b)
+    block = next(b for b in blocks() if "from ratewarden.wsgi import RateLimitMiddleware" in b)
     ns = run_block(block)
     assert capsys.readouterr().out.splitlines()[-1] == "('200 OK', b'hello, no limit')"
     status, headers, body = ns["get"]("/other/deeper")
@@ -108,13 +114,89 @@ def test_install_line_names_every_extra_and_the_description_every_door() -> None
     except ModuleNotFoundError:  # Python 3.10: the policy extra's tomli
         import tomli as tomllib  # type: ignore[no-redef]
 
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    text = README.read_text()
     install = " ".join(text.split("Install: `pip install ratewarden`", 1)[1].split("\n\n", 1)[0].split())
     for extra in project["optional-dependencies"]:
         if extra != "dev":
             assert f"`{extra}`" in install, extra
     assert any("gunicorn" in dep for dep in project["optional-dependencies"]["wsgi"])
-    intro = " ".join(text.split("## Set-up", 1)[0].split())
+    intro = " ".join(text.split("\n## ", 1)[0].split())  # what it is, before any section
     for door in ("ASGI", "WSGI", "Flask", "Django", "FastAPI", "gateways"):
         assert door in intro and door.lower() in project["description"].lower(), door
+
+
+# -- issue 39: a README for users first ------------------------------------------------------------------
+
+#: Words only the project knew: the README uses none of them, and the glossary defines each once.
+INTERNAL_WORDS = {
+    "door": "Door",
+    "front door": "Front door",
+    "edge": "Edge enforcement",
+    "floor": "Floor",
+    "flood row": "Flood scenario",
+    "insurance limiter": "Insurance limiter",
+}
+
+
+def _headings(text: str) -> list[str]:
+    return re.findall(r"(?m)^## (.+)$", text)
+
+
+def test_readme_is_short_and_in_a_users_order() -> None:
+    """What it is, install, the first example, what to read next; the contributors' commands last."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.encode()) <= 8 * 1024, f"README.md is {len(text.encode())} bytes: move the detail to docs/"
+    assert _headings(text) == ["Install", "First example", "What to read next", "Working on ratewarden"]
+    install = text.index("`pip install ratewarden`")
+    assert install < text.index("```python") < text.index("make bench")
+    assert text.index("make test") > text.index("## What to read next")
+
+
+def test_readme_keeps_the_two_set_up_commands() -> None:
+    """The set-up is two commands (``.ci/run`` calls the test one), each with one line on what it does."""
+    section = README.read_text(encoding="utf-8").split("\n## Working on ratewarden\n", 1)[1]
+    commands = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    assert len(commands) == 1, commands
+    lines = commands[0].strip().splitlines()
+    assert [line.split("#")[0].strip() for line in lines] == ["make bench", "make test"]
+    assert all("#" in line for line in lines)  # what each does
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_uses_no_internal_word() -> None:
+    text = README.read_text(encoding="utf-8").lower()
+    for word in INTERNAL_WORDS:
+        assert not re.search(rf"\b{word}s?\b", text), f"README.md says {word!r}: use plain words"
+
+
+def test_glossary_defines_each_internal_word_once_and_is_linked() -> None:
+    glossary = (DOCS / "glossary.md").read_text(encoding="utf-8")
+    headings = _headings(glossary)
+    for term in INTERNAL_WORDS.values():
+        assert headings.count(term) == 1, term
+    assert "(docs/glossary.md)" in README.read_text(encoding="utf-8")
+    assert "glossary.md" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def test_readme_links_lead_to_pages_that_exist() -> None:
+    text = README.read_text(encoding="utf-8")
+    links = re.findall(r"\]\((docs/[^)#]+)(?:#[^)]*)?\)", text)
+    assert links
+    for link in links:
+        assert (ROOT / link).is_file(), link
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in GUIDE:
+        assert f": {page.name}" in nav, page.name  # the moved sections are in the site's navigation
+
+
+def test_make_demo_installs_only_what_the_demo_needs() -> None:
+    """``make demo`` no longer depends on ``setup`` (Chromium, every extra, the development tools): its own
+    venv gets ratewarden with the extras the demo imports, and uvicorn."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    target = re.search(r"(?m)^demo:(.*)$", makefile)
+    assert target and "setup" not in target.group(1) and "VENV)/.installed" not in target.group(1).replace("DEMO_VENV", "")
+    rule = makefile.split("$(DEMO_VENV)/.installed:", 1)[1].split("\n\n", 1)[0]
+    assert "'.[fastapi]'" in rule and "uvicorn" in rule
+    for heavy in ("--browser", "system-deps", "EXTRAS", "bench", "dev"):
+        assert heavy not in rule, heavy

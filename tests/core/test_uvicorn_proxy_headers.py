@@ -21,7 +21,8 @@ from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
 from ratewarden.keys import ClientIP, KeyFunc, client_ip
 from tests.core.asgi import request
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+# The README's warning moved to docs/limits.md with its section (issue 39).
+README = (Path(__file__).resolve().parents[2] / "docs" / "limits.md").read_text(encoding="utf-8")
 PROXY = "10.0.0.5"  # the reverse proxy in front of uvicorn (it appends the peer it saw)
 CLIENT = "203.0.113.7"  # one client, sending a new forged X-Forwarded-For with every request
 LIMIT = 5

@@ -3,7 +3,7 @@ under gunicorn over loopback (``tests/django/server_app.py``) for every server s
 one ``gthread`` worker with 8 threads, 4 sync workers) on every store that shape can share (memory
 for one process, shared memory for several, Redis and Memcached for all), and for an async view
 under uvicorn. The 4-worker shared-memory row is the README's "deploy with gunicorn -w 4"
-configuration, taken from the README itself."""
+configuration, taken from the page itself (docs/integrations.md since issue 39)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from ratewarden.stores.shared_memory.segment import segment_path
-from tests.readme import README
+from tests.readme import DOCS
+from tests.readme import section as guide_section
 from tests.servers import (
     GUNICORN_ROWS,
     Memcached,
@@ -60,8 +61,8 @@ def test_gunicorn_memcached_store(server: tuple[int, int, str], memcached_server
 
 
 def readme_deploy() -> tuple[str, str]:
-    """The README Django section's "deploy with gunicorn -w 4": its store URL and its table's name."""
-    section = README.read_text().split("\n## Django\n", 1)[1].split("\n## ", 1)[0]
+    """The Django section's (the README's until issue 39, docs/integrations.md now) "deploy with gunicorn -w 4": its store URL and its table's name."""
+    section = guide_section(DOCS / "integrations.md", "Django")  # the README's section, in docs/ since issue 39
     assert "gunicorn -w 4 mysite.wsgi" in section
     url = re.findall(r'"STORE": "(shm://[^"]+)"', section)
     assert len(url) == 1, url

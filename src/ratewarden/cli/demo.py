@@ -2,7 +2,8 @@
 send each endpoint a burst of concurrent requests over real HTTP, print how many were allowed and
 limited (and the rate limit headers of one more request), then exit. It is not interactive.
 
-Needs the ``fastapi`` and ``bench`` extras (FastAPI and uvicorn).
+Needs FastAPI and uvicorn: ``pip install 'ratewarden[fastapi]' uvicorn`` (what ``make demo`` installs, in a
+virtualenv of its own).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="ratewarden demo",
         description="Serve the README's first example (a rate-limited FastAPI app) on loopback, send each endpoint a burst of "
         "concurrent requests, print how many were allowed and limited, and exit. "
-        "Needs FastAPI and uvicorn: pip install 'ratewarden[fastapi,bench]'.",
+        "Needs FastAPI and uvicorn: pip install 'ratewarden[fastapi]' uvicorn.",
     )
     parser.add_argument(
         "--requests", type=int, default=None, help="requests per endpoint (default: its limit plus 10)"
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import uvicorn
     except ImportError:
-        print("ratewarden demo needs uvicorn and FastAPI: pip install 'ratewarden[fastapi,bench]'")
+        print("ratewarden demo needs uvicorn and FastAPI: pip install 'ratewarden[fastapi]' uvicorn")
         return 2
 
     port = _free_port()
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "RateLimit-Policy: q is the limit and w its window in seconds. RateLimit: r is what is left and t the\n"
             "seconds until more quota is made available (on a 429, Retry-After's). A sliding window's requests\n"
-            "fade during the next window, so its t can pass the current window's end. More: the README's\n"
+            "fade during the next window, so its t can pass the current window's end. More: docs/responses.md,\n"
             "'Headers and 429s'."
         )
     finally:
