@@ -20,7 +20,7 @@ __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmName", "State", "algorithm_name"
 AlgorithmName = Literal[
     "fixed_window", "sliding_window", "sliding_log", "token_bucket", "token_bucket_debt", "leaky_bucket", "gcra"
 ]
-"""The algorithms by name (the ``algorithm=`` option everywhere; see the README's table)."""
+"""The algorithms by name (the ``algorithm=`` option everywhere; see the table in docs/limits.md)."""
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fixed_window": fixed_window,
