@@ -6,7 +6,7 @@ import importlib
 
 from .base import Adapter, StoreSpec, Unsupported
 
-__all__ = ["LIBRARIES", "Adapter", "StoreSpec", "Unsupported", "load"]
+__all__ = ["LIBRARIES", "OPT_IN", "Adapter", "StoreSpec", "Unsupported", "load"]
 
 # name -> (module, class, the distribution to install when the import fails)
 LIBRARIES: dict[str, tuple[str, str, str]] = {
@@ -15,7 +15,14 @@ LIBRARIES: dict[str, tuple[str, str, str]] = {
     "slowapi": ("slowapi", "SlowapiAdapter", "slowapi"),
     "limits": ("limits_aio", "LimitsAdapter", "limits"),
     "bare": ("bare", "BareAdapter", "fastapi"),
+    # rate-limiter-flexible behind fastify (Node; live rows only, run by bench.rlflx): asked for by name or
+    # by `ratewarden bench --rlflx`, never in the default list (OPT_IN).
+    "rlflx-ioredis": ("rlflx", "RlflxAdapter", "ratewarden"),
+    "rlflx-iovalkey": ("rlflx", "RlflxAdapter", "ratewarden"),
+    "rlflx-glide": ("rlflx", "RlflxAdapter", "ratewarden"),
 }
+#: Libraries run only when named (``--library``, ``--rlflx``), not by default.
+OPT_IN = frozenset({"rlflx-ioredis", "rlflx-iovalkey", "rlflx-glide"})
 
 
 def load(name: str) -> type[Adapter]:

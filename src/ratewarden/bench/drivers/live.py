@@ -141,12 +141,17 @@ class LiveServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> tuple[list[str], dict[str, str] | None]:
+        """The server's command line on ``self.port``, and its environment (None: this one's)."""
+        return [sys.executable, "-m", "ratewarden.bench.server", "--library", self.library,
+                "--scenario", self.scenario.key, "--store", self.store.kind, "--store-url", self.store.url,
+                "--port", str(self.port), "--workers", str(self.workers)], None
+
     def start(self) -> None:
         self.port = free_port()
-        cmd = [sys.executable, "-m", "ratewarden.bench.server", "--library", self.library,
-               "--scenario", self.scenario.key, "--store", self.store.kind, "--store-url", self.store.url,
-               "--port", str(self.port), "--workers", str(self.workers)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
+        cmd, env = self.command()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True,
+                                     env=env)
         if self.cores:
             os.sched_setaffinity(self.proc.pid, self.cores)
         limit = 20 + 10 * (self.workers - 1)
