@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import rlflx
 from .adapters import Adapter, StoreSpec, Unsupported, load
 from .drivers import inprocess, live
 from .results import Row, Run, median_run, spread
@@ -275,8 +276,9 @@ def _live_group(tasks: list[Task], opts: Options, services: dict[str, StoreServi
             multi = task.workers > 1
             server_cores = None if multi else live.cpu_plan()[0]
             try:
-                server = live.LiveServer(task.library, task.scenario, store.spec if store else StoreSpec(),
-                                         server_cores, task.workers)
+                server = rlflx.server_class(task.library)(task.library, task.scenario,
+                                                          store.spec if store else StoreSpec(), server_cores,
+                                                          task.workers)
                 servers.append(stack.enter_context(server))
                 outcome.append([])
             except Exception as exc:

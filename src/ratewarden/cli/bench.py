@@ -45,6 +45,13 @@ def register(subparsers: Any) -> None:
                    help="memory store, core in-process scenarios, two short live scenarios (live.allowed: all "
                         "allowed; live.light: a hot key, mostly 429s) and one short flood (flood.middleware on "
                         "Redis, else Memcached, else memory); 3 interleaved rounds of 2 s live iterations (about 2 min)")
+    p.add_argument("--rlflx", action="store_true",
+                   help="seed 001's table: rate-limiter-flexible behind fastify (Node; libraries rlflx-ioredis, "
+                        "rlflx-iovalkey, rlflx-glide) beside ratewarden on the same Redis and Redis Cluster, in "
+                        "the same wrk rounds; defaults --scenario live.light,live.heavy --store redis,redis-cluster "
+                        "--concurrency 50,100,500 --library ratewarden,rlflx-ioredis,rlflx-iovalkey,rlflx-glide,"
+                        "bare (each overridable); npm ci installs the app once into ~/.cache/ratewarden/node; rows "
+                        "skipped with the reason without Node 20+, and for iovalkey and valkey-glide without Valkey 8+")
     p.add_argument("--scenario", action="append", default=None, metavar="NAMES",
                    help="comma-separated scenario keys or groups (dependency, middleware, correctness, websocket, "
                         "strategy, headers, rules, workload, tiered, live, workers, flood, http, mw, ws, all); "
@@ -313,7 +320,14 @@ def _meta(opts: Options) -> Any:
         "Multi-worker driver": "uvicorn --workers N (each worker builds the app from an import string), "
                                "nothing pinned; a fresh hot key per iteration, runs kept clear of a window "
                                "boundary; CPU and RSS summed over the uvicorn processes",
-    } if any(s.workers != 1 for s in opts.scenarios) else {}))
+    } if any(s.workers != 1 for s in opts.scenarios) else {}) | _rlflx_meta(opts))
+
+
+def _rlflx_meta(opts: Options) -> dict[str, str]:
+    """How the rate-limiter-flexible rows ran, when the run has them."""
+    from ..bench import rlflx
+
+    return {"rate-limiter-flexible rows": rlflx.describe()} if any(map(rlflx.is_peer, opts.libraries)) else {}
 
 
 def _run_with_progress(opts: Any) -> list[Any]:

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 __all__ = ["QUICK_LIBRARIES", "csv_list", "given", "plan", "unwritable"]
 
 QUICK_LIBRARIES = "ratewarden,traffik,slowapi,bare"
+#: What ``--rlflx`` runs where its flag is not given: seed 001's table (rate-limiter-flexible behind fastify,
+#: its light and heavy routes, Redis standalone and a 3+3 cluster, 50/100/500 connections) beside ratewarden.
+RLFLX = {"scenario": ["live.light,live.heavy"], "store": "redis,redis-cluster", "concurrency": "50,100,500",
+         "library": "ratewarden,rlflx-ioredis,rlflx-iovalkey,rlflx-glide,bare"}
 _T = TypeVar("_T")
 
 
@@ -28,6 +32,8 @@ def csv_list(value: str) -> list[str]:
 def plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
     """The run the arguments ask for, or what is wrong with them (before anything runs): the
     checks run in this order, and the first failing one gives the message."""
+    if getattr(args, "rlflx", False):
+        args = argparse.Namespace(**{**vars(args), **{k: getattr(args, k) or v for k, v in RLFLX.items()}})
     names, duration, flood_duration, iterations = _quick_defaults(args)
     warmup_duration = max(1.0, min(2.0, duration / 2))
     scenarios = _scenarios(args, names)
@@ -36,6 +42,10 @@ def plan(args: argparse.Namespace) -> tuple[Options, Path] | str:
     libraries = _libraries(args)
     if isinstance(libraries, str):
         return libraries
+    if not args.library:  # the Node peers run when named (--library, --rlflx), never by default
+        from ..bench.adapters import OPT_IN
+
+        libraries = [lib for lib in libraries if lib not in OPT_IN]
     store_plan = _stores(args, scenarios)
     if isinstance(store_plan, str):
         return store_plan
