@@ -22,10 +22,10 @@ from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..keys import KeyFunc, client_ip
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM
+from ..route_limits import Declared, RateSpec, RouteLimits
 from ..rules import CostFunc, Rule, RuleSet, policy_of
 from ..stores.memory import MemoryStore
 from .responses import add_headers, answer_response
-from .routes import Declared, RateSpec, RouteLimits
 from .scope import scope_of
 
 __all__ = ["CONTEXT_ATTR", "RateLimiter"]
@@ -127,7 +127,8 @@ class RateLimiter:
             return None
         method, path = request.method, request.path
         matched = self.rules.match(method, path)
-        own = self.routes.of(request.route)
+        route = request.route
+        own = self.routes.of(route.name, route.handler) if route is not None else None
         if own is not None:
             matched += own.match(method, path)
         if not matched:

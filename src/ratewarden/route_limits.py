@@ -1,16 +1,17 @@
-"""Per-route limits: what each ``@limiter.limit`` declared on a handler, compiled once per route
-into the rules the check layer charges."""
+"""Limits declared on route handlers (a decorator, a route option), shared by the framework doors:
+each declaration is checked when made (``Declared``), and a route's limits become one ``RuleSet``
+of ``Rule("/**", ...)`` named after the route (``RouteLimits``), built on its first request."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from ..algorithms import AlgorithmName
-from ..keys import KeyFunc, client_ip
-from ..limits import DEFAULT_ALGORITHM
-from ..rates import Rate
-from ..rules import CostFunc, Rule, RuleSet
+from .algorithms import AlgorithmName
+from .keys import KeyFunc, client_ip
+from .limits import DEFAULT_ALGORITHM
+from .rates import Rate
+from .rules import CostFunc, Rule, RuleSet
 
 __all__ = ["Declared", "RateSpec", "RouteLimits"]
 
@@ -19,15 +20,15 @@ RateSpec = str | Rate | Iterable[str | Rate]
 
 
 class Declared:
-    """One ``@limit``: its rates and who it charges, checked when declared (a bad rate, method, key
-    or cost fails at import, not on the first request).
+    """One limit declared on a route handler: its rates and who it charges, checked when declared
+    (a bad rate, method, key or cost fails at import or start-up, not on the first request).
 
     Args:
         rate: One rate or several.
-        key: Who is charged: a key function of the scope; ``None``: the extension's default key.
+        key: Who is charged: a key function of the scope; ``None``: the door's default key.
         cost: What one request costs: a number, or a function of the scope.
         methods: The HTTP methods it applies to; ``None``: all.
-        algorithm: The algorithm; ``None``: the extension's default.
+        algorithm: The algorithm; ``None``: the door's default.
         name: The counter's name; ``None``: the route's name (``-1``, ``-2``... for a second, third limit).
     """
 
@@ -49,17 +50,19 @@ class Declared:
         self.algorithm = algorithm
         self.name = name
 
-    def rule(self, name: str, key: KeyFunc, algorithm: AlgorithmName) -> Rule:
+    def rule(self, name: str, key: KeyFunc, algorithm: AlgorithmName, label: str | None = None) -> Rule:
         """The limit as a rule of every path, named ``name`` unless it has a name of its own.
 
         Args:
             name: The counter's name where it applies.
-            key: The extension's default key, for a limit without one.
-            algorithm: The extension's default algorithm, for a limit without one.
+            key: The door's default key, for a limit without one.
+            algorithm: The door's default algorithm, for a limit without one.
+            label: What clients see when the limit has no name of its own (``""``: the rate as
+                written); ``None``: ``name``.
         """
         return Rule(
             "/**", self.rate, key=self.key or key, cost=self.cost, methods=self.methods,
-            algorithm=self.algorithm or algorithm, name=self.name or name,
+            algorithm=self.algorithm or algorithm, name=self.name or name, label=None if self.name else label,
         )
 
 
@@ -76,33 +79,44 @@ class RouteLimits:
         self.key = key
         self.algorithm = algorithm
         self.prefix = prefix
-        self.declared: dict[Callable[..., Any], list[Declared]] = {}
+        self.declared: dict[object, list[Declared]] = {}
         self._routes: dict[str, RuleSet | None] = {}
 
-    def add(self, handler: Callable[..., Any], declared: Declared) -> None:
+    def add(self, handler: object, declared: Declared) -> None:
         """Declare a limit on ``handler``.
 
         Args:
-            handler: The route handler.
+            handler: The route handler (the function, or the framework's handler object).
             declared: The limit.
         """
         # Stacked decorators apply bottom-up: inserted first, they stay in source order.
         self.declared.setdefault(handler, []).insert(0, declared)
         self._routes.clear()
 
-    def of(self, route: Any) -> RuleSet | None:
-        """The rules of ``route`` (a Sanic ``Route``, or ``None`` when no route matched).
+    def rules(self, name: str, handler: object, label: str | None = None) -> list[Rule]:
+        """The rules of the limits declared on ``handler`` (or a function it wraps), counted under
+        the route's ``name`` (``name-1``, ``name-2``... for a second, third limit).
 
         Args:
-            route: The request's route.
+            name: The route's name.
+            handler: The route's handler.
+            label: What clients see of a limit without a name of its own; ``None``: its counter's name.
         """
-        if route is None:
-            return None
-        name: str = route.name
-        if name in self._routes:  # routes are the app's own: a bounded table
+        declared = self._declared_on(handler)
+        return [
+            d.rule(name if i == 0 else f"{name}-{i}", self.key, self.algorithm, label) for i, d in enumerate(declared)
+        ]
+
+    def of(self, name: str, handler: object) -> RuleSet | None:
+        """The rules of the route named ``name`` as one ``RuleSet`` (``None`` when it has none), built once.
+
+        Args:
+            name: The route's name (routes are the app's own: a bounded table).
+            handler: The route's handler.
+        """
+        if name in self._routes:
             return self._routes[name]
-        declared = self._declared_on(route.handler)
-        rules = [d.rule(name if i == 0 else f"{name}-{i}", self.key, self.algorithm) for i, d in enumerate(declared)]
+        rules = self.rules(name, handler)
         found = RuleSet(rules, self.prefix) if rules else None
         self._routes[name] = found
         return found
