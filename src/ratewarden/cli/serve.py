@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,10 @@ def register(subparsers: Any) -> None:
     for name, action in ((None, _Given), ("store", _Given), ("store_true", _GivenFlag)):
         parser.register("action", name, action)  # every option given is noted in ``args.given``
     parser.add_argument(
-        "files", nargs="+", metavar="FILE", type=Path,
+        "files", nargs="*", metavar="FILE", type=Path,
         help="a ratewarden policy file (.toml/.yaml, at most one: /check and /v1/check), or envoyproxy/ratelimit "
-        "YAML files or directories of them (gRPC and /json)",
+        "YAML files or directories of them (gRPC and /json); with --envoy-env, the Envoy files come from "
+        "the reference's RUNTIME_ROOT unless some are given",
     )
     parser.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT", help="HTTP address (default %(default)s)")
     parser.add_argument(
@@ -142,6 +144,12 @@ def _add_envoy(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--envoy-merge-domains", action="store_true",
         help="merge files of the same domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG) instead of refusing them",
+    )
+    group.add_argument(
+        "--envoy-env", action="store_true",
+        help="read envoyproxy/ratelimit's settings from the environment, with its defaults (RUNTIME_ROOT..., "
+        "REDIS_*, PORT, GRPC_PORT, USE_PROMETHEUS...); options given here win (docs/gateways/envoy.md#moving-from-"
+        "envoyproxyratelimit)",
     )
 
 
@@ -258,6 +266,21 @@ def _check_installed(needs: tuple[tuple[str, str], ...], what: str) -> None:
         )
 
 
+def _envoy_env(args: argparse.Namespace, envoy: list[Path]) -> dict[str, Any]:
+    """``--envoy-env``: the reference's settings read into ``args`` (where the command line gave no
+    option) and what ``ServeConfig`` takes beyond them."""
+    if not args.envoy_env:
+        if not args.files:
+            raise ConfigurationError("the following arguments are required: FILE (or --envoy-env)")
+        return {}
+    from ..serve.envoy_env import apply_envoy_env
+
+    _check_installed(_YAML_NEEDS, "--envoy-env (envoyproxy/ratelimit's YAML)")
+    found = apply_envoy_env(args, os.environ, runtime=not envoy)
+    return {"runtime": found.runtime, "reference": found.reference, "key_prefix": found.key_prefix,
+            "notes": tuple(found.notes)}
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..serve.config import ServeConfig, envoy_files, parse_address
     from ..serve.http import DEFAULT_TRUSTED
@@ -268,7 +291,8 @@ def _run(args: argparse.Namespace) -> int:
         if any(path.is_dir() or path.suffix.lower() in (".yaml", ".yml") for path in args.files):
             _check_installed(_YAML_NEEDS, "a YAML file")
         policy, envoy = envoy_files(args.files)
-        if envoy:
+        extra = _envoy_env(args, envoy)
+        if envoy or extra:
             _check_installed(_GRPC_NEEDS, "an Envoy configuration (served over gRPC)")
         config = ServeConfig(
             policy=policy,
@@ -291,6 +315,7 @@ def _run(args: argparse.Namespace) -> int:
             envoy_charge=args.envoy_charge,
             envoy_merge_domains=args.envoy_merge_domains,
             **{name: getattr(args, name) for name in (*_POSITIVE, "spoe_message")},
+            **extra,
         )
         if args.watch < 0:
             raise ConfigurationError(f"--watch must be 0 or more seconds, got {args.watch}")
@@ -299,7 +324,7 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be more than 0, got {getattr(args, name)}")
         if not args.spoe_message:
             raise ConfigurationError("--spoe-message must name the spoe-message, e.g. check")
-        _check_combinations(args, bool(envoy))
+        _check_combinations(args, config.serves_envoy)
         from ..serve.front import choose_front
 
         for option, requested in (("--front", args.front), ("--http-front", args.http_front),

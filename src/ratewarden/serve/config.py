@@ -12,12 +12,16 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..limiter import FailurePolicy
 from . import bounds
 from .http import DEFAULT_TRUSTED
+
+if TYPE_CHECKING:
+    from .envoy_runtime import RuntimeLayout
+    from .reference_service import ReferenceOptions
 
 __all__ = [
     "ServeConfig", "bind_listener", "check_listen", "envoy_files", "format_address", "listen_error", "load_envoy",
@@ -64,6 +68,22 @@ class ServeConfig:
     envoy_headers: str = "ratewarden"  # ratewarden | reference | none (serve.rls.HEADER_STYLES)
     envoy_charge: str = "all"  # all | each (serve.rls.CHARGES)
     envoy_merge_domains: bool = False
+    #: ``--envoy-env`` (``serve.envoy_env``): the Envoy configuration read from the reference's runtime
+    #: directory (files listed again at each reload), its service-wide settings, ``CACHE_KEY_PREFIX``
+    #: and the settings named at start-up as not supported.
+    runtime: RuntimeLayout | None = None
+    reference: ReferenceOptions | None = None
+    key_prefix: str | None = None
+    notes: Sequence[tuple[str, str]] = ()
+
+    @property
+    def serves_envoy(self) -> bool:
+        """Whether Envoy's rate limit API is served: Envoy files given, or the reference's runtime directory."""
+        return bool(self.envoy) or self.runtime is not None
+
+    def envoy_paths(self) -> list[Path]:
+        """The Envoy configuration files now: those given, or those in the runtime directory."""
+        return self.runtime.files() if self.runtime is not None else list(self.envoy)
 
 
 def envoy_files(paths: Sequence[Path]) -> tuple[Path | None, list[Path]]:

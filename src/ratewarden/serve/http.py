@@ -103,6 +103,11 @@ def _failure(exc: Exception) -> tuple[int, Headers, bytes]:
     return error_answer(500, f"the check failed: {type(exc).__name__} (see the service's log)")
 
 
+async def _healthcheck(app: ServeApp) -> tuple[int, Headers, bytes]:
+    status, body = await importlib.import_module(f"{__package__}.healthcheck").healthcheck(app)
+    return status, [(b"content-type", b"text/plain; charset=utf-8")], body
+
+
 async def _allow(scope: Scope, receive: Receive, send: Send) -> None:
     """The app behind the policy (``PolicyMiddleware.answer`` answers for it: 200, empty body)."""
     await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -121,6 +126,7 @@ class ServeApp:
         header_style: Which rate-limit headers answers carry (``"both"``, ``"ietf"``, ``"legacy"``).
         exposition: What ``/metrics`` shows; the default ``None`` is ``metrics.exposition()`` (workers
             replace it by the total over every worker).
+        reference: ``--envoy-env``'s settings that ``/healthcheck`` reads (``serve.healthcheck``).
     """
 
     def __init__(
@@ -133,8 +139,11 @@ class ServeApp:
         rls: Any = None,
         header_style: HeaderStyle = "both",
         exposition: Callable[[], bytes] | None = None,
+        reference: Any = None,
     ) -> None:
         self.limiter = limiter
+        self.reference = reference
+        self.stopping = False  # set at the stop signal: /healthcheck answers 500 (serve.healthcheck)
         self.exposition = exposition
         self.metrics = metrics
         self.rls = rls
@@ -205,6 +214,8 @@ class ServeApp:
             elif path == "/metrics":
                 self._need(method, "GET", "HEAD")
                 await self._metrics(send)
+            elif path == "/healthcheck":  # envoyproxy/ratelimit's (serve.healthcheck)
+                await send_answer(send, *(await _healthcheck(self)))
             else:
                 raise ServeError(404, f"no such endpoint {path!r}: use /check, /v1/check, /json, /healthz or /metrics")
         except Exception as exc:

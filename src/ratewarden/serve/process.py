@@ -44,8 +44,10 @@ def _listeners(config: ServeConfig) -> list[tuple[str, tuple[str, int]]]:
     found = [("--http", config.http)]
     if config.spoe is not None:
         found.append(("--spoe", config.spoe))
-    if config.envoy and config.grpc is not None:
+    if config.serves_envoy and config.grpc is not None:
         found.append(("--grpc", config.grpc))
+    if config.reference is not None and config.reference.prometheus is not None:
+        found.append(("PROMETHEUS_ADDR", config.reference.prometheus))
     return found
 
 
@@ -84,25 +86,28 @@ def _check_grpc_host(config: ServeConfig) -> None:
             ) from None
 
 
-def _open_listeners(config: ServeConfig) -> tuple[socket.socket, socket.socket | None]:
-    """Bind the HTTP and SPOE sockets the workers share, and check that gRPC's address (each worker
-    opens its own listener there) can be listened on, all before ``started`` and before forking:
-    a listener that cannot be opened is a ``ConfigurationError`` naming its option, address and the fix."""
+def _open_listeners(config: ServeConfig) -> tuple[socket.socket, socket.socket | None, socket.socket | None]:
+    """Bind the HTTP, SPOE and (``--envoy-env``) Prometheus sockets the workers share, and check that
+    gRPC's address (each worker opens its own listener there) can be listened on, all before ``started``
+    and before forking: a listener that cannot be opened is a ``ConfigurationError`` naming its option,
+    address and the fix."""
     _check_distinct(_listeners(config))
     with contextlib.ExitStack() as opened:  # closed again when a later one fails
         sock = opened.enter_context(bind_listener("--http", config.http))
         spoe = opened.enter_context(bind_listener("--spoe", config.spoe)) if config.spoe is not None else None
-        if config.envoy and config.grpc is not None:
+        prometheus = config.reference.prometheus if config.reference is not None else None
+        scrape = opened.enter_context(bind_listener("PROMETHEUS_ADDR", prometheus)) if prometheus is not None else None
+        if config.serves_envoy and config.grpc is not None:
             _check_grpc_host(config)
             check_listen("--grpc", config.grpc)
         opened.pop_all()
-    return sock, spoe
+    return sock, spoe, scrape
 
 
 def _check(config: ServeConfig) -> str | None:
     """Validate everything before binding or forking (a broken file is an error at start-up); the
     store URL: ``--store``, else the policy's ``settings.store``, else ``None`` (the default)."""
-    if config.policy is None and not config.envoy:
+    if config.policy is None and not config.serves_envoy:
         raise ConfigurationError("nothing to serve: give a ratewarden policy file and/or Envoy ratelimit YAML")
     if config.workers < 1:
         raise ConfigurationError(f"--workers must be at least 1, got {config.workers}")
@@ -112,8 +117,8 @@ def _check(config: ServeConfig) -> str | None:
     store = config.store
     if config.policy is not None:
         store = store or load_policy(config.policy).store
-    if config.envoy:
-        load_envoy(config.envoy, config.envoy_merge_domains)
+    if config.serves_envoy:
+        load_envoy(config.envoy_paths(), config.envoy_merge_domains)
         from .rls import CHARGES, HEADER_STYLES
 
         if config.envoy_headers not in HEADER_STYLES:
@@ -132,11 +137,13 @@ def run(config: ServeConfig) -> int:
         config: What to serve and how.
     """
     configure_logging(config.log_format, config.log_level)
+    for setting, why in config.notes:  # --envoy-env: what is not supported, named once
+        event(logging.WARNING, "envoy_env_unsupported", f"{setting}: not supported: {why}", setting=setting)
     try:
         store_url = _check(config)
         config = _choose_front(config)
         config = fit_open_files(config)
-        sock, spoe = _open_listeners(config)
+        sock, spoe, scrape = _open_listeners(config)
     except (ConfigurationError, OSError, ImportError) as exc:
         event(logging.ERROR, "config_error", str(exc))
         return 2
@@ -152,25 +159,28 @@ def run(config: ServeConfig) -> int:
     host, port = sock.getsockname()[:2]
     event(
         logging.INFO, "started", "ratewarden serve started", http=f"{host}:{port}",
-        grpc="{}:{}".format(*config.grpc) if config.grpc and config.envoy else None,
-        front=config.front if config.grpc and config.envoy else None, http_front=config.http_front,
+        grpc="{}:{}".format(*config.grpc) if config.grpc and config.serves_envoy else None,
+        front=config.front if config.grpc and config.serves_envoy else None, http_front=config.http_front,
         spoe_front=config.spoe_front if spoe is not None else None,
         spoe="{}:{}".format(*spoe.getsockname()[:2]) if spoe is not None else None, workers=config.workers,
-        store=_redacted(store_url), policy=config.policy, envoy=[str(p) for p in config.envoy],
+        store=_redacted(store_url), policy=config.policy, envoy=[str(p) for p in config.envoy_paths()],
+        runtime=config.runtime.describe() if config.runtime is not None else None,
+        prometheus="{}:{}".format(*scrape.getsockname()[:2]) if scrape is not None else None,
     )
     try:
         if config.workers == 1:
-            return run_worker(config, sock, store_url, spoe=spoe)
-        metrics_directory = shared_metrics_directory() if config.metrics else None
+            return run_worker(config, sock, store_url, spoe=spoe, scrape=scrape)
+        metrics_directory = shared_metrics_directory() if config.metrics or scrape is not None else None
         try:
-            return _supervise(config, sock, store_url, spoe)
+            return _supervise(config, sock, store_url, spoe, scrape)
         finally:
             if metrics_directory is not None:
                 shutil.rmtree(metrics_directory, ignore_errors=True)
     finally:
         sock.close()
-        if spoe is not None:
-            spoe.close()
+        for other in (spoe, scrape):
+            if other is not None:
+                other.close()
         if shm is not None:
             asyncio.run(shm.close())
             shm.unlink()
@@ -184,7 +194,7 @@ def _choose_front(config: ServeConfig) -> ServeConfig:
     from .front import choose_front
 
     chosen: dict[str, str] = {}
-    for field, option, kind, used in (("front", "--front", "gRPC", bool(config.envoy)),
+    for field, option, kind, used in (("front", "--front", "gRPC", config.serves_envoy),
                                       ("http_front", "--http-front", "HTTP", True),
                                       ("spoe_front", "--spoe-front", "SPOE", config.spoe is not None)):
         requested = getattr(config, field)
@@ -212,7 +222,7 @@ def fit_open_files(config: ServeConfig) -> ServeConfig:
     except ImportError:  # not POSIX
         return config
     spoe = config.spoe_max_connections if config.spoe is not None else 0
-    grpc = config.grpc_max_connections if config.envoy and config.front == "compiled" else 0
+    grpc = config.grpc_max_connections if config.serves_envoy and config.front == "compiled" else 0
     wanted = config.http_max_connections + spoe + grpc + _RESERVED_FILES
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= wanted:
@@ -251,7 +261,10 @@ def _redacted(url: str) -> str:
     return redact(url)
 
 
-def _supervise(config: ServeConfig, sock: socket.socket, store_url: str, spoe: socket.socket | None = None) -> int:
+def _supervise(
+    config: ServeConfig, sock: socket.socket, store_url: str, spoe: socket.socket | None = None,
+    scrape: socket.socket | None = None,
+) -> int:
     """Fork the workers and watch them until told to stop."""
     pending: list[int] = []
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -266,7 +279,7 @@ def _supervise(config: ServeConfig, sock: socket.socket, store_url: str, spoe: s
             try:
                 for s in handled:
                     signal.signal(s, signal.SIG_DFL)
-                status = run_worker(config, sock, store_url, parent, spoe)
+                status = run_worker(config, sock, store_url, parent, spoe, scrape)
             finally:
                 logging.shutdown()
                 os._exit(status)

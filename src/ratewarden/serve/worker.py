@@ -33,11 +33,20 @@ GRACE = 10
 
 
 def _rate_limit_service(domains: Any, limiter: Limiter, config: ServeConfig) -> Any:
+    options: dict[str, Any] = {
+        "headers": config.envoy_headers, "charge": config.envoy_charge, "max_descriptors": config.max_descriptors,
+        "max_entries": config.max_entries,
+    }
+    if config.reference is not None:  # --envoy-env: the reference's service-wide settings and metrics
+        reference: Any = importlib.import_module(f"{__package__}.reference_service")
+        metrics = None
+        if config.reference.prometheus is not None:
+            from .reference_metrics import ReferenceMetrics, shared_counts
+
+            metrics = ReferenceMetrics(shared=shared_counts() and config.workers > 1)
+        return reference.ReferenceService(domains, limiter, options=config.reference, metrics=metrics, **options)
     rls: Any = importlib.import_module(f"{__package__}.rls")
-    return rls.RateLimitService(
-        domains, limiter, headers=config.envoy_headers, charge=config.envoy_charge,
-        max_descriptors=config.max_descriptors, max_entries=config.max_entries,
-    )
+    return rls.RateLimitService(domains, limiter, **options)
 
 
 def uvicorn_server(app: ServeApp, sock: socket.socket, config: ServeConfig | None = None) -> Any:
@@ -120,17 +129,18 @@ class Worker:
 
     def __init__(self, config: ServeConfig, store_url: str) -> None:
         self.config = config
-        self.limiter = Limiter(open_store(store_url), on_error=config.on_error, workers=config.workers)
+        self.limiter = Limiter(  # --envoy-env: CACHE_KEY_PREFIX, else Limiter's own prefix
+            open_store(store_url), on_error=config.on_error, workers=config.workers, prefix=config.key_prefix or "rw")
         self.metrics = _metrics() if config.metrics else None
         policy = load_policy(config.policy) if config.policy is not None else None
         self.rls = (
-            _rate_limit_service(load_envoy(config.envoy, config.envoy_merge_domains), self.limiter, config)
-            if config.envoy else None
+            _rate_limit_service(load_envoy(config.envoy_paths(), config.envoy_merge_domains), self.limiter, config)
+            if config.serves_envoy else None
         )
         shared = self.metrics is not None and bool(os.environ.get(_MULTIPROCESS)) and config.workers > 1
         self.app = ServeApp(
             self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls,
-            exposition=_total_exposition(self.metrics) if shared else None,
+            exposition=_total_exposition(self.metrics) if shared else None, reference=config.reference,
         )
         self.reloader = (
             PolicyReloader(config.policy, self._apply, interval=config.watch or 1.0, current=policy)
@@ -141,7 +151,9 @@ class Worker:
     def _apply(self, policy: Policy) -> None:
         self.app.apply_policy(policy)
 
-    def _signature(self) -> tuple[tuple[int, int, int], ...]:
+    def _signature(self) -> tuple[object, ...]:
+        if self.config.runtime is not None:  # the reference's runtime directory: its swap, its files
+            return self.config.runtime.signature()
         out = []
         for path in self.config.envoy:
             try:
@@ -156,7 +168,7 @@ class Worker:
         if self.reloader is not None:
             ok = self.reloader.reload()
             self._report(ok, "policy", self.config.policy, reason, self.reloader.last_error, self.reloader.last_changes)
-        if self.config.envoy:
+        if self.config.serves_envoy:
             self._reload_envoy(reason)
 
     def poll(self) -> None:
@@ -168,19 +180,20 @@ class Worker:
                     changed, "policy", self.config.policy, "file changed", self.reloader.last_error,
                     self.reloader.last_changes,
                 )
-        if self.config.envoy and self._signature() != self._envoy_signature:
+        if self.config.serves_envoy and self._signature() != self._envoy_signature:
             self._reload_envoy("file changed")
 
     def _reload_envoy(self, reason: str) -> None:
         self._envoy_signature = self._signature()
+        paths = self.config.envoy_paths()
         try:
-            domains = load_envoy(self.config.envoy, self.config.envoy_merge_domains)
+            domains = load_envoy(paths, self.config.envoy_merge_domains)
         except Exception as exc:
-            self._report(False, "envoy", self.config.envoy, reason, exc)
+            self._report(False, "envoy", paths, reason, exc)
             return
         if self.rls is not None:
             self.rls.replace(domains)
-        self._report(True, "envoy", self.config.envoy, reason, None)
+        self._report(True, "envoy", [str(path) for path in paths], reason, None)
 
     @staticmethod
     def _report(
@@ -261,9 +274,13 @@ class Worker:
             return compiled, compiled.end
         return await start_spoe(self.app, sock, agent), agent.close
 
-    async def serve(self, sock: socket.socket, parent: int | None = None, spoe: socket.socket | None = None) -> None:
-        """Serve HTTP on ``sock`` (gRPC and HAProxy's SPOE on ``spoe`` when configured) until
-        ``SIGTERM``/``SIGINT`` (or, for a forked worker, until its ``parent`` is gone)."""
+    async def serve(
+        self, sock: socket.socket, parent: int | None = None, spoe: socket.socket | None = None,
+        scrape: socket.socket | None = None,
+    ) -> None:
+        """Serve HTTP on ``sock`` (gRPC, HAProxy's SPOE on ``spoe`` and the reference's Prometheus
+        metrics on ``scrape`` when configured) until ``SIGTERM``/``SIGINT`` (or, for a forked worker,
+        until its ``parent`` is gone)."""
         loop = asyncio.get_running_loop()
         grpc_server: Any = None
         if self.rls is not None and self.config.grpc is not None:  # first: the one listener opened here
@@ -282,6 +299,7 @@ class Worker:
                 return
             event(logging.INFO, "stopping", "stopping: finishing in-flight requests", reason=reason)
             server.should_exit = True
+            self.app.stopping = True  # /healthcheck answers 500 from now on, as the reference's after SIGTERM
             if spoe_server is not None:  # no new SPOE connection; open ones end when HAProxy closes them
                 spoe_server.close()
             if grpc_server is not None:  # both servers drain at once
@@ -295,6 +313,7 @@ class Worker:
         loop.add_signal_handler(signal.SIGHUP, hup)
         if spoe is not None:
             spoe_server, spoe_end = await self._start_spoe(spoe)
+        scraped = await self._start_scrape(scrape) if scrape is not None else None
         tasks = [asyncio.create_task(self._watch())] if self.config.watch > 0 else []
         if parent is not None:
             tasks.append(asyncio.create_task(_orphaned(parent, stop)))
@@ -305,6 +324,8 @@ class Worker:
         finally:
             for task in tasks:
                 task.cancel()
+            if scraped is not None:
+                scraped.close()
             if spoe_end is not None:  # served through the HTTP drain; ended before the store closes
                 spoe_server.close()
                 await spoe_end()
@@ -312,6 +333,14 @@ class Worker:
                 await (stopping[0] if stopping else grpc_server.stop(GRACE))
             await self._close()
             event(logging.INFO, "worker_stopped", "worker stopped")
+
+    async def _start_scrape(self, sock: socket.socket) -> Any:
+        """Serve the reference's Prometheus metrics (``--envoy-env``, ``USE_PROMETHEUS``) on ``sock``."""
+        from .reference_metrics import serve_prometheus
+
+        metrics = getattr(self.rls, "metrics", None)
+        assert self.config.reference is not None and metrics is not None
+        return await serve_prometheus(sock, self.config.reference.prometheus_path, metrics.exposition)
 
     async def _close(self) -> None:
         """Close the metrics and the store (last, once nothing decides any more)."""
@@ -328,7 +357,8 @@ async def _orphaned(parent: int, stop: Callable[[str], None]) -> None:
 
 
 def run_worker(
-    config: ServeConfig, sock: socket.socket, store_url: str, parent: int | None = None, spoe: socket.socket | None = None
+    config: ServeConfig, sock: socket.socket, store_url: str, parent: int | None = None,
+    spoe: socket.socket | None = None, scrape: socket.socket | None = None,
 ) -> int:
     """Run one worker until it is told to stop; its exit status: 0 after a clean stop, 1 when it could
     not start, 2 when a listener could not be opened (one ``config_error`` line naming the option,
@@ -340,6 +370,7 @@ def run_worker(
         store_url: Where the counts live.
         parent: The supervisor's pid, for a forked worker (it stops when the supervisor is gone).
         spoe: The SPOE listening socket, with ``--spoe``.
+        scrape: The reference's Prometheus listening socket, with ``--envoy-env`` and ``USE_PROMETHEUS``.
     """
     try:
         worker = Worker(config, store_url)
@@ -347,7 +378,7 @@ def run_worker(
         event(logging.ERROR, "worker_failed", f"the worker could not start: {exc}", error=type(exc).__name__)
         return 1
     try:
-        asyncio.run(worker.serve(sock, parent, spoe))
+        asyncio.run(worker.serve(sock, parent, spoe, scrape))
     except ConfigurationError as exc:
         event(logging.ERROR, "config_error", str(exc))
         return 2
