@@ -101,9 +101,9 @@ _DURATION = re.compile(r"([0-9]*\.?[0-9]*)(ns|us|µs|μs|ms|s|m|h)")
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
-def go_duration(text: str) -> float:
+def go_duration(text: str) -> float | None:
     """Seconds in a Go duration (``10s``, ``150us``, ``1m30s``, ``0``), as ``time.ParseDuration`` reads it;
-    ``ValueError`` when it is not one.
+    ``None`` when it is not one.
 
     Args:
         text: The duration.
@@ -111,16 +111,30 @@ def go_duration(text: str) -> float:
     body = text[1:] if text[:1] in "+-" else text
     if body == "0":
         return 0.0
-    if not body:
-        raise ValueError(text)
     total, at = 0.0, 0
     while at < len(body):
         found = _DURATION.match(body, at)
         if found is None or found.group(1) in ("", "."):
-            raise ValueError(text)
+            return None
         total += float(found.group(1)) * _UNITS[found.group(2)]
         at = found.end()
+    if not body:
+        return None
     return -total if text.startswith("-") else total
+
+
+def _number(kind: str, text: str) -> object:
+    """``text`` as a ``bool``, ``int``, ``float`` or ``duration`` setting reads it; ``None`` when it is not one."""
+    if kind == "bool":
+        return text in _TRUE if text in _TRUE or text in _FALSE else None
+    if kind == "int":
+        return int(text) if _INTEGER.fullmatch(text) else None
+    if kind == "duration":
+        return go_duration(text)
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 _WHAT = {
@@ -138,24 +152,14 @@ def parse_value(setting: Setting, text: str) -> object:
         text: Its value.
     """
     kind = setting.kind
-    try:
-        if kind == "bool":
-            if text in _TRUE or text in _FALSE:
-                return text in _TRUE
-            raise ValueError(text)
-        if kind == "int":
-            if not _INTEGER.fullmatch(text):
-                raise ValueError(text)
-            return int(text)
-        if kind == "float":
-            return float(text)
-        if kind == "duration":
-            return go_duration(text)
-    except ValueError:
-        raise ConfigurationError(
-            f"--envoy-env: {setting.name}={text!r}: must be {_WHAT[kind]} (envoyproxy/ratelimit's setting; "
-            f"its default is {setting.default or 'empty'})"
-        ) from None
+    if kind in _WHAT:
+        value = _number(kind, text)
+        if value is None:
+            raise ConfigurationError(
+                f"--envoy-env: {setting.name}={text!r}: must be {_WHAT[kind]} (envoyproxy/ratelimit's setting; "
+                f"its default is {setting.default or 'empty'})"
+            )
+        return value
     if kind == "list":
         return [part for part in text.split(",") if part] if text else []
     return text

@@ -101,6 +101,12 @@ class ReferenceService(RateLimitService):
         finally:
             metrics.call(time.perf_counter() - started)
 
+    @property
+    def json_service(self) -> Any:
+        """What ``POST /json`` decides with: this service, its calls counted but not timed (the
+        reference's ``total_requests`` and ``response_time`` count its gRPC calls only)."""
+        return _Untimed(self)
+
     def _plan(self, config: EnvoyDomain | None, domain: str, index: int, descriptor: RequestDescriptor,
               default_cost: int, replacing: set[str]) -> Any:
         planned = super()._plan(config, domain, index, descriptor, default_cost, replacing)
@@ -150,6 +156,19 @@ class ReferenceService(RateLimitService):
             before = max(0, limit - _whole(left))
         for stat, amount in increments(limit, before, hits, plan.shadow, self.options.near_limit_ratio).items():
             self.metrics.add(stat, found, amount)
+
+
+class _Untimed:
+    """A ``ReferenceService`` whose ``should_rate_limit`` is ``RateLimitService``'s (not timed)."""
+
+    def __init__(self, service: ReferenceService) -> None:
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._service, name)
+
+    def should_rate_limit(self, domain: str, descriptors: Sequence[RequestDescriptor], hits_addend: int = 1) -> Any:
+        return RateLimitService.should_rate_limit(self._service, domain, descriptors, hits_addend)
 
 
 def _whole(remaining: float) -> int:
