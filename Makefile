@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh Debian machine: `make bench` and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS := dev,fastapi,flask,django,sanic,wsgi,redis,memcached,policy,metrics,serve,bench
+EXTRAS := dev,fastapi,flask,django,sanic,litestar,wsgi,redis,memcached,policy,metrics,serve,bench
 # CPython 3.10+ interpreters on this machine, oldest first (pyenv, PATH); `make test` runs the
 # wheel passes on the oldest (with the oldest supported optional dependencies) and the newest.
 # (Expanded where used: `make bench` does not look for them.)
@@ -49,7 +49,7 @@ $(WHEEL_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCE
 	touch $@
 
 $(GATEWAY_VENV)/.installed: scripts/bench-venv.sh setup.py pyproject.toml $(SOURCES) $(RUST_SOURCES) | system-deps
-	scripts/bench-venv.sh $(GATEWAY_VENV)
+	BENCH_TARGET="make bench-gateway" scripts/bench-venv.sh $(GATEWAY_VENV)
 	touch $@
 
 # Users install compiled wheels, so the benchmark runs one. On 2 quiet cores a first run takes about
@@ -61,6 +61,7 @@ bench: $(WHEEL_VENV)/.installed
 
 # The gateway bench: HAProxy, nginx, and gRPC beside envoyproxy/ratelimit (built with go install).
 bench-gateway: $(GATEWAY_VENV)/.installed
+	@echo "== make bench-gateway: ratewarden bench --gateway (about 5 min, a line at least every 15 s); the report goes to bench-results/gateway/report.html"
 	$(GATEWAY_VENV)/bin/ratewarden bench --gateway --out bench-results/gateway
 
 # Only what the demo needs, in a venv of its own: ratewarden (pure Python: no compiler, no cargo) with the

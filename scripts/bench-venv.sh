@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Builds what `make bench` runs, and only that: the compiled wheel, built the way pip builds it
+# Builds what a bench target runs, and only that: the compiled wheel, built the way pip builds it
 # (isolated build: pip fetches setuptools and mypy for it), installed with the bench extras in a
 # virtualenv of its own. Says what each step does, how long the slow ones usually take, and how
-# long each took. Needs a C compiler and the Python headers (scripts/install-system-deps.sh).
+# long each took, each line headed by the target it builds for (BENCH_TARGET: `make bench`, or
+# `make bench-gateway` for the wheel with the compiled front door). Needs a C compiler and the
+# Python headers (scripts/install-system-deps.sh).
 #
-#   scripts/bench-venv.sh [VENV]    (default build/venv-wheel)
+#   [BENCH_TARGET="make bench-gateway"] scripts/bench-venv.sh [VENV]    (default build/venv-wheel)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-build/venv-wheel}
 wheels=build/wheels
 python=${PYTHON:-python3}
+target=${BENCH_TARGET:-make bench}
 start=$SECONDS
 
-step() { echo "== make bench [$((SECONDS - start)) s]: $*"; }
+step() { echo "== $target [$((SECONDS - start)) s]: $*"; }
 
 # Runs a quiet command, printing a line every 20 s so a slow step is not mistaken for a hang.
 quietly() {

@@ -58,6 +58,7 @@ from .gateway_load import Plan, load
 from .gateway_peer_rows import peer_targets
 from .gateway_peer_run import run_peers
 from .gateway_peers import PeerOptions
+from .gateway_progress import Heartbeat
 from .gateway_rows import CapacityRow, GatewayReport, VariantRow, keys_for, round_row
 from .gateway_setup import GROUPS, VARIANTS, GatewayOptions, VariantSpec
 from .gateway_targets import targets
@@ -210,7 +211,8 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
     capacity: list[CapacityRow] = []
     if sorted(opts.limits) != sorted(GROUPS):
         raise BenchError(f"limits must give every group {', '.join(GROUPS)}, got {dict(opts.limits)}")
-    with tempfile.TemporaryDirectory(prefix="ratewarden-gateway-") as tmp, contextlib.ExitStack() as procs:
+    with tempfile.TemporaryDirectory(prefix="ratewarden-gateway-") as tmp, contextlib.ExitStack() as procs, \
+            Heartbeat(log) as progress:
         root = Path(tmp)
         start = _Starter(root, procs)
         all_keys = {key: group for s in specs for r in range(-opts.warmup, opts.rounds)
@@ -219,6 +221,7 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
         policy.write_text(gp.policy_toml(all_keys, opts.limits), encoding="utf-8")
         services = _Services()
         if specs:
+            progress(f"gateways: starting {len(specs)} variants (HAProxy, nginx, ratewarden serve, the floors)")
             backend_port = gp.free_port()
             bdir = root / "backend"
             bdir.mkdir()
@@ -226,11 +229,12 @@ def run(opts: GatewayOptions, log: Callable[[str], None] = print) -> GatewayRepo
             start("backend", gp.nginx_command(bdir, bins["nginx"]), backend_port, bdir)
             services = _start_services(specs, policy, start)
             ports = _start_gateways(specs, rows, services, start, bins, backend_port, all_keys, opts.limits)
-            _load_rounds(opts, specs, rows, ports, log)
+            _load_rounds(opts, specs, rows, ports, progress)
         if opts.capacity:
-            capacity = measure_capacity(opts, root, policy, bins, procs, log)
+            progress("capacity: starting the servers (ratewarden serve and its floors)")
+            capacity = measure_capacity(opts, root, policy, bins, procs, progress)
         procs.close()  # the peer rows measure CPU per decision: nothing of the above still running
-        peers, notes = run_peers(PeerOptions(opts.peer_rounds, opts.peer_requests), root / "peers", log) \
+        peers, notes = run_peers(PeerOptions(opts.peer_rounds, opts.peer_requests), root / "peers", progress) \
             if opts.peers else ([], [])
     report = GatewayReport(_options_dict(opts), services.description, rows, capacity, [], peers=peers,
                            peer_notes=notes)

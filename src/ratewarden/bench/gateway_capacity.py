@@ -16,7 +16,7 @@ from .gateway_rows import CapacityRow
 from .gateway_setup import CAPACITY_SERVERS, GatewayOptions
 from .services import BenchError
 
-__all__ = ["measure_capacity"]
+__all__ = ["STACKS", "measure_capacity", "server_command"]
 
 
 def _cores() -> tuple[set[int] | None, set[int] | None]:
@@ -38,6 +38,22 @@ def _cpu_seconds(pid: int) -> float | None:
         return None
 
 
+#: What each capacity row runs on: every row on the same stack as the floor it is set against
+#: (uvicorn for HTTP, grpc.aio in the same event loop for gRPC; the compiled front door has its own bench).
+STACKS = {("floor", "http"): "uvicorn: a fixed 200 (ratewarden serve's stack)",
+          ("floor", "grpc"): "grpc.aio: a fixed OK (ratewarden serve's stack, uvicorn's event loop)",
+          ("floor-headers", "http"): "uvicorn: the fixed 200 with an allowed check's 5 rate-limit headers",
+          ("ours", "http"): "uvicorn: ratewarden serve --workers 1 --http-front python, memory store",
+          ("ours", "grpc"): "grpc.aio: ratewarden serve --workers 1 --front python, memory store"}
+
+
+def server_command(what: str, policy: Path, envoy: Path, http: int, grpc: int) -> list[str]:
+    """The argv of capacity server ``what``: ``ours`` on the Python fronts, as its floors."""
+    if what == "ours":
+        return gp.serve_command([policy, envoy], http, grpc, http_front="python", grpc_front="python")
+    return gp.floor_command(http, grpc, headers=what == "floor-headers")
+
+
 def measure_capacity(opts: GatewayOptions, root: Path, policy: Path, bins: Mapping[str, str],
               procs: contextlib.ExitStack, log: Callable[[str], None]) -> list[CapacityRow]:
     """HTTP keep-alive and gRPC decisions/s of one worker: ``ratewarden serve`` (the policy for
@@ -46,19 +62,13 @@ def measure_capacity(opts: GatewayOptions, root: Path, policy: Path, bins: Mappi
     server_cores, client_cores = _cores()
     envoy = root / "envoy.yaml"
     envoy.write_text(gp.envoy_yaml(), encoding="utf-8")
-    stacks = {"floor": "fixed 200 / OK on ratewarden serve's stack (uvicorn + grpc.aio, one event loop)",
-              "floor-headers": "the same fixed 200 with an allowed check's 5 rate-limit headers",
-              "ours": "ratewarden serve --workers 1 --http-front python (uvicorn), memory store"}
     rows: list[CapacityRow] = []
     live: list[tuple[CapacityRow, int, int]] = []
     for what in CAPACITY_SERVERS:
         http, grpc = gp.free_port(), gp.free_port() if opts.grpc and what != "floor-headers" else 0
-        if what == "ours":
-            # uvicorn, as its fixed-answer floor (scripts/bench_front_http.py sets the compiled one beside its own)
-            argv = gp.serve_command([policy, envoy], http, grpc, http_front="python")
-        else:
-            argv = gp.floor_command(http, grpc, headers=what == "floor-headers")
-        mine = [CapacityRow("http", what, stacks[what])] + ([CapacityRow("grpc", what, stacks[what])] if grpc else [])
+        argv = server_command(what, policy, envoy, http, grpc)
+        mine = [CapacityRow("http", what, STACKS[what, "http"])] + \
+            ([CapacityRow("grpc", what, STACKS[what, "grpc"])] if grpc else [])
         rows += mine
         d = root / f"capacity-{what}"
         d.mkdir(exist_ok=True)

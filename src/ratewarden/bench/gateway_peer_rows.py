@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .gateway_figures import HIGHER, LOWER, Spread, exact_target, spread_fields, target
+
 __all__ = ["EXACT_CALLS", "EXACT_LIMIT", "SERVICES", "PeerRound", "PeerRow", "peer_targets", "vs_reference"]
 
 #: The exactness check: this many concurrent calls against a fresh descriptor limited to ``EXACT_LIMIT``/minute.
@@ -64,6 +66,14 @@ class PeerRow:
         values = [v for v in (getattr(r, what) for r in self.rounds) if v is not None]
         return (min(values), statistics.median(values)) if values else None
 
+    def by_round(self, what: str) -> dict[int, float | None]:
+        """Round number -> ``what`` (one of ``STATS``) in that round."""
+        return {r.round: getattr(r, what) for r in self.rounds}
+
+    def spread(self, what: str) -> Spread | None:
+        """The median and range over the rounds of ``what``."""
+        return Spread.of(self.by_round(what).values())
+
     @property
     def exact(self) -> str:
         """yes: every check admitted the limit; NO: one admitted less; ⚠ over: one admitted more."""
@@ -93,24 +103,10 @@ def vs_reference(rows: Sequence[PeerRow], row: PeerRow, what: str) -> list[float
     return out
 
 
-def _ratio_entry(name: str, rule: str, ratios: list[float], ours: PeerRow, ref: PeerRow, what: str,
-                 unit_key: str) -> dict[str, Any]:
-    """A target ``ratio <= 1.0`` from the per-round ratios: the median, and the best round as ``_min``."""
-    e: dict[str, Any] = {"target": name, "rule": rule, "target_value": 1.0, "unit": "x"}
-    e["ours"], e["ours_min"] = (statistics.median(ratios), min(ratios)) if ratios else (None, None)
-    e["floor"] = e["floor_min"] = 1.0  # the reference against itself
-    e["met"], e["met_min"] = (None, None) if not ratios else (e["ours"] <= 1.0, e["ours_min"] <= 1.0)
-    for i, suffix in ((1, ""), (0, "_min")):
-        s, f = ours.stat(what), ref.stat(what)
-        e[f"ours_{unit_key}{suffix}"] = s[i] if s else None
-        e[f"floor_{unit_key}{suffix}"] = f[i] if f else None
-    return e
-
-
 def peer_targets(rows: Sequence[PeerRow]) -> list[dict[str, Any]]:
-    """The issue's gRPC targets, for the compiled front door with one worker against one reference
-    process on Redis, per scenario: req/s >= 1.0x (reference req/s / ours <= 1.0), CPU per decision
-    <= 1.0x, p99 <= the reference's; and every peer row exact."""
+    """The gRPC targets, for the compiled front door with one worker against one reference process
+    on Redis, per scenario, each ours ÷ reference in the same round: req/s >= 1.0x (higher is
+    better), CPU per decision <= 1.0x and p99 <= 1.0x (lower is better); and every peer row exact."""
     out: list[dict[str, Any]] = []
     for ours in rows:
         if ours.service not in ANSWERS or (ours.store, ours.workers, ours.connections) != ("redis", 1, 1) \
@@ -120,18 +116,16 @@ def peer_targets(rows: Sequence[PeerRow]) -> list[dict[str, Any]]:
         if ref is None:
             continue
         where = f"gRPC vs envoyproxy/ratelimit (Redis, {ours.scenario} the limit, {ANSWERS[ours.service]})"
-        rps = [1 / x for x in vs_reference(rows, ours, "rps") if x]
-        out.append(_ratio_entry(f"{where}: req/s", "reference req/s / ours <= 1.0 (same round)", rps, ours, ref,
-                                "rps", "rps"))
-        out.append(_ratio_entry(f"{where}: CPU per decision", "ours / reference <= 1.0 (same round)",
-                                vs_reference(rows, ours, "cpu_us"), ours, ref, "cpu_us", "us"))
-        out.append(_ratio_entry(f"{where}: p99", "ours / reference <= 1.0 (same round)",
-                                vs_reference(rows, ours, "p99_ms"), ours, ref, "p99_ms", "p99"))
+        for name, what, direction, unit in (("req/s", "rps", HIGHER, "req/s"), ("CPU per decision", "cpu_us", LOWER, "µs"),
+                                            ("p99", "p99_ms", LOWER, "ms")):
+            word = "≥" if direction == HIGHER else "≤"
+            out.append(target(f"{where}: {name}", f"ours ÷ reference {word} 1.0x (same round)", direction, 1.0, "x",
+                              Spread.of(vs_reference(rows, ours, what)), Spread(1.0, 1.0, 1.0, 1), abs_unit=unit,
+                              **spread_fields("ours_abs", ours.spread(what)),
+                              **spread_fields("floor_abs", ref.spread(what))))
     checked = [r for r in rows if r.admitted]
     if checked:
-        exact = all(r.exact == "yes" for r in checked)
-        out.append({"target": "gRPC rows exact (ratewarden and the reference)",
-                    "rule": f"{EXACT_CALLS} concurrent calls against {EXACT_LIMIT}/min admit {EXACT_LIMIT}, every "
-                            "round", "target_value": None, "unit": "", "ours": exact, "floor": None, "met": exact,
-                    "ours_min": exact, "floor_min": None, "met_min": exact})
+        out.append(exact_target("gRPC rows exact (ratewarden and the reference)",
+                                f"{EXACT_CALLS} concurrent calls against {EXACT_LIMIT}/min admit {EXACT_LIMIT}, every "
+                                "round", all(r.exact == "yes" for r in checked)))
     return out

@@ -131,21 +131,27 @@ def _files(root: Path) -> None:
 
 
 def _round(r: int, opts: PeerOptions, tools: Tools, root: Path, redis: gp.Proc | None,
-           rows: dict[Instance, list[PeerRow]]) -> None:
-    """Round ``r``: every instance not skipped, started in turn (order rotated), checked and measured."""
+           rows: dict[Instance, list[PeerRow]], log: Callable[[str], None] = print) -> None:
+    """Round ``r``: every instance not skipped, started in turn (order rotated), checked and measured,
+    each step logged."""
     live = [i for i in INSTANCES if not any(row.missing for row in rows[i])]
     for k in range(len(live)):
         inst = live[(r + k) % len(live)]
+        where = f"peer round {r + 1}/{opts.rounds}, service {k + 1}/{len(live)}: {rows[inst][0].title} on {inst.store}"
         with contextlib.ExitStack() as procs:
             try:
+                log(f"{where}: starting, then {EXACT_CALLS} calls against a fresh limit")
                 started, port = _start(inst, tools, root, redis.port if redis else 0, procs)
                 _clear_of_minute(5.0)
                 got = asyncio.run(_admitted(port, f"r{r}-{uuid.uuid4().hex[:8]}"))
                 for row in rows[inst]:
                     row.admitted.append(got)
+                    log(f"{where}: ghz, {opts.requests:,} calls {row.scenario} the limit on {row.connections} "
+                        f"connection{'s' if row.connections > 1 else ''}")
                     row.rounds.append(_measure(tools, started, redis if inst.store == "redis" else None, port,
                                                row, r, opts, root / "rls.protoset"))
             except (BenchError, OSError, subprocess.SubprocessError) as exc:
+                log(f"{where}: stopped ({type(exc).__name__})")
                 for row in rows[inst]:
                     row.missing = row.missing or f"{type(exc).__name__}: {exc}"[:400]
 
@@ -173,6 +179,6 @@ def run_peers(opts: PeerOptions, root: Path, log: Callable[[str], None] = print)
                 stack.callback(redis.stop)
                 redis.wait()
             for r in range(opts.rounds):
-                _round(r, opts, tools, root, redis, rows)
+                _round(r, opts, tools, root, redis, rows, log)
                 log(f"peer round {r + 1}/{opts.rounds} done")
     return [row for mine in rows.values() for row in mine], notes

@@ -303,15 +303,16 @@ def nginx_ratewarden_conf(gateway: int, service: int, backend: int) -> str:
 # ---------------------------------------------------------------------------------------------- commands
 
 def serve_command(files: Sequence[Path], http: int, grpc: int = 0, spoe: int = 0, spoe_front: str = "python",
-                  http_front: str | None = None) -> list[str]:
-    """``ratewarden serve FILES --http 127.0.0.1:HTTP [--http-front HTTP_FRONT] [--grpc 127.0.0.1:GRPC]
-    [--spoe 127.0.0.1:SPOE --spoe-front SPOE_FRONT] --workers 1`` (memory store; no ``--http-front``:
-    the default)."""
+                  http_front: str | None = None, grpc_front: str | None = None) -> list[str]:
+    """``ratewarden serve FILES --http 127.0.0.1:HTTP [--http-front HTTP_FRONT] [--grpc 127.0.0.1:GRPC
+    [--front GRPC_FRONT]] [--spoe 127.0.0.1:SPOE --spoe-front SPOE_FRONT] --workers 1`` (memory store;
+    no ``--http-front`` or ``--front``: the default)."""
     if importlib.util.find_spec("ratewarden.cli.serve") is None:
         raise BenchError("`ratewarden serve` is not available in this ratewarden (no ratewarden.cli.serve)")
     argv = [sys.executable, "-m", "ratewarden.cli", "serve", *map(str, files), "--http", f"{HOST}:{http}",
             "--workers", "1", "--log-format", "text", "--log-level", "warning"]
     argv += ["--grpc", f"{HOST}:{grpc}"] if grpc else []
+    argv += ["--front", grpc_front] if grpc and grpc_front else []
     argv += ["--http-front", http_front] if http_front else []
     argv += ["--spoe", f"{HOST}:{spoe}"] if spoe else []
     return argv + (["--spoe-front", spoe_front] if spoe else [])

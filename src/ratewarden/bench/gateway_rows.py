@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import gateway_procs as gp
+from .gateway_figures import Spread
 from .gateway_load import LoadResult, Plan
 from .gateway_peer_rows import STATS, PeerRow, vs_reference
 from .gateway_setup import GROUPS, VariantSpec
@@ -71,6 +72,14 @@ class VariantRow:
             return None
         return min(values), statistics.median(values)
 
+    def by_round(self, what: str) -> dict[int, float | None]:
+        """Round number -> ``rps`` or a latency (``mean``, ``p95``, ``p99``) of that round."""
+        return {r.round: r.rps if what == "rps" else r.latency_ms[what] for r in self.rounds}
+
+    def spread(self, what: str) -> Spread | None:
+        """The median and range over the rounds of ``rps`` or a latency."""
+        return Spread.of(self.by_round(what).values())
+
     def groups(self) -> list[GroupRow]:
         """The per-group table summed over the rounds (exact: the worst round)."""
         out = []
@@ -121,6 +130,11 @@ class CapacityRow:
         """(min, median) CPU µs per request over the rounds."""
         return (min(self.cpu_us_runs), statistics.median(self.cpu_us_runs)) if self.cpu_us_runs else None
 
+    def by_round(self, what: str) -> dict[int, float | None]:
+        """Round (run) number -> ``rps`` or ``cpu_us`` (server CPU µs per request)."""
+        runs = self.rps_runs if what == "rps" else self.cpu_us_runs
+        return dict(enumerate(runs))
+
 
 @dataclass
 class GatewayReport:
@@ -138,10 +152,10 @@ class GatewayReport:
         data = asdict(self)
         for p, pd in zip(self.peers, data["peers"], strict=True):
             pd["key"], pd["title"], pd["exact"] = p.key, p.title, p.exact
-            pd["summary"] = {w: p.stat(w) for w in STATS}
+            pd["summary"] = {w: _spread_dict(p.spread(w)) for w in STATS}
             pd["vs_reference"] = {w: vs_reference(self.peers, p, w) for w in ("rps", "cpu_us", "p99_ms")}
         for v, vd in zip(self.variants, data["variants"], strict=True):
-            vd["summary"] = {w: v.stat(w) for w in ("rps", "mean", "p95", "p99")}
+            vd["summary"] = {w: _spread_dict(v.spread(w)) for w in ("rps", "mean", "p95", "p99")}
             vd["groups_total"] = [asdict(g) | {"success_pct": g.success_pct} for g in v.groups()]
             vd["over_limit"] = v.over_limit
         return data
@@ -159,6 +173,10 @@ class GatewayReport:
             if c.protocol == protocol and c.server == server and c.rps_runs:
                 return c
         return None
+
+
+def _spread_dict(s: Spread | None) -> dict[str, float] | None:
+    return None if s is None else {"median": s.median, "min": s.low, "max": s.high}
 
 
 _RANK = {"⚠ over": 4, "NO": 3, "within": 2, "yes": 1, "—": 0}

@@ -62,6 +62,20 @@ def _text(x: float, y: float, size: int, lines: list[str], extra: str = "") -> s
     return f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}"{extra}>{spans}</text>'
 
 
+def _legend(names: list[str], left: float, width: int) -> list[tuple[float, int]]:
+    """Where each legend entry goes (x, and 0 or a multiple of 18 down): in a row from ``left``, a
+    new row when the next one would pass ``width``."""
+    out: list[tuple[float, int]] = []
+    x, dy = left, 0
+    for name in names:
+        w = 30 + _CHAR_W[12] * len(name)
+        if x > left and x + w - 14 > width:
+            x, dy = left, dy + 18
+        out.append((x, dy))
+        x += w
+    return out
+
+
 def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequence[float | None]], unit: str,
               flags: Mapping[str, Sequence[bool]] | None = None, decimals: int = 1) -> str:
     """Horizontal grouped bars as an SVG string: one group per category, one bar per series.
@@ -85,16 +99,15 @@ def bar_chart(title: str, categories: Sequence[str], series: Mapping[str, Sequen
     top = top or 1.0
     heading = _wrap(title, int(width / big))
     head_h = 17 * len(heading)
-    legend_h = 24
+    legend = _legend(list(series), float(label_w), width)
+    legend_h = 24 + max((dy for _, dy in legend), default=0)
     y = head_h + 12
     height = y + legend_h + sum(max(n * bar_h, 14 * len(lines)) + gap for lines in labels) + 10
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
            f'aria-label="{escape(title)}">' + _text(0, 16, 15, heading, ' font-weight="bold"')]
-    x = float(label_w)
-    for i, name in enumerate(series):
-        out.append(f'<rect x="{x:.1f}" y="{y}" width="12" height="12" fill="{_color(name, i)}"/>'
-                   f'<text x="{x + 16:.1f}" y="{y + 10}" font-size="12">{escape(name)}</text>')
-        x += 30 + small * len(name)
+    for i, (name, (x, dy)) in enumerate(zip(series, legend, strict=True)):
+        out.append(f'<rect x="{x:.1f}" y="{y + dy}" width="12" height="12" fill="{_color(name, i)}"/>'
+                   f'<text x="{x + 16:.1f}" y="{y + dy + 10}" font-size="12">{escape(name)}</text>')
     y += legend_h
     for ci, lines in enumerate(labels):
         group_h = max(n * bar_h, 14 * len(lines))
