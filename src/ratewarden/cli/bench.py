@@ -99,8 +99,9 @@ def register(subparsers: Any) -> None:
                         "fast backend, without limiting, with their own limiting and with `ratewarden serve`, "
                         "interleaved --iterations rounds (default 5); then the service's capacity over HTTP and "
                         "gRPC against a fixed-answer floor; then gRPC beside envoyproxy/ratelimit on one Redis "
-                        "(Python grpc, the compiled front door, the reference; ghz, 3 rounds); writes "
-                        "gateway.{md,html,json,csv} and gateway-peers.csv in --out (needs haproxy, nginx, wrk and "
+                        "(Python grpc, the compiled front door, the reference; ghz, 3 rounds); writes report.html and "
+                        "report.md (the verdict against each peer first), results.json, summary.csv, capacity.csv "
+                        "and peers.csv in --out (needs haproxy, nginx, wrk and "
                         "the serve extra; Go and redis-server for the reference rows, which are skipped with the "
                         "reason otherwise); --quick: 2 rounds, 2000 gRPC calls per cell")
     _register_gateway(p)
@@ -269,7 +270,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     report.meta = {"command": "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
                    "load": _load_line(before, os.getloadavg()), "seconds": round(time.monotonic() - t0, 1)}
     paths = gateway_report.write(out, report)
-    print(gateway_report.summary(report))
+    print(gateway_report.summary(report, paths[0]))
     print(f"reports: {', '.join(str(p) for p in paths)}")
     return 0
 
