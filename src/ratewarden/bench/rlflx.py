@@ -23,11 +23,13 @@ from pathlib import Path
 from .adapters.base import StoreSpec, Unsupported
 from .drivers.live import LiveServer, ServerStartError
 
-__all__ = ["NODE_DIR", "PEERS", "NodeServer", "cache_dir", "describe", "install", "is_peer", "require_node",
+__all__ = ["BARE", "NODE_DIR", "PEERS", "NodeServer", "cache_dir", "describe", "install", "is_peer", "require_node",
            "server_class", "store_problem"]
 
 #: Library name -> the Node client of its limiter (RateLimiterRedis, RateLimiterValkey, RateLimiterValkeyGlide).
 PEERS: dict[str, str] = {"rlflx-ioredis": "ioredis", "rlflx-iovalkey": "iovalkey", "rlflx-glide": "valkey-glide"}
+#: The same fastify app without a limiter: the baseline of the rows above (their ``x bare``).
+BARE = "fastify-bare"
 _LIMITERS = {"ioredis": "RateLimiterRedis", "iovalkey": "RateLimiterValkey", "valkey-glide": "RateLimiterValkeyGlide"}
 # RateLimiterValkey's Lua script and RateLimiterValkeyGlide's function call server.call: Valkey 8 or later.
 _VALKEY_ONLY = frozenset({"iovalkey", "valkey-glide"})
@@ -38,8 +40,8 @@ _MARKER = ".ratewarden-installed"
 
 
 def is_peer(library: str) -> bool:
-    """Whether ``library`` is one of the rate-limiter-flexible rows."""
-    return library in PEERS
+    """Whether ``library`` is one of the rate-limiter-flexible rows or their fastify baseline."""
+    return library in PEERS or library == BARE
 
 
 def cache_dir() -> Path:
@@ -137,8 +139,8 @@ def describe() -> str:
                       if f"node_modules/{n}" in packages)
     return (f"one Node process ({found}; npm ci from the committed lock file), a global preHandler consuming "
             "1 point per request keyed on X-Client-ID, fastify's logger off; the same store, wrk rounds and "
-            "pinning as the Python rows; admitted counted by the app's handlers; no ratio to the Python bare "
-            "app (a different stack)")
+            "pinning as the Python rows; admitted counted by the app's handlers; x bare against fastify-bare, "
+            "the same Node app without a limiter, never against the Python bare app")
 
 
 class NodeServer(LiveServer):
@@ -148,18 +150,24 @@ class NodeServer(LiveServer):
 
     modules: Path | None = None
 
+    @property
+    def client(self) -> str:
+        """The app's ``--client``: the limiter's Node client, ``none`` for the baseline."""
+        return PEERS.get(self.library, "none")
+
     def command(self) -> tuple[list[str], dict[str, str] | None]:
         node, _ = require_node()
         assert self.modules is not None
-        cmd = [node, str(NODE_DIR / "app.js"), "--client", PEERS[self.library], "--store", self.store.kind,
-               "--store-url", self.store.url, "--port", str(self.port), "--points", str(self.scenario.limit),
-               "--duration", str(self.scenario.window_s)]
+        cmd = [node, str(NODE_DIR / "app.js"), "--client", self.client, "--port", str(self.port)]
+        if self.client != "none":
+            cmd += ["--store", self.store.kind, "--store-url", self.store.url, "--points", str(self.scenario.limit),
+                    "--duration", str(self.scenario.window_s)]
         return cmd, {**os.environ, "NODE_PATH": str(self.modules / "node_modules"), "NODE_ENV": "production"}
 
     def start(self) -> None:
         if self.workers != 1:
             raise Unsupported("the rate-limiter-flexible rows run one Node process")
-        problem = store_problem(PEERS[self.library], self.store)
+        problem = "" if self.client == "none" else store_problem(self.client, self.store)
         if problem:
             raise Unsupported(problem)
         self.modules = install(lambda line: print(f"bench: {line}", file=sys.stderr, flush=True))

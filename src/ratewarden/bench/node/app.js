@@ -4,6 +4,7 @@
 //
 //   node app.js --client ioredis|iovalkey|valkey-glide --store redis|redis-cluster --store-url URL
 //               --port P --points N --duration S
+//   node app.js --client none --port P       (the same app without a limiter: the Node rows' baseline)
 //
 // Limiters as ratelimit_bench builds them: RateLimiterRedis on ioredis, RateLimiterValkey on iovalkey,
 // RateLimiterValkeyGlide on valkey-glide; {points, duration}, no blockDuration, no in-memory block,
@@ -18,7 +19,7 @@ const { parseArgs } = require('node:util');
 const Fastify = require('fastify');
 const rlflx = require('rate-limiter-flexible');
 
-const CLIENTS = ['ioredis', 'iovalkey', 'valkey-glide'];
+const CLIENTS = ['ioredis', 'iovalkey', 'valkey-glide', 'none'];
 
 function options() {
   const { values } = parseArgs({
@@ -34,7 +35,7 @@ function options() {
   if (!CLIENTS.includes(values.client)) {
     throw new Error(`--client takes ${CLIENTS.join(', ')}, got ${values.client}`);
   }
-  if (!['redis', 'redis-cluster'].includes(values.store)) {
+  if (values.client !== 'none' && !['redis', 'redis-cluster'].includes(values.store)) {
     throw new Error(`--store takes redis or redis-cluster, got ${values.store}`);
   }
   return values;
@@ -49,6 +50,7 @@ function address(url) {
 
 // The client and its limiter, connected: ioredis/iovalkey wait for 'ready'.
 async function connect(opts) {
+  if (opts.client === 'none') return { client: null, limiter: null };
   const cluster = opts.store === 'redis-cluster';
   const { host, port, db } = address(opts['store-url']);
   const limits = { points: Number(opts.points), duration: Number(opts.duration) };
@@ -81,7 +83,7 @@ function build(limiter) {
   const stats = { admitted: 0, errors: 0 };
 
   app.addHook('preHandler', async (request, reply) => {
-    if (request.url.startsWith('/__bench__/')) return;
+    if (limiter === null || request.url.startsWith('/__bench__/')) return;
     const key = request.headers['x-client-id'] || request.ip;
     try {
       await limiter.consume(key, 1);
@@ -121,17 +123,20 @@ function build(limiter) {
 async function main() {
   const opts = options();
   const { client, limiter } = await connect(opts);
-  // One consume before listening: a store or script the limiter cannot use (Valkey-only Lua on
-  // Redis, say) fails the start, with its message, instead of every request.
-  await limiter.consume('__ratewarden_probe__', 1).catch((err) => {
-    if (!(err instanceof rlflx.RateLimiterRes)) throw err;
-  });
-  await limiter.delete('__ratewarden_probe__');
+  if (limiter !== null) {
+    // One consume before listening: a store or script the limiter cannot use (Valkey-only Lua on
+    // Redis, say) fails the start, with its message, instead of every request.
+    await limiter.consume('__ratewarden_probe__', 1).catch((err) => {
+      if (!(err instanceof rlflx.RateLimiterRes)) throw err;
+    });
+    await limiter.delete('__ratewarden_probe__');
+  }
   const app = build(limiter);
   await app.listen({ host: '127.0.0.1', port: Number(opts.port) });
   const stop = () => {
     app.close().finally(() => {
-      Promise.resolve(client.close ? client.close() : client.quit()).finally(() => process.exit(0));
+      const closed = client === null ? null : client.close ? client.close() : client.quit();
+      Promise.resolve(closed).finally(() => process.exit(0));
     });
   };
   process.once('SIGTERM', stop);
