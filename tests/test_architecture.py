@@ -16,7 +16,7 @@ LAYERS = {
     "integrations": (
         "ratewarden.asgi", "ratewarden.fastapi", "ratewarden.starlette", "ratewarden.policy",
         "ratewarden.cli", "ratewarden.bench", "ratewarden.metrics", "ratewarden.wsgi", "ratewarden.django", "ratewarden.flask",
-        "ratewarden.sanic", "ratewarden.serve",
+        "ratewarden.sanic", "ratewarden.litestar", "ratewarden.serve",
     ),
     "check and answer": ("ratewarden.enforcement",),
 }

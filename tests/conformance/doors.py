@@ -451,6 +451,28 @@ async def door_sanic(case: Case) -> Run:
         return Run(await _send_async(client, case), store)
 
 
+async def door_litestar(case: Case) -> Run:
+    from litestar import Litestar, head, route
+
+    from ratewarden.litestar import RateLimitPlugin
+
+    store = store_for(case)
+    plugin = RateLimitPlugin(limiter_for(store, case), rules_of(case))
+
+    @route(case.path, http_method=["GET", "POST", "PUT"], status_code=200)
+    async def items() -> str:
+        return "ok"
+
+    @head(case.path)
+    async def items_head() -> None:
+        return None
+
+    app = Litestar([items, items_head], plugins=[plugin], openapi_config=None)
+    transport = httpx.ASGITransport(app=asgi_method(app, case.method), client=(case.client, 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        return Run(await _send_async(client, case), store)
+
+
 # -- ratewarden serve ----------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ DOORS: dict[str, Callable[..., Awaitable[doors.Run]]] = {
     "flask": doors.door_flask,
     "django": doors.door_django,
     "sanic": doors.door_sanic,
+    "litestar": doors.door_litestar,
     "serve-check": doors.door_serve_check,
     "serve-v1-check": doors.door_serve_v1_check,
     "serve-check-compiled": doors.door_serve_check_compiled,
