@@ -270,8 +270,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     report.meta = {"command": "ratewarden bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
                    "load": _load_line(before, os.getloadavg()), "seconds": round(time.monotonic() - t0, 1)}
     paths = gateway_report.write(out, report)
-    print(gateway_report.summary(report, paths[0]))
-    print(f"reports: {', '.join(str(p) for p in paths)}")
+    print(gateway_report.summary(report, paths[0]))  # ends with the report's path and the files beside it
     return 0
 
 
