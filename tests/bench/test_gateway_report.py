@@ -148,6 +148,7 @@ def test_the_terminal_summary_fits_120_columns_and_points_to_the_report(written:
     assert lines[-1].endswith(str(path)) or str(path) in text
     assert text.index("HAProxy wins") < text.index("Targets:")
     assert "within noise" in text and "Missing (2 rows" in text
+    assert "beside it: report.md, results.json, summary.csv, capacity.csv, peers.csv" in " ".join(lines[-3:])
 
 
 def test_figures_never_wrap_in_the_html(written: tuple[GatewayReport, Path]) -> None:
@@ -199,6 +200,16 @@ def test_the_peer_rounds_say_each_service_and_cell(monkeypatch: pytest.MonkeyPat
     assert sum("starting" in line for line in lines) == len(INSTANCES)
     assert sum("ghz, 100 calls" in line for line in lines) == sum(len(i.cells) for i in INSTANCES)
     assert all(line.startswith("peer round 1/3, service ") for line in lines)
+    assert max(len(line) for line in lines) <= WIDTH
+
+
+def test_a_heartbeat_line_fits_the_terminal() -> None:
+    lines: list[str] = []
+    with gateway_progress.Heartbeat(lines.append, interval=0.05) as progress:
+        progress("peer round 1/3: " + "a step with a very long name " * 10)
+        time.sleep(0.3)
+    beats = lines[1:]
+    assert beats and all(len(line) <= WIDTH and "still running" in line for line in beats)
 
 
 def test_markdown_without_peers_names_only_the_gateways() -> None:

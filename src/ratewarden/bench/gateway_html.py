@@ -9,6 +9,7 @@ import re
 from html import escape
 
 from .gateway_peer_report import peer_method, peer_table
+from .gateway_peer_rows import SHORT
 from .gateway_rows import GatewayReport
 from .gateway_tables import (
     capacity_table,
@@ -30,9 +31,6 @@ _NUMBER = r"(?<![\w.])(?:[\u2264\u2265] )?[-\u2212+]?\d[\d,]*(?:\.\d+)?(?:x|%| m
 #: A figure: a number with its unit, or a range in brackets (two numbers joined by an en dash).
 FIGURE = re.compile(rf"\({_NUMBER}\u2013{_NUMBER}\)(?:x| ms| µs| req/s)?|{_NUMBER}")
 _CSS_MORE = ".num{white-space:nowrap}td.num{white-space:nowrap}ul.verdict li{margin:.4em 0}"
-#: The series names of the envoyproxy/ratelimit chart, short enough for its legend.
-_SHORT = {"python": "ratewarden, Python grpc", "front": "ratewarden, compiled",
-          "front-same": "ratewarden, compiled, same answers", "reference": REFERENCE}
 
 
 def _figures(text: str) -> str:
@@ -79,7 +77,7 @@ def _envoy_chart(report: GatewayReport) -> str:
     for service, workers in dict.fromkeys((p.service, p.workers) for p in live):
         got = {(p.store, p.scenario, p.connections): p.spread("rps") for p in live
                if (p.service, p.workers) == (service, workers)}
-        name = _SHORT.get(service, service) + (f", {workers} workers" if workers > 1 else "")
+        name = SHORT.get(service, service) + (f", {workers} workers" if workers > 1 else "")
         series[name] = [s.median if (s := got.get(c)) else None for c in cells]
     rounds = max(len(p.rounds) for p in live)
     return bar_chart(f"{REFERENCE}: gRPC decisions per second, median of {rounds} rounds (higher is better)",

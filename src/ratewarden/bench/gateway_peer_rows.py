@@ -12,13 +12,16 @@ from typing import Any
 
 from .gateway_figures import HIGHER, LOWER, Spread, exact_target, spread_fields, target
 
-__all__ = ["EXACT_CALLS", "EXACT_LIMIT", "SERVICES", "PeerRound", "PeerRow", "peer_targets", "vs_reference"]
+__all__ = ["EXACT_CALLS", "EXACT_LIMIT", "SERVICES", "SHORT", "PeerRound", "PeerRow", "peer_targets", "vs_reference"]
 
 #: The exactness check: this many concurrent calls against a fresh descriptor limited to ``EXACT_LIMIT``/minute.
 EXACT_CALLS, EXACT_LIMIT = 200, 50
 SERVICES = {"python": "ratewarden serve (Python grpc)", "front": "ratewarden serve (compiled front door)",
             "front-same": "ratewarden serve (compiled front door), the reference's answers (--envoy-headers none)",
             "reference": "envoyproxy/ratelimit"}
+#: Each service in a few words (chart legends, progress lines).
+SHORT = {"python": "ratewarden, Python grpc", "front": "ratewarden, compiled",
+         "front-same": "ratewarden, compiled, same answers", "reference": "envoyproxy/ratelimit"}
 #: What each compiled front door row is compared as: ratewarden's default answers (its five rate limit
 #: headers), and the reference's own default answers (no headers: the same bytes on the wire).
 ANSWERS = {"front": "ratewarden's headers", "front-same": "the same answers"}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import gateway_procs as gp
-from .gateway_peer_rows import EXACT_CALLS, PeerRound, PeerRow
+from .gateway_peer_rows import EXACT_CALLS, SHORT, PeerRound, PeerRow
 from .gateway_peers import (
     CALL,
     CONFIG,
@@ -137,7 +137,8 @@ def _round(r: int, opts: PeerOptions, tools: Tools, root: Path, redis: gp.Proc |
     live = [i for i in INSTANCES if not any(row.missing for row in rows[i])]
     for k in range(len(live)):
         inst = live[(r + k) % len(live)]
-        where = f"peer round {r + 1}/{opts.rounds}, service {k + 1}/{len(live)}: {rows[inst][0].title} on {inst.store}"
+        name = SHORT.get(inst.service, inst.service) + (f", {inst.workers} workers" if inst.workers > 1 else "")
+        where = f"peer round {r + 1}/{opts.rounds}, service {k + 1}/{len(live)}: {name} on {inst.store}"
         with contextlib.ExitStack() as procs:
             try:
                 log(f"{where}: starting, then {EXACT_CALLS} calls against a fresh limit")
@@ -146,8 +147,7 @@ def _round(r: int, opts: PeerOptions, tools: Tools, root: Path, redis: gp.Proc |
                 got = asyncio.run(_admitted(port, f"r{r}-{uuid.uuid4().hex[:8]}"))
                 for row in rows[inst]:
                     row.admitted.append(got)
-                    log(f"{where}: ghz, {opts.requests:,} calls {row.scenario} the limit on {row.connections} "
-                        f"connection{'s' if row.connections > 1 else ''}")
+                    log(f"{where}: ghz, {opts.requests:,} calls, {row.scenario} the limit, {row.connections} conn")
                     row.rounds.append(_measure(tools, started, redis if inst.store == "redis" else None, port,
                                                row, r, opts, root / "rls.protoset"))
             except (BenchError, OSError, subprocess.SubprocessError) as exc:

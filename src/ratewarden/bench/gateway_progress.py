@@ -12,6 +12,8 @@ __all__ = ["PROGRESS_SECONDS", "Heartbeat"]
 
 #: The longest silence of a ``Heartbeat`` (the issue's bound is 15 s; a line comes well before it).
 PROGRESS_SECONDS = 10.0
+#: The widest line a heartbeat writes (a terminal's 120 columns).
+WIDTH = 120
 
 
 class Heartbeat:
@@ -40,7 +42,8 @@ class Heartbeat:
                 now = self._clock()
                 if now - self._last >= self._interval:
                     self._last = now
-                    self._log(f"   ... still running ({now - self._since:.0f} s since: {self._step})")
+                    line = f"   ... still running ({now - self._since:.0f} s since: {self._step})"
+                    self._log(line if len(line) <= WIDTH else line[: WIDTH - 2] + "…)")
 
     def __enter__(self) -> Heartbeat:
         self._thread = threading.Thread(target=self._beat, name="bench-heartbeat", daemon=True)

@@ -24,13 +24,11 @@ from .gateway_tables import (
     title,
     variant_table,
 )
-from .gateway_terminal import summary
+from .gateway_terminal import FILES, summary
 from .gateway_verdict import verdicts
 
 __all__ = ["FILES", "html", "markdown", "summary", "write"]
 
-#: What ``write`` leaves in ``--out``, the report first.
-FILES = ("report.html", "report.md", "results.json", "summary.csv", "capacity.csv", "peers.csv")
 
 
 def markdown(report: GatewayReport) -> str:

@@ -11,9 +11,11 @@ from .gateway_rows import GatewayReport
 from .gateway_tables import figure, reading, title
 from .gateway_verdict import verdicts
 
-__all__ = ["WIDTH", "summary", "text_table"]
+__all__ = ["FILES", "WIDTH", "summary", "text_table"]
 
 WIDTH = 120
+#: What the report writer leaves in --out, the report first (``gateway_report.write``).
+FILES = ("report.html", "report.md", "results.json", "summary.csv", "capacity.csv", "peers.csv")
 
 
 def _cut(text: str, width: int) -> str:
@@ -63,5 +65,6 @@ def summary(report: GatewayReport, report_path: Path | str | None = None) -> str
     if missing:
         lines += ["", *textwrap.wrap(f"Missing ({len(missing)} rows, the report says why): {', '.join(missing)}", WIDTH, subsequent_indent="  ")]
     where = str(report_path) if report_path else "report.html in --out"
-    lines += ["", *textwrap.wrap(f"Full report (the charts, every table, each round's spread): {where}", WIDTH)]
+    lines += ["", *textwrap.wrap(f"Full report (the charts, every table, each round's spread): {where}; beside it: "
+                                 f"{', '.join(FILES[1:])}", WIDTH, break_on_hyphens=False)]
     return "\n".join(_cut(line, WIDTH) for line in lines)

@@ -120,7 +120,7 @@ def _gateway_verdict(report: GatewayReport, peer: str, peer_key: str, ours_keys:
     o = report.options
     pace = f"paced to {o.get('rate', 0):g} req/s" if o.get("rate") else "closed loop"
     verdict.load = (f"{o.get('requests')} requests per round {pace}, {o.get('workers')} keep-alive workers, "
-                    f"{o.get('keys_per_group')} fresh keys per group")
+                    f"{o.get('keys_per_group')} fresh key{'s' if o.get('keys_per_group') != 1 else ''} per group")
     ours_rows = [v for v in (report.variant(k) for k in ours_keys) if v is not None]
     if theirs is None or not ours_rows:
         missing = [v for v in report.variants if v.key in (peer_key, *ours_keys) and v.missing]
