@@ -9,7 +9,19 @@ from typing import Any
 
 from ..errors import ArgumentError
 
-__all__ = ["Row", "Run", "Spread", "median_run", "percentile", "spread", "summarize_latencies"]
+__all__ = ["BASELINES", "Row", "Run", "Spread", "baseline_of", "median_run", "percentile", "spread",
+           "summarize_latencies"]
+
+#: The apps without a limiter, each the baseline of the libraries measured on its framework: ``bare``
+#: (FastAPI) for every library but the Litestar pair, measured against bare Litestar.
+BASELINES = ("bare", "litestar-bare", "fastify-bare")
+
+
+def baseline_of(library: str) -> str:
+    """The library whose rows are ``library``'s ``x bare``: bare Litestar for the Litestar pair."""
+    if library.startswith("rlflx-") or library == "fastify-bare":  # rate-limiter-flexible: its own (Node) app
+        return "fastify-bare"
+    return "litestar-bare" if library in ("litestar", "ratewarden-litestar", "litestar-bare") else "bare"
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -179,7 +191,7 @@ class Row:
         where only a ceiling is known, ``—`` without a limiter."""
         if self.over_limit:
             return "⚠ over"
-        if self.correct is not None and self.library != "bare":
+        if self.correct is not None and self.library not in BASELINES:
             return "yes" if self.correct else "NO"
         return "within" if self.limit is not None and self.admitted is not None else "—"
 

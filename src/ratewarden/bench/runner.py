@@ -18,7 +18,7 @@ from typing import Any
 from . import rlflx
 from .adapters import Adapter, StoreSpec, Unsupported, load
 from .drivers import inprocess, live
-from .results import Row, Run, median_run, spread
+from .results import BASELINES, Row, Run, baseline_of, median_run, spread
 from .scenarios import Scenario
 from .services import StoreService
 
@@ -112,7 +112,7 @@ def plan_tasks(opts: Options) -> list[Task]:
             for sc in scenarios:
                 for conc in _levels(sc, opts):
                     for lib in opts.libraries:
-                        if lib == "bare":
+                        if lib in BASELINES:
                             if store != stores[0]:
                                 continue
                             tasks.append(Task(sc, lib, "none", conc))
@@ -126,10 +126,11 @@ def _row(task: Task, runs: list[Run], driver: str) -> Row:
     m = median_run(runs)
     lat = m.latency_ms
     n = m.requests or 1
-    expected = sc.expected_allowed if driver == "inprocess" and task.library != "bare" else None
-    if task.library == "bare" and driver == "inprocess":
+    bare = task.library in BASELINES
+    expected = sc.expected_allowed if driver == "inprocess" and not bare else None
+    if bare and driver == "inprocess":
         expected = sc.total_requests
-    if task.workers > 1 and task.library != "bare":
+    if task.workers > 1 and not bare:
         expected = sc.limit  # a fresh hot key per iteration, a run far shorter than the window
     elif driver == "live":
         expected = live_expected(task, m)
@@ -163,7 +164,7 @@ def live_expected(task: Task, run: Run) -> int | None:
     depends on how wrk spread the keys (many keys) or on the algorithm's parameters, and without a
     limiter. A 429 in an all-allowed run, or a count under the limit, is as inexact as one over it."""
     sc = task.scenario
-    if task.library == "bare" or sc.identity == "many" or sc.algorithm != "fixed_window":
+    if task.library in BASELINES or sc.identity == "many" or sc.algorithm != "fixed_window":
         return None
     return min(sc.limit, _admitted(run) + run.throttled)
 
@@ -182,7 +183,7 @@ def admit_limit(task: Task, driver: str) -> int | None:
     10,000 keys times ``limit`` for the many-keys scenario (a ceiling, not what it should admit).
     """
     sc = task.scenario
-    if task.library == "bare":
+    if task.library in BASELINES:
         return None
     if driver == "inprocess":
         return sc.expected_allowed
@@ -324,7 +325,7 @@ def _live_iteration(server: live.LiveServer, task: Task, opts: Options, store: S
     else:
         hot_key = "hot-key-user"
         server.reset()
-    if not warm and task.library != "bare" and task.scenario.measures != "allowed":
+    if not warm and task.library not in BASELINES and task.scenario.measures != "allowed":
         _clear_of_window_edge(task.scenario.window_s, duration)
     before = store.commands() if store else None
     counted = server.stats()
@@ -403,8 +404,8 @@ def _joins(group: list[Task], task: Task) -> bool:
         return True
     if first.workers > 1 or task.workers > 1:
         return False
-    stores = {t.store for t in group if t.library != "bare"}
-    return task.library == "bare" or not stores or task.store in stores
+    stores = {t.store for t in group if t.library not in BASELINES}
+    return task.library in BASELINES or not stores or task.store in stores
 
 
 def _result(task: Task, outcome: list[Run] | Exception, driver: str) -> Result:
@@ -418,13 +419,14 @@ def _result(task: Task, outcome: list[Run] | Exception, driver: str) -> Result:
 
 
 def _add_ratios(rows: list[Row]) -> None:
-    """Each row's ratio to the bare app of its scenario: of the medians, and the lowest and highest
-    of the round-by-round ratios (round i of both rows ran close together: they are interleaved)."""
-    bare = {(r.scenario, r.driver, r.concurrency): r for r in rows if r.library == "bare"}
+    """Each row's ratio to the bare app of its scenario and framework (``baseline_of``): of the
+    medians, and the lowest and highest of the round-by-round ratios (round i of both rows ran
+    close together: they are interleaved)."""
+    bare = {(r.library, r.scenario, r.driver, r.concurrency): r for r in rows if r.library in BASELINES}
     for r in rows:
-        base = bare.get((r.scenario, r.driver, r.concurrency))
+        base = bare.get((baseline_of(r.library), r.scenario, r.driver, r.concurrency))
         if base and base.rps:
             r.vs_bare = r.rps / base.rps
             paired = [a / b for a, b in zip(r.rps_runs, base.rps_runs, strict=False) if b]
-            if r.library != "bare" and len(paired) == len(r.rps_runs) == len(base.rps_runs) and paired:
+            if r.library not in BASELINES and len(paired) == len(r.rps_runs) == len(base.rps_runs) and paired:
                 r.vs_bare_min, r.vs_bare_max = min(paired), max(paired)

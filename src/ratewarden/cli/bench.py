@@ -58,7 +58,8 @@ def register(subparsers: Any) -> None:
                         "see --list")
     p.add_argument("--library", default="", metavar="NAMES",
                    help="comma-separated libraries: ratewarden, traffik, slowapi, limits, bare (default: all; "
-                        f"--quick: {QUICK_LIBRARIES})")
+                        f"--quick: {QUICK_LIBRARIES}); the Litestar pair, against bare Litestar, when named: "
+                        "litestar-bare, litestar (its RateLimitConfig), ratewarden-litestar")
     p.add_argument("--store", default=None, metavar="NAMES",
                    help="comma-separated: memory, shm, redis, redis-cluster, memcached (default: memory; for the "
                         "multi-worker scenario: memory, shm, redis; for the flood scenarios: redis, memcached, "

@@ -20,9 +20,15 @@ LIBRARIES: dict[str, tuple[str, str, str]] = {
     "rlflx-ioredis": ("rlflx", "RlflxAdapter", "ratewarden"),
     "rlflx-iovalkey": ("rlflx", "RlflxAdapter", "ratewarden"),
     "rlflx-glide": ("rlflx", "RlflxAdapter", "ratewarden"),
+    "fastify-bare": ("rlflx", "RlflxAdapter", "ratewarden"),
+    # The Litestar pair, measured against bare Litestar (results.baseline_of): Litestar's own
+    # RateLimitConfig and ratewarden.litestar's plugin; asked for by name, never in the default list.
+    "litestar-bare": ("litestar", "LitestarBareAdapter", "litestar"),
+    "litestar": ("litestar", "LitestarAdapter", "litestar"),
+    "ratewarden-litestar": ("litestar", "RatewardenLitestarAdapter", "litestar"),
 }
 #: Libraries run only when named (``--library``, ``--rlflx``), not by default.
-OPT_IN = frozenset({"rlflx-ioredis", "rlflx-iovalkey", "rlflx-glide"})
+OPT_IN = frozenset({"rlflx-ioredis", "rlflx-iovalkey", "rlflx-glide", "fastify-bare", "litestar-bare", "litestar", "ratewarden-litestar"})
 
 
 def load(name: str) -> type[Adapter]:
