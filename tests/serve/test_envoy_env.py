@@ -334,3 +334,28 @@ def test_the_counters_equal_the_references_for_the_same_calls(
     assert ours.stop() == 0
     reference.proc.send_signal(signal.SIGTERM)
     reference.proc.wait(30)
+
+
+def test_the_docs_session_runs_as_written(tmp_path: Path, redis_standalone: Any, started: Any) -> None:
+    """docs/gateways/envoy.md's "The image swap" session, with its environment as written (the Redis, the
+    runtime directory and the ports made this test's own), answers what the page shows."""
+    from .reference_fixtures import EXAMPLE_YAML
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "gateways" / "envoy.md").read_text()
+    section = page[page.index("### The image swap"):page.index("### What carries over")]
+    session, shown = re.findall(r"^```(?:bash)?\n(.*?)^```", section, re.S | re.M)[-2:]
+    command = session[session.index("REDIS_SOCKET_TYPE"):session.index("ratewarden serve --envoy-env")]
+    env = dict(re.findall(r"([A-Z_]+)=(\S+)", command))
+    assert env["RUNTIME_ROOT"] == "$PWD/runtime" and env["REDIS_URL"] == "127.0.0.1:6379"
+    (tmp_path / "runtime" / "ratelimit" / "config").mkdir(parents=True)
+    (tmp_path / "runtime" / "ratelimit" / "config" / "example.yaml").write_text(EXAMPLE_YAML)
+    env.update(RUNTIME_ROOT=str(tmp_path / "runtime"), REDIS_URL=f"127.0.0.1:{redis_standalone.port}",
+               CACHE_KEY_PREFIX=f"docs{uuid.uuid4().hex[:8]}")  # counts of this run only
+    server = started(env).up()
+    body = re.search(r"-d '(.*?)'", session).group(1)  # type: ignore[union-attr]
+    health = httpx.get(server.url("/healthcheck"), timeout=5).text
+    answer = httpx.post(server.url("/json"), content=body, timeout=5).text
+    hits = [line for line in server.scrape().splitlines() if "total_hits" in line and not line.startswith("#")]
+    lines = [health, re.sub(r'"\d+s"', '"44s"', answer), *hits]
+    assert lines == shown.strip().splitlines()
+    assert server.stop() == 0
