@@ -110,8 +110,10 @@ def test_capacity_rows_and_targets(tiny: tuple[GatewayReport, Path]) -> None:
         assert "met_min" not in t  # a best round is never judged beside the median
         assert t["met"] in ("yes", "NO", "within noise", "n/a"), t
         if t["unit"]:
-            assert t["ours"] is not None and t["floor"] is not None, t
+            assert t["ours"] is not None, t
+            assert (t["floor"] is None) == ("no floor on its stack" in t["rule"]), t  # a floor only on its stack
             assert t["ours_min"] <= t["ours"] <= t["ours_max"], t
+    assert "--http-front python" in report.service  # the stack of the Lua row's floor
     grpc = {c.server: c.stack for c in report.capacity if c.protocol == "grpc"}
     assert grpc["ours"].split(":")[0] == grpc["floor"].split(":")[0] == "grpc.aio"  # the floor's stack
 

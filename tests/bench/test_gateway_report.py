@@ -128,6 +128,7 @@ def test_a_negative_added_latency_is_noise_not_a_pass(written: tuple[GatewayRepo
     added = _target(report, "HAProxy + ratewarden (SPOE, compiled front door): added p99")
     assert added["ours"] == pytest.approx(-0.05) and added["met"] == NOISE
     assert _target(report, "HAProxy + ratewarden (SPOE): added p99")["met"] == "yes"
+    assert added["floor"] is None  # the SPOE floor is Python's: not the compiled agent's stack
     assert judge(Spread(-1.34, -1.5, -0.2, 3), LOWER, 1.0, nothing_added=0.0) == NOISE
     assert judge(Spread(0.97, 0.9, 1.1, 3), LOWER, 1.25, nothing_added=1.0) == NOISE  # faster than no check
     assert judge(Spread(0.3, 0.1, 0.5, 3), LOWER, 1.0, nothing_added=0.0) == "yes"

@@ -121,11 +121,13 @@ def _start_services(specs: Sequence[VariantSpec], policy: Path, start: _Starter)
         services.spoe = gp.free_port() if any(s.limiter == "ratewarden" and s.via == "spoe" and s.spoe_front != "compiled"
                                               for s in specs) else 0
         try:
-            proc = start("ratewarden", gp.serve_command([policy], services.http, spoe=services.spoe), services.http)
+            # uvicorn, the stack of the floor its Lua row is set against (the floor's own service)
+            proc = start("ratewarden", gp.serve_command([policy], services.http, spoe=services.spoe, http_front="python"),
+                         services.http)
             if services.spoe:
                 gp.wait_port(services.spoe, 15.0, proc)
-            services.description = "ratewarden serve --workers 1 (memory store" + (
-                ", HTTP and SPOE)" if services.spoe else ")")
+            services.description = "ratewarden serve --workers 1 --http-front python (uvicorn; memory store" + (
+                ", HTTP and SPOE on asyncio)" if services.spoe else ")")
         except BenchError as exc:
             services.down["ratewarden"] = f"ratewarden serve did not start: {exc}"
     if any(s.limiter == "ratewarden" and s.spoe_front == "compiled" for s in specs) and "ratewarden" not in services.down:
