@@ -148,7 +148,8 @@ def test_bench_rlflx_runs_the_row_beside_ratewarden_end_to_end(modules: Path, re
                                                                tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "ratewarden.cli", "bench", "--rlflx", "--scenario", "live.light", "--store",
-            "redis", "--redis-url", redis_standalone.url, "--library", "ratewarden,rlflx-ioredis,rlflx-iovalkey",
+            "redis", "--redis-url", redis_standalone.url, "--library",
+            "ratewarden,rlflx-ioredis,rlflx-iovalkey,fastify-bare",
             "--concurrency", "20", "--duration", "1", "--iterations", "1", "--warmup", "0", "--out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
@@ -158,6 +159,9 @@ def test_bench_rlflx_runs_the_row_beside_ratewarden_end_to_end(modules: Path, re
     assert (peer["admitted"], peer["limit"], peer["correct"], peer["store"]) == (100, 100, True, "redis")
     assert peer["rps"] > 0 and peer["throttled"] > 0
     assert rows["ratewarden"]["admitted"] == 100
+    # x bare: against the same fastify app without a limiter, never the Python bare app
+    assert peer["vs_bare"] == pytest.approx(peer["rps"] / rows["fastify-bare"]["rps"])
+    assert rows["fastify-bare"]["limit"] is None and rows["fastify-bare"]["store"] == "none"
     skipped = {r["library"]: r["skipped"] for r in results["results"] if r["skipped"]}
     assert "needs Valkey 8 or later" in skipped["rlflx-iovalkey"]
     assert "rate-limiter-flexible rows" in results["meta"]["method"]

@@ -50,7 +50,8 @@ def register(subparsers: Any) -> None:
                         "rlflx-iovalkey, rlflx-glide) beside ratewarden on the same Redis and Redis Cluster, in "
                         "the same wrk rounds; defaults --scenario live.light,live.heavy --store redis,redis-cluster "
                         "--concurrency 50,100,500 --library ratewarden,rlflx-ioredis,rlflx-iovalkey,rlflx-glide,"
-                        "bare (each overridable); npm ci installs the app once into ~/.cache/ratewarden/node; rows "
+                        "bare,fastify-bare (each overridable; fastify-bare: the Node app without a limiter, the "
+                        "Node rows' x bare); npm ci installs the app once into ~/.cache/ratewarden/node; rows "
                         "skipped with the reason without Node 20+, and for iovalkey and valkey-glide without Valkey 8+")
     p.add_argument("--scenario", action="append", default=None, metavar="NAMES",
                    help="comma-separated scenario keys or groups (dependency, middleware, correctness, websocket, "

@@ -20,7 +20,7 @@ QUICK_LIBRARIES = "ratewarden,traffik,slowapi,bare"
 #: What ``--rlflx`` runs where its flag is not given: seed 001's table (rate-limiter-flexible behind fastify,
 #: its light and heavy routes, Redis standalone and a 3+3 cluster, 50/100/500 connections) beside ratewarden.
 RLFLX = {"scenario": ["live.light,live.heavy"], "store": "redis,redis-cluster", "concurrency": "50,100,500",
-         "library": "ratewarden,rlflx-ioredis,rlflx-iovalkey,rlflx-glide,bare"}
+         "library": "ratewarden,rlflx-ioredis,rlflx-iovalkey,rlflx-glide,bare,fastify-bare"}
 _T = TypeVar("_T")
 
 
