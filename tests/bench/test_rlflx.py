@@ -4,6 +4,7 @@ cache, what the package carries, and one short real run of ``ratewarden bench --
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -21,6 +22,8 @@ import pytest
 from ratewarden.bench import rlflx
 from ratewarden.bench.adapters import LIBRARIES, OPT_IN, StoreSpec, Unsupported, load
 from ratewarden.bench.scenarios import SCENARIOS, Scenario
+from ratewarden.cli import bench as cli
+from ratewarden.cli import bench_plan
 from tests.servers import RedisStandalone, redis_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +59,26 @@ def test_the_node_rows_are_opt_in_and_in_process_scenarios_say_why_they_skip() -
     assert set(rlflx.PEERS) <= OPT_IN & set(LIBRARIES)
     with pytest.raises(Unsupported, match="live scenarios only"):
         load("rlflx-ioredis")(SCENARIOS["http.high"], StoreSpec("redis", "redis://127.0.0.1:6379/0")).build()
+
+
+def _plan(tmp_path: Path, *argv: str) -> tuple[list[str], list[str], list[str], list[int] | None]:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    planned = bench_plan.plan(parser.parse_args(["bench", *argv, "--out", str(tmp_path)]))
+    assert not isinstance(planned, str), planned
+    opts = planned[0]
+    return [s.key for s in opts.scenarios], opts.libraries, opts.stores, opts.concurrency
+
+
+def test_make_bench_and_the_full_plan_leave_the_node_rows_out_and_rlflx_asks_for_them(tmp_path: Path) -> None:
+    for argv in (("--quick",), (), ("--scenario", "live.light")):
+        assert not set(_plan(tmp_path, *argv)[1]) & OPT_IN, argv
+    scenarios, libraries, stores, levels = _plan(tmp_path, "--rlflx")
+    assert scenarios == ["live.light", "live.heavy"] and stores == ["redis", "redis-cluster"]
+    assert libraries == ["ratewarden", "rlflx-ioredis", "rlflx-iovalkey", "rlflx-glide", "bare", "fastify-bare"]
+    assert levels == [50, 100, 500]
+    assert _plan(tmp_path, "--rlflx", "--quick", "--store", "redis", "--concurrency", "20")[1:] == (
+        libraries, ["redis"], [20])
 
 
 def test_the_package_carries_the_app_and_its_lock_and_never_node_modules() -> None:
