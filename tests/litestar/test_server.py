@@ -105,10 +105,10 @@ async def test_route_and_app_limits_answer_as_the_core_does() -> None:
 
 
 def test_a_streamed_response_passes_through_with_the_headers() -> None:
-    with serving(RW_STORE="memory") as base, httpx.Client(base_url=base, timeout=30) as client:
-        with client.stream("GET", "/api/stream") as response:
-            chunks = list(response.iter_raw())
-            headers = response.headers
+    with serving(RW_STORE="memory") as base, httpx.Client(base_url=base, timeout=30) as client, \
+            client.stream("GET", "/api/stream") as response:
+        chunks = list(response.iter_raw())
+        headers = response.headers
     assert response.status_code == 200
     assert b"".join(chunks) == CHUNK * CHUNKS
     assert headers["transfer-encoding"] == "chunked"  # sent as it came, never buffered into one body
