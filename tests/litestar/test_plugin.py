@@ -101,3 +101,24 @@ def test_bad_options_fail_when_the_plugin_is_made() -> None:
         plugin(rules=Rule("/api/**", "1/s"))
     with pytest.raises(TypeError, match="key"):
         plugin(key="client_ip")
+
+
+async def test_a_refused_request_never_reaches_the_apps_own_middleware() -> None:
+    """The plugin's middleware is the app's first: the app's own (authentication, sessions...) and
+    the handler run only for an admitted request."""
+    reached: list[str] = []
+
+    def counting(app: Any) -> Any:
+        async def middleware(scope: Any, receive: Any, send: Any) -> None:
+            reached.append(scope["path"])
+            await app(scope, receive, send)
+
+        return middleware
+
+    @get("/c", opt={"rate_limit": "1/min"})
+    async def c() -> str:
+        return "c"
+
+    app = Litestar([c], middleware=[counting], plugins=[plugin()], openapi_config=None)
+    assert [s for s, _ in await statuses(app, "/c", "/c")] == [200, 429]
+    assert reached == ["/c"]
