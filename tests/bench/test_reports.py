@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ratewarden.bench import rlflx
 from ratewarden.bench.adapters import LIBRARIES
 from ratewarden.bench.reports import write_all
 from ratewarden.bench.reports.html_report import bar_chart
@@ -21,7 +22,7 @@ from ratewarden.cli import main
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     out = tmp_path_factory.mktemp("bench")
-    libs = list(LIBRARIES)
+    libs = [name for name in LIBRARIES if not rlflx.is_peer(name)]  # the Node rows run live only (test_rlflx)
     opts = Options(scenarios=[SCENARIOS["http.low"], SCENARIOS["mw.selective"], SCENARIOS["ws.low"]],
                    libraries=libs, iterations=2, warmup=0)
     results = run_all(opts)
