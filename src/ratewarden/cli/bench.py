@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
                         "allowed; live.light: a hot key, mostly 429s) and one short flood (flood.middleware on "
                         "Redis, else Memcached, else memory); 3 interleaved rounds of 2 s live iterations (about 2 min)")
     p.add_argument("--rlflx", action="store_true",
-                   help="seed 001's table: rate-limiter-flexible behind fastify (Node; libraries rlflx-ioredis, "
+                   help="the Node.js comparison: rate-limiter-flexible behind fastify (Node; libraries rlflx-ioredis, "
                         "rlflx-iovalkey, rlflx-glide) beside ratewarden on the same Redis and Redis Cluster, in "
                         "the same wrk rounds; defaults --scenario live.light,live.heavy --store redis,redis-cluster "
                         "--concurrency 50,100,500 --library ratewarden,rlflx-ioredis,rlflx-iovalkey,rlflx-glide,"
