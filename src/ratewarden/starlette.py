@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .algorithms import AlgorithmName
-from .enforcement.answers import rejection, unavailable_answer
+from .enforcement.answers import HeaderOptions, rejection, unavailable_answer
 from .enforcement.check import LimitUnavailable, check_rules
-from .headers import HeaderMode, HeaderStyle, rate_limit_headers
+from .headers import HeaderMode, HeaderStyle
 from .keys import KeyFunc, client_ip
 from .limiter import Limiter
 from .limits import DEFAULT_ALGORITHM
@@ -74,6 +74,8 @@ def limit(
             ``RateLimit``/``RateLimit-Policy``) or ``"legacy"`` (``X-RateLimit-*``).
     """
 
+    answers = HeaderOptions(headers, header_style)
+
     def decorate(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         label = name or f"{endpoint.__module__}.{endpoint.__qualname__}"
         # Counted under the module-qualified name, shown as the user named it: ``name``, else the rate.
@@ -90,11 +92,11 @@ def limit(
                 except LimitUnavailable as exc:
                     return answer_response(*unavailable_answer(exc))
             if decision is not None and not decision.allowed:
-                body, raw = rejection(decision, header_style, headers != "off")
+                body, raw = rejection(decision, answers)
                 return answer_response(429, body, raw)
             result: Any = await endpoint(request) if is_async else await run_in_threadpool(endpoint, request)  # type: ignore[misc]
-            if decision is not None and headers == "always" and isinstance(result, Response):
-                result.headers.raw.extend(rate_limit_headers(decision, header_style))
+            if decision is not None and isinstance(result, Response):
+                result.headers.raw.extend(answers.allowed_headers(decision))
             return result  # type: ignore[no-any-return]
 
         return wrapper

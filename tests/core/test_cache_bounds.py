@@ -201,6 +201,6 @@ def test_a_default_429_is_kept_by_the_rejection_cache() -> None:
     refusals reuses it instead of encoding the JSON body each time."""
     answers._rejections.clear()
     decision = Decision(False, 100, 0, 30.0, 30.0, 60.0, "api")
-    first = answers.rejection(decision, "both", True, b'"api";q=100;w=60', "a-fairly-long-group-name")
+    first = answers.rejection(decision, answers.HeaderOptions(), b'"api";q=100;w=60', "a-fairly-long-group-name")
     assert len(answers._rejections) == 1
-    assert answers.rejection(decision, "both", True, b'"api";q=100;w=60', "a-fairly-long-group-name") == first
+    assert answers.rejection(decision, answers.HeaderOptions(), b'"api";q=100;w=60', "a-fairly-long-group-name") == first

@@ -254,7 +254,7 @@ async def test_the_dependency_and_the_middleware_send_the_same_429_body() -> Non
     """One problem+json encoder: the dependency's 429 (rendered by install's handler when the
     dependency checks for itself) is byte for byte the middleware's."""
     from ratewarden.decision import Decision
-    from ratewarden.enforcement.answers import rejection
+    from ratewarden.enforcement.answers import HeaderOptions, rejection
     from ratewarden.fastapi import RateLimitExceeded
 
     decision = Decision(False, 1, 0, 7.0, 7.0, 60.0, "p")
@@ -266,7 +266,7 @@ async def test_the_dependency_and_the_middleware_send_the_same_429_body() -> Non
 
     install(dependency_app)
     reply = await _get_via_httpx(dependency_app, "/x")
-    body, _ = rejection(decision, "both", True)
+    body, _ = rejection(decision, HeaderOptions())
     assert reply.status_code == 429
     assert reply.content == body
     assert reply.headers["content-type"] == "application/problem+json"

@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
 from ratewarden.decision import Decision
-from ratewarden.enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection
+from ratewarden.enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, HeaderOptions, rejection
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.policy import PolicyMiddleware
 from ratewarden.starlette import limit
@@ -77,8 +77,8 @@ async def test_middleware_edge_and_policy_middleware_send_the_same_default_429()
 
 def test_the_policy_body_is_the_default_with_remaining_and_group() -> None:
     denied = Decision(False, 1, 0, 60.0, 60.0, 60.0, "api")
-    assert rejection(denied, "both", True, b'"api";q=1;w=60') == (BODY, _headers(BODY))
-    body, headers = rejection(denied, "both", True, None, "gold")
+    assert rejection(denied, HeaderOptions(), b'"api";q=1;w=60') == (BODY, _headers(BODY))
+    body, headers = rejection(denied, HeaderOptions(), None, "gold")
     detail = "Rate limit of 1 per 60s exceeded; retry after 60s (group 'gold')."
     assert json.loads(body) == {**json.loads(BODY), "detail": detail, "remaining": 0, "group": "gold"}
     assert headers == _headers(body)

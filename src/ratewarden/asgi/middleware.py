@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Sequence
 from .._mypyc import mypyc_attr
 from ..context import context_for
 from ..decision import Decision
+from ..enforcement.answers import HeaderOptions
 from ..enforcement.check import LimitUnavailable, check
-from ..enforcement.options import check_header_options
 from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
 from ..limiter import Limiter
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
@@ -56,7 +56,7 @@ class RateLimitMiddleware:
         websocket_deny: WebSocketDeny = "auto",
         websocket_on_message_limit: MessageLimitAction = "notify",
     ) -> None:
-        check_header_options(headers, header_style)
+        self.answers = HeaderOptions(headers, header_style)
         self.app = app
         self.limiter = limiter
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, limiter.prefix)
@@ -133,9 +133,10 @@ class RateLimitMiddleware:
         context_for(scope).decision = decision
         if not decision.allowed:
             return self._reject(scope, receive, send, decision, policy_of(matched))
-        if self.headers != "always":
+        answers = self.answers
+        if not answers.always:
             return self.app(scope, receive, send)
-        return self.app(scope, receive, SendWithRateHeaders(send, decision, self.header_style, policy_of(matched)))
+        return self.app(scope, receive, SendWithRateHeaders(send, decision, answers.style, policy_of(matched)))
 
     def _reject(
         self, scope: Scope, receive: Receive, send: Send, decision: Decision, policy: bytes | None = None
@@ -143,6 +144,6 @@ class RateLimitMiddleware:
         """Refuse: the default 429, or ``on_limit``'s answer."""
         on_limit = self.on_limit
         if on_limit is None:
-            return send_limited(send, decision, self.header_style, self.headers != "off", policy)
+            return send_limited(send, decision, self.answers, policy)
         answer = on_limit(scope, decision)
-        return send_on_limit(answer, scope, receive, send, decision, self.header_style, self.headers != "off", policy)
+        return send_on_limit(answer, scope, receive, send, decision, self.answers, policy)

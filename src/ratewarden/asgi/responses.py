@@ -14,12 +14,12 @@ from ..decision import Decision
 from ..enforcement.answers import (
     UNAVAILABLE_BODY,
     UNAVAILABLE_HEADERS,
+    HeaderOptions,
     limited_headers,
     problem_headers,
     rejection,
     unavailable_answer,
 )
-from ..headers import HeaderStyle
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
@@ -73,8 +73,7 @@ async def send_answer(
 def send_limited(
     send: Send,
     decision: Decision,
-    style: HeaderStyle,
-    with_rate_headers: bool,
+    options: HeaderOptions,
     policy: bytes | None = None,
     group: str | None = None,
 ) -> Awaitable[None]:
@@ -86,12 +85,11 @@ def send_limited(
     Args:
         send: The ASGI ``send`` callable.
         decision: The denying decision.
-        style: Which rate-limit headers.
-        with_rate_headers: Whether the rate-limit headers are sent too.
+        options: Which rate-limit headers, if any.
         policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
         group: The policy middleware's body (see ``too_many_requests_problem``); ``None`` for the default.
     """
-    body, headers = rejection(decision, style, with_rate_headers, policy, group)
+    body, headers = rejection(decision, options, policy, group)
     return send_answer(send, 429, body, headers)
 
 
@@ -101,8 +99,7 @@ async def send_on_limit(
     receive: Receive,
     send: Send,
     decision: Decision,
-    style: HeaderStyle,
-    with_rate_headers: bool,
+    options: HeaderOptions,
     policy: bytes | None = None,
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
@@ -115,18 +112,17 @@ async def send_on_limit(
         receive: The ASGI ``receive`` callable.
         send: The ASGI ``send`` callable.
         decision: The denying decision.
-        style: Which rate-limit headers.
-        with_rate_headers: Whether the rate-limit headers are sent too.
+        options: Which rate-limit headers, if any.
         policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
         headers: ``limited_headers`` already built for these arguments (built here when ``None``).
     """
     if inspect.isawaitable(answer):
         answer = await answer
     if answer is None:
-        await send_limited(send, decision, style, with_rate_headers, policy)
+        await send_limited(send, decision, options, policy)
         return
     if headers is None:
-        headers = limited_headers(decision, style, with_rate_headers, policy)
+        headers = limited_headers(decision, options, policy)
     await answer(scope, receive, adding_missing_headers(send, headers))
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from .._mypyc import mypyc_attr
-from ..enforcement.answers import rejection
+from ..enforcement.answers import HeaderOptions, rejection
 from ..enforcement.check import LimitUnavailable, check_rules
 from ..errors import ConfigurationError
 from ..limiter import Limiter
@@ -38,6 +38,7 @@ connection with code 1008 (``"close"``)."""
 
 POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
+_NO_RATE_HEADERS = HeaderOptions("off")  # a refused handshake: content type, length, Retry-After
 _UNAVAILABLE_HEADERS = ((b"content-type", b"application/problem+json"), (b"content-length", b"0"))
 """The fail-closed HTTP refusal of a handshake: an empty body."""
 
@@ -87,8 +88,7 @@ class WebSocketLimits:
                 await self._refuse(scope, receive, send, 503, b"", list(_UNAVAILABLE_HEADERS), TRY_AGAIN_LATER)
                 return
             if decision is not None and not decision.allowed:
-                # The default 429 without rate-limit headers (content type, length, Retry-After).
-                body, headers = rejection(decision, "both", False)
+                body, headers = rejection(decision, _NO_RATE_HEADERS)
                 await self._refuse(scope, receive, send, 429, body, headers, POLICY_VIOLATION)
                 return
         message_rules = [r for r in rules if r.message_limits]

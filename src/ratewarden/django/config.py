@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from django.conf import settings  # type: ignore[import-untyped]
@@ -32,6 +32,7 @@ from django.core.signals import setting_changed  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
 from ..decision import Decision
+from ..enforcement.answers import HeaderOptions
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import ClientIP
@@ -82,6 +83,11 @@ class DjangoConfig:
     headers: HeaderMode
     header_style: HeaderStyle
     on_limit: OnLimit | None = None
+    #: ``headers`` and ``header_style`` as every door reads them.
+    answers: HeaderOptions = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "answers", HeaderOptions(self.headers, self.header_style))
 
 
 def _error(option: str, message: str) -> SettingsError:

@@ -11,6 +11,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from ..algorithms import AlgorithmName
+from ..enforcement.answers import HeaderOptions
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
@@ -148,7 +149,7 @@ class _Guarded:
     then answered (429, or the fail-closed 503) or passed to the view, whose allowed response gets
     the rate-limit headers."""
 
-    __slots__ = ("block", "bound", "header_style", "headers", "methods", "view")
+    __slots__ = ("_answers", "block", "bound", "header_style", "headers", "methods", "view")
 
     def __init__(self, view: View, bound: _Bound, methods: frozenset[str] | None, block: bool,
                  headers: HeaderMode | None, header_style: HeaderStyle | None) -> None:
@@ -158,12 +159,20 @@ class _Guarded:
         self.block = block
         self.headers = headers
         self.header_style = header_style
+        self._answers: tuple[DjangoConfig, HeaderOptions] | None = None
 
     def applies(self, request: Any) -> bool:
         return self.methods is None or request.method in self.methods
 
-    def mode(self, config: DjangoConfig) -> tuple[HeaderMode, HeaderStyle]:
-        return self.headers or config.headers, self.header_style or config.header_style
+    def answers(self, config: DjangoConfig) -> HeaderOptions:
+        """The view's own header options over the settings' (built once per settings)."""
+        if self.headers is None and self.header_style is None:
+            return config.answers
+        built = self._answers
+        if built is None or built[0] is not config:
+            options = HeaderOptions(self.headers or config.headers, self.header_style or config.header_style)
+            built = self._answers = (config, options)
+        return built[1]
 
     def finish(self, request: Any, outcome: Outcome) -> Any:
         """The answer instead of the view's (None: call the view), ``request.limited`` set."""
@@ -180,9 +189,9 @@ class _Guarded:
 
     def with_headers(self, response: Any, outcome: Outcome, config: DjangoConfig, policy: bytes) -> Any:
         decision = outcome[0]
-        wanted, style = self.mode(config)
-        if decision is not None and decision.allowed and wanted == "always":
-            add_headers(response, decision, style, policy)
+        answers = self.answers(config)
+        if decision is not None and decision.allowed and answers.always:
+            add_headers(response, decision, answers.style, policy)
         return response
 
     async def call_async(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -192,9 +201,9 @@ class _Guarded:
         config, checker, rules = self.bound.get()
         outcome: Outcome = (None, None)
         if checker.enabled:
-            wanted, style = self.mode(config)
+            answers = self.answers(config)
             on_limit = config.on_limit if self.block else None
-            outcome = await outcome_async(checker, rules, request, wanted, style, rules[0].policy, on_limit)
+            outcome = await outcome_async(checker, rules, request, answers, rules[0].policy, on_limit)
         answer = self.finish(request, outcome)
         if answer is not None:
             return answer
@@ -211,9 +220,9 @@ class _Guarded:
         config, checker, rules = self.bound.get()
         outcome: Outcome = (None, None)
         if checker.enabled:
-            wanted, style = self.mode(config)
+            answers = self.answers(config)
             on_limit = config.on_limit if self.block else None
-            outcome = outcome_sync(checker, rules, request, wanted, style, rules[0].policy, on_limit)
+            outcome = outcome_sync(checker, rules, request, answers, rules[0].policy, on_limit)
         answer = self.finish(request, outcome)
         if answer is not None:
             return answer

@@ -8,10 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..decision import Decision
-from ..enforcement.answers import limited_headers
+from ..enforcement.answers import HeaderOptions, limited_headers
 from ..enforcement.check import LimitUnavailable, check_rules
 from ..enforcement.sync_check import check_blocking
-from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
 from ..rules import CompiledRule
 from .config import OnLimit
@@ -57,29 +56,27 @@ async def check_async(limiter: Limiter, rules: Sequence[CompiledRule], request: 
         scope.pop(REQUEST_KEY, None)
 
 
-def refusal(decision: Decision | None, headers: HeaderMode, style: HeaderStyle, policy: bytes | None) -> Any:
+def refusal(decision: Decision | None, answers: HeaderOptions, policy: bytes | None) -> Any:
     """The 429 for a denying decision; ``None`` otherwise.
 
     Args:
         decision: The check's decision (``None``: none made).
-        headers: When rate-limit headers are sent (``"off"``: not even on the 429).
-        style: Which rate-limit headers.
+        answers: Which rate-limit headers go on the 429, if any.
         policy: The ``RateLimit-Policy`` value of every limit that applied.
     """
     if decision is None or decision.allowed:
         return None
-    return too_many_requests(decision, style, headers != "off", policy)
+    return too_many_requests(decision, answers, policy)
 
 
-def custom_refusal(answer: Any, decision: Decision, headers: HeaderMode, style: HeaderStyle, policy: bytes | None) -> Any:
+def custom_refusal(answer: Any, decision: Decision, answers: HeaderOptions, policy: bytes | None) -> Any:
     """``ON_LIMIT``'s response with the 429's ``Retry-After`` and rate-limit headers added where it
     has none of that name; ``None`` when it answered ``None`` (the 429 is sent).
 
     Args:
         answer: What ``ON_LIMIT`` returned.
         decision: The denying decision.
-        headers: When rate-limit headers are sent (``"off"``: ``Retry-After`` only).
-        style: Which rate-limit headers.
+        answers: Which rate-limit headers go with ``Retry-After``, if any.
         policy: The ``RateLimit-Policy`` value of every limit that applied.
     """
     if answer is None:
@@ -92,23 +89,22 @@ def custom_refusal(answer: Any, decision: Decision, headers: HeaderMode, style: 
         )
     present = getattr(answer, "headers", None)
     if present is not None:
-        for name, value in limited_headers(decision, style, headers != "off", policy):
+        for name, value in limited_headers(decision, answers, policy):
             text = name.decode("latin-1")
             if text not in present:
                 present[text] = value.decode("latin-1")
     return answer
 
 
-def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, headers: HeaderMode,
-                 style: HeaderStyle, policy: bytes | None, on_limit: OnLimit | None = None) -> Outcome:
+def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, answers: HeaderOptions,
+                 policy: bytes | None, on_limit: OnLimit | None = None) -> Outcome:
     """The check of ``check_sync`` and what to answer: the 429, the fail-closed 503, or ``None``.
 
     Args:
         limiter: Checks the limits on its store.
         rules: The rules the request matched.
         request: The Django request.
-        headers: When rate-limit headers are sent.
-        style: Which rate-limit headers.
+        answers: When and which rate-limit headers are sent.
         policy: The ``RateLimit-Policy`` value of every limit that applied.
         on_limit: Answers instead of the 429 (``ON_LIMIT``); ``None``: the 429.
     """
@@ -117,22 +113,21 @@ def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, 
     except LimitUnavailable as exc:
         return None, unavailable(exc)
     if on_limit is not None and decision is not None and not decision.allowed:
-        answer = custom_refusal(on_limit(request, decision), decision, headers, style, policy)
+        answer = custom_refusal(on_limit(request, decision), decision, answers, policy)
         if answer is not None:
             return decision, answer
-    return decision, refusal(decision, headers, style, policy)
+    return decision, refusal(decision, answers, policy)
 
 
-async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, headers: HeaderMode,
-                        style: HeaderStyle, policy: bytes | None, on_limit: OnLimit | None = None) -> Outcome:
+async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, answers: HeaderOptions,
+                        policy: bytes | None, on_limit: OnLimit | None = None) -> Outcome:
     """``outcome_sync`` for async code.
 
     Args:
         limiter: Checks the limits on its store.
         rules: The rules the request matched.
         request: The Django request.
-        headers: When rate-limit headers are sent.
-        style: Which rate-limit headers.
+        answers: When and which rate-limit headers are sent.
         policy: The ``RateLimit-Policy`` value of every limit that applied.
         on_limit: Answers instead of the 429 (``ON_LIMIT``; may be ``async def``); ``None``: the 429.
     """
@@ -144,7 +139,7 @@ async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request
         answer = on_limit(request, decision)
         if hasattr(answer, "__await__"):
             answer = await answer
-        answer = custom_refusal(answer, decision, headers, style, policy)
+        answer = custom_refusal(answer, decision, answers, policy)
         if answer is not None:
             return decision, answer
-    return decision, refusal(decision, headers, style, policy)
+    return decision, refusal(decision, answers, policy)

@@ -53,7 +53,7 @@ class RateLimitMiddleware:
             return self.get_response(request)
         policy = policy_of(rules)
         decision, answer = outcome_sync(
-            config.limiter, rules, request, config.headers, config.header_style, policy, config.on_limit
+            config.limiter, rules, request, config.answers, policy, config.on_limit
         )
         if answer is not None:
             return answer
@@ -66,7 +66,7 @@ class RateLimitMiddleware:
             return await self.get_response(request)
         policy = policy_of(rules)
         decision, answer = await outcome_async(
-            config.limiter, rules, request, config.headers, config.header_style, policy, config.on_limit
+            config.limiter, rules, request, config.answers, policy, config.on_limit
         )
         if answer is not None:
             return answer
@@ -74,6 +74,6 @@ class RateLimitMiddleware:
 
     @staticmethod
     def _allowed(response: Any, decision: Any, config: DjangoConfig, policy: bytes) -> Any:
-        if decision is not None and config.headers == "always":
-            add_headers(response, decision, config.header_style, policy)
+        if decision is not None and config.answers.always:
+            add_headers(response, decision, config.answers.style, policy)
         return response

@@ -8,7 +8,13 @@ from typing import Any
 from django.http import HttpResponse  # type: ignore[import-untyped]
 
 from ..decision import Decision
-from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection, unavailable_answer
+from ..enforcement.answers import (
+    UNAVAILABLE_BODY,
+    UNAVAILABLE_HEADERS,
+    HeaderOptions,
+    rejection,
+    unavailable_answer,
+)
 from ..headers import HeaderStyle, rate_limit_headers
 
 __all__ = ["add_headers", "answer_response", "too_many_requests", "unavailable"]
@@ -29,17 +35,16 @@ def answer_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]]
     return response
 
 
-def too_many_requests(decision: Decision, style: HeaderStyle, with_rate_headers: bool, policy: bytes | None) -> Any:
+def too_many_requests(decision: Decision, options: HeaderOptions, policy: bytes | None) -> Any:
     """The 429: RFC 9457 problem+json with ``Retry-After`` (``enforcement.answers.rejection``).
 
     Args:
         decision: The denying decision.
-        style: Which rate-limit headers: ``"ietf"``, ``"legacy"`` or ``"both"``.
-        with_rate_headers: Whether the rate-limit headers are sent too.
+        options: Which rate-limit headers, if any.
         policy: The ``RateLimit-Policy`` value of every limit that applied; ``None`` uses the
             deciding limit's.
     """
-    body, headers = rejection(decision, style, with_rate_headers, policy)
+    body, headers = rejection(decision, options, policy)
     return answer_response(429, body, headers)
 
 

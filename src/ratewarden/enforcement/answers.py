@@ -14,11 +14,13 @@ from typing import Any
 from ..caches import remember
 from ..decision import Decision
 from ..errors import AmbiguousRequest
-from ..headers import HeaderStyle, rate_limit_headers, retry_after_header
+from ..headers import HeaderMode, HeaderStyle, rate_limit_headers, retry_after_header
+from .options import check_header_options
 
 __all__ = [
     "UNAVAILABLE_BODY",
     "UNAVAILABLE_HEADERS",
+    "HeaderOptions",
     "limited_headers",
     "problem",
     "problem_body",
@@ -28,6 +30,33 @@ __all__ = [
     "too_many_requests_problem",
     "unavailable_answer",
 ]
+
+
+class HeaderOptions:
+    """When and which rate-limit headers a door sends, decided here once from its ``headers`` and
+    ``header_style`` options: the doors read ``with_429`` and ``always`` instead of comparing the
+    modes themselves.
+
+    Args:
+        mode: ``"always"`` (allowed answers too), ``"on_limit"`` (429 answers only) or ``"off"``.
+        style: ``"both"``, ``"ietf"`` (``RateLimit``/``RateLimit-Policy``) or ``"legacy"`` (``X-RateLimit-*``).
+
+    Raises:
+        ConfigurationError: An unknown mode or style.
+    """
+
+    __slots__ = ("always", "mode", "style", "with_429")
+
+    def __init__(self, mode: HeaderMode = "always", style: HeaderStyle = "both") -> None:
+        check_header_options(mode, style)
+        self.mode: HeaderMode = mode
+        self.style: HeaderStyle = style
+        self.with_429 = mode != "off"  # the rate-limit headers go on a 429
+        self.always = mode == "always"  # and on every allowed answer
+
+    def allowed_headers(self, decision: Decision, policy: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """The rate-limit headers of an allowed answer (none unless ``always``)."""
+        return rate_limit_headers(decision, self.style, policy) if self.always else []
 
 
 def problem(status: int, title: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -100,8 +129,7 @@ _REJECTIONS_BYTES = 16 << 20
 
 def rejection(
     decision: Decision,
-    style: HeaderStyle,
-    with_rate_headers: bool,
+    headers: HeaderOptions,
     policy: bytes | None = None,
     group: str | None = None,
 ) -> tuple[bytes, _Headers]:
@@ -113,13 +141,13 @@ def rejection(
 
     Args:
         decision: The denying decision.
-        style: Which rate-limit headers: ``"ietf"`` (``RateLimit``/``RateLimit-Policy``), ``"legacy"``
-            (``X-RateLimit-*``) or ``"both"``.
-        with_rate_headers: Whether the rate-limit headers are sent too.
+        headers: Which rate-limit headers, if any, go with it.
         policy: The ``RateLimit-Policy`` value listing every limit that applied (``policy_of``); ``None``
             uses the deciding limit's.
         group: See ``too_many_requests_problem``.
     """
+    style = headers.style
+    with_rate_headers = headers.with_429
     retry = None if math.isinf(decision.retry_after) else max(1, math.ceil(decision.retry_after))
     cache_key = (
         decision.policy, decision.limit, decision.period, decision.remaining,
@@ -128,12 +156,12 @@ def rejection(
     found = _rejections.get(cache_key)
     if found is None:
         body = too_many_requests_body(decision, group)
-        headers = [
+        complete = [
             (b"content-type", b"application/problem+json"),
             (b"content-length", b"%d" % len(body)),
-            *limited_headers(decision, style, with_rate_headers, policy),
+            *limited_headers(decision, headers, policy),
         ]
-        found = (body, tuple(headers))
+        found = (body, tuple(complete))
         remember(_rejections, cache_key, found, _REJECTIONS_LIMIT, _REJECTIONS_BYTES)
     return found[0], list(found[1])
 
@@ -167,19 +195,17 @@ def too_many_requests_problem(decision: Decision, group: str | None = None) -> d
 
 
 def limited_headers(
-    decision: Decision, style: HeaderStyle, with_rate_headers: bool, policy: bytes | None = None
+    decision: Decision, options: HeaderOptions, policy: bytes | None = None
 ) -> list[tuple[bytes, bytes]]:
-    """Headers for a 429: the rate-limit headers (if on) and ``Retry-After``.
+    """Headers for a 429: the rate-limit headers (if ``options`` send them there) and ``Retry-After``.
 
     Args:
         decision: The denying decision.
-        style: Which rate-limit headers: ``"ietf"`` (``RateLimit``/``RateLimit-Policy``), ``"legacy"``
-            (``X-RateLimit-*``) or ``"both"``.
-        with_rate_headers: Whether the rate-limit headers are sent too.
+        options: Which rate-limit headers, if any.
         policy: The ``RateLimit-Policy`` value listing every limit that applied (``policy_of``); ``None``
             uses the deciding limit's.
     """
-    headers = rate_limit_headers(decision, style, policy) if with_rate_headers else []
+    headers = rate_limit_headers(decision, options.style, policy) if options.with_429 else []
     retry = retry_after_header(decision)
     if retry is not None:
         headers.append(retry)

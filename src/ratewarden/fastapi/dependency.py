@@ -20,13 +20,14 @@ from ..decision import Decision
 from ..enforcement.answers import (
     UNAVAILABLE_BODY,
     UNAVAILABLE_HEADERS,
+    HeaderOptions,
     limited_headers,
     too_many_requests_problem,
 )
 from ..enforcement.check import LimitUnavailable, check_rules
 from ..errors import AmbiguousRequest
 from ..errors import RateLimitExceeded as _RateLimitExceeded
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc, client_ip
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM
@@ -98,6 +99,7 @@ class RateLimit:
         self.name = name
         self.headers = headers
         self.header_style = header_style
+        self.answers = HeaderOptions(headers, header_style)
         self._compiled: dict[str, tuple[CompiledRule]] = {}
         self._by_route: dict[tuple[int, str], tuple[object, tuple[CompiledRule]]] = {}
         if name is not None:
@@ -166,15 +168,15 @@ class RateLimit:
         if decision is None:
             return None
         if not decision.allowed:
-            raw = limited_headers(decision, self.header_style, self.headers != "off")
+            raw = limited_headers(decision, self.answers, None)
             sink = scope.get(_SINK)
             if sink is not None:  # under install(): the 429 keeps these, whichever handler answers
                 sink[:] = raw
             raise RateLimitExceeded(decision, {k.decode("latin-1"): v.decode("latin-1") for k, v in raw})
-        if self.headers == "always":
+        if self.answers.always:
             sink = scope.get(_SINK)
             target = sink if sink is not None else response.headers.raw
-            target.extend(rate_limit_headers(decision, self.header_style))
+            target.extend(self.answers.allowed_headers(decision))
         return decision
 
 

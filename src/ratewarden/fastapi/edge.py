@@ -18,9 +18,9 @@ from ..asgi.responses import send_limited, send_on_limit, send_unavailable
 from ..caches import remember
 from ..context import EdgeCheck, RequestContext, context_for
 from ..decision import Decision
-from ..enforcement.answers import limited_headers
+from ..enforcement.answers import HeaderOptions, limited_headers
 from ..enforcement.check import LimitUnavailable, check, check_rules
-from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
+from ..headers import SendWithRateHeaders
 from ..limiter import Limiter
 from ..rules import MAX_CACHED_PATH, CompiledRule
 from ..scopes import value_of
@@ -84,23 +84,21 @@ class Lifted:
 class EdgeTarget:
     """The declared limits of one (route, method), grouped by limiter, with the answer's settings."""
 
-    __slots__ = ("covered", "groups", "headers", "lifted", "overridable", "overrides", "policy", "route", "style")
+    __slots__ = ("answers", "covered", "groups", "lifted", "overridable", "overrides", "policy", "route")
 
     def __init__(
         self,
         route: object,
         covered: frozenset[object],
         groups: Groups,
-        headers: HeaderMode,
-        style: HeaderStyle,
+        answers: HeaderOptions,
         policy: bytes,
         overrides: object,
     ) -> None:
         self.route = route
         self.covered = covered
         self.groups = groups
-        self.headers: HeaderMode = headers
-        self.style: HeaderStyle = style
+        self.answers = answers
         self.policy = policy
         self.overrides = overrides  # the app whose dependency_overrides may replace these limits
         self.lifted: Lifted | None = None  # set when the route's unused limits leave FastAPI's solving
@@ -253,11 +251,12 @@ class EdgeLayer:
         if not decision.allowed:
             on_limit = self.on_limit
             if on_limit is None:  # the default 429: FastAPI never sees the request
-                return send_limited(send, decision, target.style, target.headers != "off", target.policy)
+                return send_limited(send, decision, target.answers, target.policy)
             return refuse_with(on_limit, scope, receive, send, decision, target)
-        if target.headers != "always":
+        answers = target.answers
+        if not answers.always:
             return self.app(scope, receive, send)
-        return self.app(scope, receive, SendWithRateHeaders(send, decision, target.style, target.policy))
+        return self.app(scope, receive, SendWithRateHeaders(send, decision, answers.style, target.policy))
 
 
 def refuse_with(
@@ -265,10 +264,9 @@ def refuse_with(
 ) -> Awaitable[None]:
     """Answer the 429 with the app's own answer (``None``: the default 429), adding ``Retry-After``
     and the rate-limit headers it did not set itself (as the middleware's ``on_limit``)."""
-    with_rate_headers = target.headers != "off"
-    headers = limited_headers(decision, target.style, with_rate_headers, target.policy)
+    headers = limited_headers(decision, target.answers, target.policy)
     answer = on_limit(scope, receive, decision, headers)
-    return send_on_limit(answer, scope, receive, send, decision, target.style, with_rate_headers, target.policy, headers)
+    return send_on_limit(answer, scope, receive, send, decision, target.answers, target.policy, headers)
 
 
 async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:

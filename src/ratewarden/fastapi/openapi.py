@@ -62,9 +62,9 @@ def rate_limit_header_docs(dependency: RateLimit) -> dict[str, Any]:
     Args:
         dependency: The ``RateLimit`` dependency of the operation.
     """
-    if dependency.headers == "off":
+    if not dependency.answers.with_429:
         return {}
-    style = dependency.header_style
+    style = dependency.answers.style
     docs: dict[str, Any] = {}
     if style in ("ietf", "both"):
         docs.update({name: _header(text) for name, text in _IETF.items()})
@@ -125,7 +125,7 @@ def add_limit_docs(schema: dict[str, Any], routes: Sequence[BaseRoute]) -> dict[
             if "429" not in responses:
                 responses["429"] = limit_responses(first)
                 used = True
-            if first.headers == "always":
+            if first.answers.always:
                 for status, response in responses.items():
                     if str(status).startswith("2"):
                         response.setdefault("headers", {}).update(rate_limit_header_docs(first))

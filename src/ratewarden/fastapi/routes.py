@@ -209,7 +209,7 @@ def make_target(route: object, context: object, limits: list[RateLimit], method:
     policy = policy_of(tuple(rule for _, rules in grouped for rule in rules))
     # Several dependencies on one route answer with one set of headers: the first one's settings.
     first = limits[0]
-    return EdgeTarget(route, frozenset(limits), grouped, first.headers, first.header_style, policy, overrides)
+    return EdgeTarget(route, frozenset(limits), grouped, first.answers, policy, overrides)
 
 
 class _Resolver:

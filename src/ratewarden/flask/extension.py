@@ -15,6 +15,7 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from ..algorithms import AlgorithmName
 from ..decision import Decision
+from ..enforcement.answers import limited_headers
 from ..enforcement.check import LimitUnavailable
 from ..errors import AmbiguousRequest, ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
@@ -28,8 +29,6 @@ from .fast import CHECKED_KEY, UNAVAILABLE, Checked, FastCheck, check_request
 from .responses import (
     RateLimitExceeded,
     add_headers,
-    allowed_headers,
-    denied_headers,
     denying_limit,
     epoch_reset,
     unavailable_response,
@@ -267,7 +266,7 @@ class RateLimiter:
                 return answer
         settings = state.settings
         error = RateLimitExceeded(
-            decision, settings.header_style, settings.headers != "off", checked.policy,
+            decision, settings.answers, checked.policy,
             denying_limit(decision, checked.rules), settings.header_reset,
         )
         checked.answer = error.response
@@ -284,12 +283,12 @@ class RateLimiter:
         settings = _state().settings
         decision = checked.decision
         if decision.allowed:
-            if settings.headers != "always":
+            if not settings.answers.always:
                 return response
-            headers = allowed_headers(decision, settings.header_style, checked.policy)
+            headers = settings.answers.allowed_headers(decision, checked.policy)
             add_headers(response, epoch_reset(headers) if settings.header_reset == "epoch" else headers)
         else:  # the app's own 429 (on_limit, an errorhandler): the headers it left out
-            headers = denied_headers(decision, settings.header_style, settings.headers != "off", checked.policy)
+            headers = limited_headers(decision, settings.answers, checked.policy)
             add_headers(response, epoch_reset(headers) if settings.header_reset == "epoch" else headers, missing_only=True)
         return response
 

@@ -209,12 +209,12 @@ class FastCheck:
             if settings.header_reset == "epoch":  # the after_request hook writes X-RateLimit-Reset's time
                 return self.inner(environ, start_response)
             checked.at_wsgi = True
-            if settings.headers != "always":
+            if not settings.answers.always:
                 return self.inner(environ, start_response)
-            wrapped = _StartWithRateHeaders(start_response, decision, settings.header_style, checked.policy)
+            wrapped = _StartWithRateHeaders(start_response, decision, settings.answers.style, checked.policy)
             return self.inner(environ, wrapped)
         if plan.answers and self.extension.on_limit is None and self._answerable(environ):
-            body, headers = rejection(decision, settings.header_style, settings.headers != "off", checked.policy)
+            body, headers = rejection(decision, settings.answers, checked.policy)
             if settings.header_reset == "epoch":
                 headers = epoch_reset(headers)
             start_response(_TOO_MANY, _text_headers(headers))

@@ -18,12 +18,11 @@ from ..decision import Decision
 from ..enforcement.answers import (
     UNAVAILABLE_BODY,
     UNAVAILABLE_HEADERS,
-    limited_headers,
+    HeaderOptions,
     rejection,
     unavailable_answer,
 )
 from ..errors import RateLimitExceeded as _RateLimitExceeded
-from ..headers import HeaderStyle, rate_limit_headers
 from ..limits import Limit
 from ..rates import Rate
 from ..rules import CompiledRule
@@ -123,8 +122,7 @@ class RateLimitExceeded(_RateLimitExceeded, TooManyRequests):
 
     Args:
         decision: The denying decision.
-        style: Which rate-limit headers the 429 carries: ``"both"``, ``"ietf"`` or ``"legacy"``.
-        with_rate_headers: Whether it carries them at all (``Retry-After`` always).
+        options: Which rate-limit headers the 429 carries, if any (``Retry-After`` always).
         policy: The ``RateLimit-Policy`` value listing every limit that applied.
         limit: The limit that was hit (``None``: described from the decision's quota and period).
         reset: What ``X-RateLimit-Reset`` holds: ``"seconds"`` left or the ``"epoch"`` time.
@@ -133,13 +131,12 @@ class RateLimitExceeded(_RateLimitExceeded, TooManyRequests):
     def __init__(
         self,
         decision: Decision,
-        style: HeaderStyle,
-        with_rate_headers: bool,
+        options: HeaderOptions,
         policy: bytes | None,
         limit: Limit | None = None,
         reset: ResetFormat = "seconds",
     ) -> None:
-        body, headers = rejection(decision, style, with_rate_headers, policy)
+        body, headers = rejection(decision, options, policy)
         if reset == "epoch":
             headers = epoch_reset(headers)
         rate = limit.rate if limit is not None else Rate(max(1, decision.limit), decision.period or 1.0)
@@ -163,27 +160,6 @@ def add_headers(response: BaseResponse, headers: list[tuple[bytes, bytes]], miss
             response.headers.add(name, raw_value.decode("latin-1"))
 
 
-def allowed_headers(decision: Decision, style: HeaderStyle, policy: bytes | None) -> list[tuple[bytes, bytes]]:
-    """The rate-limit headers of an allowed request.
-
-    Args:
-        decision: The allowing decision.
-        style: Which rate-limit headers.
-        policy: The ``RateLimit-Policy`` value.
-    """
-    return rate_limit_headers(decision, style, policy)
-
-
-def denied_headers(decision: Decision, style: HeaderStyle, with_rate_headers: bool, policy: bytes | None) -> list[tuple[bytes, bytes]]:
-    """``Retry-After`` and (if on) the rate-limit headers of a denied request.
-
-    Args:
-        decision: The denying decision.
-        style: Which rate-limit headers.
-        with_rate_headers: Whether the rate-limit headers are included.
-        policy: The ``RateLimit-Policy`` value.
-    """
-    return limited_headers(decision, style, with_rate_headers, policy)
 
 
 # Flask 3 looks an error handler up with the blueprints given; Flask 2 reads them from the request

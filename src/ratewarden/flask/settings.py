@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from ..algorithms import AlgorithmName, algorithm_name
+from ..enforcement.answers import HeaderOptions
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import ClientIP, KeyFunc, client_ip
@@ -100,6 +101,11 @@ class Settings:
     headers: HeaderMode
     header_style: HeaderStyle
     header_reset: ResetFormat = "seconds"
+    #: ``headers`` and ``header_style`` as every door reads them.
+    answers: HeaderOptions = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "answers", HeaderOptions(self.headers, self.header_style))
 
 
 def _flag(value: object, name: str) -> bool:

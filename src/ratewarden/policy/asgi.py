@@ -98,8 +98,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         decision = outcome.decision
         if decision is not None and self.on_limit is not None:
             answer = self.on_limit(scope, decision)
-            with_rate_headers = self.headers != "off"
-            await send_on_limit(answer, scope, receive, send, decision, self.header_style, with_rate_headers, listed(ctx))
+            await send_on_limit(answer, scope, receive, send, decision, self.answers, listed(ctx))
             return
         await send_answer(send, outcome.status, outcome.body, outcome.headers)
 

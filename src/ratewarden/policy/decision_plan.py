@@ -23,9 +23,8 @@ from collections.abc import Awaitable, Sequence
 
 from ..context import STATE_KEY
 from ..decision import Decision
-from ..enforcement.answers import problem_body, problem_headers, rejection, unavailable_answer
+from ..enforcement.answers import HeaderOptions, problem_body, problem_headers, rejection, unavailable_answer
 from ..enforcement.plan import key_value, report_failure
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
@@ -125,8 +124,7 @@ class Decider:
     these attributes): each reads the policy in force and the request, and none does I/O."""
 
     limiter: Limiter
-    headers: HeaderMode
-    header_style: HeaderStyle
+    answers: HeaderOptions
     metrics: Metrics | None
     shadow_header: bool
     _runtime: Runtime
@@ -253,9 +251,9 @@ class Decider:
             self._record(ctx, decision)
             if not decision.allowed and not ctx.runtime.shadow:
                 group = ctx.group if ctx.runtime.show_group else ""
-                body, headers = rejection(decision, self.header_style, self.headers != "off", listed(ctx), group)
+                body, headers = rejection(decision, self.answers, listed(ctx), group)
                 return Outcome(REFUSE, 429, headers, body, decision, ctx.ban_key is not None)
-            extra = rate_limit_headers(decision, self.header_style, listed(ctx)) if self.headers == "always" else []
+            extra = self.answers.allowed_headers(decision, listed(ctx))
         else:
             extra = []
         verdict = ALLOW

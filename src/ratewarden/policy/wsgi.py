@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..decision import Decision
+from ..enforcement.answers import HeaderOptions
 from ..enforcement.check import LimitUnavailable
-from ..enforcement.options import check_header_options
 from ..enforcement.sync_check import check_blocking, require_sync_keys, sync_key_of
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
@@ -141,7 +141,7 @@ class WSGIPolicyMiddleware(PolicyCore):
         headers: HeaderMode = "always",
         header_style: HeaderStyle = "both",
     ) -> None:
-        check_header_options(headers, header_style)
+        self.answers = HeaderOptions(headers, header_style)
         rules, policy = policy_in_rules(rules, policy)
         store = limiter.store
         if not store.can_block("hit"):

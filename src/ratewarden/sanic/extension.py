@@ -14,11 +14,10 @@ from sanic.response import BaseHTTPResponse, HTTPResponse
 
 from ..algorithms import AlgorithmName
 from ..context import context_for
-from ..enforcement.answers import rejection, unavailable_answer
+from ..enforcement.answers import HeaderOptions, rejection, unavailable_answer
 from ..enforcement.check import LimitUnavailable, check_rules
-from ..enforcement.options import check_header_options
 from ..errors import ConfigurationError
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers
+from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc, client_ip
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM
@@ -67,7 +66,7 @@ class RateLimiter:
         headers: HeaderMode = "always",
         header_style: HeaderStyle = "both",
     ) -> None:
-        check_header_options(headers, header_style)
+        self.answers = HeaderOptions(headers, header_style)
         self.limiter = limiter if limiter is not None else Limiter(MemoryStore())
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, self.limiter.prefix)
         Declared("1/s", key=key)  # a key it cannot call fails here, not per request
@@ -145,10 +144,10 @@ class RateLimiter:
         setattr(request.ctx, CONTEXT_ATTR, context)
         policy = policy_of(matched)
         if not decision.allowed:
-            body, headers = rejection(decision, self.header_style, self.headers != "off", policy)
+            body, headers = rejection(decision, self.answers, policy)
             return answer_response(429, body, headers)
-        if self.headers == "always":
-            setattr(request.ctx, _HEADERS_ATTR, rate_limit_headers(decision, self.header_style, policy))
+        if self.answers.always:
+            setattr(request.ctx, _HEADERS_ATTR, self.answers.allowed_headers(decision, policy))
         return None
 
     async def _add_headers(self, request: Request, response: BaseHTTPResponse) -> None:

@@ -16,11 +16,11 @@ from ..decision import Decision
 from ..enforcement.answers import (
     UNAVAILABLE_BODY,
     UNAVAILABLE_HEADERS,
+    HeaderOptions,
     limited_headers,
     rejection,
     unavailable_answer,
 )
-from ..enforcement.options import check_header_options
 from ..enforcement.sync_check import check_blocking, require_sync_keys
 from ..errors import AmbiguousRequest, LimitUnavailable
 from ..headers import HeaderMode, HeaderStyle, add_rate_limit_headers
@@ -128,7 +128,7 @@ class RateLimitMiddleware:
         header_style: HeaderStyle = "both",
         on_limit: LimitHandler | None = None,
     ) -> None:
-        check_header_options(headers, header_style)
+        self.answers = HeaderOptions(headers, header_style)
         self.app = app
         self.limiter = limiter
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, limiter.prefix)
@@ -169,24 +169,22 @@ class RateLimitMiddleware:
         environ[CONTEXT_KEY] = context
         if not decision.allowed:
             return self._reject(environ, start_response, decision, matched)
-        if self.headers != "always":
+        answers = self.answers
+        if not answers.always:
             return self.app(environ, start_response)
-        return self.app(
-            environ, _StartWithRateHeaders(start_response, decision, self.header_style, policy_of(matched))
-        )
+        return self.app(environ, _StartWithRateHeaders(start_response, decision, answers.style, policy_of(matched)))
 
     def _reject(
         self, environ: Environ, start_response: StartResponse, decision: Decision, matched: tuple[CompiledRule, ...]
     ) -> Iterable[bytes]:
         """Refuse: the default 429 (``rejection``'s bytes), or ``on_limit``'s answer."""
-        with_rate_headers = self.headers != "off"
         policy = policy_of(matched)
         on_limit = self.on_limit
         if on_limit is not None:
             answer = on_limit(environ, decision)
             if answer is not None:
-                extra = _text_headers(limited_headers(decision, self.header_style, with_rate_headers, policy))
+                extra = _text_headers(limited_headers(decision, self.answers, policy))
                 return answer(environ, _StartAddingMissing(start_response, extra))
-        body, headers = rejection(decision, self.header_style, with_rate_headers, policy)
+        body, headers = rejection(decision, self.answers, policy)
         start_response(_TOO_MANY, _text_headers(headers))
         return [body]
