@@ -66,8 +66,9 @@ STREAM_BYTES = 8 * 1024
 #: The compiled door's deadline in these tests (``--grpc-timeout``), short so that they are quick.
 TIMEOUT = 3.0
 #: How much later than its deadline a call may be seen ended: the deadline's timer, the answer's write
-#: and this test's reader, on two cores that other tests share.
-LATE = 1.0
+#: and this test's reader, on two cores that other tests share. Under two CPU hogs beside the suite's
+#: two workers, the reader saw a whole batch of deadline answers 1.6 s late at once (1.0 was too tight).
+LATE = 2.0
 
 
 # -- the worker's memory --------------------------------------------------------------------------------
