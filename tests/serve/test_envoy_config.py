@@ -90,10 +90,22 @@ def test_example_9_wildcards() -> None:
     assert limit_of(EXAMPLE_9_TRAILING, ("key1", "value1")) == (20, "minute")
     assert limit_of(EXAMPLE_9_TRAILING, ("key1", "value")) == (20, "minute")
     assert limit_of(EXAMPLE_9_TRAILING, ("key1", "valu")) is None
-    assert limit_of(EXAMPLE_9_MIDDLE, ("path", "/api/123/action")) == (20, "minute")
-    assert limit_of(EXAMPLE_9_MIDDLE, ("path", "/api/123/other")) is None
-    assert limit_of(EXAMPLE_9_MULTIPLE, ("route", "/api/v1/resource/123/action")) == (20, "minute")
-    assert limit_of(EXAMPLE_9_MULTIPLE, ("route", "/api/v1/resource/123")) is None
+
+
+def test_a_star_before_the_end_is_literal_as_in_the_pinned_reference() -> None:
+    """The reference at ``REFERENCE_VERSION`` (src/config/config_impl.go) makes a wildcard of a
+    ``key_value`` ending in ``*`` only, matched as a prefix (``strings.HasPrefix``, one ``*`` trimmed):
+    a ``*`` before the end is literal (the README's later "middle" and "multiple" forms, and the
+    fixture wildcard.yaml's ``midWild: bar*b``, match only themselves)."""
+    assert limit_of(EXAMPLE_9_MIDDLE, ("path", "/api/123/action")) is None
+    assert limit_of(EXAMPLE_9_MIDDLE, ("path", "/api/*/action")) == (20, "minute")
+    assert limit_of(EXAMPLE_9_MULTIPLE, ("route", "/api/v1/resource/123/action")) is None
+    assert limit_of(EXAMPLE_9_MULTIPLE, ("route", "/api/*/resource/*/action")) == (20, "minute")
+    mid_and_end = "domain: d\ndescriptors:\n  - {key: k, value: 'a*b*', rate_limit: {unit: second, requests_per_unit: 1}}\n"
+    assert limit_of(mid_and_end, ("k", "a*bc")) == (1, "second")  # the prefix 'k_a*b', its '*' literal
+    assert limit_of(mid_and_end, ("k", "axbc")) is None
+    key_only = "domain: d\ndescriptors:\n  - {key: 'ab*', rate_limit: {unit: second, requests_per_unit: 1}}\n"
+    assert limit_of(key_only, ("abc", "v")) == (1, "second")  # a key ending in '*' is a wildcard too
 
 
 def test_example_11_share_threshold_pattern() -> None:
@@ -168,6 +180,8 @@ def test_ratewarden_algorithm_per_descriptor_and_per_domain() -> None:
         ("domain: d\ndescriptors:\n  - key: a\n  - key: a\n", 4, "descriptors[1]", "duplicate descriptor composite key 'd.a'"),
         ("domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", 5,
          "descriptors[0].share_threshold", "share_threshold can only be used with wildcard values"),
+        ("domain: d\ndescriptors:\n  - key: a\n    value: b*c\n    share_threshold: true\n", 5,
+         "descriptors[0].share_threshold", "wildcard values (ending with '*'), but found key 'a_b*c'"),
         ("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      name: x\n      unit: second\n      requests_per_unit: 1\n"
          "      replaces:\n        - name: x\n", 9, "descriptors[0].rate_limit.replaces[0]", "replaces should not contain name"),
         ("descriptors: []\n", 1, "domain", "config file cannot have empty domain"),

@@ -1,8 +1,9 @@
 """Matching a request's descriptor against a domain's tree, as envoyproxy/ratelimit does.
 
 At each level of the tree, an entry ``(key, value)`` matches, in order: the child ``key_value``,
-else the first wildcard child (in file order) whose ``key_value`` pattern matches (each ``*``
-matches zero or more characters), else the child ``key`` (any value). The limit applies only when
+else the first wildcard child (in file order) whose ``key_value`` pattern matches (a pattern ends
+in ``*`` and matches what starts with the rest; a ``*`` before the end is literal, as in the Go
+service at the commit ``bench.gateway_peers.REFERENCE_VERSION`` pins), else the child ``key`` (any value). The limit applies only when
 the request's last entry lands on a descriptor with a ``rate_limit``: a request with more
 entries than the tree is deep matches nothing.
 

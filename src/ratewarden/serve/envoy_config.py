@@ -13,8 +13,8 @@ One file is one domain::
             rate_limit: {unit: day, requests_per_unit: 5, name: marketing}
 
 Everything the Go service accepts loads (``shadow_mode``, ``quota_mode``, ``unlimited``,
-``replaces``, ``detailed_metric``, ``value_to_metric``, ``share_threshold``, ``metadata``, wildcards
-``*`` in values); an unknown field or a bad value is an ``EnvoyConfigError`` naming the file, line
+``replaces``, ``detailed_metric``, ``value_to_metric``, ``share_threshold``, ``metadata``, a wildcard
+``*`` ending a value); an unknown field or a bad value is an ``EnvoyConfigError`` naming the file, line
 and field. A domain split over several files is an error, or merged with ``merge=True`` (the Go
 service's ``MERGE_DOMAIN_CONFIG``).
 """
@@ -113,10 +113,10 @@ class EnvoyDescriptor:
 
     Args:
         key: The descriptor's key (``""`` for the root).
-        value: Its value, ``""`` for any; ``*`` is a wildcard.
+        value: Its value, ``""`` for any; a ``*`` ending it is a wildcard (a prefix), one before is literal.
         rate_limit: The limit applied when a request's descriptor ends here.
         children: Nested descriptors by ``key`` or ``key_value``, in file order.
-        wildcards: ``(key_value pattern, its parts split at *)`` of the children with a wildcard.
+        wildcards: ``(key_value pattern, (its prefix, ""))`` of the children ending in ``*``.
         share_threshold: Every value matching this wildcard shares one counter.
         detailed_metric: Accepted (the Go service's metrics option).
         value_to_metric: Accepted (the Go service's metrics option).
@@ -253,10 +253,10 @@ def _load_descriptor(
     shadow = flag("shadow_mode")
     quota = flag("quota_mode")
     share = flag("share_threshold")
-    if share and "*" not in final_key:
+    if share and not final_key.endswith("*"):
         reader.error(
             f"{where}.share_threshold", value_of("share_threshold"),
-            f"share_threshold can only be used with wildcard values (containing '*'), but found key '{final_key}'",
+            f"share_threshold can only be used with wildcard values (ending with '*'), but found key '{final_key}'",
         )
     metadata = value_of("metadata")
     if metadata is not None and not isinstance(metadata, reader.yaml.MappingNode):
@@ -271,8 +271,8 @@ def _load_descriptor(
         key, value, rate_limit, share_threshold=share, detailed_metric=flag("detailed_metric"),
         value_to_metric=flag("value_to_metric"), line=line,
     )
-    if "*" in final_key:
-        parent.wildcards.append((final_key, tuple(final_key.split("*"))))
+    if final_key.endswith("*"):  # a prefix; a "*" before the last character is literal, as in the reference
+        parent.wildcards.append((final_key, (final_key[:-1], "")))
     children = value_of("descriptors")
     if children is not None:
         nested = reader.sequence(children, f"{where}.descriptors")
