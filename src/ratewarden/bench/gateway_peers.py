@@ -3,8 +3,9 @@
 the Go service Envoy's docs point to, on loopback.
 
 * **Peers built when Go is present:** ``go install`` of ``github.com/envoyproxy/ratelimit/src/service_cmd``
-  (the reference) and ``github.com/bojand/ghz/cmd/ghz`` (the load generator, the same for every
-  service), cached in Go's bin folder (``~/go/bin``); without Go, or when the build fails, the rows
+  at ``REFERENCE_VERSION`` (the reference, pinned: scripts/envoy_compat.py reads its fixtures at the
+  same commit; a binary of another version is rebuilt) and ``github.com/bojand/ghz/cmd/ghz`` (the load
+  generator, the same for every service), cached in Go's bin folder (``~/go/bin``); without Go, or when the build fails, the rows
   that need them are reported missing with the reason.
 * **The same Redis, YAML and load for all:** one private redis-server, ``CONFIG`` (``over``: 100/second,
   mostly refused; ``under``: 1e9/hour; ``exact``: 50/minute per value), ghz with 50 streams per
@@ -30,10 +31,14 @@ from pathlib import Path
 from . import gateway_procs as gp
 from .gateway_peer_rows import EXACT_LIMIT
 
-__all__ = ["CONFIG", "INSTANCES", "Instance", "PeerOptions", "Tools", "cpu_seconds", "find_tools", "protoset"]
+__all__ = ["CONFIG", "INSTANCES", "REFERENCE_MODULE", "REFERENCE_VERSION", "Instance", "PeerOptions", "Tools",
+           "cpu_seconds", "find_tools", "protoset"]
 
 CALL = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 REFERENCE_MODULE = "github.com/envoyproxy/ratelimit/src/service_cmd"
+#: The reference's version, pinned (commit 3fb702589d36): the bench builds it, scripts/envoy_compat.py
+#: compares against it and reads its fixtures (test/, examples/) from this module version.
+REFERENCE_VERSION = "v1.4.1-0.20260122083618-3fb702589d36"
 GHZ_MODULE = "github.com/bojand/ghz/cmd/ghz"
 CONFIG = f"""\
 domain: bench
@@ -100,28 +105,32 @@ def _go_bin_dirs(go: str | None) -> list[Path]:
     return [*dirs, Path.home() / "go" / "bin"]
 
 
-def _go_tool(name: str, module: str, build: bool, log: Callable[[str], None]) -> tuple[str, str]:
+def _go_tool(name: str, module: str, build: bool, log: Callable[[str], None],
+             version: str = "latest") -> tuple[str, str]:
     """(path, "") of a Go binary on PATH or in Go's bin folder, built with ``go install`` if missing
-    and Go is present; ("", why) otherwise."""
+    (or, with a pinned ``version``, of another version) and Go is present; ("", why) otherwise."""
     go = shutil.which("go")
     found = shutil.which(name) or next((str(d / name) for d in _go_bin_dirs(go) if os.access(d / name, os.X_OK)), "")
-    if found:
+    built = _module_version(found) if found and version != "latest" else ""
+    if found and (not built or f" {version})" in built):  # without Go, a version cannot be read
         return found, ""
+    if found and not build:
+        return "", f"{found} is {built.strip(' ()')}, not {version} (`go install {module}@{version}`)"
     if go is None:
         return "", f"{name} is not built and Go is not installed (no `go` on PATH): install Go to build it " \
-                   f"(`go install {module}@latest`), or put {name} on PATH"
+                   f"(`go install {module}@{version}`), or put {name} on PATH"
     if not build:
-        return "", f"{name} is not built (`go install {module}@latest`)"
-    log(f"peers: building {name} with `go install {module}@latest` (once, cached in Go's bin folder)")
+        return "", f"{name} is not built (`go install {module}@{version}`)"
+    log(f"peers: building {name} with `go install {module}@{version}` (once, cached in Go's bin folder)")
     try:
-        done = subprocess.run([go, "install", f"{module}@latest"], capture_output=True, text=True, timeout=900,
+        done = subprocess.run([go, "install", f"{module}@{version}"], capture_output=True, text=True, timeout=900,
                               env={**os.environ, "GOFLAGS": "-mod=mod"})
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return "", f"`go install {module}@latest` failed: {exc}"
+        return "", f"`go install {module}@{version}` failed: {exc}"
     if done.returncode != 0:
-        return "", f"`go install {module}@latest` failed (no network?): {done.stderr.strip()[-300:]}"
+        return "", f"`go install {module}@{version}` failed (no network?): {done.stderr.strip()[-300:]}"
     found = next((str(d / name) for d in _go_bin_dirs(go) if os.access(d / name, os.X_OK)), "")
-    return (found, "") if found else ("", f"`go install {module}@latest` left no {name} in Go's bin folder")
+    return (found, "") if found else ("", f"`go install {module}@{version}` left no {name} in Go's bin folder")
 
 
 def _serve_output(flag: str) -> str:
@@ -146,7 +155,7 @@ def find_tools(opts: PeerOptions, root: Path, log: Callable[[str], None]) -> Too
     if why:
         tools.skip["all"] = f"no load generator: {why}"
         return tools
-    tools.reference, why = _go_tool("service_cmd", REFERENCE_MODULE, opts.build, log)
+    tools.reference, why = _go_tool("service_cmd", REFERENCE_MODULE, opts.build, log, REFERENCE_VERSION)
     if why:
         tools.skip["reference"] = f"envoyproxy/ratelimit skipped: {why}"
     if shutil.which("redis-server") is None:
