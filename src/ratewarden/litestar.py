@@ -73,24 +73,41 @@ class RateLimitPlugin(InitPluginProtocol, ReceiveRoutePlugin):
         self.header_style = header_style
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
-        """Add the limits as the app's first middleware, and the store's check to its start-up."""
+        """Add the limits as the app's first middleware, and the store's check to its start-up.
+
+        Args:
+            app_config: The app's configuration, as Litestar hands it to a plugin.
+        """
         app_config.middleware.insert(0, cast("Middleware", self.middleware))
         app_config.on_startup.append(self._check_store)
         return app_config
 
     def receive_route(self, route: BaseRoute) -> None:
-        """Declare the limit in each handler's ``opt``: a bad rate or key fails when the app is built."""
+        """Declare the limit in each handler's ``opt``: a bad rate or key fails when the app is built.
+
+        Args:
+            route: A route Litestar registers.
+        """
         for handler in getattr(route, "route_handlers", None) or [getattr(route, "route_handler", None)]:
             spec = handler.opt.get(self.opt_key) if handler is not None else None
             if spec is not None and handler not in self.routes.declared:  # one handler, several paths
                 self.routes.add(handler, spec if isinstance(spec, Declared) else Declared(spec))
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
-        """Litestar's middleware factory: ``app`` is one route handler's ASGI app."""
+        """Litestar's middleware factory.
+
+        Args:
+            app: One route handler's ASGI app.
+        """
         return _RouteDoor(self, app)
 
     def core_for(self, handler: Any, app: ASGIApp) -> RateLimitMiddleware:
-        """The core's middleware for ``handler``: the app's rules, then the route's own."""
+        """The core's middleware for ``handler``: the app's rules, then the route's own.
+
+        Args:
+            handler: The route handler (``None``: the app's rules alone).
+            app: Its ASGI app.
+        """
         own = self.routes.rules(_name(handler), handler, "") if handler is not None else []
         rules = [*self.rules, *own]
         return RateLimitMiddleware(app, self.limiter, rules, headers=self.headers, header_style=self.header_style)
