@@ -22,6 +22,7 @@ busy at 100 % and up to 320 MiB of RSS while they run; the measured numbers prin
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import select
 import signal
@@ -474,6 +475,37 @@ def read_frame(sock: socket.socket) -> bytes:
     return exactly(int.from_bytes(exactly(4), "big"))
 
 
+def _spoe_connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(hello(max_frame_size=16_380))
+    assert read_frame(sock)[0] == AGENT_HELLO
+    return sock
+
+
+def _flood(port: int, frames: bytes, stop: Any, sent: Any) -> None:
+    """In a child process: 64 connections each send ``frames`` again and again, never reading an ACK,
+    until ``stop``; ``sent`` counts the rounds sent."""
+    hostile = [_spoe_connect(port) for _ in range(64)]
+
+    def flood(sock: socket.socket) -> None:
+        try:
+            while not stop.is_set():
+                sock.sendall(frames)  # blocks while the agent reads no more of this connection
+                with sent.get_lock():
+                    sent.value += 1
+        except OSError:
+            pass  # closed below
+
+    threads = [threading.Thread(target=flood, args=(sock,), daemon=True) for sock in hostile]
+    for thread in threads:
+        thread.start()
+    stop.wait(120)
+    for sock in hostile:
+        sock.close()
+    for thread in threads:
+        thread.join(10)
+
+
 def test_pipelined_notifies_left_unanswered_on_64_connections_are_bounded(
     serve: Callable[..., Serve], tmp_path: Path
 ) -> None:
@@ -492,32 +524,20 @@ def test_pipelined_notifies_left_unanswered_on_64_connections_are_bounded(
     frames = b"".join(notify(stream, 1, pad="x" * 15_600) for stream in range(1, 257))
     assert len(frames) // 256 > 15_600 and len(notify(1, 1, pad="x" * 15_600)) <= 16_380 + 4
 
-    def connect() -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        sock.sendall(hello(max_frame_size=16_380))
-        assert read_frame(sock)[0] == AGENT_HELLO
-        return sock
-
-    honest = connect()
-    hostile = [connect() for _ in range(64)]
-    stop = threading.Event()
-    rounds: Counter[str] = Counter()
-
-    def flood(sock: socket.socket) -> None:
-        try:
-            while not stop.is_set():
-                sock.sendall(frames)  # blocks while the agent reads no more of this connection
-                rounds["sent"] += 1
-        except OSError:
-            pass  # closed by the test
-
-    floods = [threading.Thread(target=flood, args=(sock,)) for sock in hostile]
+    honest = _spoe_connect(port)
+    stop = multiprocessing.get_context("spawn").Event()
+    sent = multiprocessing.get_context("spawn").Value("i", 0)
+    # The flood runs in a process of its own: its 64 threads then never hold this process's GIL while
+    # the honest check's wait is timed here.
+    flooder = multiprocessing.get_context("spawn").Process(target=_flood, args=(port, frames, stop, sent))
     waits: list[float] = []
     baseline = baseline_mib(server.proc.pid)
     try:
         with Sampler(server.proc.pid) as sampler:
-            for thread in floods:
-                thread.start()
+            flooder.start()
+            deadline = time.monotonic() + 60
+            while sent.value < 64 and time.monotonic() < deadline:  # every connection sent its frames once
+                time.sleep(0.05)
             for stream in range(1, 31):  # 30 checks over about 3 s
                 started = time.monotonic()
                 honest.sendall(notify(stream, 1, headers={"X-API-Key": "pk-alice"}))
@@ -527,10 +547,11 @@ def test_pipelined_notifies_left_unanswered_on_64_connections_are_bounded(
                 time.sleep(0.1)
     finally:
         stop.set()
-        for sock in (*hostile, honest):
-            sock.close()
-        for thread in floods:
-            thread.join()
+        honest.close()
+        flooder.join(30)
+        if flooder.is_alive():
+            flooder.kill()
+    rounds = {"sent": sent.value}
     report = (f"RSS {baseline:.0f} -> {sampler.peak_mib:.0f} MiB; {rounds['sent']} rounds of 256 NOTIFYs sent; "
               f"honest waits (ms): {sorted(round(w * 1000) for w in waits)}")
     print(report)

@@ -438,6 +438,10 @@ class RedisStore(Store):
         await self._close_connections()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+        # A closed transport shuts its socket a loop pass later (connection_lost): let it, so no
+        # socket is left to the garbage collector when the caller's loop ends right after this.
+        for _ in range(2):
+            await asyncio.sleep(0)
 
     async def _close_connections(self) -> None:
         with contextlib.suppress(*CONNECTION_ERRORS):
