@@ -305,7 +305,7 @@ class RateLimitService:
             except LimitUnavailable as exc:
                 raise LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}") from exc.__cause__
         if decision is not None and not decision.allowed:
-            plan.left = decision.remaining
+            plan.left = float(decision.remaining)
             if decision.remaining > 0:
                 try:
                     await limiter.store.adjust(keys, limits, costs)
