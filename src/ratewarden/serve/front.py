@@ -351,13 +351,18 @@ def start_front(
     module, why = compiled_module()
     if module is None:
         raise ImportError(why)
-    front: Front = module.Front(  # OSError "cannot listen for gRPC on ...": the address is taken
-        RequestDescriptor, host, port, reuse_port=reuse_port, max_message_size=max_message_size,
-        max_descriptors=max_descriptors, max_entries=max_entries, max_connections=max_connections,
-        max_pending=max_pending, request_timeout=timeout, handshake_timeout=handshake_timeout,
-        max_pending_bytes=max_pending_bytes, max_receiving=max_receiving,
-        max_receiving_per_connection=max_receiving_per_connection,
-    )
+    # the settings: rust/src/settings.rs; OSError "cannot listen for gRPC on ...": the address is taken
+    front: Front = module.Front(RequestDescriptor, {
+        "queue": {"max_pending": max_pending, "max_pending_bytes": max_pending_bytes,
+                  "request_timeout": timeout},
+        "grpc": {
+            "host": host, "port": port, "reuse_port": reuse_port, "max_message_size": max_message_size,
+            "max_descriptors": max_descriptors, "max_entries": max_entries,
+            "max_connections": max_connections,
+            "handshake_timeout": handshake_timeout, "max_receiving": max_receiving,
+            "max_receiving_per_connection": max_receiving_per_connection,
+        },
+    })
     return CompiledFront(front, FrontAdapter(front, service), timeout)
 
 

@@ -44,7 +44,7 @@ _DISCONNECT: Message = {"type": "http.disconnect"}
 
 
 class HttpFront(Protocol):
-    """What this module uses of ``ratewarden._front.Front`` started with ``http_fd``."""
+    """What this module uses of ``ratewarden._front.Front`` started with ``http`` settings."""
 
     def fileno(self) -> int: ...
     def drain(self) -> None: ...
@@ -128,7 +128,7 @@ class HttpAdapter(BatchAdapter[HttpRequest, HttpItem]):
     """Answers a started front door's HTTP requests with ``app`` on the running event loop.
 
     Args:
-        front: The started front door (with ``http_fd``).
+        front: The started front door (with ``http`` settings).
         app: The ASGI app that answers (``ServeApp``).
         max_batch: The most requests taken in one crossing.
     """
@@ -224,11 +224,14 @@ def start_http_front(
     module, why = compiled_module()
     if module is None:
         raise ImportError(why)
-    front: HttpFront = module.Front(
-        RequestDescriptor, port=None, http_fd=sock.fileno(), http_max_connections=max_connections,
-        http_max_header_size=max_header_size, http_timeout=timeout, http_keep_alive=float(bounds.HTTP_TIMEOUT_KEEP_ALIVE),
-        request_timeout=timeout, max_pending=max_pending, max_pending_bytes=max_pending_bytes,
-    )
+    front: HttpFront = module.Front(RequestDescriptor, {
+        "queue": {"max_pending": max_pending, "max_pending_bytes": max_pending_bytes,
+                  "request_timeout": timeout},
+        "http": {
+            "fd": sock.fileno(), "max_connections": max_connections, "max_header_size": max_header_size,
+            "timeout": timeout, "keep_alive": float(bounds.HTTP_TIMEOUT_KEEP_ALIVE),
+        },
+    })
     compiled = CompiledHttp(front, HttpAdapter(front, app), grace, timeout)
     if isinstance(app, ServeApp):
         app.doors.append(compiled.stalled)

@@ -36,7 +36,7 @@ SpoeItem = tuple[int, list[bytes]]
 
 
 class SpoeFront(Protocol):
-    """What this module uses of ``ratewarden._front.Front`` started with ``spoe_fd``."""
+    """What this module uses of ``ratewarden._front.Front`` started with ``spoe`` settings."""
 
     def fileno(self) -> int: ...
     def drain(self) -> None: ...
@@ -58,7 +58,7 @@ class SpoeAdapter(BatchAdapter[SpoeMessage, SpoeItem]):
     """Answers a started front door's SPOE messages with ``agent`` on the running event loop.
 
     Args:
-        front: The started front door (with ``spoe_fd``).
+        front: The started front door (with ``spoe`` settings).
         agent: The Python agent whose ``actions`` answer (its app, trusted proxies and message name).
         max_batch: The most messages taken in one crossing.
     """
@@ -140,15 +140,14 @@ def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent |
     if module is None:
         raise ImportError(why)
     agent = agent or spoe.SpoeAgent(app)
-    front: SpoeFront = module.Front(
-        None, port=None, spoe_fd=sock.fileno(),
-        spoe_max_connections=agent.max_connections, spoe_max_frame_size=agent.max_frame_size,
-        spoe_timeout_hello=agent.timeout_hello, spoe_timeout_idle=agent.timeout_idle,
-        spoe_timeout_frame=agent.timeout_frame, spoe_message=agent.message,
-        spoe_max_in_flight=spoe.MAX_IN_FLIGHT, spoe_max_buffered=spoe.MAX_BUFFERED,
-        spoe_max_bytes_in_flight=bounds.SPOE_MAX_BYTES_IN_FLIGHT, spoe_max_bytes=bounds.SPOE_MAX_BYTES,
-        spoe_timeout_processing=bounds.SPOE_TIMEOUT_PROCESSING,
-    )
+    front: SpoeFront = module.Front(None, {"spoe": {
+        "fd": sock.fileno(), "max_connections": agent.max_connections, "max_frame_size": agent.max_frame_size,
+        "timeout_hello": agent.timeout_hello, "timeout_idle": agent.timeout_idle,
+        "timeout_frame": agent.timeout_frame, "message": agent.message,
+        "max_in_flight": spoe.MAX_IN_FLIGHT, "max_buffered": spoe.MAX_BUFFERED,
+        "max_bytes_in_flight": bounds.SPOE_MAX_BYTES_IN_FLIGHT, "max_bytes": bounds.SPOE_MAX_BYTES,
+        "timeout_processing": bounds.SPOE_TIMEOUT_PROCESSING,
+    }})
     compiled = CompiledSpoe(front, SpoeAdapter(front, agent), sock)
     app.doors.append(compiled.stalled)
     return compiled
