@@ -1,24 +1,36 @@
 """``ratewarden serve`` beside envoyproxy/ratelimit (the reference), on the reference's own fixtures
-(issue 30): each valid configuration is loaded into both services on one local Redis (the
-reference in db 0, ratewarden in db 1, its rejection cache off), the same ``ShouldRateLimit``
-requests are sent to both with the published Envoy API client (xds-protos), and every answer is
-compared: the gRPC status, ``overall_code``, each status's ``code``, ``current_limit``,
+at the commit of the reference binary (issues 30 and 38).
+
+The reference is pinned: ``ratewarden.bench.gateway_peers.REFERENCE_VERSION`` is the version the gateway
+bench builds (``go install github.com/envoyproxy/ratelimit/src/service_cmd@<version>``), the binary must
+report it (``go version -m``), and the fixtures (its YAML configurations) are read from that module
+version in Go's module cache (``go mod download -json github.com/envoyproxy/ratelimit@<version>``).
+
+Each valid configuration is loaded into the reference and into one ``ratewarden serve`` per
+configuration compared (``--configs``), on one local Redis; the same ``ShouldRateLimit`` requests are
+sent to all with the published Envoy API client (xds-protos), and every answer is compared with the
+reference's: the gRPC status, ``overall_code``, each status's ``code``, ``current_limit``,
 ``limit_remaining`` and ``duration_until_reset`` (1 s of slack), and the headers (names
-case-insensitive, a reset within 1 s). Prints a summary, writes every answer and difference as JSON.
+case-insensitive, a reset within 1 s). Prints, for each configuration, the identical answers out of
+all answers and every other one (the ones ratewarden keeps on purpose named with the reason: ``KEPT``);
+writes every answer as JSON.
 
-The requests are built from each configuration's descriptors: every descriptor alone (one unit,
-up to its limit, one over), a cost larger than what is left then one unit, every pair of limited
-descriptors together until the first is over then the second alone, an override, an unknown
-domain, and malformed requests. Redis is flushed before each sequence, so sequences are
-independent; a sequence touching a per-second limit starts at the top of a second.
+The configurations of ratewarden:
 
-    .venv/bin/python scripts/envoy_compat.py [--match] [--source DIR] [--reference BIN] [--json OUT]
+* ``defaults``: ``ratewarden serve FILES`` (Redis db 1, its rejection cache off);
+* ``envoy-env``: ``ratewarden serve --envoy-env`` with the reference's own environment (the same
+  variables and runtime directory; only its ports differ), and ``--store`` naming the same Redis;
+* ``match``: ``ratewarden serve FILES --envoy-charge each --envoy-merge-domains --envoy-headers
+  reference`` (``none`` with ``--reference-headers off``).
 
-``--match`` starts ratewarden with the options that answer as the reference does
-(``--envoy-charge each --envoy-headers reference --envoy-merge-domains``; ``--envoy-headers none``
-with ``--reference-headers off``). ``--source`` is envoyproxy/ratelimit's source tree (default: the
-newest in the Go module cache); ``--reference`` its ``service_cmd`` (default ``~/go/bin/service_cmd``,
-from ``GOFLAGS=-mod=mod go install github.com/envoyproxy/ratelimit/src/service_cmd@latest``).
+The requests (scripts/envoy_compat_requests.py) are built from each configuration's descriptors. Redis
+is flushed before each sequence, so sequences are independent; a sequence touching a per-second limit
+starts at the top of a second. Each ratewarden has its own Redis database and its rejection cache off
+(``?cache=0``): a flush empties Redis, not a local cache of what was over (``--envoy-env`` would map the
+reference's ``LOCAL_CACHE_SIZE_IN_BYTES=0`` to ratewarden's default, the cache on).
+
+    .venv/bin/python scripts/envoy_compat.py [--configs defaults,envoy-env] [--reference-headers on|off]
+        [--build] [--reference BIN] [--source DIR] [--json OUT]
 """
 
 # ruff: noqa
@@ -35,20 +47,21 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import yaml
-from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from google.protobuf import wrappers_pb2
+
+from envoy_compat_requests import KEPT, Node, Unit, malformed, sequences, walk
+from ratewarden.bench.gateway_peers import REFERENCE_MODULE, REFERENCE_VERSION, _go_tool, _module_version
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800, "month": 2592000, "year": 31536000}
-Unit = rls_pb2.RateLimitResponse.RateLimit.Unit
+MODULE = "github.com/envoyproxy/ratelimit"
+CONFIGS = ("envoy-env", "defaults", "match")
 
 #: The reference's valid fixtures, each served alone (a scenario), and what the reference needs for it.
 SCENARIOS: list[tuple[str, list[str], dict[str, str]]] = [
@@ -74,113 +87,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def default_source() -> Path:
-    found = sorted((Path.home() / "go/pkg/mod/github.com/envoyproxy").glob("ratelimit@*"))
-    if not found:
-        sys.exit("no envoyproxy/ratelimit source: run go install github.com/envoyproxy/ratelimit/src/service_cmd@latest")
-    return found[-1]
+def pinned_source() -> Path:
+    """The reference's source tree at ``REFERENCE_VERSION``, from Go's module cache (downloaded through
+    the module proxy when missing)."""
+    go = shutil.which("go")
+    if go is None:
+        sys.exit(f"no `go` on PATH: the fixtures are read from {MODULE}@{REFERENCE_VERSION} in Go's module cache")
+    done = subprocess.run([go, "mod", "download", "-json", f"{MODULE}@{REFERENCE_VERSION}"], capture_output=True,
+                          text=True, timeout=600, cwd=tempfile.gettempdir(), env={**os.environ, "GOFLAGS": "-mod=mod"})
+    found = json.loads(done.stdout or "{}") if done.stdout.strip().startswith("{") else {}
+    if done.returncode != 0 or not found.get("Dir"):
+        sys.exit(f"`go mod download {MODULE}@{REFERENCE_VERSION}` failed: {(found.get('Error') or done.stderr)[-300:]}")
+    return Path(found["Dir"])
 
 
-# ---------------------------------------------------------------- requests
-
-
-@dataclass
-class Node:
-    """A descriptor of a configuration, with the entries of a request that reaches it."""
-
-    entries: list[tuple[str, str]]
-    requests_per_unit: int | None  # None: no rate_limit, or unlimited
-    unit: str
-    unlimited: bool = False
-    shadow: bool = False
-    quota: bool = False
-
-
-def walk(descriptors: list[dict[str, Any]] | None, prefix: list[tuple[str, str]], out: list[Node]) -> None:
-    for d in descriptors or []:
-        value = str(d.get("value", "") or "")
-        instance = value.replace("*", "x1") if value else f"v{len(out)}"
-        entries = [*prefix, (str(d["key"]), instance)]
-        rl = d.get("rate_limit") or {}
-        unlimited = bool(rl.get("unlimited", False))
-        rpu = None if (not rl or unlimited) else int(rl.get("requests_per_unit", 0))
-        out.append(Node(entries, rpu, str(rl.get("unit", "")).lower(), unlimited,
-                        bool(d.get("shadow_mode", False)), bool(d.get("quota_mode", False))))
-        walk(d.get("descriptors"), entries, out)
-
-
-def desc(entries: list[tuple[str, str]], limit: tuple[int, str] | None = None, hits: int | None = None) -> Any:
-    d = ratelimit_pb2.RateLimitDescriptor(
-        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
-    )
-    if limit is not None:
-        d.limit.requests_per_unit = limit[0]
-        d.limit.unit = Unit.Value(limit[1].upper())
-    if hits is not None:
-        d.hits_addend.CopyFrom(wrappers_pb2.UInt64Value(value=hits))
-    return d
-
-
-@dataclass
-class Sequence:
-    """Requests sent in order after a flush; ``what`` names what it exercises."""
-
-    what: str
-    requests: list[Any]
-    per_second: bool = False
-
-
-def req(domain: str, descriptors: list[Any], hits: int = 0) -> Any:
-    return rls_pb2.RateLimitRequest(domain=domain, descriptors=descriptors, hits_addend=hits)
-
-
-def sequences(domain: str, nodes: list[Node]) -> list[Sequence]:
-    out: list[Sequence] = []
-    limited = [n for n in nodes if n.requests_per_unit is not None]
-    for n in nodes:
-        name = "/".join(f"{k}={v}" for k, v in n.entries)
-        d = [desc(n.entries)]
-        sec = n.unit == "second"
-        if n.requests_per_unit is None:
-            out.append(Sequence(f"single {name} ({'unlimited' if n.unlimited else 'no limit'})", [req(domain, d)]))
-            continue
-        rpu = n.requests_per_unit
-        kind = "shadow " if n.shadow else "quota " if n.quota else ""
-        if rpu == 0:
-            out.append(Sequence(f"single {kind}{name} (0/{n.unit})", [req(domain, d), req(domain, d)], sec))
-            continue
-        steps = [1] + ([rpu - 1] if rpu > 1 else []) + [1]
-        out.append(Sequence(f"single {kind}{name} ({rpu}/{n.unit}) up to and over", [req(domain, d, h) for h in steps], sec))
-        out.append(Sequence(f"single {kind}{name} ({rpu}/{n.unit}) cost over what is left, then 1",
-                            [req(domain, d, rpu + 1), req(domain, d, 1)], sec))
-    for a, b in zip(limited, limited[1:]):
-        assert a.requests_per_unit is not None
-        pair = [desc(a.entries), desc(b.entries)]
-        an = "/".join(f"{k}={v}" for k, v in a.entries)
-        bn = "/".join(f"{k}={v}" for k, v in b.entries)
-        sec = "second" in (a.unit, b.unit)
-        out.append(Sequence(
-            f"pair {an} + {bn}: the first to its limit, over, then the second alone",
-            [req(domain, pair, max(1, a.requests_per_unit)), req(domain, pair, 1), req(domain, [desc(b.entries)], 1)],
-            sec,
-        ))
-    if limited:
-        n = limited[0]
-        over = [desc(n.entries, limit=(3, "minute"))]
-        out.append(Sequence(f"override 3/minute on {n.entries}", [req(domain, over, 3), req(domain, over, 1)]))
-        out.append(Sequence(f"per-descriptor hits_addend 0 on {n.entries}", [req(domain, [desc(n.entries, hits=0)])],
-                            n.unit == "second"))
-    return out
-
-
-def malformed(domain: str) -> list[Sequence]:
-    return [
-        Sequence("unknown domain", [req("no-such-domain", [desc([("k", "v")])])]),
-        Sequence("empty domain", [req("", [desc([("k", "v")])])]),
-        Sequence("no descriptors", [req(domain, [])]),
-        Sequence("an entry with an empty key", [req(domain, [desc([("", "v")])])]),
-        Sequence("a descriptor with no entries", [req(domain, [desc([])])]),
-    ]
+def reference_binary(given: Path | None, build: bool) -> Path:
+    """The reference's ``service_cmd`` at ``REFERENCE_VERSION`` (``given``, or found/built as the bench does)."""
+    if given is None:
+        found, why = _go_tool("service_cmd", REFERENCE_MODULE, build, lambda line: print(line, file=sys.stderr),
+                              REFERENCE_VERSION)
+        if not found:
+            sys.exit(f"no reference binary: {why}" + ("" if build else " (or give --build)"))
+        return Path(found)
+    version = _module_version(str(given))
+    if f" {REFERENCE_VERSION})" not in version:
+        sys.exit(f"{given} is{version or ' of an unknown version'}, not {REFERENCE_VERSION}: the fixtures would not "
+                 f"be the binary's (`go install {REFERENCE_MODULE}@{REFERENCE_VERSION}`, or give --source)")
+    return given
 
 
 # ---------------------------------------------------------------- services
@@ -229,45 +162,62 @@ def wait_ready(service: Service, timeout: float = 60.0) -> None:
     service.stub = rls_pb2_grpc.RateLimitServiceStub(channel)
 
 
-def start_reference(binary: Path, files: list[Path], env_extra: dict[str, str], redis_port: int, work: Path,
-                    headers: bool) -> Service:
-    runtime = work / "reference"
-    config = runtime / "ratelimit" / "config"
-    config.mkdir(parents=True)
-    for index, f in enumerate(files):
-        shutil.copy(f, config / f"{index}-{f.name}")
-    grpc_port = free_port()
-    env = {
+def reference_env(runtime: Path, redis_port: int, headers: bool, extra: dict[str, str]) -> dict[str, str]:
+    """The reference's environment for a runtime directory; ``--envoy-env`` gets the same, with its own ports."""
+    return {
         "PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
         "USE_STATSD": "false", "DISABLE_STATS": "true", "LOG_LEVEL": "warn",
         "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": f"127.0.0.1:{redis_port}",
         "RUNTIME_ROOT": str(runtime), "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true",
-        "RUNTIME_WATCH_ROOT": "false",
-        "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(grpc_port), "HOST": "127.0.0.1", "PORT": str(free_port()),
-        "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": str(free_port()),
-        "LIMIT_RESPONSE_HEADERS_ENABLED": "true" if headers else "false",
-        **env_extra,
+        "RUNTIME_WATCH_ROOT": "false", "LIMIT_RESPONSE_HEADERS_ENABLED": "true" if headers else "false",
+        **extra, **ports(),
     }
-    log = work / "reference.log"
-    process = subprocess.Popen([str(binary)], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    service = Service("reference", process, grpc_port, log)
+
+
+def ports() -> dict[str, str]:
+    return {"GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(free_port()), "HOST": "127.0.0.1", "PORT": str(free_port()),
+            "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": str(free_port())}
+
+
+def start(name: str, command: list[str], env: dict[str, str] | None, grpc_port: int, work: Path) -> Service:
+    log = work / f"{name}.log"
+    process = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=work)
+    service = Service(name, process, grpc_port, log)
     wait_ready(service)
     return service
 
 
-def start_ratewarden(files: list[Path], redis_port: int, work: Path, options: list[str]) -> Service:
-    grpc_port = free_port()
-    command = [
-        str(ROOT / ".venv/bin/ratewarden"), "serve", *map(str, files),
-        "--grpc", f"127.0.0.1:{grpc_port}", "--http", f"127.0.0.1:{free_port()}",
-        "--store", f"redis://127.0.0.1:{redis_port}/1?cache=0", "--watch", "0", "--log-level", "warning",
-        *options,
-    ]
-    log = work / "ratewarden.log"
-    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=work)
-    service = Service("ratewarden", process, grpc_port, log)
-    wait_ready(service)
-    return service
+def start_all(args: argparse.Namespace, files: list[Path], extra: dict[str, str], redis_port: int,
+              work: Path) -> tuple[Service, dict[str, Service]]:
+    """The reference and one ratewarden per configuration, serving ``files``."""
+    runtime = work / "runtime"
+    config = runtime / "ratelimit" / "config"
+    config.mkdir(parents=True)
+    for index, f in enumerate(files):
+        shutil.copy(f, config / f"{index}-{f.name}")
+    env = reference_env(runtime, redis_port, args.reference_headers == "on", extra)
+    ref = start("reference", [str(args.reference)], env, int(env["GRPC_PORT"]), work)
+    ours: dict[str, Service] = {}
+    serve = [str(ROOT / ".venv/bin/ratewarden"), "serve"]
+    for name in args.configs:
+        db = CONFIGS.index(name)  # each its own database (the reference's is 0: its keys are named otherwise)
+        store = ["--store", f"redis://127.0.0.1:{redis_port}/{db}?cache=0"]
+        if name == "envoy-env":
+            own = {**env, **ports()}
+            ours[name] = start(name, [*serve, "--envoy-env", *store], own, int(own["GRPC_PORT"]), work)
+            continue
+        grpc_port = free_port()
+        command = [*serve, *map(str, files), "--grpc", f"127.0.0.1:{grpc_port}", "--http", f"127.0.0.1:{free_port()}",
+                   *store, "--watch", "0", "--log-level", "warning", *match_options(args, name)]
+        ours[name] = start(name, command, None, grpc_port, work)
+    return ref, ours
+
+
+def match_options(args: argparse.Namespace, name: str) -> list[str]:
+    if name != "match":
+        return []
+    return ["--envoy-charge", "each", "--envoy-merge-domains",
+            "--envoy-headers", "reference" if args.reference_headers == "on" else "none"]
 
 
 # ---------------------------------------------------------------- answers
@@ -340,6 +290,57 @@ def top_of_second() -> None:
     time.sleep(1.0 - (now % 1.0) + 0.02)
 
 
+def kept(result: dict[str, Any], name: str) -> bool:
+    """An answer ratewarden gives otherwise on purpose: its INVALID_ARGUMENT for a request ``KEPT`` names."""
+    return (result["sequence"] in KEPT and result["differences"][name] == ["gRPC status"]
+            and result["answers"][name].get("error") == "INVALID_ARGUMENT")
+
+
+def run_scenario(args: argparse.Namespace, name: str, files: list[Path], extra: dict[str, str], redis_port: int,
+                 work: Path, loads: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
+    nodes: list[Node] = []
+    domain = ""
+    for f in files:
+        document = yaml.safe_load(f.read_text())
+        domain = document["domain"]
+        walk(document.get("descriptors"), [], nodes)
+    seqs = sequences(domain, nodes) + (malformed(domain) if name == SCENARIOS[0][0] else [])
+    ref, ours = start_all(args, files, extra, redis_port, work)
+    loads.append({"scenario": name, "reference": ref.refused or "served",
+                  **{c: s.refused or "served" for c, s in ours.items()}})
+    try:
+        for seq in seqs:
+            subprocess.run(["redis-cli", "-p", str(redis_port), "flushall"], check=True, stdout=subprocess.DEVNULL)
+            if seq.per_second:
+                top_of_second()
+            for index, request in enumerate(seq.requests):
+                a = call(ref, request)
+                answers = {c: call(s, request) for c, s in ours.items()}
+                results.append({
+                    "scenario": name, "sequence": seq.what, "step": index, "request": json.loads(_request_json(request)),
+                    "reference": a, "answers": answers, "differences": {c: differences(a, b) for c, b in answers.items()},
+                })
+    finally:
+        ref.stop()
+        for s in ours.values():
+            s.stop()
+
+
+def summary(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    identical = [r for r in results if not r["differences"][name]]
+    on_purpose = [r for r in results if kept(r, name)]
+    other = [r for r in results if r["differences"][name] and not kept(r, name)]
+    return {
+        "answers": len(results), "identical": len(identical), "different": len(results) - len(identical),
+        "kept": [{"scenario": r["scenario"], "sequence": r["sequence"], "reason": KEPT[r["sequence"]],
+                  "reference": r["reference"].get("error") or r["reference"]["overall_code"],
+                  "ratewarden": r["answers"][name]["error"]} for r in on_purpose],
+        "other": len(other),
+        "kinds": dict(Counter(k for r in other for k in r["differences"][name]).most_common()),
+        "other_sequences": dict(Counter(f"{r['scenario']}: {r['sequence']}" for r in other)),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     source: Path = args.source
     redis_port = free_port()
@@ -349,12 +350,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
          "--dir", str(work_root)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    options: list[str] = []
-    if args.match:
-        options = ["--envoy-charge", "each", "--envoy-merge-domains",
-                   "--envoy-headers", "reference" if args.reference_headers == "on" else "none"]
     results: list[dict[str, Any]] = []
     loads: list[dict[str, Any]] = []
+    skipped: list[str] = []
     try:
         for _ in range(100):
             try:
@@ -362,54 +360,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
             except OSError:
                 time.sleep(0.05)
-        for name, rel, env_extra in SCENARIOS:
+        for name, rel, extra in SCENARIOS:
             files = [source / r for r in rel]
             if not all(f.is_file() for f in files):
-                print(f"skip {name}: not in {source}", file=sys.stderr)
+                skipped.append(name)
                 continue
             work = work_root / name.replace("/", "_")
             work.mkdir()
-            nodes: list[Node] = []
-            domain = ""
-            for f in files:
-                document = yaml.safe_load(f.read_text())
-                domain = document["domain"]
-                walk(document.get("descriptors"), [], nodes)
-            seqs = sequences(domain, nodes)
-            if name == SCENARIOS[0][0]:
-                seqs += malformed(domain)
-            ref = start_reference(args.reference, files, env_extra, redis_port, work, args.reference_headers == "on")
-            rw = start_ratewarden(files, redis_port, work, options)
-            loads.append({"scenario": name, "reference": ref.refused or "served", "ratewarden": rw.refused or "served"})
-            try:
-                for seq in seqs:
-                    subprocess.run(["redis-cli", "-p", str(redis_port), "flushall"], check=True, stdout=subprocess.DEVNULL)
-                    if seq.per_second:
-                        top_of_second()
-                    for index, request in enumerate(seq.requests):
-                        a = call(ref, request)
-                        b = call(rw, request)
-                        results.append({
-                            "scenario": name, "sequence": seq.what, "step": index,
-                            "request": json.loads(_request_json(request)),
-                            "reference": a, "ratewarden": b, "differences": differences(a, b),
-                        })
-            finally:
-                ref.stop()
-                rw.stop()
+            run_scenario(args, name, files, extra, redis_port, work, loads, results)
     finally:
         redis.terminate()
         redis.wait()
         shutil.rmtree(work_root, ignore_errors=True)
-    kinds = Counter(k for r in results for k in r["differences"])
-    identical = sum(not r["differences"] for r in results)
-    but_headers = sum(r["differences"] == ["headers"] for r in results)
     return {
-        "reference": str(args.reference), "source": str(source), "match": args.match,
-        "reference_headers": args.reference_headers, "ratewarden_options": options,
-        "answers": len(results), "identical": identical, "different": len(results) - identical,
-        "identical_but_headers": identical + but_headers,
-        "kinds": dict(kinds.most_common()), "loads": loads, "results": results,
+        "reference": str(args.reference), "reference_version": _module_version(str(args.reference)).strip(" ()"),
+        "pinned": REFERENCE_VERSION, "source": str(source), "reference_headers": args.reference_headers,
+        "scenarios": [s[0] for s in SCENARIOS if s[0] not in skipped], "not_in_source": skipped,
+        "configs": {c: {"options": ["--envoy-env"] if c == "envoy-env" else match_options(args, c), **summary(c, results)}
+                    for c in args.configs},
+        "loads": loads, "results": results,
     }
 
 
@@ -419,32 +388,51 @@ def _request_json(request: Any) -> str:
     return json_format.MessageToJson(request, indent=None)
 
 
+def report(out: dict[str, Any]) -> None:
+    print(f"reference {out['reference']} ({out['reference_version']}; pinned {out['pinned']}), "
+          f"LIMIT_RESPONSE_HEADERS_ENABLED={'true' if out['reference_headers'] == 'on' else 'false'}")
+    print(f"fixtures from {out['source']}: {len(out['scenarios'])} configurations"
+          + (f" (not at this commit: {', '.join(out['not_in_source'])})" if out["not_in_source"] else ""))
+    for load in out["loads"]:
+        if any(v != "served" for k, v in load.items() if k != "scenario"):
+            print(f"  load {load['scenario']}: " + "; ".join(f"{k} {v}" for k, v in load.items() if k != "scenario"))
+    for name, c in out["configs"].items():
+        print(f"{name} ({' '.join(c['options']) or 'no option'}): {c['identical']} of {c['answers']} answers identical; "
+              f"{len(c['kept'])} kept on purpose, {c['other']} other differences")
+        for k in c["kept"]:
+            print(f"  kept: {k['scenario']}: {k['sequence']}: {k['ratewarden']}, the reference {k['reference']} "
+                  f"({k['reason']})")
+        for kind, count in c["kinds"].items():
+            print(f"  {count:4d} answers differ in {kind}")
+        for what, count in sorted(c["other_sequences"].items()):
+            print(f"  differs: {what}: {count}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--match", action="store_true", help="start ratewarden with the options matching the reference")
-    parser.add_argument("--source", type=Path, default=None, help="envoyproxy/ratelimit's source tree")
-    parser.add_argument("--reference", type=Path, default=Path.home() / "go/bin/service_cmd", help="its service_cmd")
+    parser.add_argument("--configs", default="defaults,envoy-env",
+                        help=f"ratewarden's configurations to compare, comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--match", action="store_true", help="the same as --configs match")
+    parser.add_argument("--source", type=Path, default=None,
+                        help=f"envoyproxy/ratelimit's source tree (default: {MODULE}@{REFERENCE_VERSION}, Go's module cache)")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="its service_cmd, at the pinned version (default: found or built as the gateway bench does)")
+    parser.add_argument("--build", action="store_true", help="go install the pinned reference when it is missing")
     parser.add_argument("--reference-headers", choices=("on", "off"), default="on",
                         help="LIMIT_RESPONSE_HEADERS_ENABLED for the reference (default on)")
     parser.add_argument("--json", type=Path, default=Path("envoy-compat.json"), help="where to write every answer")
     args = parser.parse_args()
-    args.source = args.source or default_source()
-    report = run(args)
-    args.json.write_text(json.dumps(report, indent=1))
-    print(f"reference {report['reference']} (fixtures from {report['source']})")
-    print(f"ratewarden options: {' '.join(report['ratewarden_options']) or '(defaults)'}")
-    for load in report["loads"]:
-        if load["reference"] != "served" or load["ratewarden"] != "served":
-            print(f"  load {load['scenario']}: reference {load['reference']}; ratewarden {load['ratewarden']}")
-    print(f"{report['identical']} of {report['answers']} answers identical, {report['different']} different "
-          f"({report['identical_but_headers']} identical but for their headers)")
-    for kind, count in report["kinds"].items():
-        print(f"  {count:4d} answers differ in {kind}")
-    by_sequence = Counter((r["scenario"], r["sequence"]) for r in report["results"] if r["differences"])
-    if by_sequence:
-        print("sequences with differences:")
-        for (scenario, what), count in sorted(by_sequence.items()):
-            print(f"  {scenario}: {what}: {count}")
+    args.configs = ["match"] if args.match else [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not args.configs or set(args.configs) - set(CONFIGS):
+        parser.error(f"--configs: each of {', '.join(CONFIGS)}")
+    if args.source is None:
+        args.source = pinned_source()
+        args.reference = reference_binary(args.reference, args.build)
+    elif args.reference is None:
+        parser.error("--source needs --reference (the binary built from that source)")
+    out = run(args)
+    args.json.write_text(json.dumps(out, indent=1))
+    report(out)
     print(f"written to {args.json}")
 
 

@@ -1,10 +1,14 @@
 """The options that make ``ratewarden serve`` answer as envoyproxy/ratelimit does (docs/gateways/envoy.md,
 "Compatibility with envoyproxy/ratelimit"), each through the generated Envoy client on a real gRPC
 server: ``charge="each"``, ``headers="reference"``/``"none"``, merged domains, and ``quota_mode``
-(the reference's ``example.yaml``); their bad values; and the command-line flags end to end."""
+(the reference's ``example.yaml``); their bad values; and the command-line flags end to end. Then
+scripts/envoy_compat.py against the reference binary at ``REFERENCE_VERSION`` and its fixtures at that
+commit: ``--envoy-env`` answers as the reference but for the kept error codes, and the counts are the docs'."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import uuid
@@ -201,3 +205,87 @@ def test_the_flags_end_to_end(tmp_path: Path) -> None:
         assert [h.key for h in refused.response_headers_to_add] == REFERENCE_NAMES
     finally:
         assert server.stop() == 0
+
+
+# ---------------------------------------------------------------- the reference's fixtures, pinned
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The requests ratewarden answers otherwise on purpose, and the row of docs/gateways/envoy.md's
+#: compatibility table that lists each, with the reason.
+KEPT_ROWS = {
+    "empty domain": "| empty `domain`, no `descriptors` |",
+    "no descriptors": "| empty `domain`, no `descriptors` |",
+    "an entry with an empty key": "| an entry with an empty `key`, a descriptor with no entries |",
+    "a descriptor with no entries": "| an entry with an empty `key`, a descriptor with no entries |",
+}
+
+
+def _compat_section() -> str:
+    page = (ROOT / "docs" / "gateways" / "envoy.md").read_text()
+    return page[page.index("## Compatibility with envoyproxy/ratelimit"):page.index("## Moving from envoyproxy/ratelimit")]
+
+
+@pytest.fixture(scope="module")
+def pinned_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """scripts/envoy_compat.py with ratewarden's defaults and ``--envoy-env``, against the reference binary
+    at ``REFERENCE_VERSION`` and its fixtures at that commit (Go's module cache); skipped, with the
+    reason, where Go, the binary at that version or redis-server is missing."""
+    from ratewarden.bench.gateway_peers import REFERENCE_MODULE, REFERENCE_VERSION, _go_tool
+
+    if shutil.which("go") is None:
+        pytest.skip(f"no `go` on PATH: the fixtures are read from envoyproxy/ratelimit@{REFERENCE_VERSION} in Go's module cache")
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.skip("redis-server is not installed (scripts/install-system-deps.sh)")
+    found, why = _go_tool("service_cmd", REFERENCE_MODULE, False, lambda _: None, REFERENCE_VERSION)
+    if not found:
+        pytest.skip(f"envoyproxy/ratelimit at {REFERENCE_VERSION} is not built here: {why}")
+    out = tmp_path_factory.mktemp("compat") / "compat.json"
+    done = subprocess.run(
+        [sys.executable, "scripts/envoy_compat.py", "--configs", "defaults,envoy-env", "--reference", found, "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    if done.returncode != 0 and "go mod download" in done.stderr:
+        pytest.skip(f"the fixtures at {REFERENCE_VERSION} cannot be had: {done.stderr.strip()[-300:]}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    report["printed"] = done.stdout
+    return report
+
+
+def test_the_fixtures_are_the_binarys_commit(pinned_run: dict[str, Any]) -> None:
+    from ratewarden.bench.gateway_peers import REFERENCE_VERSION
+
+    assert pinned_run["pinned"] == REFERENCE_VERSION
+    assert pinned_run["reference_version"].endswith(f" {REFERENCE_VERSION}")
+    assert Path(pinned_run["source"]).name == f"ratelimit@{REFERENCE_VERSION}"
+    assert len(pinned_run["scenarios"]) >= 10 and "test/wildcard.yaml" in pinned_run["scenarios"]
+    commit = REFERENCE_VERSION.rsplit("-", 1)[1]
+    assert f"`{REFERENCE_VERSION}` (commit {commit})" in _compat_section()
+
+
+def test_envoy_env_answers_as_the_reference_but_the_kept_error_codes(pinned_run: dict[str, Any]) -> None:
+    """Every answer of ``--envoy-env`` with the reference's own environment is the reference's, except
+    the error codes kept on purpose, each listed in the docs' compatibility table with "none: kept"."""
+    env = pinned_run["configs"]["envoy-env"]
+    assert (env["other"], env["kinds"], env["other_sequences"]) == (0, {}, {}), pinned_run["printed"]
+    assert sorted(k["sequence"] for k in env["kept"]) == sorted(KEPT_ROWS)
+    assert env["identical"] == env["answers"] - len(KEPT_ROWS)
+    rows = {line.split(" | ")[0] + " |": line for line in _compat_section().splitlines() if line.startswith("| ")}
+    for kept in env["kept"]:
+        assert kept["ratewarden"] == "INVALID_ARGUMENT"
+        assert "none: kept" in rows[KEPT_ROWS[kept["sequence"]]], kept
+
+
+def test_the_counts_are_the_docs(pinned_run: dict[str, Any]) -> None:
+    """The compatibility table's counts (``LIMIT_RESPONSE_HEADERS_ENABLED=true``) are this run's, for
+    ratewarden's defaults and ``--envoy-env``; the defaults differ only where the table says why."""
+    table = _compat_section()
+    for name, row in (("defaults", "| defaults | `LIMIT_RESPONSE_HEADERS_ENABLED=true` |"),
+                      ("envoy-env", "| `--envoy-env` | `LIMIT_RESPONSE_HEADERS_ENABLED=true` |")):
+        line = next(line for line in table.splitlines() if line.startswith(row))
+        config = pinned_run["configs"][name]
+        assert f"| {config['identical']} of {config['answers']} |" in line, (line, pinned_run["printed"])
+    defaults = pinned_run["configs"]["defaults"]
+    assert set(defaults["kinds"]) <= {"headers", "limit_remaining", "status code", "overall_code",
+                                      "not served (ratewarden refused the configuration)"}, defaults["kinds"]
+    assert sorted(k["sequence"] for k in defaults["kept"]) == sorted(KEPT_ROWS)
