@@ -426,21 +426,17 @@ class RedisStore(Store):
             raise self.store_error("clear", exc) from exc
 
     async def close(self) -> None:
-        """Close every connection the store opened: its own, and the client's (each even if
-        another fails). Calls in flight may fail; they, and any later call, leave no connection
-        open."""
+        """Close every connection the store opened, its own and the client's (each even if another
+        fails). Calls in flight may fail; they, and any later call, leave no connection open."""
         self._closed = True
         self._blocking.close()
         measuring = self._preparing
-        if measuring is not None and not measuring.done():
-            # Let it end (its own socket timeouts bound it) rather than leave it connecting after us.
+        if measuring is not None and not measuring.done():  # let it end rather than connect after us
             await asyncio.wait((measuring,), timeout=max(self.timeout, 1.0))
         await self._close_connections()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
-        # A closed transport shuts its socket a loop pass later (connection_lost): let it, so no
-        # socket is left to the garbage collector when the caller's loop ends right after this.
-        for _ in range(2):
+        for _ in range(2):  # a closed transport shuts its socket a loop pass later: leave none to the GC
             await asyncio.sleep(0)
 
     async def _close_connections(self) -> None:
