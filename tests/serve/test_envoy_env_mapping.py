@@ -44,12 +44,12 @@ def values(**env: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize(("env", "url"), [
-    ({}, "redis://redis:6379/0?pool_size=10"),
-    ({"REDIS_AUTH": "s3cret", "REDIS_POOL_SIZE": "4"}, "redis://:s3cret@redis:6379/0?pool_size=4"),
+    ({}, "redis://redis:6379/0?pool_size=10&cache=0"),
+    ({"REDIS_AUTH": "s3cret", "REDIS_POOL_SIZE": "4"}, "redis://:s3cret@redis:6379/0?pool_size=4&cache=0"),
     ({"REDIS_AUTH": "app:p@ss", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca.pem", "REDIS_TIMEOUT": "250ms"},
-     "rediss://app:p%40ss@redis:6379/0?pool_size=10&timeout=0.25&connect_timeout=0.25&ssl_ca_certs=%2Fca.pem"),
+     "rediss://app:p%40ss@redis:6379/0?pool_size=10&timeout=0.25&connect_timeout=0.25&ssl_ca_certs=%2Fca.pem&cache=0"),
     ({"REDIS_TYPE": "SENTINEL", "REDIS_URL": "mymaster,s1:26379,s2:26379", "REDIS_SENTINEL_AUTH": "pw"},
-     "redis+sentinel://s1:26379,s2:26379/mymaster?pool_size=10&sentinel_password=pw"),
+     "redis+sentinel://s1:26379,s2:26379/mymaster?pool_size=10&sentinel_password=pw&cache=0"),
     ({"REDIS_TYPE": "cluster", "REDIS_URL": "n1:7000,n2:7001", "LOCAL_CACHE_SIZE_IN_BYTES": "1048576"},
      "redis+cluster://n1:7000,n2:7001?pool_size=10&cache=1"),
     ({"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "mc:11211"}, "memcached://mc:11211"),

@@ -215,9 +215,8 @@ def _redis_query(values: _Values, kind: str, given: Collection[str]) -> str:
         if sep and user:
             query["sentinel_username"] = user
         query["sentinel_password"] = password if sep else sentinel_auth
-    local_cache = values["LOCAL_CACHE_SIZE_IN_BYTES"]
-    if isinstance(local_cache, int) and local_cache > 0:
-        query["cache"] = 1
+    local_cache = values["LOCAL_CACHE_SIZE_IN_BYTES"]  # the reference's 0: no local cache, every check asks Redis
+    query["cache"] = 1 if isinstance(local_cache, int) and local_cache > 0 else 0
     return "?" + urlencode(query) if query else ""
 
 
