@@ -121,7 +121,7 @@ def _needs_wrapper(obj: object, owner: str, name: str) -> bool:
         return False  # no default that inspect must look up (or no signature at all)
     try:
         inspect.signature(obj)
-    except ValueError:
+    except (ValueError, AttributeError):  # AttributeError: a default in a module still being imported
         return True
     return False
 

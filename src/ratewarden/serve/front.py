@@ -151,6 +151,9 @@ def _error(exc: BaseException) -> tuple[int, str]:
 GrpcRequest = tuple[int, str, list[RequestDescriptor], int, float]
 
 
+_ENDED = object()  # a decision that ended in its first step (its answer is in ``done``)
+
+
 class FrontAdapter(BatchAdapter[GrpcRequest, Item]):
     """Feeds a started ``Front``'s gRPC batches to ``service`` on the running event loop.
 
@@ -177,16 +180,17 @@ class FrontAdapter(BatchAdapter[GrpcRequest, Item]):
         for rid, domain, descriptors, hits, left in batch:
             coro = self.service.should_rate_limit(domain, descriptors, hits)
             token = CALLER_DEADLINE.set(now + left)
+            first: Any = _ENDED
             try:
                 first = coro.send(None)
             except StopIteration as stop:
                 done.append((rid, stop.value))
-                continue
             except Exception as exc:
                 done.append((rid, _error(exc)))
-                continue
             finally:
                 CALLER_DEADLINE.reset(token)
+            if first is _ENDED:
+                continue
             waiting.append((rid, coro, first))
             self._waits[rid] = first
             self._due[rid] = now + left

@@ -22,9 +22,8 @@ the protobuf), with envoyproxy/ratelimit's semantics and ratewarden's counting:
   an insurance limiter, nothing (``OK``, no limit stated); a shadow descriptor's failure is logged
   and never refuses;
 - the answer's headers are ratewarden's, as ``/check`` writes them, envoyproxy/ratelimit's three,
-  or none (``headers=``, ``serve.rls_headers``).
-
-So this module only translates: descriptors to storage keys, limits and costs; decisions to statuses and codes.
+  or none (``headers=``, ``serve.rls_headers``). This module only translates: descriptors to storage keys,
+  limits and costs; decisions to statuses and codes.
 """
 
 from __future__ import annotations
@@ -58,10 +57,8 @@ from .rls_messages import (
     RlsRequestError,
 )
 
-__all__ = [
-    "CHARGES", "HEADER_STYLES", "UINT32_MAX", "CurrentLimit", "DescriptorStatus", "RateLimitService",
-    "RequestDescriptor", "RlsAnswer", "RlsRequestError",
-]
+__all__ = ["CHARGES", "HEADER_STYLES", "UINT32_MAX", "CurrentLimit", "DescriptorStatus", "RateLimitService",
+           "RequestDescriptor", "RlsAnswer", "RlsRequestError"]
 
 #: ``charge=``: the enforced descriptors all or nothing, or each on its own (envoyproxy/ratelimit).
 CHARGES = ("all", "each")
