@@ -37,7 +37,23 @@ if [ -n "${RATEWARDEN_NO_FRONT:-}" ]; then
 else
   step "compiling the wheel with mypyc, and the front door with cargo when present (about 1-2 min on 2 cores, 4-5 for cargo's first build, more on a busy machine)"
 fi
+# The extras' own dependencies do not need the wheel: they install while it compiles (the C compiler
+# keeps the cores busy; the install mostly waits on downloads), and the wheel goes on top of them.
+deps=$("$venv/bin/python" - <<'PY' 2>/dev/null || true
+import tomllib
+extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
+print("\n".join(sorted({r for name in ("bench", "serve", "redis") for r in extras[name]})))
+PY
+)
+if [ -n "$deps" ]; then
+  printf '%s\n' "$deps" > "$venv/extras-deps.txt"
+  "$venv/bin/python" -m pip install -q -r "$venv/extras-deps.txt" > "$venv/extras-deps.log" 2>&1 &
+  deps_pid=$!
+fi
 quietly env RATEWARDEN_REQUIRE_COMPILED=1 "$venv/bin/python" -m pip wheel -q --no-deps -w "$wheels" .
+if [ -n "${deps_pid:-}" ] && ! wait "$deps_pid"; then
+  step "the extras' dependencies did not install ahead (pip said: $(tail -1 "$venv/extras-deps.log")); they install with the wheel"
+fi
 wheel=$(ls "$PWD/$wheels"/ratewarden-*.whl)
 front=$("$venv/bin/python" -c 'import sys, zipfile; print(zipfile.ZipFile(sys.argv[1]).read("ratewarden/_front_build.txt").decode().strip())' "$wheel" 2>/dev/null || echo "not attempted")
 step "compiled front door (ratewarden._front): $front"
