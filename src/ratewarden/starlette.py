@@ -23,7 +23,8 @@ from .keys import KeyFunc, client_ip
 from .limiter import Limiter
 from .limits import DEFAULT_ALGORITHM
 from .rates import Rate
-from .rules import CompiledRule, CostFunc, Rule
+from .route_limits import Declared
+from .rules import CompiledRule, CostFunc
 
 __all__ = ["answer_response", "limit"]
 
@@ -79,7 +80,7 @@ def limit(
     def decorate(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         label = name or f"{endpoint.__module__}.{endpoint.__qualname__}"
         # Counted under the module-qualified name, shown as the user named it: ``name``, else the rate.
-        rule = Rule("/**", rate, key=key, algorithm=algorithm, cost=cost, name=label, label=name or "")
+        rule = Declared(rate, key=key, cost=cost, algorithm=algorithm, name=name).rule(label, key, algorithm, "")
         rules = (CompiledRule(rule, limiter.prefix),)
         is_async = inspect.iscoroutinefunction(endpoint)
 
