@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .adapters.base import StoreSpec, Unsupported
+from .drivers import live
 from .drivers.live import LiveServer, ServerStartError
 
 __all__ = ["BARE", "NODE_DIR", "PEERS", "NodeServer", "cache_dir", "describe", "install", "is_peer", "require_node",
@@ -180,4 +181,4 @@ class NodeServer(LiveServer):
 
 def server_class(library: str) -> type[LiveServer]:
     """The live server that runs ``library``: Node for the rate-limiter-flexible rows, else uvicorn."""
-    return NodeServer if is_peer(library) else LiveServer
+    return NodeServer if is_peer(library) else live.LiveServer  # looked up now: the driver's, as it is
