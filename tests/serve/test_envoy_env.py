@@ -293,8 +293,12 @@ def test_configmap_layout_health_and_ratewarden_options(tmp_path: Path, started:
     }
     server = started(env, "--store", f"shm://envoy-env-{uuid.uuid4().hex[:8]}", "--workers", "2", "--watch", "0.2")
     server.up(status=500)  # no configuration yet
+    wait_until(lambda: len(server.events("worker_started")) >= 2, 20, "both workers")
     (config / "rl.yaml").write_text("domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n")
     server.up(status=200)
+    # Each worker watches on its own: health answered by one does not mean the other has the file yet.
+    wait_until(lambda: sum("rl.yaml" in str(e.get("path")) for e in server.events("reloaded")) >= 2, 20,
+               "both workers' reload of rl.yaml")
     request = rls_pb2.RateLimitRequest(domain="rl", descriptors=[desc(("k", "v"))])
     answers = [server.call(request) for _ in range(3)]
     assert [a.overall_code for a in answers] == [OK, OK, OK]  # SHADOW_MODE: over, yet OK overall

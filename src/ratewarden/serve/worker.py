@@ -132,7 +132,15 @@ class Worker:
         self.limiter = Limiter(  # --envoy-env: CACHE_KEY_PREFIX, else Limiter's own prefix
             open_store(store_url), on_error=config.on_error, workers=config.workers, prefix=config.key_prefix or "rw")
         self.metrics = _metrics() if config.metrics else None
+        # Each file's signature is taken before it is read: a file written in between is then seen
+        # as changed at the next poll, not taken as already loaded.
+        self.reloader = (
+            PolicyReloader(config.policy, self._apply, interval=config.watch or 1.0) if config.policy else None
+        )
         policy = load_policy(config.policy) if config.policy is not None else None
+        if self.reloader is not None:
+            self.reloader.policy = policy
+        self._envoy_signature = self._signature()
         self.rls = (
             _rate_limit_service(load_envoy(config.envoy_paths(), config.envoy_merge_domains), self.limiter, config)
             if config.serves_envoy else None
@@ -142,11 +150,6 @@ class Worker:
             self.limiter, policy, trusted_proxies=config.trusted_proxies, metrics=self.metrics, rls=self.rls,
             exposition=_total_exposition(self.metrics) if shared else None, reference=config.reference,
         )
-        self.reloader = (
-            PolicyReloader(config.policy, self._apply, interval=config.watch or 1.0, current=policy)
-            if config.policy else None
-        )
-        self._envoy_signature = self._signature()
 
     def _apply(self, policy: Policy) -> None:
         self.app.apply_policy(policy)
