@@ -135,7 +135,8 @@ def redis_server(directory: Path, port: int | None = None, *extra: str) -> Serve
 class RedisStandalone:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rw-redis-"))
-        self.server = redis_server(self.dir)
+        self.socket = str(self.dir / "redis.sock")  # the same server on a unix socket too
+        self.server = redis_server(self.dir, None, "--unixsocket", self.socket, "--unixsocketperm", "700")
         self.port = self.server.port
         self.url = f"redis://{HOST}:{self.port}/0"
 

@@ -244,6 +244,19 @@ def test_a_reference_deployment_runs_as_it_is(tmp_path: Path, redis_standalone: 
     assert server.stop() == 0
 
 
+def test_the_references_default_socket_type_unix(tmp_path: Path, redis_standalone: Any, started: Any) -> None:
+    """REDIS_SOCKET_TYPE=unix (the reference's default) with REDIS_URL the socket's path: the same
+    answers as over TCP, counted in the same Redis."""
+    domain = f"rl{uuid.uuid4().hex[:8]}"
+    current = swap(tmp_path / "runtime_data", "v1", {"config.yaml": CONFIG.format(domain=domain)})
+    env = {**redis_env(redis_standalone, current), "REDIS_SOCKET_TYPE": "unix", "REDIS_URL": redis_standalone.socket}
+    server = started(env).up()
+    assert server.events("started")[0]["store"].startswith(f"unix://{redis_standalone.socket}")
+    for request, code in calls(domain):
+        assert server.call(request).overall_code == code, request
+    assert server.stop() == 0
+
+
 def test_bad_and_unsupported_settings_are_named_at_start_up(tmp_path: Path, started: Any) -> None:
     """A value the reference would refuse, and a setting that would change what is enforced: exit status
     2 and one line naming the variable, no traceback. One that changes only what is observed: one
@@ -256,7 +269,7 @@ def test_bad_and_unsupported_settings_are_named_at_start_up(tmp_path: Path, star
         ({"PORT": "80a"}, "PORT='80a': must be a whole number"),
         ({"USE_PROMETHEUS": "yes"}, "USE_PROMETHEUS='yes': must be true or false"),
         ({"REDIS_TIMEOUT": "10"}, "REDIS_TIMEOUT='10': must be a Go duration"),
-        ({"REDIS_SOCKET_TYPE": "unix"}, "REDIS_SOCKET_TYPE=unix"),
+        ({"REDIS_SOCKET_TYPE": "unix"}, "with REDIS_SOCKET_TYPE=unix: must be the socket's absolute path"),
         ({"REDIS_TYPE": "SENTINEL"}, "expected master name and sentinels"),
         ({"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "a:1,b:2"}, "one server"),
         ({"GRPC_UDS": "/tmp/rl.sock"}, "GRPC_UDS=/tmp/rl.sock is not supported"),

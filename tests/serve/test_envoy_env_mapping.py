@@ -53,10 +53,24 @@ def values(**env: str) -> dict[str, object]:
     ({"REDIS_TYPE": "cluster", "REDIS_URL": "n1:7000,n2:7001", "LOCAL_CACHE_SIZE_IN_BYTES": "1048576"},
      "redis+cluster://n1:7000,n2:7001?pool_size=10&cache=1"),
     ({"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "mc:11211"}, "memcached://mc:11211"),
+    ({"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": "/run/redis/redis.sock", "REDIS_AUTH": "p@ss"},
+     "unix://:p%40ss@/run/redis/redis.sock?pool_size=10&cache=0"),
 ])
 def test_the_store_url_of_the_backend_settings(env: dict[str, str], url: str) -> None:
     given = read_settings({"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", **env})[1]
     assert store_url(values(**env), given) == url
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"REDIS_TYPE": "CLUSTER"}, "REDIS_SOCKET_TYPE=unix with REDIS_TYPE=CLUSTER: a unix socket reaches one server"),
+    ({"REDIS_URL": "redis:6379"}, "REDIS_URL='redis:6379' with REDIS_SOCKET_TYPE=unix: must be the socket's absolute path"),
+    ({"REDIS_TLS": "true"}, "REDIS_TLS=true with REDIS_SOCKET_TYPE=unix is not supported"),
+    ({"REDIS_SOCKET_TYPE": "udp"}, "REDIS_SOCKET_TYPE='udp': must be tcp or unix"),
+])
+def test_a_unix_socket_setting_that_cannot_work_is_named(env: dict[str, str], named: str) -> None:
+    settings, given = read_settings({"REDIS_SOCKET_TYPE": "unix", **env})
+    with pytest.raises(ConfigurationError, match=re.escape(named)):
+        store_url(settings, given)
 
 
 def test_options_given_win_and_defaults_are_the_references() -> None:
@@ -67,8 +81,9 @@ def test_options_given_win_and_defaults_are_the_references() -> None:
     assert (args.http, args.grpc, args.log_level, args.log_format) == ("0.0.0.0:8080", "0.0.0.0:8081", "warning", "text")
     assert (args.envoy_charge, args.envoy_merge_domains) == ("each", False)
     assert found.reference.prometheus is None and found.runtime is not None
-    with pytest.raises(ConfigurationError, match="REDIS_SOCKET_TYPE=unix"):
-        apply_envoy_env(argparse.Namespace(given=set()), {"RUNTIME_ROOT": "/tmp/current"})
+    defaults = argparse.Namespace(given=set())
+    apply_envoy_env(defaults, {"RUNTIME_ROOT": "/tmp/current"})  # the reference's default: twemproxy's unix socket
+    assert defaults.store == "unix:///var/run/nutcracker/ratelimit.sock?pool_size=10&cache=0"
 
 
 def test_the_runtime_layout(tmp_path: Path) -> None:

@@ -147,6 +147,27 @@ def _memcached_url(values: _Values) -> str:
     return f"memcached://{hosts[0]}"
 
 
+def _unix_url(values: _Values) -> str:
+    """``REDIS_SOCKET_TYPE=unix``: ``REDIS_URL`` is the path of a single Redis's socket."""
+    path = _str(values, "REDIS_URL")
+    kind = _str(values, "REDIS_TYPE")
+    if kind.lower() != "single":
+        raise ConfigurationError(
+            f"--envoy-env: REDIS_SOCKET_TYPE=unix with REDIS_TYPE={kind}: a unix socket reaches one server; "
+            "set REDIS_TYPE=SINGLE, or REDIS_SOCKET_TYPE=tcp with the servers' host:port"
+        )
+    if values["REDIS_TLS"]:
+        raise ConfigurationError("--envoy-env: REDIS_TLS=true with REDIS_SOCKET_TYPE=unix is not supported: "
+                                 "ratewarden speaks TLS to Redis over TCP only")
+    if not path.startswith("/"):
+        raise ConfigurationError(
+            f"--envoy-env: REDIS_URL={path!r} with REDIS_SOCKET_TYPE=unix: must be the socket's absolute path "
+            "(the reference's default is /var/run/nutcracker/ratelimit.sock); or set REDIS_SOCKET_TYPE=tcp and "
+            "REDIS_URL=host:port"
+        )
+    return f"unix://{_userinfo(_str(values, 'REDIS_AUTH'))}{quote(path)}"
+
+
 def store_url(values: _Values, given: Collection[str] = ()) -> str:
     """The store URL the reference's backend settings name (``BACKEND_TYPE``, ``REDIS_*``, ``MEMCACHE_*``).
 
@@ -161,13 +182,9 @@ def store_url(values: _Values, given: Collection[str] = ()) -> str:
         raise ConfigurationError(f"--envoy-env: BACKEND_TYPE={backend!r}: must be redis or memcache")
     socket_type = _str(values, "REDIS_SOCKET_TYPE").lower()
     if socket_type == "unix":
-        raise ConfigurationError(
-            f"--envoy-env: REDIS_SOCKET_TYPE=unix (the reference's default; REDIS_URL={_str(values, 'REDIS_URL')}) is "
-            "not supported: ratewarden's Redis store connects over TCP; set REDIS_SOCKET_TYPE=tcp and "
-            "REDIS_URL=host:port (or give --store)"
-        )
+        return _unix_url(values) + _redis_query(values, "single", given)
     if socket_type != "tcp":
-        raise ConfigurationError(f"--envoy-env: REDIS_SOCKET_TYPE={socket_type!r}: must be tcp (or unix, not supported)")
+        raise ConfigurationError(f"--envoy-env: REDIS_SOCKET_TYPE={socket_type!r}: must be tcp or unix")
     address = _str(values, "REDIS_URL")
     if "://" in address or "/" in address or not address:
         raise ConfigurationError(

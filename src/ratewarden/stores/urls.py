@@ -1,5 +1,5 @@
-"""Store URLs: ``redis://``, ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``, ``memcached://``,
-and the local ``shm://<name>`` and ``memory://`` (``open_store`` builds the store any of them names).
+"""Store URLs: ``redis://``, ``rediss://``, ``unix://`` (Redis on a unix socket), ``redis+sentinel://``,
+``redis+cluster://``, ``memcached://``, and the local ``shm://<name>`` and ``memory://`` (``open_store`` builds the store any of them names).
 
 One parser for every remote store, so pool size, timeouts, TLS and auth are spelled the same
 everywhere and a typo is reported by name instead of being silently ignored.
@@ -30,6 +30,7 @@ _KINDS = {
     "rediss+sentinel": ("sentinel", True),
     "redis+cluster": ("cluster", False),
     "rediss+cluster": ("cluster", True),
+    "unix": ("standalone", False),  # redis-py's spelling of a unix socket: unix:///path/redis.sock?db=0
     "memcached": ("memcached", False),
 }
 _DEFAULT_PORTS = {"standalone": 6379, "sentinel": 26379, "cluster": 6379, "memcached": 11211}
@@ -40,7 +41,7 @@ _TYPE_WORDS: dict[type, str] = {int: "a whole number", float: "a number", str: "
 #: Every scheme ``open_store`` takes, as a message lists them.
 ALL_SCHEMES = (
     "memory://", "shm://<name>", "redis://", "rediss://", "valkey://", "valkeys://", "redis+sentinel://",
-    "rediss+sentinel://", "redis+cluster://", "rediss+cluster://", "memcached://",
+    "rediss+sentinel://", "redis+cluster://", "rediss+cluster://", "unix:///<socket path>", "memcached://",
 )
 
 
@@ -85,7 +86,7 @@ class StoreURL:
 
     Args:
         kind: ``"standalone"``, ``"sentinel"``, ``"cluster"`` or ``"memcached"``.
-        hosts: Every ``host:port`` given (comma-separated in the URL).
+        hosts: Every ``host:port`` given (comma-separated in the URL); none for a unix socket.
         tls: Whether to connect with TLS (``rediss://``).
         db: The Redis database number.
         service: The Sentinel master's name.
@@ -93,6 +94,7 @@ class StoreURL:
         password: The password, if the URL has one.
         options: The query options, converted to their types.
         text: The URL with its password hidden, for messages.
+        socket: The unix socket's path (``unix://``), else ``None``.
     """
 
     kind: str  # standalone | sentinel | cluster | memcached
@@ -104,6 +106,7 @@ class StoreURL:
     password: str | None = None
     options: dict[str, object] = field(default_factory=dict)
     text: str = ""  # the URL with its password hidden, for messages
+    socket: str | None = None
 
     def option(self, name: str, default: object) -> object:
         """The query option ``name``, or ``default``.
@@ -149,20 +152,10 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
         raise _unsupported(text, scheme, names, ", ".join(f"{s}://" for s in names))
     kind, tls = kind_tls
     hostpart = parts.netloc.rsplit("@", 1)[-1]
-    if not hostpart:
-        raise ConfigurationError(f"store URL {text!r} names no host (e.g. {scheme}://127.0.0.1:{_DEFAULT_PORTS[kind]})")
-    hosts = []
-    for item in hostpart.split(","):
-        if item.startswith("["):  # [ipv6]:port
-            host, _, port = item[1:].partition("]")
-            port = port.removeprefix(":")
-        else:
-            host, _, port = item.partition(":")
-        number = int(port) if port.isascii() and port.isdigit() else -1 if port else _DEFAULT_PORTS[kind]
-        if not 1 <= number <= 65535:
-            raise ConfigurationError(f"store URL {text!r}: bad port {port!r} in {item!r} (a port is 1 to 65535)")
-        hosts.append((host, number))
-    result = StoreURL(kind=kind, hosts=hosts, tls=tls, text=text)
+    if scheme == "unix":
+        result = _unix_socket(text, hostpart, unquote(parts.path))
+    else:
+        result = StoreURL(kind=kind, hosts=_hosts(text, scheme, kind, hostpart), tls=tls, text=text)
     if "@" in parts.netloc:
         userinfo = parts.netloc.rsplit("@", 1)[0]
         user, sep, password = userinfo.partition(":")
@@ -177,11 +170,16 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
             )
         result.service = unquote(path[0])
         result.db = _database(text, path[1:])
-    elif kind == "standalone":
+    elif kind == "standalone" and result.socket is None:
         result.db = _database(text, path)
     elif path and kind == "cluster" and path != ["0"]:
         raise ConfigurationError(f"store URL {text!r}: Redis Cluster has only database 0, got {parts.path!r}")
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name == "db" and result.socket is not None:  # the path is the socket's: the database is an option
+            if not (value.isascii() and value.isdigit()):
+                raise ConfigurationError(f"store URL {text!r}: option db={value!r} must be a database number (e.g. ?db=0)")
+            result.db = int(value)
+            continue
         kind_of = OPTIONS.get(name)
         if kind_of is None or (kind == "memcached" and name.startswith(("ssl_", "sentinel_", "client_"))):
             known = ", ".join(n for n in OPTIONS if kind != "memcached" or not n.startswith(("ssl_", "sentinel_", "client_")))
@@ -191,6 +189,35 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
             raise ConfigurationError(f"store URL {text!r}: option {name}={value!r} must not be negative")
         result.options[name] = converted
     return result
+
+
+def _hosts(text: str, scheme: str, kind: str, hostpart: str) -> list[tuple[str, int]]:
+    """The ``host:port`` pairs of a URL's comma-separated host part (a port left out is the kind's default)."""
+    if not hostpart:
+        raise ConfigurationError(f"store URL {text!r} names no host (e.g. {scheme}://127.0.0.1:{_DEFAULT_PORTS[kind]})")
+    hosts = []
+    for item in hostpart.split(","):
+        if item.startswith("["):  # [ipv6]:port
+            host, _, port = item[1:].partition("]")
+            port = port.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        number = int(port) if port.isascii() and port.isdigit() else -1 if port else _DEFAULT_PORTS[kind]
+        if not 1 <= number <= 65535:
+            raise ConfigurationError(f"store URL {text!r}: bad port {port!r} in {item!r} (a port is 1 to 65535)")
+        hosts.append((host, number))
+    return hosts
+
+
+def _unix_socket(text: str, hostpart: str, path: str) -> StoreURL:
+    """A ``unix:///path/redis.sock`` URL: a standalone Redis on the socket at the URL's path."""
+    if hostpart:
+        raise ConfigurationError(
+            f"store URL {text!r}: a unix socket URL names no host: use unix:///path/to/redis.sock[?db=0] (three slashes)"
+        )
+    if not path.startswith("/") or path.endswith("/"):
+        raise ConfigurationError(f"store URL {text!r}: the socket path must be absolute, e.g. unix:///run/redis/redis.sock")
+    return StoreURL(kind="standalone", hosts=[], text=text, socket=path)
 
 
 def _database(text: str, path: list[str]) -> int:

@@ -361,10 +361,13 @@ class BlockingClient:
                 cfg.service, db=cfg.db, retry=no_retry, max_connections=self.size
             )
             return primary, list(sentinel.sentinels)
-        host, port = cfg.hosts[0]
+        where: dict[str, Any] = (
+            {"path": cfg.socket, "connection_class": syncredis.UnixDomainSocketConnection} if cfg.socket is not None
+            else {"host": cfg.hosts[0][0], "port": cfg.hosts[0][1],
+                  "connection_class": syncredis.SSLConnection if cfg.tls else syncredis.Connection}
+        )
         pool = syncredis.BlockingConnectionPool(  # type: ignore[no-untyped-call, unused-ignore]
-            host=host, port=port, db=cfg.db, max_connections=self.size, timeout=self.timeout, retry=no_retry,
-            connection_class=syncredis.SSLConnection if cfg.tls else syncredis.Connection, **tls, **common,
+            db=cfg.db, max_connections=self.size, timeout=self.timeout, retry=no_retry, **where, **tls, **common,
         )
         return syncredis.Redis(connection_pool=pool), []
 

@@ -26,8 +26,8 @@ def pool_limit(kind: str, pool_size: int) -> int:
 
 
 def make_client(cfg: StoreURL, timeout: float, connect_timeout: float, pool_size: int) -> tuple[Any, list[Any]]:
-    """The redis-py client for ``cfg`` (a parsed ``redis://``, ``rediss://``, ``redis+sentinel://``
-    or ``redis+cluster://`` URL), with a pool of ``pool_limit`` connections. Also the clients
+    """The redis-py client for ``cfg`` (a parsed ``redis://``, ``rediss://``, ``unix://``,
+    ``redis+sentinel://`` or ``redis+cluster://`` URL), with a pool of ``pool_limit`` connections. Also the clients
     it relies on that closing it leaves open (a Sentinel set-up's client of each Sentinel).
 
     Its read timeout is a backstop behind the store's own timers (``deadline``), which judge a
@@ -61,12 +61,14 @@ def make_client(cfg: StoreURL, timeout: float, connect_timeout: float, pool_size
     retry = Retry(NoBackoff(), 1)
     if cfg.kind == "sentinel":
         return _sentinel_primary(cfg, connect_timeout, pool_size, common, retry)
-    host, port = cfg.hosts[0]
     kwargs: dict[str, Any] = {k: v for k, v in common.items() if k != "ssl"}
-    kwargs["connection_class"] = ResolvingSSLConnection if cfg.tls else ResolvingConnection
+    if cfg.socket is not None:
+        kwargs.update(path=cfg.socket, connection_class=aioredis.UnixDomainSocketConnection)
+    else:
+        kwargs.update(host=cfg.hosts[0][0], port=cfg.hosts[0][1])
+        kwargs["connection_class"] = ResolvingSSLConnection if cfg.tls else ResolvingConnection
     pool = aioredis.BlockingConnectionPool(
-        host=host, port=port, db=cfg.db, max_connections=pool_limit(cfg.kind, pool_size), timeout=connect_timeout, retry=retry,
-        **kwargs,
+        db=cfg.db, max_connections=pool_limit(cfg.kind, pool_size), timeout=connect_timeout, retry=retry, **kwargs,
     )
     return aioredis.Redis(connection_pool=pool), []
 
