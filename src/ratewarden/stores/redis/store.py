@@ -51,7 +51,7 @@ class RedisStore(Store):
     Keyword arguments override the URL's query options of the same name.
 
     Args:
-        url: ``redis://``, ``rediss://`` (TLS), ``valkey://``, or their Sentinel and Cluster forms, with
+        url: ``redis://``, ``rediss://`` (TLS), ``valkey://``, ``unix://`` (a socket), or the Sentinel and Cluster forms, with
             options in its query.
         timeout: Seconds the store may stay silent before a check fails (default 0.1): time our own
             event loop or queue holds a check does not count, nor does a reply on its way.
