@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the servers and tools the tests and benchmarks drive (Debian packages), when missing:
-# Redis, Memcached, wrk, the gateways `ratewarden serve` is tested behind (HAProxy, nginx), and
-# with --browser, Chromium (the HTML report's layout test).
+# Redis, Memcached, twemproxy (nutcracker: envoyproxy/ratelimit's default way to Redis), wrk, the
+# gateways `ratewarden serve` is tested behind (HAProxy, nginx), and with --browser, Chromium (the
+# HTML report's layout test).
 set -euo pipefail
 need=()
-for pair in redis-server:redis-server redis-cli:redis-tools memcached:memcached wrk:wrk haproxy:haproxy nginx:nginx; do
+for pair in redis-server:redis-server redis-cli:redis-tools memcached:memcached wrk:wrk haproxy:haproxy nginx:nginx nutcracker:nutcracker; do
   cmd=${pair%%:*}; pkg=${pair##*:}
-  command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need+=("$pkg")
 done
 # With --browser (the test set-up, not the bench's): tests/bench/test_html_layout.py reads the
 # bench's HTML report in headless Chromium.
@@ -25,7 +26,7 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # The Debian packages start system-wide daemons; the tests start their own on free ports.
-for svc in redis-server memcached haproxy nginx; do
+for svc in redis-server memcached haproxy nginx nutcracker; do
   (command -v systemctl >/dev/null && $sudo systemctl disable --now "$svc" >/dev/null 2>&1) || true
   (command -v service >/dev/null && $sudo service "$svc" stop >/dev/null 2>&1) || true
 done

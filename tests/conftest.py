@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
-from tests.servers import Memcached, RedisCluster, RedisSentinel, RedisStandalone, have
+from tests.servers import Memcached, RedisCluster, RedisSentinel, RedisStandalone, Twemproxy, have
 
 BACKENDS = {
     "redis_standalone": "redis",
@@ -137,6 +137,16 @@ def redis_standalone() -> Iterator[RedisStandalone]:
     server = RedisStandalone().start()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def twemproxy(redis_standalone: RedisStandalone) -> Iterator[Twemproxy]:
+    """nutcracker (twemproxy) in front of the session's Redis."""
+    proxy = Twemproxy(redis_standalone.port)
+    if not os.access(proxy.binary, os.X_OK):
+        pytest.fail("nutcracker is not installed: run scripts/install-system-deps.sh (make setup does)")
+    yield proxy.start()
+    proxy.close()
 
 
 @pytest.fixture(scope="session")

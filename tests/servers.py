@@ -437,3 +437,43 @@ def gunicorn_exactly_100(app: str, path: str, server: tuple[int, int, str], env:
     assert codes.count(200) == 100, f"{codes.count(200)} admitted of 150 against 100"
     if workers > 1:
         assert len(list(pids.iterdir())) > 1, "one worker answered every request: nothing was shared"
+
+
+_TWEMPROXY_POOL = """{name}:
+  listen: {listen}
+  redis: true
+  hash: fnv1a_64
+  distribution: ketama
+  hash_tag: "{{}}"
+  auto_eject_hosts: false
+  servers:
+    - {host}:{redis}:1
+"""
+
+
+class Twemproxy:
+    """nutcracker in front of one Redis (``redis_port``), listening on TCP (``port``) and on a unix
+    socket (``socket``, in a directory whose name says nutcracker, as the reference's default path)."""
+
+    def __init__(self, redis_port: int) -> None:
+        self.binary = shutil.which("nutcracker") or "/usr/sbin/nutcracker"
+        self.dir = Path(tempfile.mkdtemp(prefix="rw-nutcracker-"))
+        self.redis_port = redis_port
+        self.port, self.socket = free_port(), str(self.dir / "ratelimit.sock")
+        config = self.dir / "nutcracker.yml"
+        config.write_text(_TWEMPROXY_POOL.format(name="tcp", listen=f"{HOST}:{self.port}", host=HOST, redis=redis_port)
+                          + _TWEMPROXY_POOL.format(name="unix", listen=f"{self.socket} 0600", host=HOST, redis=redis_port))
+        argv = [self.binary, "-c", str(config), "-s", str(free_port()), "-o", str(self.dir / "nutcracker.log")]
+        self.server = Server(argv, self.port, b"+PONG", b"*1\r\n$4\r\nPING\r\n")  # it reads no inline commands
+
+    def start(self) -> Twemproxy:
+        try:
+            self.server.start()
+        except BaseException:
+            self.server.stop()
+            raise
+        return self
+
+    def close(self) -> None:
+        self.server.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

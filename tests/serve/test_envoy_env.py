@@ -257,6 +257,20 @@ def test_the_references_default_socket_type_unix(tmp_path: Path, redis_standalon
     assert server.stop() == 0
 
 
+def test_the_references_default_path_through_twemproxy(tmp_path: Path, twemproxy: Any, started: Any) -> None:
+    """REDIS_URL a socket under a ``nutcracker`` directory, as the reference's default: the store goes
+    through twemproxy (``twemproxy=1``: no command it refuses), the same answers."""
+    domain = f"rl{uuid.uuid4().hex[:8]}"
+    current = swap(tmp_path / "runtime_data", "v1", {"config.yaml": CONFIG.format(domain=domain)})
+    env = {"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": twemproxy.socket, "RUNTIME_ROOT": str(current),
+           "RUNTIME_SUBDIRECTORY": "ratelimit"}
+    server = started(env).up()
+    assert server.events("started")[0]["store"].endswith("twemproxy=1")
+    for request, code in calls(domain):
+        assert server.call(request).overall_code == code, request
+    assert server.stop() == 0
+
+
 def test_bad_and_unsupported_settings_are_named_at_start_up(tmp_path: Path, started: Any) -> None:
     """A value the reference would refuse, and a setting that would change what is enforced: exit status
     2 and one line naming the variable, no traceback. One that changes only what is observed: one

@@ -55,6 +55,7 @@ def values(**env: str) -> dict[str, object]:
     ({"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "mc:11211"}, "memcached://mc:11211"),
     ({"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": "/run/redis/redis.sock", "REDIS_AUTH": "p@ss"},
      "unix://:p%40ss@/run/redis/redis.sock?pool_size=10&cache=0"),
+    ({"REDIS_URL": "twemproxy:22121"}, "redis://twemproxy:22121/0?pool_size=10&cache=0&twemproxy=1"),
 ])
 def test_the_store_url_of_the_backend_settings(env: dict[str, str], url: str) -> None:
     given = read_settings({"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", **env})[1]
@@ -83,7 +84,7 @@ def test_options_given_win_and_defaults_are_the_references() -> None:
     assert found.reference.prometheus is None and found.runtime is not None
     defaults = argparse.Namespace(given=set())
     apply_envoy_env(defaults, {"RUNTIME_ROOT": "/tmp/current"})  # the reference's default: twemproxy's unix socket
-    assert defaults.store == "unix:///var/run/nutcracker/ratelimit.sock?pool_size=10&cache=0"
+    assert defaults.store == "unix:///var/run/nutcracker/ratelimit.sock?pool_size=10&cache=0&twemproxy=1"
 
 
 def test_the_runtime_layout(tmp_path: Path) -> None:

@@ -234,6 +234,9 @@ def _redis_query(values: _Values, kind: str, given: Collection[str]) -> str:
         query["sentinel_password"] = password if sep else sentinel_auth
     local_cache = values["LOCAL_CACHE_SIZE_IN_BYTES"]  # the reference's 0: no local cache, every check asks Redis
     query["cache"] = 1 if isinstance(local_cache, int) and local_cache > 0 else 0
+    address = _str(values, "REDIS_URL").lower()
+    if kind == "single" and ("nutcracker" in address or "twemproxy" in address):  # as the reference's default
+        query["twemproxy"] = 1
     return "?" + urlencode(query) if query else ""
 
 

@@ -77,6 +77,7 @@ OPTIONS: dict[str, type] = {
     "sentinel_username": str,
     "sentinel_password": str,
     "client_name": str,
+    "twemproxy": int,  # 1 = through twemproxy (nutcracker), which refuses TIME and SCRIPT LOAD
 }
 
 

@@ -33,14 +33,17 @@ _DEADLINE_SHARE = 0.9
 class ScriptClock:
     """Deadlines on the server clock for calls whose callers wait ``timeout`` seconds."""
 
-    __slots__ = ("refused", "rtt", "skew", "test_clock", "timeout")
+    __slots__ = ("proxied", "refused", "rtt", "skew", "test_clock", "timeout")
 
-    def __init__(self, timeout: float, test_clock: Callable[[], float] | None) -> None:
+    def __init__(self, timeout: float, test_clock: Callable[[], float] | None, proxied: bool = False) -> None:
         self.timeout = timeout
         self.test_clock = test_clock
         self.skew: float | None = None  # server clock minus ours, measured on connect
         self.rtt = math.inf  # the round trip of the sample ``skew`` comes from: twice its error
-        self.refused = False  # the server refused ``TIME`` (an ACL): scripts go without a deadline
+        # Behind twemproxy, which closes the connection on ``TIME`` and ``SCRIPT LOAD``: neither is
+        # sent, scripts go without a deadline and are loaded by ``EVAL`` after ``NOSCRIPT``.
+        self.proxied = proxied
+        self.refused = proxied  # the server refused ``TIME`` (an ACL): scripts go without a deadline
 
     @property
     def unknown(self) -> bool:
@@ -76,6 +79,8 @@ class ScriptClock:
         our loop was busy (a long round trip) does not replace a better one it agrees with; one
         that disagrees beyond both errors (a new server, after a failover) does. A refused
         ``TIME`` (an ACL) leaves it unknown: scripts then go without a deadline."""
+        if self.proxied:
+            return
         best = skew = math.inf
         for _ in range(samples):
             before = time.time()

@@ -68,7 +68,7 @@ class PackedConnections:
             if missing:
                 # The server lost the script (SCRIPT FLUSH): load it once, then send those calls
                 # again by its hash with a fresh deadline; EVAL each only if loading is refused.
-                loaded = await _load_script(conn)
+                loaded = not self.clock.proxied and await _load_script(conn)
                 resend = exchange.fresh([commands[i] for i in missing])
                 again: list[Reply] = []
                 await self._exchange(conn, resend if loaded else [as_eval(c) for c in resend], again)
@@ -111,7 +111,8 @@ class PackedConnections:
             # A new server (started, restarted, failed over) lacks the script: loading it here
             # keeps a burst of first checks from each coming back NOSCRIPT and being sent again
             # with the whole script (a pipeline of 500 EVALs is 5 MB).
-            await _load_script(conn)
+            if not self.clock.proxied:
+                await _load_script(conn)
 
     async def _exchange(self, conn: Any, commands: list[bytes], replies: list[Reply]) -> None:
         await self._connect(conn)

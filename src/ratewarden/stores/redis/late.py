@@ -195,11 +195,13 @@ class LateCalls:
 def eval_kept(
     pool: Any, mode: str, names: list[bytes], keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float],
     script_args: Callable[[str, Sequence[Limit], Sequence[float]], list[Any]], late_calls: LateCalls,
+    loadable: bool = True,
 ) -> Reply:
     """The script in ``mode`` on a connection of ``pool`` taken by hand (standalone, Sentinel), with
     ``script_args`` (a fresh deadline each send): a check or an adjust with no reply in time keeps it
     (``Unanswered``) for its reply; the script is loaded on that same connection after ``NOSCRIPT``;
-    refused as late (nothing charged), it is sent again, at most ``RESENDS`` times."""
+    refused as late (nothing charged), it is sent again, at most ``RESENDS`` times. Not ``loadable``
+    (twemproxy): ``EVAL`` after ``NOSCRIPT``."""
     conn = take_connection(pool)
     sound = False  # the connection may be used again (nothing unread on it)
     try:
@@ -219,7 +221,7 @@ def eval_kept(
                     raise
                 loaded = True
                 sound = False
-                if not _load_script(conn):
+                if not (loadable and _load_script(conn)):
                     command, body = "EVAL", SCRIPT
                 continue
             except ResponseError as exc:

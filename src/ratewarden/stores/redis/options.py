@@ -22,6 +22,7 @@ class RedisOptions:
     pool_size: int
     coalesce: bool
     cache: bool
+    twemproxy: bool
 
     @classmethod
     def of(cls, cfg: StoreURL, timeout: float | None, connect_timeout: float | None, pool_size: int | None,
@@ -33,11 +34,15 @@ class RedisOptions:
             int(pool_size if pool_size is not None else cfg.option("pool_size", 8)),  # type: ignore[call-overload]
             bool(coalesce if coalesce is not None else cfg.option("coalesce", 1)),
             bool(cache if cache is not None else cfg.option("cache", 1)),
+            bool(cfg.option("twemproxy", 0)),
         )
         if not options.timeout > 0:
             raise ConfigurationError(f"{store_name(cfg.text)}: timeout must be positive, got {options.timeout!r} seconds")
         if options.pool_size < 1:
             raise ConfigurationError(f"{store_name(cfg.text)}: pool_size must be at least 1, got {options.pool_size}")
+        if options.twemproxy and cfg.kind != "standalone":
+            raise ConfigurationError(f"store URL {cfg.text!r}: twemproxy=1 is for one proxy address (redis:// or unix://), "
+                                     f"not {cfg.kind}")
         for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
             path = cfg.options.get(name)
             if path is not None and not os.path.isfile(str(path)):

@@ -95,7 +95,7 @@ class RedisStore(Store):
         # pools raise when exhausted). Cluster pipelines take up to pool_size of them per node.
         pipelines = self.pool_size if self._cluster and self.coalesce else 0
         self._gate = ConnectionGate(pool_limit(cfg.kind, self.pool_size) - pipelines)
-        self._script_clock = ScriptClock(self.timeout, clock)
+        self._script_clock = ScriptClock(self.timeout, clock, options.twemproxy)
         self._args = ScriptArgs(clock)
         self._connections = (ClusterConnections if self._cluster else PackedConnections)(self._client, self._script_clock)
         self._pipeline = Pipeline(

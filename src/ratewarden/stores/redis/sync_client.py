@@ -66,7 +66,7 @@ from .clock import ScriptClock
 from .errors import RESENDS, bad_reply, closed_under, pool_busy, refused_as_late, store_name
 from .late import FAILURES, LATE_SHARE, LateCalls, Unanswered, eval_kept
 from .protocol import SCRIPT, SCRIPT_SHA, Reply, ThreadScriptArgs, decision_at, key_bytes
-from .topology import pool_limit, slot_groups, spans_slots
+from .topology import plain_handshake, pool_limit, slot_groups, spans_slots
 
 __all__ = ["BlockingClient", "read_decisions"]
 
@@ -115,7 +115,7 @@ class BlockingClient:
         self.pool_size = pool_size
         self.cluster = cfg.kind == "cluster"
         self.size = pool_limit(cfg.kind, pool_size)
-        self.script_clock = ScriptClock(timeout, clock)
+        self.script_clock = ScriptClock(timeout, clock, bool(cfg.option("twemproxy", 0)))
         self.args = ThreadScriptArgs(clock)
         self._client: Any = None
         self._others: list[Any] = []  # a Sentinel set-up's client of each Sentinel
@@ -218,7 +218,10 @@ class BlockingClient:
         if self.cluster:
             return self._turn(_OPERATIONS[mode], lambda client: self._eval(client, mode, names, limits, costs))
         return self._turn(
-            _OPERATIONS[mode], lambda client: eval_kept(client.connection_pool, mode, names, keys, limits, costs, self._script_args, self._late)
+            _OPERATIONS[mode], lambda client: eval_kept(
+                client.connection_pool, mode, names, keys, limits, costs, self._script_args, self._late,
+                loadable=not self.script_clock.proxied,
+            )
         )
 
     def _turn(self, operation: str, command: Callable[[Any], _T]) -> _T:
@@ -280,7 +283,7 @@ class BlockingClient:
                 if loaded:
                     raise
                 loaded = True
-                if not self._load_script(client):
+                if self.script_clock.proxied or not self._load_script(client):
                     command, body = "EVAL", SCRIPT
             except ResponseError as exc:
                 if resent == RESENDS or not refused_as_late(exc):
@@ -325,6 +328,7 @@ class BlockingClient:
             "encoding_errors": "surrogatepass",
             "client_name": cfg.options.get("client_name"),
             "redis_connect_func": self._on_connect,
+            **plain_handshake(cfg),
         }
         tls: dict[str, Any] = {}
         if cfg.tls:
@@ -377,6 +381,8 @@ class BlockingClient:
         clock on it and load the script, as the async path's own connections do."""
         if not self.cluster:
             conn.on_connect()
+        if self.script_clock.proxied:
+            return
         self._measure(conn)
         conn.send_command("SCRIPT", "LOAD", SCRIPT)
         with contextlib.suppress(ResponseError):  # refused (an ACL): EVAL after NOSCRIPT

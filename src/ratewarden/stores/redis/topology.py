@@ -8,6 +8,7 @@ check whose keys span slots is split by ``slot_groups`` (see ``RedisStore``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,18 @@ from ._redis import ClusterNode, NoBackoff, RedisCluster, RedisError, Retry, Sen
 from .client import ResolvingConnection, ResolvingSSLConnection, sentinel_clients
 from .protocol import key_bytes
 
-__all__ = ["close_client", "make_client", "pool_limit", "slot_groups", "spans_slots"]
+__all__ = ["close_client", "make_client", "plain_handshake", "pool_limit", "slot_groups", "spans_slots"]
+
+
+def plain_handshake(cfg: StoreURL) -> dict[str, Any]:
+    """Connection arguments for a server behind twemproxy (``twemproxy=1``), which closes the
+    connection on ``HELLO`` and ``CLIENT``: RESP2 and no ``CLIENT SETINFO`` (redis-py 8 sends
+    both by default); nothing otherwise."""
+    if not cfg.option("twemproxy", 0):
+        return {}
+    if "driver_info" in inspect.signature(aioredis.connection.AbstractConnection.__init__).parameters:  # newer redis-py
+        return {"protocol": 2, "driver_info": None}
+    return {"protocol": 2, "lib_name": None, "lib_version": None}
 
 
 def pool_limit(kind: str, pool_size: int) -> int:
@@ -42,6 +54,7 @@ def make_client(cfg: StoreURL, timeout: float, connect_timeout: float, pool_size
         "decode_responses": False,
         "encoding_errors": "surrogatepass",  # keys as protocol.key_bytes encodes them
         "client_name": cfg.options.get("client_name"),
+        **plain_handshake(cfg),
     }
     if cfg.tls:
         common["ssl"] = True
