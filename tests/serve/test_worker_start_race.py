@@ -50,7 +50,7 @@ def test_envoy_file_written_between_read_and_signature(tmp_path: Path, monkeypat
 def test_policy_file_written_between_read_and_signature(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "policy.toml"
     before = 'version = 1\n[[rules]]\nname = "api"\npath = "/api/**"\nrate = "5/minute"\n'
-    after = before.replace("5/minute", "7/minute")
+    after = before.replace("5/minute", "70/minute")  # another size: a change even within one timestamp tick
     path.write_text(before)
     real = worker_module.load_policy
 
@@ -64,4 +64,30 @@ def test_policy_file_written_between_read_and_signature(tmp_path: Path, monkeypa
     assert worker.reloader is not None
     first = worker.reloader.policy
     assert first is not None and "5/minute" in repr(first.data)
-    _poll_until(worker, lambda: "7/minute" in repr(worker.reloader.policy.data))  # type: ignore[union-attr]
+    _poll_until(worker, lambda: "70/minute" in repr(worker.reloader.policy.data))  # type: ignore[union-attr]
+
+
+def test_policy_reloader_load_notes_the_signature_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PolicyReloader.load`` (the library's start-up path) has the same order: a write landing after
+    its read of the bytes, before it looked at the file's identity, is a change for the next ``check``."""
+    import os
+
+    from ratewarden.policy import reload as reload_module
+
+    path = tmp_path / "policy.toml"
+    before = 'version = 1\n[[rules]]\nname = "api"\npath = "/api/**"\nrate = "5/minute"\n'
+    path.write_text(before)
+    real_fstat = os.fstat
+
+    def write_then_fstat(fd: int) -> os.stat_result:
+        if "5/minute" in path.read_text():
+            path.write_text(before.replace("5/minute", "70/minute"))  # in place: the same inode
+        return real_fstat(fd)
+
+    applied: list[Any] = []
+    reloader = reload_module.PolicyReloader(path, applied.append, settle=0.0)
+    monkeypatch.setattr(reload_module.os, "fstat", write_then_fstat)
+    assert "5/minute" in repr(reloader.load().data)
+    monkeypatch.undo()
+    assert reloader.check() is True
+    assert "70/minute" in repr(applied[-1].data)

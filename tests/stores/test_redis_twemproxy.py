@@ -6,6 +6,7 @@ with the option none is sent, and checks stay exact on every algorithm, on both 
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -15,9 +16,17 @@ import pytest
 from ratewarden.algorithms import ALGORITHMS
 from ratewarden.errors import ConfigurationError
 from ratewarden.limits import make_limits
+from ratewarden.stores import open_store
 from ratewarden.stores.base import StoreError
 from ratewarden.stores.redis import RedisStore
 from tests.servers import HOST, Twemproxy
+
+
+def _flush(twemproxy: Twemproxy) -> str:
+    """``SCRIPT FLUSH`` on the Redis behind the proxy (straight, as twemproxy refuses it)."""
+    flushed = subprocess.run(["redis-cli", "-h", HOST, "-p", str(twemproxy.redis_port), "SCRIPT", "FLUSH"],
+                             capture_output=True, text=True, timeout=10)
+    return flushed.stdout.strip()
 
 
 def _key(suffix: str) -> str:
@@ -69,19 +78,25 @@ async def test_a_server_that_lost_the_script_gets_it_by_eval(twemproxy: Twemprox
     key = _key(limit.suffix)
     try:
         assert (await store.hit([key], [limit], [1.0])).remaining == 9
-        flushed = subprocess.run(["redis-cli", "-h", HOST, "-p", str(twemproxy.redis_port), "SCRIPT", "FLUSH"],
-                                 capture_output=True, text=True, timeout=10)
-        assert flushed.stdout.strip() == "OK"
+        assert _flush(twemproxy) == "OK"
         decisions = await asyncio.gather(*(store.hit([key], [limit], [1.0]) for _ in range(5)))
         assert sorted(d.remaining for d in decisions) == [4, 5, 6, 7, 8]
+        assert _flush(twemproxy) == "OK"  # again, for the blocking path's own NOSCRIPT
         assert store.hit_blocking([key], [limit], [1.0]).remaining == 3
     finally:
         await store.close()
 
 
-def test_the_option_is_for_one_proxy_address() -> None:
-    with pytest.raises(ConfigurationError, match="twemproxy=1 is for one proxy address"):
-        RedisStore(f"redis+cluster://{HOST}:7000?twemproxy=1")
+@pytest.mark.parametrize(("url", "named"), [
+    (f"redis+cluster://{HOST}:7000?twemproxy=1", "twemproxy=1 is for one proxy address"),
+    (f"redis://{HOST}:22121/0?twemproxy=1&client_name=rw", "client_name cannot go with twemproxy=1"),
+    (f"redis://{HOST}:22121/2?twemproxy=1", "database 2 cannot go with twemproxy=1"),
+    (f"redis://{HOST}:22121/0?twemproxy=2", "option twemproxy='2' must be 0 or 1"),
+    (f"memcached://{HOST}:11211?twemproxy=1", "unknown option 'twemproxy'"),
+])
+def test_what_twemproxy_cannot_carry_is_refused(url: str, named: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(named)):
+        open_store(url)
 
 
 async def test_clear_is_refused_as_a_store_error(twemproxy: Twemproxy) -> None:

@@ -124,8 +124,9 @@ class PolicyReloader:
     def load(self) -> Policy:
         """Load and apply the file now; raises ``PolicyError`` if it is invalid (start-up use)."""
         with self._lock:
+            before = self._stat()  # taken before the read: a write in between is seen by the next check
             read = _read(self.path)
-            self._signature = read.signature
+            self._signature = before if before is not None else read.signature
             policy = self._decode(read)
             self.apply(policy)
             self.policy = policy

@@ -79,6 +79,7 @@ OPTIONS: dict[str, type] = {
     "client_name": str,
     "twemproxy": int,  # 1 = through twemproxy (nutcracker), which refuses TIME and SCRIPT LOAD
 }
+_REDIS_ONLY = ("ssl_", "sentinel_", "client_", "twemproxy")  # options a memcached:// URL refuses
 
 
 @dataclass
@@ -182,12 +183,14 @@ def parse_store_url(url: str, allowed: tuple[str, ...]) -> StoreURL:
             result.db = int(value)
             continue
         kind_of = OPTIONS.get(name)
-        if kind_of is None or (kind == "memcached" and name.startswith(("ssl_", "sentinel_", "client_"))):
-            known = ", ".join(n for n in OPTIONS if kind != "memcached" or not n.startswith(("ssl_", "sentinel_", "client_")))
+        if kind_of is None or (kind == "memcached" and name.startswith(_REDIS_ONLY)):
+            known = ", ".join(n for n in OPTIONS if kind != "memcached" or not n.startswith(_REDIS_ONLY))
             raise ConfigurationError(f"store URL {text!r}: unknown option {name!r}; known options: {known}")
         converted = _option(text, name, value, kind_of)
         if isinstance(converted, (int, float)) and converted < 0:
             raise ConfigurationError(f"store URL {text!r}: option {name}={value!r} must not be negative")
+        if name == "twemproxy" and converted not in (0, 1):
+            raise ConfigurationError(f"store URL {text!r}: option twemproxy={value!r} must be 0 or 1")
         result.options[name] = converted
     return result
 
@@ -321,7 +324,7 @@ def check_store_url(url: str) -> None:
 
 def open_store(url: str) -> Store:
     """The store a URL names: ``memory://``, ``shm://<name>``, ``redis://``/``valkey://`` (and
-    their TLS, Sentinel and Cluster forms) or ``memcached://``.
+    their TLS, Sentinel and Cluster forms), ``unix://`` (Redis on a socket) or ``memcached://``.
 
     Args:
         url: The store's URL.

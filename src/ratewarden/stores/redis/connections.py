@@ -6,7 +6,9 @@
 
 Both return one reply per call, an error reply as its exception, and send ``NOSCRIPT`` calls
 again as ``EVAL`` (once per server, after a restart or failover). Both measure the server clock's
-offset (``prepare``) before the first pipeline is sent, so that every script carries its deadline.
+offset (``prepare``) before the first pipeline is sent, so that every script carries its deadline;
+behind twemproxy (``twemproxy=1``, ``ScriptClock.proxied``) neither measures nor loads: its scripts
+go without a deadline, by ``EVAL`` after ``NOSCRIPT``.
 """
 
 from __future__ import annotations

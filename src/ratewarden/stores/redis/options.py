@@ -40,11 +40,25 @@ class RedisOptions:
             raise ConfigurationError(f"{store_name(cfg.text)}: timeout must be positive, got {options.timeout!r} seconds")
         if options.pool_size < 1:
             raise ConfigurationError(f"{store_name(cfg.text)}: pool_size must be at least 1, got {options.pool_size}")
-        if options.twemproxy and cfg.kind != "standalone":
-            raise ConfigurationError(f"store URL {cfg.text!r}: twemproxy=1 is for one proxy address (redis:// or unix://), "
-                                     f"not {cfg.kind}")
+        if options.twemproxy:
+            _through_twemproxy(cfg)
         for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
             path = cfg.options.get(name)
             if path is not None and not os.path.isfile(str(path)):
                 raise ConfigurationError(f"store URL {cfg.text!r}: {name} file {path!r} does not exist")
         return options
+
+
+def _through_twemproxy(cfg: StoreURL) -> None:
+    """Refuse with ``twemproxy=1`` what twemproxy cannot carry: another topology, ``client_name``
+    (``CLIENT SETNAME``, on which it closes the connection) and a database (its pool's ``redis_db``
+    chooses it)."""
+    if cfg.kind != "standalone":
+        raise ConfigurationError(f"store URL {cfg.text!r}: twemproxy=1 is for one proxy address (redis:// or unix://), "
+                                 f"not {cfg.kind}")
+    if "client_name" in cfg.options:
+        raise ConfigurationError(f"store URL {cfg.text!r}: client_name cannot go with twemproxy=1: twemproxy closes the "
+                                 "connection on CLIENT SETNAME")
+    if cfg.db:
+        raise ConfigurationError(f"store URL {cfg.text!r}: database {cfg.db} cannot go with twemproxy=1: the proxy's "
+                                 "pool chooses the database (redis_db in its configuration); use 0")

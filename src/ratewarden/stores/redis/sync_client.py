@@ -17,6 +17,8 @@ the calling thread, never on an event loop.
   refused as late charged nothing either: it is sent again with a fresh deadline, at most
   ``RESENDS`` times, then the check fails. ``NOSCRIPT`` (the server lost the script) loads it
   once (on every primary of a cluster) and sends the call again; ``EVAL`` if loading is refused.
+  Behind twemproxy (``twemproxy=1``) nothing is measured or loaded: no deadline, ``EVAL`` after
+  ``NOSCRIPT``.
 * A check or an adjust that ran in time but whose reply came after its caller gave up is kept
   aside until its reply says what it changed, which is given back (``late``).
 * At most ``pool_limit`` calls at once, one connection each: the rest wait for a turn, at most
