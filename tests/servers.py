@@ -152,6 +152,36 @@ class RedisStandalone:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def valkey_binary() -> str:
+    """Where ``scripts/install-valkey.sh`` puts the Valkey server (``RATEWARDEN_VALKEY_SERVER`` overrides)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return os.environ.get("RATEWARDEN_VALKEY_SERVER") or str(cache / "ratewarden" / "valkey-9.1.2" / "valkey-server")
+
+
+class ValkeyStandalone:
+    """One Valkey server (9.1.2), spoken to as ``valkey://``."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="rw-valkey-"))
+        self.port = free_port()
+        argv = [valkey_binary(), "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
+                "--dir", str(self.dir), "--protected-mode", "no", "--loglevel", "warning"]
+        self.server = Server(argv, self.port, b"+PONG", b"PING\r\n")
+        self.url = f"valkey://{HOST}:{self.port}/0"
+
+    def start(self) -> ValkeyStandalone:
+        self.server.start()
+        info = redis_cmd(self.port, "INFO", "server")
+        if "valkey_version:" not in info:
+            self.close()
+            raise RuntimeError(f"port {self.port} is not answered by our Valkey: {info[:200]!r}")
+        return self
+
+    def close(self) -> None:
+        self.server.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class RedisCluster:
     """Three primaries with one replica each, joined by ``redis-cli --cluster create``."""
 

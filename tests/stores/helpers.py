@@ -15,7 +15,7 @@ from ratewarden.stores.base import Store, StoreError
 from ratewarden.stores.memory import MemoryStore
 
 ALGORITHM_NAMES = list(ALGORITHMS)
-KINDS = ["redis", "cluster", "sentinel", "memcached", "shm"]
+KINDS = ["redis", "valkey", "cluster", "sentinel", "memcached", "shm"]
 
 
 def make_store(kind: str, url: str, clock: Callable[[], float] | None = None, **options: Any) -> Store:

@@ -19,7 +19,7 @@ from ratewarden.stores.memory import MemoryStore
 from ratewarden.stores.redis import RedisStore
 from tests.shm import shm_store
 
-KINDS = ["memory", "shm", "redis", "redis_cluster", "memcached"]
+KINDS = ["memory", "shm", "redis", "valkey", "redis_cluster", "memcached"]
 ALGORITHMS = ["fixed_window", "sliding_window", "gcra", "token_bucket"]
 
 
@@ -33,6 +33,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         made = shm_store()
     elif kind == "redis":
         made = RedisStore(request.getfixturevalue("redis_standalone").url, timeout=0.5)
+    elif kind == "valkey":
+        made = RedisStore(request.getfixturevalue("valkey_standalone").url, timeout=0.5)
     elif kind == "redis_cluster":
         made = RedisStore(request.getfixturevalue("redis_cluster").url, timeout=0.5)
     else:

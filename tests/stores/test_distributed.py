@@ -1,5 +1,6 @@
-"""Every distributed store x every algorithm, against real servers: vectors, exact concurrency,
-cross-process exactness, and equality with the Python algorithms."""
+"""Every distributed store x every algorithm, against real servers (Redis standalone, Sentinel and
+Cluster, Valkey, Memcached, and the shared-memory table): vectors, exact concurrency, cross-process
+exactness, and equality with the Python algorithms."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ratewarden.stores.memory import MemoryStore
 from tests.stores.helpers import ALGORITHM_NAMES, KINDS, client_process, limit_of, make_store
 from tests.vectors.runner import FakeClock, run_vectors
 
-FIXTURES = {"redis": "redis_standalone", "cluster": "redis_cluster", "sentinel": "redis_sentinel",
+FIXTURES = {"redis": "redis_standalone", "valkey": "valkey_standalone", "cluster": "redis_cluster", "sentinel": "redis_sentinel",
             "memcached": "memcached_server", "shm": "shm_table"}
 NO_CACHE_OPTION = ("memcached", "shm")
 
@@ -225,6 +226,7 @@ async def test_unreachable_store_raises_store_error_naming_url(kind_url: tuple[s
     port = free_port()
     url = {
         "redis": f"redis://:secret@127.0.0.1:{port}/0",
+        "valkey": f"valkey://:secret@127.0.0.1:{port}/0",
         "cluster": f"redis+cluster://127.0.0.1:{port}",
         "sentinel": f"redis+sentinel://127.0.0.1:{port}/mymaster",
         "memcached": f"memcached://127.0.0.1:{port}",
