@@ -98,3 +98,23 @@ class FlakyStore(Store):
         if self.hits >= self.up_for:
             raise StoreError("store is down")
         return await self.memory.adjust(keys, limits, amounts)
+
+
+def admitted_by_threads(url: str, algorithm: str, rate: str, threads: int, checks: int) -> int:
+    """How many of ``checks`` blocking checks (``hit_blocking``) of one fresh key, from ``threads``
+    threads at once, a Redis store at ``url`` admits."""
+    import asyncio
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ratewarden.limits import make_limits
+    from ratewarden.stores.redis import RedisStore
+
+    store = RedisStore(url, timeout=5)
+    (limit,) = make_limits(rate, algorithm)
+    key = f"rw:{{thr|{uuid.uuid4().hex}}}:{limit.suffix}"
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            return sum(d.allowed for d in pool.map(lambda _: store.hit_blocking([key], [limit], [1.0]), range(checks)))
+    finally:
+        asyncio.run(store.close())

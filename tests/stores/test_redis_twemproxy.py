@@ -9,7 +9,6 @@ import asyncio
 import re
 import subprocess
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -20,6 +19,7 @@ from ratewarden.stores import open_store
 from ratewarden.stores.base import StoreError
 from ratewarden.stores.redis import RedisStore
 from tests.servers import HOST, Twemproxy
+from tests.stores.helpers import admitted_by_threads
 
 
 def _flush(twemproxy: Twemproxy) -> str:
@@ -59,15 +59,8 @@ async def test_over_tcp_too(twemproxy: Twemproxy) -> None:
 
 
 def test_threads_on_the_blocking_path_admit_exactly_the_limit(twemproxy: Twemproxy) -> None:
-    store = RedisStore(f"unix://{twemproxy.socket}?twemproxy=1&pool_size=4", timeout=5)
-    (limit,) = make_limits("30/hour", "sliding_window")
-    key = _key(limit.suffix)
-    try:
-        with ThreadPoolExecutor(40) as pool:
-            decisions = list(pool.map(lambda _: store.hit_blocking([key], [limit], [1.0]), range(120)))
-        assert sum(d.allowed for d in decisions) == 30
-    finally:
-        asyncio.run(store.close())
+    url = f"unix://{twemproxy.socket}?twemproxy=1&pool_size=4"
+    assert admitted_by_threads(url, "sliding_window", "30/hour", threads=40, checks=120) == 30
 
 
 async def test_a_server_that_lost_the_script_gets_it_by_eval(twemproxy: Twemproxy) -> None:

@@ -9,7 +9,6 @@ import asyncio
 import subprocess
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -18,6 +17,7 @@ from ratewarden.limits import make_limits
 from ratewarden.stores.base import StoreError
 from ratewarden.stores.redis import RedisStore
 from tests.servers import RedisStandalone
+from tests.stores.helpers import admitted_by_threads
 
 
 def _key(suffix: str) -> str:
@@ -37,15 +37,8 @@ async def test_200_concurrent_checks_admit_exactly_the_limit(redis_standalone: R
 
 
 def test_threads_on_the_blocking_path_admit_exactly_the_limit(redis_standalone: RedisStandalone) -> None:
-    store = RedisStore(f"unix://{redis_standalone.socket}?pool_size=4", timeout=5)
-    (limit,) = make_limits("30/hour", "fixed_window")
-    key = _key(limit.suffix)
-    try:
-        with ThreadPoolExecutor(40) as pool:
-            decisions = list(pool.map(lambda _: store.hit_blocking([key], [limit], [1.0]), range(120)))
-        assert sum(d.allowed for d in decisions) == 30
-    finally:
-        asyncio.run(store.close())
+    url = f"unix://{redis_standalone.socket}?pool_size=4"
+    assert admitted_by_threads(url, "fixed_window", "30/hour", threads=40, checks=120) == 30
 
 
 async def test_the_db_option_chooses_the_database(redis_standalone: RedisStandalone) -> None:
