@@ -94,13 +94,21 @@ async def test_a_sync_key_answering_an_awaitable_is_awaited_once() -> None:
     [
         pytest.param(lambda: (Rule("/**", "5/min"), Rule("/**", "9/min", key=lambda s: "k")), id="two rules"),
         pytest.param(lambda: (Rule("/**", "5/min", cost=lambda s: 2.0),), id="cost function"),
-        pytest.param(lambda: (Rule("/**", "5/min", key=_async_key),), id="async key"),
+        pytest.param(lambda: (Rule("/**", "5/min", shadow=True), Rule("/**", "9/min")), id="shadow rule"),
     ],
 )
-async def test_what_must_wait_is_an_awaitable(rules: Any) -> None:
+async def test_the_step_machine_decides_at_once_on_a_local_store(rules: Any) -> None:
+    """Several rules, a cost function, a shadow rule: the core's step machine, whose every step a
+    local store answers at once, so no coroutine is made."""
     limiter = Limiter(MemoryStore())
     answer = check(limiter, compiled(limiter, *rules()), http_scope())
-    assert not isinstance(answer, Decision) and answer is not None
+    assert isinstance(answer, Decision) and answer.allowed
+
+
+async def test_an_async_key_must_wait() -> None:
+    limiter = Limiter(MemoryStore())
+    answer = check(limiter, compiled(limiter, Rule("/**", "5/min", key=_async_key)), http_scope())
+    assert isinstance(answer, Awaitable)
     decision = await decided(answer)
     assert decision is not None and decision.allowed
 

@@ -1,6 +1,7 @@
-"""The async driver of a rule check: the middleware, the FastAPI dependency, the decorator and the
-WebSocket limits call it. What is charged and what a failure means are the core's (``plan.py``);
-this module only awaits: a key function's awaitable answer, and the store.
+"""The async rule check: the middleware, the FastAPI dependency, the decorator and the WebSocket
+limits call it. What is charged and what a failure means are the core's (``plan.py``), run by the
+async driver (``steps.drive``); this module adds the shortcut of the usual case, one rule with a
+plain key on a store that answers at once, decided without a step machine.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from collections.abc import Awaitable, Sequence
 
 from ..decision import Decision
 from ..errors import LimitUnavailable
-from ..keys import key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
 from ..types import Scope
-from .plan import key_failed, key_of, log_failure, plan_charge, rule_keys, shadow_outcome, store_failed
+from .plan import check_steps, finish_key, key_of, log_failure, store_failed
+from .steps import drive
 
 __all__ = [
     "Checked", "LimitUnavailable", "check", "check_rules", "decided", "key_later", "rule_key", "shadow_answer", "store_answer",
@@ -22,23 +23,19 @@ __all__ = [
 
 
 async def key_later(
-    limiter: Limiter | None, rule: CompiledRule | None, scope: Scope, pending: Awaitable[object]
+    limiter: Limiter | None, rule: CompiledRule, scope: Scope, pending: Awaitable[object]
 ) -> str:
-    """``key_of`` for a key function that answered an awaitable: awaited, as text, the same fallback.
+    """``key_of`` for a key function that answered an awaitable: awaited, as text, the same fallback
+    (``plan.finish_key``).
 
     Args:
         limiter: As for ``key_of``.
-        rule: The rule whose key it is; ``None`` (the bans') lets an exception through.
+        rule: The rule whose key it is.
         scope: The request's scope.
-        pending: What ``key_of`` (or ``key_value``) returned in place of a key.
+        pending: What ``key_of`` returned in place of a key.
     """
-    try:
-        return key_text(await pending, scope)
-    except Exception as exc:
-        if limiter is None or rule is None:
-            raise
-        return key_failed(limiter, rule, scope, exc)
-
+    found = drive(finish_key(limiter, rule, scope, pending))
+    return found if isinstance(found, str) else await found
 
 
 async def rule_key(limiter: Limiter, rule: CompiledRule, scope: Scope) -> str:
@@ -184,30 +181,11 @@ async def check_rules(
         message: Charge the WebSocket message limits instead of the connection or request ones.
     """
     if message:
-        return await _check_all(limiter, rules, scope, True)
+        return await decided(_check_all(limiter, rules, scope, True))
     return await decided(check(limiter, rules if isinstance(rules, tuple) else tuple(rules), scope))
 
 
-async def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> Decision | None:
-    """``check_rules`` through the core: any number of rules, shadow rules, async keys, cost functions."""
-    keys = rule_keys(limiter, rules, scope)
-    for i, key in enumerate(keys):
-        if key is None or isinstance(key, str):
-            continue
-        rule = rules[i]
-        if not rule.shadow:
-            keys[i] = await key_later(limiter, rule, scope, key)
-            continue
-        try:
-            keys[i] = await key_later(None, rule, scope, key)
-        except Exception as exc:
-            log_failure("shadow rule", exc)
-            keys[i] = None
-    charge = plan_charge(limiter, rules, keys, scope, message)
-    if charge is None:
-        return None
-    for shadow in charge.shadows:
-        shadow_outcome(shadow, await shadow_answer(limiter, shadow.keys, shadow.limits, shadow.costs), scope, message)
-    if not charge.keys:
-        return None
-    return await store_answer(limiter, charge.keys, charge.limits, charge.costs, "store")
+def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> Checked:
+    """``check_rules`` through the core's step machine (``plan.check_steps``): any number of rules,
+    shadow rules, async keys, cost functions; decided at once while the store answers at once."""
+    return drive(check_steps(limiter, rules, scope, message))

@@ -1,10 +1,10 @@
 """The decision core of a rule check, with no I/O: which key each rule charges, what one check
 charges (all or nothing) and what its shadow limits charge, and what a failed check means.
 
-It never awaits and never blocks: a key function's awaitable answer is handed back for the door to
-await, and the store is asked by the door's driver (``check.py`` awaits it, ``sync_check.py`` calls
-its synchronous client), which hands the answer, or the failure, back here (``store_failed``,
-``shadow_outcome``). So the async and sync checks differ only in how they reach the store.
+It never awaits and never blocks: ``check_steps`` is the check as a step machine (``steps.py``),
+yielding a key function's awaitable answer and each store charge for a driver to answer (``drive``
+awaiting, ``drive_blocking`` blocking), and taking the answer, or the failure, back here
+(``store_failed``, ``shadow_outcome``). So the async and sync checks differ only in their driver.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from ..limits import Limit
 from ..rules import CompiledRule
 from ..stores.base import StoreError, client_error
 from ..types import Scope
+from .steps import Hit, KeyAwait, Machine
 
 __all__ = [
-    "KEY_ERROR_PREFIX", "Charge", "Shadow", "add_charge", "failure_counts", "key_failed", "key_of", "key_value",
-    "log_failure", "plan_charge", "report_failure", "rule_costs", "rule_keys", "shadow_outcome", "store_failed",
+    "KEY_ERROR_PREFIX", "Charge", "Shadow", "add_charge", "check_steps", "failure_counts", "finish_key", "key_failed", "key_of",
+    "key_value", "log_failure", "plan_charge", "report_failure", "rule_costs", "rule_keys", "shadow_outcome",
+    "store_failed",
 ]
 
 log = logging.getLogger("ratewarden")
@@ -312,3 +314,66 @@ def shadow_outcome(shadow: Shadow, decision: Decision | None, scope: Scope, mess
         context.shadow = (*context.shadow, decision)
     if not decision.allowed:
         log.info("shadow limit %s would deny key=%s (retry after %.3fs)", shadow.rule.rule.name, shadow.key, decision.retry_after)
+
+
+def finish_key(limiter: Limiter | None, rule: CompiledRule, scope: Scope, pending: Awaitable[object]) -> Machine[str]:
+    """``key_of`` for a key function that answered an awaitable: finished by the driver (synchronous
+    code cannot: a failure), as text, with ``key_failed``'s fallback.
+
+    Args:
+        limiter: As for ``key_of``: ``None`` lets a failure through (a shadow rule's).
+        rule: The rule whose key it is.
+        scope: The request's scope.
+        pending: What ``key_of`` returned in place of a key.
+    """
+    try:
+        return key_text((yield KeyAwait(pending, f"rule {rule.rule.name!r}")), scope)
+    except Exception as exc:
+        if limiter is None:
+            raise
+        return key_failed(limiter, rule, scope, exc)
+
+
+def check_steps(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool = False) -> Machine[Decision | None]:
+    """A check of ``rules`` as a step machine: every rule's key (an awaitable one finished by the
+    driver, a failed one replaced by ``key_failed``'s), each shadow rule charged on its own, then
+    the enforced rules all or nothing. Its result is the decision; ``None`` when nothing was decided
+    (no limit applies, or the check failed under fail-open). Fail-closed raises ``LimitUnavailable``.
+
+    Args:
+        limiter: Checks the limits on its store.
+        rules: The rules the request matched.
+        scope: The request's scope.
+        message: Charge the WebSocket message limits instead of the connection or request ones.
+    """
+    keys = rule_keys(limiter, rules, scope)
+    for i, found in enumerate(keys):
+        if found is None or isinstance(found, str):
+            continue
+        rule = rules[i]
+        if not rule.shadow:
+            keys[i] = yield from finish_key(limiter, rule, scope, found)
+            continue
+        try:
+            keys[i] = yield from finish_key(None, rule, scope, found)
+        except Exception as exc:
+            log_failure("shadow rule", exc)
+            keys[i] = None
+    charge = plan_charge(limiter, rules, keys, scope, message)
+    if charge is None:
+        return None
+    store = limiter.store
+    for shadow in charge.shadows:
+        try:
+            answer: Decision | None = yield Hit(store, shadow.keys, shadow.limits, shadow.costs)
+        except Exception as exc:  # never the failure policy: a limit that never refuses does not refuse now
+            log_failure("shadow rule", exc)
+            answer = None
+        shadow_outcome(shadow, answer, scope, message)
+    if not charge.keys:
+        return None
+    try:
+        decision: Decision = yield Hit(store, charge.keys, charge.limits, charge.costs)
+    except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
+        return store_failed(limiter, "store", exc, charge.keys, charge.limits, charge.costs)
+    return decision

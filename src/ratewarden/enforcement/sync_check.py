@@ -1,14 +1,14 @@
 """The sync driver of a rule check (``check_blocking``), for WSGI apps, Flask and Django's sync views.
 
-What is charged and what a failure means are the core's (``plan.py``), as for the async driver
-(``check.py``); this one asks the store through ``Store.hit_blocking`` (its own synchronous client:
-no event loop, no thread hop). Key and cost functions must be synchronous here; an async one is
+What is charged and what a failure means are the core's (``plan.check_steps``), run by the
+blocking driver (``steps.drive_blocking``): the store is asked through ``Store.hit_blocking`` (its
+own synchronous client: no event loop, no thread hop). Key and cost functions must be synchronous here; an async one is
 refused when the integration is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 
 from ..decision import Decision
 from ..errors import ConfigurationError
@@ -16,16 +16,8 @@ from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
 from ..types import Scope
-from .plan import (
-    Shadow,
-    key_failed,
-    key_of,
-    log_failure,
-    plan_charge,
-    rule_keys,
-    shadow_outcome,
-    store_failed,
-)
+from .plan import check_steps, finish_key, key_of, store_failed
+from .steps import drive_blocking
 
 __all__ = ["check_blocking", "require_sync_keys", "store_answer_blocking", "sync_key_of"]
 
@@ -55,19 +47,7 @@ def sync_key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> st
         scope: The request's scope.
     """
     found = key_of(limiter, rule, scope)
-    return found if isinstance(found, str) else _refused(limiter, rule, scope, found)
-
-
-def _refused(limiter: Limiter | None, rule: CompiledRule, scope: Scope, pending: Awaitable[object]) -> str:
-    """A key function answered an awaitable, which synchronous code cannot await: closed, and a
-    failed key (``key_failed``; without ``limiter``, raised)."""
-    close = getattr(pending, "close", None)
-    if close is not None:
-        close()  # a coroutine never awaited: closed, so Python does not warn about it
-    exc = TypeError(f"rule {rule.rule.name!r}: the key function returned an awaitable; synchronous code cannot await it")
-    if limiter is None:
-        raise exc
-    return key_failed(limiter, rule, scope, exc)
+    return found if isinstance(found, str) else drive_blocking(finish_key(limiter, rule, scope, found))
 
 
 def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope) -> Decision | None:
@@ -84,27 +64,7 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
         only = rules[0]
         key = sync_key_of(limiter, only, scope)
         return store_answer_blocking(limiter, only.storage_keys(key), only.limits, only.costs, "rate limit check")
-    keys = rule_keys(limiter, rules, scope)
-    for i, found in enumerate(keys):
-        if found is None or isinstance(found, str):
-            continue
-        rule = rules[i]
-        if not rule.shadow:
-            keys[i] = _refused(limiter, rule, scope, found)
-            continue
-        try:
-            keys[i] = _refused(None, rule, scope, found)
-        except TypeError as exc:
-            log_failure("shadow rule", exc)
-            keys[i] = None
-    charge = plan_charge(limiter, rules, keys, scope)
-    if charge is None:
-        return None
-    for shadow in charge.shadows:
-        shadow_outcome(shadow, _shadow_answer(limiter, shadow), scope, False)
-    if not charge.keys:
-        return None
-    return store_answer_blocking(limiter, charge.keys, charge.limits, charge.costs, "store")
+    return drive_blocking(check_steps(limiter, rules, scope))
 
 
 def store_answer_blocking(
@@ -123,12 +83,3 @@ def store_answer_blocking(
         return limiter.store.hit_blocking(keys, limits, costs)
     except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
         return store_failed(limiter, what, exc, keys, limits, costs)
-
-
-def _shadow_answer(limiter: Limiter, shadow: Shadow) -> Decision | None:
-    """``check.shadow_answer`` from synchronous code."""
-    try:
-        return limiter.store.hit_blocking(shadow.keys, shadow.limits, shadow.costs)
-    except Exception as exc:
-        log_failure("shadow rule", exc)
-        return None

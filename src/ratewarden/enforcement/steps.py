@@ -1,0 +1,184 @@
+"""The step machine's two sides: what the decision core asks for (a ``Step``), and the two drivers
+that answer it, as h11 is for HTTP/1.1.
+
+The core is written once as a generator (``plan.check_steps``, ``Decider.decide_steps``,
+``Delay.steps``...): it never awaits and never blocks, it yields a ``Step`` whenever it needs the
+outside world (a store call, an awaitable key, a ban read, a pause) and takes the answer back, or
+the exception the step raised, thrown in at the same place. ``drive`` runs it for async code,
+answering at once the steps that need no wait (a local store, a cached rejection) so that an
+in-process check allocates no coroutine; ``drive_blocking`` runs it for synchronous code. Neither
+knows what a check is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Generator, Sequence
+from typing import Any, TypeVar
+
+from ..charges import adjust
+from ..limits import Limit
+from ..stores.base import Store
+
+__all__ = ["WAIT", "Adjust", "Hit", "KeyAwait", "Machine", "Pause", "Step", "drive", "drive_blocking"]
+
+T = TypeVar("T")
+
+WAIT: Any = object()
+"""What ``Step.at_once`` answers when the step cannot be answered without waiting."""
+
+
+class Step(ABC):
+    """One thing the core needs from outside it: ``run`` answers it awaiting, ``run_blocking``
+    blocking, ``at_once`` without either when it can (else ``WAIT``)."""
+
+    __slots__ = ()
+
+    def at_once(self) -> Any:
+        return WAIT
+
+    @abstractmethod
+    async def run(self) -> Any: ...
+
+    @abstractmethod
+    def run_blocking(self) -> Any: ...
+
+
+Machine = Generator[Step, Any, T]
+"""A decision written as steps: it yields each ``Step`` and returns its result."""
+
+
+class Hit(Step):
+    """Charge ``keys`` all or nothing (``Store.hit``): answers the ``Decision``, or raises what the
+    store raised (the core applies the failure policy)."""
+
+    __slots__ = ("costs", "keys", "limits", "store")
+
+    def __init__(self, store: Store, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> None:
+        self.store = store
+        self.keys = keys
+        self.limits = limits
+        self.costs = costs
+
+    def at_once(self) -> Any:
+        store = self.store
+        if store.local:
+            return store.hit_now(self.keys, self.limits, self.costs)
+        cached = store.cached_rejection(self.keys, self.costs)
+        return WAIT if cached is None else cached
+
+    async def run(self) -> Any:
+        return await self.store.hit(self.keys, self.limits, self.costs)
+
+    def run_blocking(self) -> Any:
+        return self.store.hit_blocking(self.keys, self.limits, self.costs)
+
+
+class Adjust(Step):
+    """Apply ``amounts`` to ``keys`` without a limit check (a refund, a penalty: ``charges.adjust``)."""
+
+    __slots__ = ("amounts", "keys", "limits", "store")
+
+    def __init__(self, store: Store, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> None:
+        self.store = store
+        self.keys = keys
+        self.limits = limits
+        self.amounts = amounts
+
+    async def run(self) -> Any:
+        return await adjust(self.store, self.keys, self.limits, self.amounts)
+
+    def run_blocking(self) -> Any:
+        return self.store.adjust_blocking(self.keys, self.limits, self.amounts)
+
+
+class KeyAwait(Step):
+    """Finish a key function's awaitable answer. Synchronous code cannot: ``run_blocking`` closes it
+    and raises ``TypeError`` naming whose key function it was (the core's key fallback applies)."""
+
+    __slots__ = ("pending", "whose")
+
+    def __init__(self, pending: Awaitable[object], whose: str) -> None:
+        self.pending = pending
+        self.whose = whose
+
+    async def run(self) -> Any:
+        return await self.pending
+
+    def run_blocking(self) -> Any:
+        close = getattr(self.pending, "close", None)
+        if close is not None:
+            close()  # a coroutine never awaited: closed, so Python does not warn about it
+        raise TypeError(f"{self.whose}: the key function returned an awaitable; synchronous code cannot await it")
+
+
+class Pause(Step):
+    """Wait ``seconds`` (a delayed request's turn): the task sleeps, or the thread does."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def run(self) -> Any:
+        await asyncio.sleep(self.seconds)
+
+    def run_blocking(self) -> Any:
+        time.sleep(self.seconds)
+
+
+def drive(machine: Machine[T]) -> T | Awaitable[T]:
+    """Run ``machine`` for async code: its result at once while every step answers ``at_once``,
+    else an awaitable that awaits the rest. ``isinstance(result, Awaitable)`` tells them apart
+    for results that are never awaitable themselves (decisions, outcomes)."""
+    try:
+        step = next(machine)
+        while True:
+            try:
+                answer = step.at_once()
+            except Exception as exc:
+                step = machine.throw(exc)
+                continue
+            if answer is WAIT:
+                return _finish(machine, step)
+            step = machine.send(answer)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def _finish(machine: Machine[T], step: Step) -> T:
+    """``drive`` from ``step`` on, awaiting each step."""
+    try:
+        while True:
+            try:
+                answer = await step.run()
+            except Exception as exc:
+                step = machine.throw(exc)
+            else:
+                step = machine.send(answer)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    finally:
+        machine.close()  # cancelled mid-step: the machine's own cleanup (a waiting place) runs now
+
+
+def drive_blocking(machine: Machine[T]) -> T:
+    """Run ``machine`` for synchronous code, blocking on each step."""
+    try:
+        step = next(machine)
+        while True:
+            try:
+                answer = step.run_blocking()
+            except Exception as exc:
+                step = machine.throw(exc)
+            else:
+                step = machine.send(answer)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    finally:
+        machine.close()
