@@ -1,5 +1,7 @@
 """The limiter's own answers, framework-neutral: the 429 and 503 as RFC 9457
-``application/problem+json`` bodies with their complete header lists.
+``application/problem+json`` bodies with their complete header lists, and the rate-limit headers
+every door writes (``limited_headers``, ``HeaderOptions.allowed_headers``; as text for a gateway's
+protocol: ``text_headers``).
 
 Every integration sends these bytes as they are (``ratewarden.asgi.responses`` over ASGI), so a
 rejection reads the same whichever layer wrote it.
@@ -14,7 +16,8 @@ from typing import Any
 from ..caches import remember
 from ..decision import Decision
 from ..errors import AmbiguousRequest
-from ..headers import HeaderMode, HeaderStyle, rate_limit_headers, retry_after_header
+from ..headers import HeaderMode, HeaderStyle, policy_value, rate_limit_headers, retry_after_header
+from ..limits import Limit
 from .options import check_header_options
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "problem_body",
     "problem_headers",
     "rejection",
+    "text_headers",
     "too_many_requests_body",
     "too_many_requests_problem",
     "unavailable_answer",
@@ -224,3 +228,46 @@ def problem_headers(body: bytes, headers: list[tuple[bytes, bytes]] | None = Non
         (b"content-length", b"%d" % len(body)),
         *(headers or ()),
     ]
+
+
+#: A gateway's answer: both styles, on allowed answers too.
+_GATEWAY = HeaderOptions("always", "both")
+#: The headers whose value changes with every answer: decoded each time, never remembered.
+_CHANGING = {b"ratelimit": "ratelimit", b"x-ratelimit-remaining": "x-ratelimit-remaining"}
+_texts: dict[tuple[bytes, bytes], tuple[str, str]] = {}
+
+
+def text_headers(
+    decision: Decision, policies: tuple[Limit | tuple[str, int], ...], refused: bool,
+    cache: dict[tuple[Limit | tuple[str, int], ...], bytes],
+) -> list[tuple[str, str]]:
+    """The rate-limit headers (both styles) of ``decision`` as text, for a protocol that carries text
+    (gRPC, JSON): a ``refused`` answer's are ``limited_headers``' (``Retry-After`` included), an
+    allowed one's ``allowed_headers``'; ``RateLimit-Policy`` lists ``policies``.
+
+    Args:
+        decision: The decision of the limit closest to it, its ``policy`` that limit's name.
+        policies: Every limit that applied; a limit of 0 as ``(name, period)`` (``q=0``).
+        refused: Whether the request is refused by ``decision``.
+        cache: The ``RateLimit-Policy`` values already written, by ``policies``.
+    """
+    policy = cache.get(policies)
+    if policy is None:
+        policy = b", ".join(
+            policy_value((item,)) if isinstance(item, Limit) else b'"%s";q=0;w=%d' % (item[0].encode("latin-1", "replace"), item[1])
+            for item in policies
+        )
+        remember(cache, policies, policy, 1024)
+    written = limited_headers(decision, _GATEWAY, policy) if refused else _GATEWAY.allowed_headers(decision, policy)
+    out: list[tuple[str, str]] = []
+    for pair in written:  # the ones that repeat from answer to answer (a policy, a limit, a reset second) decoded once
+        found = _texts.get(pair)
+        if found is None:
+            name = _CHANGING.get(pair[0])
+            if name is not None:
+                out.append((name, pair[1].decode("latin-1")))
+                continue
+            found = (pair[0].decode("latin-1"), pair[1].decode("latin-1"))
+            remember(_texts, pair, found, 4096, 4 << 20)
+        out.append(found)
+    return out

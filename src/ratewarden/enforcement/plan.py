@@ -327,7 +327,7 @@ def finish_key(limiter: Limiter | None, rule: CompiledRule, scope: Scope, pendin
         pending: What ``key_of`` returned in place of a key.
     """
     try:
-        return key_text((yield KeyAwait(pending, f"rule {rule.rule.name!r}")), scope)
+        return key_text((yield KeyAwait(pending, f"rule {rule.rule.name!r}: the key function")), scope)
     except Exception as exc:
         if limiter is None:
             raise
@@ -346,20 +346,31 @@ def check_steps(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, m
         scope: The request's scope.
         message: Charge the WebSocket message limits instead of the connection or request ones.
     """
-    keys = rule_keys(limiter, rules, scope)
-    for i, found in enumerate(keys):
+    if not message and len(rules) == 1 and rules[0].checked_inline:  # the usual case: no list, no plan
+        only = rules[0]
+        key = key_of(limiter, only, scope)
+        if not isinstance(key, str):
+            key = yield from finish_key(limiter, only, scope, key)
+        keys = only.storage_keys(key)
+        try:
+            checked: Decision = yield Hit(limiter.store, keys, only.limits, only.costs)
+        except Exception as exc:
+            return store_failed(limiter, "rate limit check", exc, keys, only.limits, only.costs)
+        return checked
+    found_keys = rule_keys(limiter, rules, scope)
+    for i, found in enumerate(found_keys):
         if found is None or isinstance(found, str):
             continue
         rule = rules[i]
         if not rule.shadow:
-            keys[i] = yield from finish_key(limiter, rule, scope, found)
+            found_keys[i] = yield from finish_key(limiter, rule, scope, found)
             continue
         try:
-            keys[i] = yield from finish_key(None, rule, scope, found)
+            found_keys[i] = yield from finish_key(None, rule, scope, found)
         except Exception as exc:
             log_failure("shadow rule", exc)
-            keys[i] = None
-    charge = plan_charge(limiter, rules, keys, scope, message)
+            found_keys[i] = None
+    charge = plan_charge(limiter, rules, found_keys, scope, message)
     if charge is None:
         return None
     store = limiter.store

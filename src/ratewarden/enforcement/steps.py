@@ -22,7 +22,7 @@ from ..charges import adjust
 from ..limits import Limit
 from ..stores.base import Store
 
-__all__ = ["WAIT", "Adjust", "Hit", "KeyAwait", "Machine", "Pause", "Step", "drive", "drive_blocking"]
+__all__ = ["WAIT", "Adjust", "Hit", "KeyAwait", "Machine", "Pause", "Peek", "Step", "drive", "drive_blocking"]
 
 T = TypeVar("T")
 
@@ -76,6 +76,27 @@ class Hit(Step):
         return self.store.hit_blocking(self.keys, self.limits, self.costs)
 
 
+class Peek(Step):
+    """Read ``keys`` without charging them (``Store.peek``): answers a ``Decision`` a key."""
+
+    __slots__ = ("keys", "limits", "store")
+
+    def __init__(self, store: Store, keys: Sequence[str], limits: Sequence[Limit]) -> None:
+        self.store = store
+        self.keys = keys
+        self.limits = limits
+
+    def at_once(self) -> Any:
+        store = self.store
+        return store.peek_now(self.keys, self.limits) if store.local else WAIT
+
+    async def run(self) -> Any:
+        return await self.store.peek(self.keys, self.limits)
+
+    def run_blocking(self) -> Any:
+        return self.store.peek_blocking(self.keys, self.limits)
+
+
 class Adjust(Step):
     """Apply ``amounts`` to ``keys`` without a limit check (a refund, a penalty: ``charges.adjust``)."""
 
@@ -96,7 +117,8 @@ class Adjust(Step):
 
 class KeyAwait(Step):
     """Finish a key function's awaitable answer. Synchronous code cannot: ``run_blocking`` closes it
-    and raises ``TypeError`` naming whose key function it was (the core's key fallback applies)."""
+    and raises ``TypeError`` naming whose key function it was (``whose``, e.g.
+    ``"rule 'api': the key function"``); the core's key fallback applies."""
 
     __slots__ = ("pending", "whose")
 
@@ -111,7 +133,7 @@ class KeyAwait(Step):
         close = getattr(self.pending, "close", None)
         if close is not None:
             close()  # a coroutine never awaited: closed, so Python does not warn about it
-        raise TypeError(f"{self.whose}: the key function returned an awaitable; synchronous code cannot await it")
+        raise TypeError(f"{self.whose} returned an awaitable; synchronous code cannot await it")
 
 
 class Pause(Step):

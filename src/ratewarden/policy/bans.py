@@ -20,10 +20,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..algorithms import AlgorithmName
 from ..decision import Decision
+from ..enforcement.steps import Machine, Peek, Step, drive, drive_blocking
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip
 from ..limiter import storage_key
@@ -34,7 +35,7 @@ from ..stores.base import BlockingOperation
 if TYPE_CHECKING:
     from ..limiter import Limiter
 
-__all__ = ["BanStatus", "Bans"]
+__all__ = ["BanStatus", "Bans", "Strike"]
 
 BanStatus = Literal[403, 429]
 """How a banned request is answered: 403 Forbidden or 429 Too Many Requests."""
@@ -152,9 +153,10 @@ class Bans:
             return 0.0
         return left
 
-    async def check(self, limiter: Limiter, key: str) -> float:
-        """Seconds left on ``key``'s ban (0 when not banned): from the cache while it is fresh,
-        else one read of the shared store. A store failure falls back to the cache.
+    def read_steps(self, limiter: Limiter, key: str) -> Machine[float]:
+        """Seconds left on ``key``'s ban (0 when not banned), as a step machine
+        (``enforcement.steps``): from the cache while it is fresh, else one read of the shared
+        store. A store failure falls back to the cache.
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
@@ -164,34 +166,31 @@ class Bans:
         entry = self._cache.get(key)
         if entry is not None and now < entry[1] and now < entry[0]:
             return entry[0] - now
-        store = limiter.store
         try:
-            keys = [self._storage(limiter, key, "until")]
-            if store.local:  # no coroutine for an in-process read
-                decision = store.peek_now(keys, _UNTIL_LIST)[0]
-            else:
-                decision = (await store.peek(keys, _UNTIL_LIST))[0]
+            decisions: list[Decision] = yield Peek(limiter.store, [self._storage(limiter, key, "until")], _UNTIL_LIST)
         except Exception as exc:
             return self._read_failed(exc, entry, now)
-        return self._read(key, decision.reset_after, entry, now)
+        return self._read(key, decisions[0].reset_after, entry, now)
+
+    async def check(self, limiter: Limiter, key: str) -> float:
+        """``read_steps``, awaited.
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+        """
+        left = drive(self.read_steps(limiter, key))
+        return left if isinstance(left, float) else await left
 
     def check_blocking(self, limiter: Limiter, key: str) -> float:
-        """``check`` for synchronous code (WSGI): the store is read with ``peek_blocking``, so it must
-        answer without an event loop (``require_blocking`` says so at start-up).
+        """``read_steps`` for synchronous code (WSGI): the store is read with ``peek_blocking``, so it
+        must answer without an event loop (``require_blocking`` says so at start-up).
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
             key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
         """
-        now = self.clock()
-        entry = self._cache.get(key)
-        if entry is not None and now < entry[1] and now < entry[0]:
-            return entry[0] - now
-        try:
-            decision = limiter.store.peek_blocking([self._storage(limiter, key, "until")], _UNTIL_LIST)[0]
-        except Exception as exc:
-            return self._read_failed(exc, entry, now)
-        return self._read(key, decision.reset_after, entry, now)
+        return drive_blocking(self.read_steps(limiter, key))
 
     def _read(self, key: str, left: float, entry: tuple[float, float] | None, now: float) -> float:
         """The store said ``left`` seconds: remember a running ban, forget an ended one."""
@@ -364,3 +363,21 @@ def _reset_blocking(limiter: Limiter, keys: list[str], fallback: bool = True) ->
     if fallback and limiter.fallback is not None:
         limiter.fallback.reset_blocking(keys)
     limiter.store.reset_blocking(keys)
+
+
+class Strike(Step):
+    """Count a refusal toward ``key``'s ban (``Bans.strike``, ``strike_blocking``): answers the
+    length of the ban it set (0: none)."""
+
+    __slots__ = ("bans", "key", "limiter")
+
+    def __init__(self, bans: Bans, limiter: Limiter, key: str) -> None:
+        self.bans = bans
+        self.limiter = limiter
+        self.key = key
+
+    async def run(self) -> Any:
+        return await self.bans.strike(self.limiter, self.key)
+
+    def run_blocking(self) -> Any:
+        return self.bans.strike_blocking(self.limiter, self.key)

@@ -3,16 +3,19 @@ its reloads, the admin operations, and (``decision_plan.Decider``) the plan and 
 request, which do no I/O.
 
 ``PolicyCore`` is a mixin: ``PolicyMiddleware`` (ASGI, ``asgi.py``) and ``WSGIPolicyMiddleware``
-(``wsgi.py``) each set ``limiter`` and ``rules`` and then call ``_start_policy``; each drives the
-plan and outcome with its own store calls, since one awaits and the other blocks.
+(``wsgi.py``) each set ``limiter`` and ``rules`` and then call ``_start_policy``; each runs the same
+step machines (``decide_steps``, ``strike_steps``, ``settle_steps``) with its driver, one awaiting
+(``enforcement.steps.drive``) and one blocking (``drive_blocking``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..enforcement.plan import rule_costs
+from ..enforcement.plan import finish_key, key_of, rule_costs
+from ..enforcement.steps import Adjust, Machine
 from ..errors import ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
@@ -26,7 +29,10 @@ from .reload import PolicyReloader
 from .runtime import Plan, Runtime
 from .schema import Policy
 
-__all__ = ["PolicyCore", "policy_in_rules", "refund_amounts", "refunded"]
+__all__ = ["PolicyCore", "policy_in_rules", "refund_amounts", "refunded", "settle_steps"]
+
+log = logging.getLogger("ratewarden")
+_refund_warned: set[str] = set()
 
 
 def policy_in_rules(
@@ -70,6 +76,30 @@ def refund_amounts(rule: CompiledRule, scope: Scope) -> list[float]:
         scope: The request's scope, for a cost function.
     """
     return [-c for c in rule_costs(rule, scope)]
+
+
+def settle_steps(limiter: Limiter, scope: Scope, rules: Sequence[CompiledRule], status: int) -> Machine[None]:
+    """Refund the charge of the rules whose ``charge`` says a response of ``status`` does not count
+    (``Outcome.settle``), as a step machine; a failure is logged, never the request's.
+
+    Args:
+        limiter: Whose store was charged.
+        scope: The request's scope (its keys, a cost function's input).
+        rules: The rules the request was charged to.
+        status: The response's status.
+    """
+    for rule in refunded(rules, status):
+        try:
+            found = key_of(limiter, rule, scope)
+            key = found if isinstance(found, str) else (yield from finish_key(limiter, rule, scope, found))
+            yield Adjust(limiter.store, rule.storage_keys(key), rule.limits, refund_amounts(rule, scope))
+        except NotImplementedError as exc:
+            name = type(limiter.store).__name__
+            if name not in _refund_warned:
+                _refund_warned.add(name)
+                log.warning("after-response charging unavailable: %s", exc)
+        except Exception as exc:
+            log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
 
 
 class PolicyCore(Decider, Operations):

@@ -1,18 +1,17 @@
 """The policy's decision without I/O: what a request needs read and charged (the plan), and what
 the store's answers make of it (the outcome). Nothing here awaits or blocks; the doors drive it.
 
-A door (``PolicyMiddleware.__call__`` and ``.answer``, ``WSGIPolicyMiddleware``) runs::
+A door (``PolicyMiddleware``, ``WSGIPolicyMiddleware``, ``ratewarden serve``) runs::
 
-    ctx = core._plan_request(scope)          # None: no rule applies, pass the request on
-    key = core._ban_key(ctx, scope)          # bans on: read the ban (awaiting or blocking), then
-    outcome = core._banned(ctx, left)        # the ban's 403/429, or None: not banned
-    rules = core._charged(ctx, scope)        # the rules to charge (the caller's group chosen)
-    decision = check(limiter, rules, scope)  # the store (awaiting or blocking), a delay
-    outcome = core._outcome(ctx, decision)   # allow, shadow or refuse: status, headers, body
-    outcome = failed(exc)                    # the check raised LimitUnavailable: 400 or 503
+    ctx = core._plan_request(scope)                  # None: no rule applies, pass the request on
+    outcome = drive(core.decide_steps(ctx, scope))   # or drive_blocking: the one step machine
 
-and then does what the outcome asks: answer it, strike the ban counter (``Outcome.strike``), serve
-the app with ``Outcome.headers`` and refund after-response charges (``Outcome.settle``).
+``decide_steps`` reads the ban (a refusal if banned), chooses the caller's group, checks the rules
+(``enforcement.plan.check_steps``), holds a refusal for its turn (``Delay.steps``) and makes the
+``Outcome``: allow, shadow or refuse, with its status, headers and body; a check that raised
+``LimitUnavailable`` is its 400 or 503. The door then does what the outcome asks: send it, strike
+the ban counter (``Outcome.strike``: ``strike_steps``), serve the app with ``Outcome.headers`` and
+refund after-response charges (``Outcome.settle``: ``settle_steps``), through the same driver.
 """
 
 from __future__ import annotations
@@ -24,13 +23,15 @@ from collections.abc import Awaitable, Sequence
 from ..context import STATE_KEY
 from ..decision import Decision
 from ..enforcement.answers import HeaderOptions, problem_body, problem_headers, rejection, unavailable_answer
-from ..enforcement.plan import key_value, report_failure
+from ..enforcement.plan import check_steps, finish_key, key_of, key_value, report_failure
+from ..enforcement.steps import KeyAwait, Machine
+from ..errors import LimitUnavailable
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, policy_of
 from ..types import Scope
-from .bans import Bans
+from .bans import Bans, Strike
 from .delay import Delay
 from .request_context import PolicyContext
 from .runtime import Plan, Runtime
@@ -129,6 +130,74 @@ class Decider:
     shadow_header: bool
     _runtime: Runtime
     _plans: dict[tuple[CompiledRule, ...], Plan]
+
+    def decide_steps(self, ctx: PolicyContext, scope: Scope) -> Machine[Outcome]:
+        """The request's outcome as a step machine (``enforcement.steps``): the ban read, the check
+        of the rules to charge, a refusal's wait for its turn, then ``_outcome``; a check that raised
+        ``LimitUnavailable`` is ``failed``'s 400 or 503.
+
+        Args:
+            ctx: The request's plan (``_plan_request``).
+            scope: The request's scope.
+        """
+        rt = ctx.runtime
+        try:
+            if rt.bans is not None:
+                banned = yield from self._ban_steps(ctx, scope, rt.bans)
+                if banned is not None:
+                    return banned
+            rules = self._charged(ctx, scope)  # empty when the caller's group is unlimited
+            decision = (yield from check_steps(self.limiter, rules, scope)) if rules else None
+            if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
+                decision = yield from self._delay_steps(ctx, scope, decision)
+        except LimitUnavailable as exc:
+            return failed(exc)
+        return self._outcome(ctx, decision)
+
+    def _ban_steps(self, ctx: PolicyContext, scope: Scope, bans: Bans) -> Machine[Outcome | None]:
+        """The refusal of a banned client (``_banned``); ``None``: not banned, or the bans' key
+        function failed under fail-open (skipped)."""
+        key = self._ban_key(ctx, scope)
+        if key is not None and not isinstance(key, str):
+            try:
+                key = self._ban_key_from(ctx, scope, (yield KeyAwait(key, "the bans' key function")))
+            except Exception as exc:
+                self._ban_key_failed(exc)
+                key = None
+        if key is None:
+            return None
+        return self._banned(ctx, (yield from bans.read_steps(self.limiter, key)))
+
+    def _delay_steps(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Machine[Decision | None]:
+        """Hold a refused request for its turn when its rule has a ``delay`` (``Delay.steps``); ``None``
+        when the re-check could not decide (fail-open: served as for any failed check)."""
+        decider = owner(ctx.rules, decision)
+        delay: Delay | None = getattr(decider.rule, "delay", None)
+        if delay is None:
+            return decision
+        rules = ctx.rules
+        try:
+            found = key_of(self.limiter, decider, scope)
+            client = found if isinstance(found, str) else (yield from finish_key(self.limiter, decider, scope, found))
+            waited = yield from delay.steps(client, decision, lambda: check_steps(self.limiter, rules, scope))
+        except LimitUnavailable:
+            raise
+        except Exception as exc:  # the delay key could not be computed: refuse as without a delay
+            log.warning("delay skipped rule=%s: %s: %s", decider.rule.name, type(exc).__name__, exc)
+            return decision
+        if waited is not None and waited.allowed and self.metrics is not None:
+            self.metrics.observe_delayed(decider.rule.name, ctx.group)
+        return waited
+
+    def strike_steps(self, ctx: PolicyContext) -> Machine[None]:
+        """Count a refusal toward the client's ban (``Outcome.strike``; ``ctx.ban_key`` is set when
+        bans are on); a failure is logged, never the request's."""
+        bans = ctx.runtime.bans
+        if bans is not None and ctx.ban_key is not None:
+            try:
+                yield Strike(bans, self.limiter, ctx.ban_key)
+            except Exception as exc:
+                log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
 
     def _plan_request(self, scope: Scope) -> PolicyContext | None:
         """The request's plan: the policy in force, the rules it matched and what they need beyond
@@ -302,16 +371,3 @@ class Decider:
                 return None
         retry = "inf" if math.isinf(denied.retry_after) else str(max(1, math.ceil(denied.retry_after)))
         return b"ratelimit-shadow", f'"{denied.policy}";deny;r={denied.remaining};t={retry}'.encode("latin-1", "replace")
-
-    @staticmethod
-    def _delayer(ctx: PolicyContext, decision: Decision) -> tuple[CompiledRule, Delay] | None:
-        """The rule that refused (``owner``) and its ``delay``; ``None`` when it has none."""
-        decider = owner(ctx.rules, decision)
-        delay: Delay | None = getattr(decider.rule, "delay", None)
-        return None if delay is None else (decider, delay)
-
-    def _delayed(self, ctx: PolicyContext, decider: CompiledRule, waited: Decision | None) -> Decision | None:
-        """The answer of a wait, counted as delayed when it was allowed."""
-        if waited is not None and waited.allowed and self.metrics is not None:
-            self.metrics.observe_delayed(decider.rule.name, ctx.group)
-        return waited

@@ -11,13 +11,13 @@ the limit exactly). Anything else is rejected at once. The nginx ``delay=`` / ``
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from ..decision import Decision
+from ..enforcement.steps import Machine, Pause
 from ..errors import ConfigurationError
 
 __all__ = ["Delay"]
@@ -45,10 +45,13 @@ class Delay:
         self._per_key: dict[str, int] = {}
         self._lock = threading.Lock()  # waiting places, taken from server threads under WSGI
 
-    async def wait(self, key: str, decision: Decision, recheck: Callable[[], Awaitable[Decision | None]]) -> Decision | None:
-        """Hold a denied request until ``recheck`` allows it or the wait would exceed ``max_wait``.
+    def steps(self, key: str, decision: Decision, recheck: Callable[[], Machine[Decision | None]]) -> Machine[Decision | None]:
+        """Hold a denied request until ``recheck`` allows it or the wait would exceed ``max_wait``, as
+        a step machine (``enforcement.steps``): the async driver's task sleeps, the blocking
+        driver's thread does (so each waiting WSGI request holds a server thread for at most
+        ``max_wait``; ``burst`` and ``max_waiting`` bound how many do).
 
-        Returns the final decision (``decision`` itself when the request cannot wait), or
+        Its result is the final decision (``decision`` itself when the request cannot wait), or
         ``None`` when a re-check could not decide (a store failure under fail-open): the caller
         then serves the request as for any undecided check, and it is not counted as delayed.
         A fail-closed re-check raises ``LimitUnavailable`` through to the caller.
@@ -56,8 +59,7 @@ class Delay:
         Args:
             key: Who: the client's key, bounding its waiting requests by ``burst``.
             decision: The denial to wait out.
-            recheck: Checks the request again (charging it when allowed); ``None`` when the check could
-                not decide.
+            recheck: The request's check again (charging it when allowed), as a step machine.
         """
         deadline = self._enter(key, decision)
         if deadline is None:
@@ -65,31 +67,8 @@ class Delay:
         current: Decision | None = decision
         try:
             while (pause := _pause(current, deadline)) is not None:
-                await asyncio.sleep(pause)
-                current = await recheck()
-            return self._done(current)
-        finally:
-            self._leave(key)
-
-    def wait_blocking(self, key: str, decision: Decision, recheck: Callable[[], Decision | None]) -> Decision | None:
-        """``wait`` for synchronous code (WSGI): the calling thread sleeps (``time.sleep``), so each
-        waiting request holds a server thread for at most ``max_wait``; ``burst`` and
-        ``max_waiting`` bound how many do.
-
-        Args:
-            key: Who: the client's key, bounding its waiting requests by ``burst``.
-            decision: The denial to wait out.
-            recheck: Checks the request again (charging it when allowed); ``None`` when the check could
-                not decide.
-        """
-        deadline = self._enter(key, decision)
-        if deadline is None:
-            return decision
-        current: Decision | None = decision
-        try:
-            while (pause := _pause(current, deadline)) is not None:
-                time.sleep(pause)
-                current = recheck()
+                yield Pause(pause)
+                current = yield from recheck()
             return self._done(current)
         finally:
             self._leave(key)

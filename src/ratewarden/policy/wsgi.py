@@ -22,10 +22,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..decision import Decision
 from ..enforcement.answers import HeaderOptions
-from ..enforcement.check import LimitUnavailable
-from ..enforcement.sync_check import check_blocking, require_sync_keys, sync_key_of
+from ..enforcement.steps import drive_blocking
+from ..enforcement.sync_check import require_sync_keys
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
@@ -34,8 +33,8 @@ from ..rules import CompiledRule, Rule, RuleSet
 from ..types import Scope
 from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans
-from .core import PolicyCore, policy_in_rules, refund_amounts, refunded
-from .decision_plan import REFUSE, Outcome, failed
+from .core import PolicyCore, policy_in_rules, settle_steps
+from .decision_plan import REFUSE, Outcome
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -57,12 +56,6 @@ _STATUS_LINES = {
 def _text(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     """Header pairs as PEP 3333 native strings (latin-1)."""
     return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
-
-
-def _discard(value: object) -> None:
-    close = getattr(value, "close", None)
-    if close is not None:
-        close()  # a coroutine never awaited: closed, so Python does not warn about it
 
 
 def _is_async(func: object) -> bool:
@@ -192,62 +185,13 @@ class WSGIPolicyMiddleware(PolicyCore):
             return self.app(environ, start_response)
         scope = scope_of(environ)
         ctx = environ[CONTEXT_KEY] = self._planned(rt, matched, scope)
-        outcome = self._decide(ctx, scope)
+        outcome = drive_blocking(self.decide_steps(ctx, scope))
         if outcome.verdict is not REFUSE:
             return self._serve(ctx, outcome, scope, environ, start_response)
         if outcome.strike:
-            self._strike(ctx)
+            drive_blocking(self.strike_steps(ctx))
         start_response(_STATUS_LINES[outcome.status], _text(outcome.headers))
         return [outcome.body]
-
-    def _decide(self, ctx: PolicyContext, scope: Scope) -> Outcome:
-        """The request's outcome: its plan driven through the store, blocking on each answer (the
-        ban read, the check, a delay's re-checks)."""
-        rt = ctx.runtime
-        try:
-            if rt.bans is not None:
-                key = self._ban_key(ctx, scope)
-                if key is not None and not isinstance(key, str):
-                    _discard(key)
-                    self._ban_key_failed(TypeError("the bans' key function returned an awaitable; a WSGI app cannot await it"))
-                    key = None
-                if key is not None:
-                    banned = self._banned(ctx, rt.bans.check_blocking(self.limiter, key))
-                    if banned is not None:
-                        return banned
-            rules = self._charged(ctx, scope)  # empty when the caller's group is unlimited
-            decision = check_blocking(self.limiter, rules, scope) if rules else None
-            if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
-                decision = self._delay(ctx, scope, decision)
-        except LimitUnavailable as exc:
-            return failed(exc)
-        return self._outcome(ctx, decision)
-
-    def _delay(self, ctx: PolicyContext, scope: Scope, decision: Decision) -> Decision | None:
-        """Hold a refused request (this thread sleeps) for its turn when its rule has a ``delay``;
-        ``None`` when the re-check could not decide (fail-open: served as for any failed check)."""
-        delayer = self._delayer(ctx, decision)
-        if delayer is None:
-            return decision
-        decider, delay = delayer
-        try:
-            client = sync_key_of(self.limiter, decider, scope)
-            waited = delay.wait_blocking(client, decision, lambda: check_blocking(self.limiter, ctx.rules, scope))
-        except LimitUnavailable:
-            raise
-        except Exception as exc:  # the delay key could not be computed: refuse as without a delay
-            log.warning("delay skipped rule=%s: %s: %s", decider.rule.name, type(exc).__name__, exc)
-            return decision
-        return self._delayed(ctx, decider, waited)
-
-    def _strike(self, ctx: PolicyContext) -> None:
-        """Count a refusal toward the client's ban (``ctx.ban_key`` is set when bans are on)."""
-        bans = ctx.runtime.bans
-        if bans is not None and ctx.ban_key is not None:
-            try:
-                bans.strike_blocking(self.limiter, ctx.ban_key)
-            except Exception as exc:
-                log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
 
     def _serve(self, ctx: PolicyContext, outcome: Outcome, scope: Scope, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Run the app, adding the outcome's headers; after-response charges are settled when the
@@ -256,18 +200,11 @@ class WSGIPolicyMiddleware(PolicyCore):
         if not extra and not settle:
             return self.app(environ, start_response)
         rules = ctx.rules
-        start = _Start(start_response, _text(extra), (lambda status: self._settle(scope, rules, status)) if settle else None)
+        limiter = self.limiter
+        settled = (lambda status: drive_blocking(settle_steps(limiter, scope, rules, status))) if settle else None
+        start = _Start(start_response, _text(extra), settled)
         try:
             return self.app(environ, start)
         except BaseException:
             start.done(500)
             raise
-
-    def _settle(self, scope: Scope, rules: Sequence[CompiledRule], status: int) -> None:
-        """Refund the charge of rules whose ``charge`` says this status does not count."""
-        for rule in refunded(rules, status):
-            try:
-                key = sync_key_of(self.limiter, rule, scope)
-                self.limiter.store.adjust_blocking(rule.storage_keys(key), rule.limits, refund_amounts(rule, scope))
-            except Exception as exc:
-                log.warning("refund failed rule=%s: %s: %s", rule.rule.name, type(exc).__name__, exc)
