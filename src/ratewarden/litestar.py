@@ -68,7 +68,7 @@ class RateLimitPlugin(InitPluginProtocol, ReceiveRoutePlugin):
         self.rules = core.rules.rules
         self.opt_key = opt_key
         Declared("1/s", key=key)  # a key it cannot call fails here, not per request
-        self.routes = RouteLimits(key, algorithm, self.limiter.prefix)
+        self.routes: RouteLimits[Declared] = RouteLimits(key, algorithm, self.limiter.prefix)
         self.headers = headers
         self.header_style = header_style
 

@@ -15,9 +15,10 @@ from ..enforcement.answers import HeaderOptions
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
-from ..limits import DEFAULT_ALGORITHM, make_limits
+from ..limits import DEFAULT_ALGORITHM
 from ..rates import Rate, freeze_rates
-from ..rules import CompiledRule, CostFunc, Rule, http_methods
+from ..route_limits import Declared
+from ..rules import CompiledRule, CostFunc, http_methods
 from .config import DjangoConfig, current_config
 from .guard import Outcome, outcome_async, outcome_sync
 from .keys import KeySpec, check_key_spec, django_key
@@ -35,16 +36,17 @@ View = Callable[..., Any]
 
 
 class _Bound:
-    """The decorator's rule, compiled on first use with the configuration of the settings (the
-    ``ip`` key's trusted proxies, the limiter), and again when the settings change."""
+    """The decorator's limit (declared in the core, ``route_limits.Declared``), compiled on first use
+    with the configuration of the settings (the ``ip`` key's trusted proxies, the limiter), and again
+    when the settings change."""
 
-    __slots__ = ("key", "label", "limiter", "lock", "rule_args", "state")
+    __slots__ = ("declared", "key", "label", "limiter", "lock", "state")
 
-    def __init__(self, key: KeySpec, label: str, limiter: Limiter | None, rule_args: dict[str, Any]) -> None:
+    def __init__(self, key: KeySpec, label: str, limiter: Limiter | None, declared: Declared) -> None:
         self.key = key
         self.label = label
         self.limiter = limiter
-        self.rule_args = rule_args
+        self.declared = declared
         self.lock = threading.Lock()
         self.state: tuple[DjangoConfig, Limiter, tuple[CompiledRule, ...]] | None = None
 
@@ -56,8 +58,8 @@ class _Bound:
         with self.lock:
             limiter = self.limiter or config.limiter
             key = django_key(self.key, config.client_ip, self.label)
-            rule = Rule("/**", key=key, name=self.label, **self.rule_args)
-            state = (config, limiter, (CompiledRule(rule, limiter.prefix),))
+            # Counted under the label, shown as the user named it: ``name``, else the rate as written.
+            state = (config, limiter, (self.declared.compiled(self.label, limiter.prefix, key, label=""),))
             self.state = state
             return state
 
@@ -104,8 +106,8 @@ def limit(
             default is the ``HEADERS`` setting.
         header_style: ``"ietf"``, ``"legacy"`` or ``"both"``; the default is the ``HEADER_STYLE`` setting.
     """
-    frozen = freeze_rates(rate, "limit() rate")
-    make_limits(frozen, algorithm, "limit")  # a bad rate or algorithm fails here, not at the first request
+    # A bad rate, algorithm or cost fails here, not at the first request.
+    declared = Declared(freeze_rates(rate, "limit() rate"), cost=cost, algorithm=algorithm, name=name)
     check_key_spec(key)
     methods = http_methods(method, "limit()")
     if headers is not None and headers not in ("always", "on_limit", "off"):
@@ -120,9 +122,7 @@ def limit(
         # method_decorator decorates the bound method on every request: one rule per label all the same.
         bound = bounds.get(label)
         if bound is None:
-            # Counted under the module-qualified name, shown as the user named it: ``name``, else the rate.
-            rule_args = {"rate": frozen, "algorithm": algorithm, "cost": cost, "label": name or ""}
-            bound = bounds.setdefault(label, _Bound(key, label, limiter, rule_args))
+            bound = bounds.setdefault(label, _Bound(key, label, limiter, declared))
         view_is_async = iscoroutinefunction(view) or _async_class_view(view)
         if not view_is_async and callable(key) and iscoroutinefunction(key):
             raise ConfigurationError(f"limit() on {label}: an async key function needs an async view")

@@ -32,6 +32,7 @@ from ..keys import KeyFunc, client_ip
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM
 from ..rates import Rate
+from ..route_limits import Declared
 from ..rules import CompiledRule, CostFunc, Rule
 from .edge import SINK_KEY as _SINK
 
@@ -95,7 +96,7 @@ class RateLimit:
         header_style: HeaderStyle = "both",
     ) -> None:
         self.limiter = limiter
-        self.template = Rule("/**", rate, key=key, algorithm=algorithm, cost=cost, name=name or "route")
+        self.declared = Declared(rate, key=key, cost=cost, algorithm=algorithm, name=name)
         self.name = name
         self.headers = headers
         self.header_style = header_style
@@ -103,7 +104,12 @@ class RateLimit:
         self._compiled: dict[str, tuple[CompiledRule]] = {}
         self._by_route: dict[tuple[int, str], tuple[object, tuple[CompiledRule]]] = {}
         if name is not None:
-            self._compiled[""] = (CompiledRule(self.template, limiter.prefix),)
+            self._compiled[""] = (self.declared.compiled(name, limiter.prefix),)
+
+    @property
+    def template(self) -> Rule:
+        """The limit as a rule of every path, named ``name`` (``"route"`` when counted per route)."""
+        return self.declared.rule("route")
 
     def _rules_for(self, scope: Any) -> tuple[CompiledRule]:
         if self.name is not None:
@@ -139,9 +145,7 @@ class RateLimit:
         scope_name = f"{'GET' if named == 'HEAD' else named} {template}"
         found = self._compiled.get(scope_name)
         if found is None:
-            t = self.template
-            rule = Rule("/**", t.rate, key=t.key, algorithm=t.algorithm, cost=t.cost, name=scope_name)
-            found = (CompiledRule(rule, self.limiter.prefix),)
+            found = (self.declared.compiled(scope_name, self.limiter.prefix),)
             if len(self._compiled) < 10_000:
                 self._compiled[scope_name] = found
         if owner is not None and len(self._by_route) < 10_000:

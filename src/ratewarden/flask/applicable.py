@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..caches import remember
+from ..route_limits import RouteLimits, counted
 from ..rules import CompiledRule
 from ..types import Scope
-from .declared import Declared, Registry, ScopeTest
+from .declared import Declared, ScopeTest
 from .settings import Settings
 
 __all__ = ["APPLICATION", "AppState", "Applicable"]
@@ -51,10 +52,10 @@ class AppState:
 
     Args:
         settings: The app's settings.
-        registry: The limits declared on the extension.
+        registry: The limits declared on the extension (on views and blueprints).
     """
 
-    def __init__(self, settings: Settings, registry: Registry) -> None:
+    def __init__(self, settings: Settings, registry: RouteLimits[Declared]) -> None:
         self.settings = settings
         self.limiter = settings.limiter
         self.registry = registry
@@ -92,13 +93,13 @@ class AppState:
     ) -> Applicable:
         registry = self.registry
         chosen: list[tuple[Declared, str]] = []
-        view_limits, exempt = registry.view_limits(view)
-        own = [(d, _numbered(endpoint or "", i)) for i, d in enumerate(view_limits) if d.applies_to(method)]
+        view_limits, exempt = registry.on(view)
+        own = [(d, n) for d, n in counted(endpoint or "", view_limits) if d.applies_to(method)]
         for blueprint in blueprints:
-            exempt = exempt or blueprint in registry.exempt
+            on_blueprint, blueprint_exempt = registry.on(blueprint)
+            exempt = exempt or blueprint_exempt
             name = getattr(blueprint, "name", "")
-            on_blueprint = registry.blueprints.get(blueprint, [])
-            own += [(d, _numbered(f"{endpoint}@{name}", i)) for i, d in enumerate(on_blueprint) if d.applies_to(method)]
+            own += [(d, n) for d, n in counted(f"{endpoint}@{name}", on_blueprint) if d.applies_to(method)]
         if not exempt and self._application is not None:
             chosen.append((self._application, APPLICATION))
         skip_defaults = exempt or endpoint is None or any(d.override_defaults for d, _ in own)
@@ -115,18 +116,13 @@ class AppState:
         return Applicable(_unique(always), tuple(conditional))
 
     def _compile(self, declared: Declared, name: str) -> CompiledRule:
-        name = declared.shared or name  # one compiled rule per shared limit, wherever it applies
+        # One compiled rule per (limit, counter): a shared limit's is its own name wherever it applies.
         found = self._compiled.get((declared, name))
         if found is None:
             settings = self.settings
-            found = declared.compile(name, settings.key, settings.algorithm, self.limiter.prefix)
+            found = declared.compiled(name, self.limiter.prefix, settings.key, settings.algorithm)
             self._compiled[(declared, name)] = found
         return found
-
-
-def _numbered(name: str, index: int) -> str:
-    """The ``index``-th limit declared in one place: ``name``, ``name-1``, ``name-2``..."""
-    return name if index == 0 else f"{name}-{index}"
 
 
 def _unique(rules: Sequence[CompiledRule]) -> tuple[CompiledRule, ...]:

@@ -21,10 +21,11 @@ from ..errors import AmbiguousRequest, ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc
 from ..limiter import Limiter
+from ..route_limits import RouteLimits
 from ..rules import CostFunc
 from ..wsgi.scope import scope_of
 from .applicable import AppState
-from .declared import Declared, Registry, ScopeTest, scope_key
+from .declared import Declared, ScopeTest, scope_key
 from .fast import CHECKED_KEY, UNAVAILABLE, Checked, FastCheck, check_request
 from .responses import (
     RateLimitExceeded,
@@ -98,7 +99,8 @@ class RateLimiter:
             "enabled": enabled,
         }
         self.on_limit = on_limit
-        self.registry = Registry()
+        self.registry: RouteLimits[Declared] = RouteLimits()
+        self.filters: list[ScopeTest] = []
         if app is not None:
             self.init_app(app)
 
@@ -184,7 +186,8 @@ class RateLimiter:
         def decorate(target: _T) -> _T:
             if not isinstance(target, Blueprint) and not callable(target):
                 raise TypeError(f"RateLimiter limits decorate view functions and blueprints, got {target!r}")
-            self.registry.add(target, declared, isinstance(target, Blueprint))
+            # A blueprint's limits are calls, in source order; a view's are stacked decorators.
+            self.registry.add(target, declared, stacked=not isinstance(target, Blueprint))
             return target
 
         return decorate
@@ -205,7 +208,7 @@ class RateLimiter:
         Args:
             test: The function.
         """
-        self.registry.filters.append(test)
+        self.filters.append(test)
         return test
 
     # --- per request -------------------------------------------------------------------------------
@@ -235,7 +238,7 @@ class RateLimiter:
         if not state.settings.enabled or not state.limiter.enabled:
             return None
         scope = scope_of(request.environ)
-        for test in self.registry.filters:
+        for test in self.filters:
             if test(scope):
                 return None
         endpoint = request.endpoint

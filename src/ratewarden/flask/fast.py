@@ -28,12 +28,13 @@ from ..decision import Decision
 from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection, unavailable_answer
 from ..enforcement.sync_check import check_blocking
 from ..errors import AmbiguousRequest, LimitUnavailable
+from ..route_limits import RouteLimits
 from ..rules import CompiledRule, policy_of
 from ..types import Scope
 from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHeaders, _text_headers
 from ..wsgi.scope import scope_of
 from .applicable import Applicable, AppState
-from .declared import Registry
+from .declared import Declared, ScopeTest
 from .responses import RateLimitExceeded, epoch_reset, unhandled
 
 
@@ -41,7 +42,8 @@ class RateLimiter(Protocol):
     """What ``FastCheck`` reads of the extension it serves (``extension.RateLimiter``), named here
     so that this module does not import the extension back."""
 
-    registry: Registry
+    registry: RouteLimits[Declared]
+    filters: list[ScopeTest]
     on_limit: Callable[[Decision], Any] | None
 
     def _check(self) -> Any: ...
@@ -170,7 +172,7 @@ class FastCheck:
         settings = state.settings
         if not settings.enabled or not state.limiter.enabled or CHECKED_KEY in environ:
             return self.inner(environ, start_response)
-        filters = self.extension.registry.filters
+        filters = self.extension.filters
         if len(filters) != self._filters:
             self._filters_ok = all(scope_only(test) for test in filters)
             self._filters = len(filters)

@@ -70,7 +70,7 @@ class RateLimiter:
         self.limiter = limiter if limiter is not None else Limiter(MemoryStore())
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, self.limiter.prefix)
         Declared("1/s", key=key)  # a key it cannot call fails here, not per request
-        self.routes = RouteLimits(key, algorithm, self.limiter.prefix)
+        self.routes: RouteLimits[Declared] = RouteLimits(key, algorithm, self.limiter.prefix)
         self.headers = headers
         self.header_style = header_style
         self._apps: set[str] = set()
