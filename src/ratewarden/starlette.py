@@ -24,7 +24,7 @@ from .limiter import Limiter
 from .limits import DEFAULT_ALGORITHM
 from .rates import Rate
 from .route_limits import Declared
-from .rules import CompiledRule, CostFunc
+from .rules import CostFunc
 
 __all__ = ["answer_response", "limit"]
 
@@ -80,8 +80,8 @@ def limit(
     def decorate(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         label = name or f"{endpoint.__module__}.{endpoint.__qualname__}"
         # Counted under the module-qualified name, shown as the user named it: ``name``, else the rate.
-        rule = Declared(rate, key=key, cost=cost, algorithm=algorithm, name=name).rule(label, key, algorithm, "")
-        rules = (CompiledRule(rule, limiter.prefix),)
+        declared = Declared(rate, key=key, cost=cost, algorithm=algorithm, name=name)
+        rules = (declared.compiled(label, limiter.prefix, label=""),)
         is_async = inspect.iscoroutinefunction(endpoint)
 
         @functools.wraps(endpoint)
