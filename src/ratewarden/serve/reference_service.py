@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..caches import remember
+from ..enforcement.charge_strategies import COUNTED, SHADOW
 from ..limiter import Limiter
 from .envoy_config import EnvoyDomain
 from .reference_metrics import ReferenceMetrics
@@ -111,7 +112,7 @@ class ReferenceService(RateLimitService):
               default_cost: int, replacing: set[str]) -> Any:
         planned = super()._plan(config, domain, index, descriptor, default_cost, replacing)
         plan = planned[0]
-        if self.metrics is not None and config is not None and plan.kind in ("counted", "zero"):
+        if self.metrics is not None and config is not None and plan.kind in COUNTED:
             override = descriptor.limit is not None
             cache_key = (domain, id(config), descriptor.entries, override)
             found = self._stat_keys.get(cache_key)
@@ -125,7 +126,7 @@ class ReferenceService(RateLimitService):
         answer = super()._answer(plans)
         if self.metrics is not None:
             for plan in plans:
-                if plan.stat and plan.kind in ("counted", "zero"):
+                if plan.stat and plan.kind in COUNTED:
                     self._count(plan)
         if self._renamed is not None and answer.headers:
             answer.headers = [(self._renamed.get(name, name), value) for name, value in answer.headers]
@@ -143,7 +144,7 @@ class ReferenceService(RateLimitService):
             return
         limit, hits = plan.current.requests_per_unit, int(plan.cost)
         decision = plan.decision
-        if plan.kind == "zero":
+        if plan.limit is None:
             before = limit  # always over: the reference's count is past 0
         elif decision is None:  # the store failed: the reference counted the hits, then failed
             if hits > 0:
@@ -154,7 +155,7 @@ class ReferenceService(RateLimitService):
         else:
             left = plan.left if plan.left >= 0 else decision.remaining
             before = max(0, limit - _whole(left))
-        for stat, amount in increments(limit, before, hits, plan.shadow, self.options.near_limit_ratio).items():
+        for stat, amount in increments(limit, before, hits, plan.kind == SHADOW, self.options.near_limit_ratio).items():
             self.metrics.add(stat, found, amount)
 
 

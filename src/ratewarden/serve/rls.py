@@ -1,53 +1,52 @@
 """Envoy's global rate limit service, framework-free: ``RateLimitService.should_rate_limit``.
 
 It answers ``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`` (``serve.grpc`` translates
-the protobuf), with envoyproxy/ratelimit's semantics and ratewarden's counting:
+the protobuf), with envoyproxy/ratelimit's semantics and ratewarden's counting. This module only
+translates; charging and the failure policy are the core's (``enforcement.charge_strategies``):
 
 - each request descriptor selects a limit (``serve.descriptors``) or, with a ``limit`` override,
-  that rate (in the domain, with the matched descriptor's algorithm);
+  that rate (in the domain, with the matched descriptor's algorithm), and becomes one of the core's
+  items: enforced, ``shadow_mode``, ``quota_mode``, a limit of 0, ``unlimited`` (no store), or none
+  (no match, or dropped by another's ``replaces``);
 - the cost is the descriptor's ``hits_addend`` when given, else the request's (0 counts as 1);
-- every enforced descriptor of a request is charged all or nothing in one store call, so N
-  concurrent requests against a limit L get exactly L through; ``shadow_mode`` and ``quota_mode``
-  descriptors are counted on their own: shadow ones never limit, quota ones only when every quota
-  descriptor of the request is over (as envoyproxy/ratelimit); ``unlimited`` ones touch no store;
-  ``replaces`` drops the limits it names; ``charge="each"`` charges every descriptor on its own,
-  a refused one up to its limit, as envoyproxy/ratelimit does;
 - a descriptor's counter is ``storage_key(prefix, "envoy:" + domain, its entries, the limit's
   suffix)`` (the builder every rule's counter goes through): its entries are the request's values,
   or the wildcard pattern under ``share_threshold``, and the suffix the algorithm and rate, so an
   override of another rate counts apart;
-- the enforced descriptors are charged by ``enforcement.check.store_answer`` and the shadow ones by
-  ``shadow_answer``, the functions every door's check uses: a store failure is decided by the
-  insurance limiter, or ``LimitUnavailable`` (fail-closed: ``UNAVAILABLE``), or, fail-open without
-  an insurance limiter, nothing (``OK``, no limit stated); a shadow descriptor's failure is logged
-  and never refuses;
-- the answer's headers are ratewarden's, as ``/check`` writes them, envoyproxy/ratelimit's three,
-  or none (``headers=``, ``serve.rls_headers``). This module only translates: descriptors to storage keys,
-  limits and costs; decisions to statuses and codes.
+- the core charges the items (``charge_items``: all or nothing, or ``charge="each"`` each on its
+  own as envoyproxy/ratelimit does) and says whether the request is allowed (``request_allowed``);
+  a store failure under fail-closed is its ``LimitUnavailable`` (gRPC's ``UNAVAILABLE``);
+- the decisions become statuses and codes, and the answer's headers are ratewarden's (the one header
+  writer, ``enforcement.answers.text_headers``), envoyproxy/ratelimit's three, or none
+  (``headers=``, ``serve.rls_headers``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 from ..caches import remember
-from ..decision import Decision
-from ..enforcement.check import shadow_answer, store_answer
-from ..enforcement.plan import log_failure
-from ..errors import ConfigurationError, LimitUnavailable
+from ..enforcement.answers import text_headers
+from ..enforcement.charge_strategies import (
+    ENFORCED,
+    NONE,
+    QUOTA,
+    SHADOW,
+    UNLIMITED,
+    Item,
+    charge_items,
+    copy_decision,
+    request_allowed,
+)
+from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..limits import DEFAULT_ALGORITHM, Limit
 from ..rates import Rate
 from ..storage_keys import storage_key
-from ..stores.base import StoreError
 from .bounds import MAX_DESCRIPTORS, MAX_ENTRIES
 from .descriptors import entries_key, escape, match_descriptor
 from .envoy_config import UNIT_SECONDS, EnvoyDomain, EnvoyRateLimit
-from .rls_headers import HEADER_STYLES, copy_decision, ratewarden_headers, reference_headers, window_left
+from .rls_headers import HEADER_STYLES, reference_headers
 from .rls_messages import (
     UINT32_MAX,
     CurrentLimit,
@@ -64,23 +63,11 @@ __all__ = ["CHARGES", "HEADER_STYLES", "UINT32_MAX", "CurrentLimit", "Descriptor
 CHARGES = ("all", "each")
 
 
-@dataclass
-class _Plan:
-    """How one descriptor is decided."""
+class _Plan(Item):
+    """One descriptor as the core charges it (``Item``), with the limit its status reports."""
 
-    index: int
-    kind: Literal["none", "unlimited", "zero", "counted"]
     current: CurrentLimit | None = None
-    limit: Limit | None = None
-    key: str = ""
-    cost: float = 1.0
-    shadow: bool = False
-    period: int = 1
-    decision: Decision | None = None
-    quota: bool = False
-    name: str = ""  # a zero plan's limit name in the headers (a counted plan's is its limit's)
     stat: str = ""  # the reference's stats key, for its metrics (serve.reference_service)
-    left: float = -1.0  # charge="each": what a refused charge found left, before it was charged up to the limit
 
 
 class RateLimitService:
@@ -181,10 +168,10 @@ class RateLimitService:
             names.append(name)
         if replacing:
             for plan, name in zip(plans, names, strict=True):
-                if name and name in replacing and plan.kind != "none":
-                    plan.kind = "none"
+                if name and name in replacing and plan.kind != NONE:
+                    plan.kind = NONE
                     plan.current = None
-        await self._decide(plans)
+        await charge_items(self.limiter, plans, self._each)
         return self._answer(plans)
 
     def _plan(
@@ -208,7 +195,7 @@ class RateLimitService:
                 f"got {override[1]!r}"
             )
         if config is None:
-            return _Plan(index, "none"), ""
+            return _Plan(NONE), ""
         match = match_descriptor(config, entries)
         shared: dict[int, str] = {}
         if override is not None:
@@ -216,31 +203,34 @@ class RateLimitService:
             requests, unit = override
             current = CurrentLimit("", requests, unit)
             limit = self._override_limit(requests, unit, algorithm) if requests > 0 else None
-            shadow, quota, name = False, False, ""
+            kind, name = ENFORCED, ""
         elif match is None:
-            return _Plan(index, "none"), ""
+            return _Plan(NONE), ""
         else:
             rate_limit: EnvoyRateLimit = match.rate_limit
             replacing.update(rate_limit.replaces)
             name = rate_limit.name
             if rate_limit.unlimited:
-                return _Plan(index, "unlimited"), name
+                return _Plan(UNLIMITED), name
             shared = match.shared
             unit = rate_limit.unit
             current = CurrentLimit(rate_limit.name, rate_limit.requests_per_unit, unit)
             limit = rate_limit.limit
-            shadow = rate_limit.shadow_mode
-            quota = rate_limit.quota_mode
+            kind = SHADOW if rate_limit.shadow_mode else QUOTA if rate_limit.quota_mode else ENFORCED
         period = UNIT_SECONDS[unit]
         if limit is None:  # requests_per_unit 0: every request is over
             label = name or (match.rate_limit.full_key if override is None and match is not None else f"0/{period * 1000}")
-            return _Plan(index, "zero", current, cost=cost, shadow=shadow, period=period, name=label, quota=quota), name
+            plan = _Plan(kind, cost=float(cost), period=period, name=label)
+            plan.current = current
+            return plan, name
         cache_key = (domain, entries, limit.suffix, tuple(shared.items()) if shared else ())
         key = self._keys.get(cache_key, "")
         if not key:
             key = storage_key(self.limiter.prefix, self._namespace(domain), entries_key(entries, shared), limit.suffix)
             remember(self._keys, cache_key, key, 16_384, 16 << 20)  # 1 KiB an entry at most
-        return _Plan(index, "counted", current, limit, key, float(cost), shadow, period, quota=quota), name
+        plan = _Plan(kind, key, limit, float(cost), period)
+        plan.current = current
+        return plan, name
 
     def _namespace(self, domain: str) -> str:
         found = self._namespaces.get(domain)
@@ -259,174 +249,36 @@ class RateLimitService:
             remember(self._overrides, cache_key, found, 1024)
         return found
 
-    async def _decide(self, plans: list[_Plan]) -> None:
-        """Charge the counted plans: enforced ones all or nothing (``enforcement.check.store_answer``,
-        the failure policy of every door), shadow and quota ones each on its own; with
-        ``charge="each"``, every one on its own (``_charge_one``)."""
-        if self._each:
-            jobs = [self._charge_one(plan) for plan in plans if plan.kind == "counted"]
-            if len(jobs) == 1:
-                await jobs[0]
-            elif jobs:
-                await asyncio.gather(*jobs)
-            return
-        enforced: list[_Plan] = []
-        shadows: list[_Plan] = []
-        blocked = False
-        for plan in plans:
-            if plan.kind == "counted":
-                (shadows if plan.shadow or plan.quota else enforced).append(plan)
-            elif plan.kind == "zero" and not plan.shadow and not plan.quota:
-                blocked = True
-        if not shadows:
-            if enforced:
-                await self._charge(enforced, blocked)
-            return
-        jobs = [self._shadow(p) for p in shadows]
-        if enforced:
-            jobs.append(self._charge(enforced, blocked))
-        await asyncio.gather(*jobs)
-
-    async def _charge_one(self, plan: _Plan) -> None:
-        """Charge one plan on its own (``charge="each"``), as envoyproxy/ratelimit counts: a refused
-        charge is made anyway, up to the limit (``Store.adjust``), so the counter ends exhausted and
-        the status says 0 left."""
-        assert plan.limit is not None
-        keys, limits, costs = (plan.key,), (plan.limit,), (plan.cost,)
-        limiter = self.limiter
-        if plan.shadow:
-            decision = await shadow_answer(limiter, keys, limits, costs)
-        else:
-            try:
-                decision = await store_answer(limiter, keys, limits, costs, "store")
-            except LimitUnavailable as exc:
-                raise LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}") from exc.__cause__
-        if decision is not None and not decision.allowed:
-            plan.left = float(decision.remaining)
-            if decision.remaining > 0:
-                try:
-                    await limiter.store.adjust(keys, limits, costs)
-                except Exception as exc:  # the refusal stands; only its charge is lost
-                    log_failure("store", exc)
-            decision = Decision(
-                False, decision.limit, 0, decision.reset_after, decision.retry_after, decision.period, decision.policy
-            )
-        plan.decision = decision
-
-    async def _shadow(self, plan: _Plan) -> None:
-        """Charge a shadow or quota plan on its own (a quota plan can refuse: the failure policy applies)."""
-        assert plan.limit is not None
-        if not plan.quota:
-            plan.decision = await shadow_answer(self.limiter, (plan.key,), (plan.limit,), (plan.cost,))
-            return
-        try:
-            plan.decision = await store_answer(self.limiter, (plan.key,), (plan.limit,), (plan.cost,), "store")
-        except LimitUnavailable as exc:
-            raise LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}") from exc.__cause__
-
-    async def _charge(self, plans: list[_Plan], blocked: bool) -> None:
-        """One all-or-nothing check of ``plans`` (``blocked``: another enforced descriptor is
-        always over, so nothing is charged, only read); sets each plan's decision (``None``: the
-        store failed under fail-open without an insurance limiter, nothing decided)."""
-        by_key: dict[str, int] = {}
-        keys: list[str] = []
-        limits: list[Limit] = []
-        costs: list[float] = []
-        for plan in plans:
-            assert plan.limit is not None
-            at = by_key.get(plan.key)
-            if at is None:  # the same counter twice in one request: charged once, for both costs
-                by_key[plan.key] = len(keys)
-                keys.append(plan.key)
-                limits.append(plan.limit)
-                costs.append(0.0 if blocked else plan.cost)
-            elif not blocked:
-                costs[at] += plan.cost
-        limiter = self.limiter
-        try:
-            decision = await store_answer(limiter, keys, limits, costs, "store")
-        except LimitUnavailable as exc:  # fail-closed: UNAVAILABLE, naming what the store said
-            raise LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}") from exc.__cause__
-        if decision is None:
-            return
-        if len(keys) == 1:
-            for plan in plans:
-                plan.decision = decision
-            return
-        try:
-            each = await limiter.store.peek(keys, limits)
-        except (StoreError, NotImplementedError):
-            each = [decision] * len(keys)
-        for plan in plans:
-            found = each[by_key[plan.key]]
-            if blocked:
-                found = copy_decision(found, True)
-            elif not decision.allowed:
-                over = found.remaining < costs[by_key[plan.key]] or not found.allowed
-                found = copy_decision(found, not over, decision.retry_after if over else 0.0)
-            plan.decision = found
-        if not blocked and not decision.allowed and all(p.decision is not None and p.decision.allowed for p in plans):
-            for plan in plans:  # a race moved the counts: the store said no, so the request is denied
-                assert plan.decision is not None
-                plan.decision = copy_decision(plan.decision, False, decision.retry_after)
-
     def _answer(self, plans: list[_Plan]) -> RlsAnswer:
+        """The core's decisions as Envoy's statuses, its verdict and the headers."""
         statuses: list[DescriptorStatus] = []
-        overall_ok = True
-        quotas = quotas_over = 0
         closest: _Plan | None = None
-        shown: list[_Plan] = []  # the enforced limits, listed in RateLimit-Policy
+        shown: list[_Plan] = []  # the enforced and quota limits, listed in RateLimit-Policy
         for plan in plans:
-            kind = plan.kind
-            if kind == "none":
-                statuses.append(DescriptorStatus("OK"))
+            decision = plan.decision
+            if decision is None:  # no limit, unlimited, or its store failed under fail-open: as no limit
+                statuses.append(DescriptorStatus("OK", None, UINT32_MAX) if plan.kind == UNLIMITED else DescriptorStatus("OK"))
                 continue
-            if kind == "unlimited":
-                statuses.append(DescriptorStatus("OK", None, UINT32_MAX))
+            over = not decision.allowed
+            remaining = min(max(0, decision.remaining), UINT32_MAX)
+            if plan.kind == SHADOW:
+                statuses.append(DescriptorStatus("OK", plan.current, remaining, decision.reset_after, shadowed=over))
                 continue
-            if kind == "zero":
-                over = True
-                remaining = 0
-                reset = window_left(plan.period)
-                if not plan.shadow:  # refused by a limit of 0: its headers, as any limit's refusal has
-                    plan.decision = Decision(False, 0, 0, reset, math.inf, float(plan.period), plan.name)
-                    shown.append(plan)
-                    if closest is None or _closer(plan, closest):
-                        closest = plan
-            else:
-                decision = plan.decision
-                if decision is None:  # the store failed and nothing decided (fail-open): as no limit
-                    statuses.append(DescriptorStatus("OK"))
-                    continue
-                over = not decision.allowed
-                remaining = min(max(0, decision.remaining), UINT32_MAX)
-                reset = decision.reset_after
-                if not plan.shadow:
-                    shown.append(plan)
-                    if closest is None or _closer(plan, closest):
-                        closest = plan
-            if plan.shadow:
-                statuses.append(DescriptorStatus("OK", plan.current, remaining, reset, shadowed=over))
-                continue
-            if plan.quota:
-                quotas += 1
-                if over:
-                    quotas_over += 1
-            elif over:
-                overall_ok = False
-            statuses.append(DescriptorStatus("OVER_LIMIT" if over else "OK", plan.current, remaining, reset))
-        if quotas and quotas_over == quotas:  # every quota is spent
-            overall_ok = False
+            shown.append(plan)
+            if closest is None or _closer(plan, closest):
+                closest = plan
+            statuses.append(DescriptorStatus("OVER_LIMIT" if over else "OK", plan.current, remaining, decision.reset_after))
+        overall_ok = request_allowed(plans)
         headers: list[tuple[str, str]] = []
         if self._ratewarden_headers:
-            if closest is not None and closest.decision is not None:
+            if closest is not None:
                 headers = self._headers(closest, shown, not overall_ok)
         elif self._reference_headers:
             headers = reference_headers(statuses, plans)
         return RlsAnswer(overall_ok, statuses, headers)
 
     def _headers(self, plan: _Plan, shown: list[_Plan], over: bool) -> list[tuple[str, str]]:
-        """ratewarden's headers (``rls_headers.ratewarden_headers``) of the plan's decision, listing
+        """ratewarden's headers (``enforcement.answers.text_headers``) of the plan's decision, listing
         every enforced limit in ``RateLimit-Policy`` (a limit of 0 as ``q=0``)."""
         decision = plan.decision
         assert decision is not None
@@ -435,7 +287,9 @@ class RateLimitService:
         else:
             policies = tuple(dict.fromkeys(p.limit if p.limit is not None else (p.name, p.period) for p in shown))
         label = plan.limit.name if plan.limit is not None else plan.name
-        return ratewarden_headers(decision, label, policies, over, self._policies)
+        if decision.policy != label:  # a decision read for several counters names the one it is for
+            decision = copy_decision(decision, decision.allowed, policy=label)
+        return text_headers(decision, policies, over and not decision.allowed, self._policies)
 
 
 def _closer(plan: _Plan, other: _Plan) -> bool:
