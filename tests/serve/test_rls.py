@@ -241,6 +241,29 @@ async def test_store_failure_fail_open_is_decided_by_the_insurance_limiter() -> 
     assert sum(a.overall_ok for a in answers) == 100  # limited locally, never unlimited
 
 
+BOTH_MODES = """\
+domain: both
+descriptors:
+  - key: watched
+    shadow_mode: true
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"""
+
+
+async def test_a_descriptor_both_shadow_and_quota_is_a_shadow_one() -> None:
+    """Counted, over after its limit, never refusing; and a failed store under fail-closed is no
+    ``UNAVAILABLE`` for it (a shadow limit never applies the failure policy), whatever the charge."""
+    rls = service(BOTH_MODES)
+    answers = [await rls.should_rate_limit("both", [d(("watched", "x"))]) for _ in range(2)]
+    assert all(a.overall_ok for a in answers)
+    assert [a.statuses[0].shadowed for a in answers] == [False, True]
+    for charge in ("all", "each"):
+        broken = RateLimitService({"both": parse_envoy_config(BOTH_MODES)}, Limiter(Broken(), on_error="closed"), charge=charge)
+        answer = await broken.should_rate_limit("both", [d(("watched", "x"))])
+        assert answer.overall_ok and answer.statuses[0].current_limit is None
+
+
 async def test_replace_swaps_the_configuration() -> None:
     rls = service(EXAMPLE_2)
     rls.replace({"example6": parse_envoy_config(EXAMPLE_6)})
