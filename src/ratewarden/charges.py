@@ -6,28 +6,31 @@ saturating when the limit is exhausted. Both reuse the pure algorithms: a refund
 run with a negative cost, and a state that ends up with the whole limit available is simply
 deleted (which is what "nothing used" means for every algorithm).
 
-Stores that can (``Store.can_adjust``, checked when ``charge=`` is configured) implement an
-``adjust(keys, limits, amounts)`` coroutine with ``adjusted_state``; the local ones also a
-synchronous ``adjust_now``.
+Stores that can implement ``Adjusting`` (an ``adjust(keys, limits, amounts)`` coroutine, with
+``adjusted_state``; checked when ``charge=`` is configured), one of the store protocols
+(``stores.protocols``); the local ones also a synchronous ``adjust_now``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .algorithms import State
 from .decision import Decision
 from .errors import ConfigurationError
 from .limits import Limit
 
-__all__ = ["Adjustable", "Charge", "adjust", "adjusted_state"]
+__all__ = ["Adjusting", "Charge", "adjust", "adjusted_state"]
 
 
-class Adjustable(Protocol):
-    """What ``adjust`` needs of a store: its ``adjust`` (every ``Store`` has one). A protocol, not
-    ``Store``, so this module imports no store and the stores can import ``adjusted_state``."""
+@runtime_checkable
+class Adjusting(Protocol):
+    """The store capability of refunds and penalties (``stores.protocols`` names it with the
+    others): every ``Store`` has it; a store of your own has it when it writes ``adjust``. Defined
+    here, beside the arithmetic, so this module imports no store and the stores can import
+    ``adjusted_state``."""
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Apply ``amounts[i]`` to ``keys[i]`` without a limit check.
@@ -88,16 +91,16 @@ def adjusted_state(limit: Limit, state: State | None, now: float, amount: float)
     return new_state, decision
 
 
-async def adjust(store: Adjustable, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+async def adjust(store: Adjusting, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
     """Charge (positive) or refund (negative) ``amounts`` on ``keys``, never denying.
 
     Args:
-        store: A store that can adjust (``can_adjust``).
+        store: A store that can adjust (``Adjusting``).
         keys: Storage keys, one per limit.
         limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
         amounts: Units per key: positive charges, negative refunds.
     """
-    return await store.adjust(keys, limits, amounts)  # Store.adjust raises for a store that cannot
+    return await store.adjust(keys, limits, amounts)
 
 
 class Charge:

@@ -35,9 +35,11 @@ from .store_health import (
     store_problem,
     without_store_totals,
 )
+from .stores.adapted import as_store
 from .stores.base import Store, StoreError
 from .stores.insurance import Ledger
 from .stores.memory import MemoryStore
+from .stores.protocols import AsyncStore
 
 # Storage keys (storage_keys.py) and the store's health (store_health.py) are re-exported as part
 # of this module's API.
@@ -49,9 +51,9 @@ __all__ = [
 log = logging.getLogger("ratewarden")
 
 FailurePolicy = Literal["open", "closed"]
-#: ``Limiter(fallback=...)``: a local store, ``"local"`` (a new ``MemoryStore`` of the limiter's
-#: own) or ``None`` (no insurance limiter: a failed check is not decided).
-Fallback = Store | Literal["local"] | None
+#: ``Limiter(fallback=...)``: a local store (``protocols.LocalStore``), ``"local"`` (a new
+#: ``MemoryStore`` of the limiter's own) or ``None`` (no insurance limiter: a failed check is not decided).
+Fallback = Store | AsyncStore | Literal["local"] | None
 #: A failed check this long (seconds) after the previous failed one starts a new outage: the
 #: limiter's own insurance limiter starts it with no counts.
 OUTAGE_GAP = 60.0
@@ -70,7 +72,8 @@ class Limiter:
     """Checks keys against rates on a store.
 
     Args:
-        store: Where the counts live; the default ``None`` is a new ``MemoryStore()``.
+        store: Where the counts live: a ``Store`` or a store of your own (``stores.protocols.AsyncStore``,
+            adapted once, here: ``limiter.store`` is then the adapter); the default ``None`` is a new ``MemoryStore()``.
         prefix: Prepended to every storage key, so several limiters can share a store.
         on_error: What happens when the store (or a key function) fails: ``"open"`` (the default) decides
             the check with ``fallback`` (a key function's failure, or no fallback: lets the request
@@ -91,7 +94,7 @@ class Limiter:
 
     def __init__(
         self,
-        store: Store | None = None,
+        store: Store | AsyncStore | None = None,
         *,
         prefix: str = "rw",
         on_error: FailurePolicy = "open",
@@ -101,14 +104,7 @@ class Limiter:
     ) -> None:
         if on_error not in ("open", "closed"):
             raise ConfigurationError(f"on_error must be 'open' or 'closed', got {on_error!r}")
-        if store is not None and not isinstance(store, Store):
-            # The compiled build's own argument check raises first ("...Store or None object
-            # expected; got str"): both reject it here, at construction, naming its type.
-            raise TypeError(
-                f"store must be a ratewarden Store or None (e.g. MemoryStore(), RedisStore(url)), "
-                f"got {_type_name(store)}: {store!r}"
-            )
-        self.store: Store = store if store is not None else MemoryStore()
+        self.store: Store = as_store(store) if store is not None else MemoryStore()
         self.prefix = prefix
         self.on_error: FailurePolicy = on_error
         self.enabled = enabled
@@ -121,9 +117,9 @@ class Limiter:
                 raise ConfigurationError(f"fallback must be a local store, 'local' or None, got {fallback!r}")
             self._owns_fallback = True  # a MemoryStore's is made when it fails (decide_without_store)
             self.fallback = None if self.store.local and isinstance(self.store, MemoryStore) else MemoryStore()
-        elif isinstance(fallback, Store):
-            fallback.require("local", "Limiter(fallback=...)")
-            self.fallback = fallback
+        elif isinstance(fallback, (Store, AsyncStore)):
+            self.fallback = as_store(fallback, "fallback")
+            self.fallback.require("local", "Limiter(fallback=...)")
         elif fallback is not None:
             raise TypeError(
                 f"fallback must be a local store (e.g. MemoryStore()), 'local' or None, got {_type_name(fallback)}: {fallback!r}"

@@ -21,7 +21,10 @@ from typing import Any
 from .decision import Decision
 from .errors import ConfigurationError
 from .limits import Limit
-from .stores.base import Capability, Store
+from .store_health import innermost
+from .stores.adapted import as_store
+from .stores.base import BlockingOperation, Capability, Store
+from .stores.protocols import AsyncStore, HealthReporting
 
 __all__ = ["InstrumentedStore", "Metrics"]
 
@@ -37,7 +40,7 @@ class _CachedRejections:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.stores: weakref.WeakSet[Store] = weakref.WeakSet()
+        self.stores: weakref.WeakSet[HealthReporting] = weakref.WeakSet()
 
     def _family(self) -> Any:
         from prometheus_client.core import CounterMetricFamily
@@ -54,7 +57,7 @@ class _CachedRejections:
         totals: dict[str, float] = {}
         for store in list(self.stores):
             name = type(store).__name__
-            totals[name] = totals.get(name, 0.0) + float(getattr(store, "cached_rejections", 0))
+            totals[name] = totals.get(name, 0.0) + float(store.cached_rejections)
         for name, total in sorted(totals.items()):
             family.add_metric([name], total)
         yield family
@@ -204,14 +207,8 @@ class Metrics:
         Args:
             store: The limiter's store, wrapped or not.
         """
-        seen = 0
-        while seen < 8:  # wrappers of wrappers, bounded
-            inner = getattr(store, "inner", None) or getattr(store, "store", None)
-            if not isinstance(inner, Store):
-                break
-            store = inner
-            seen += 1
-        if not store.local:  # a local store asks no server, so keeps no cache of its rejections
+        store = innermost(store)
+        if isinstance(store, HealthReporting):  # a store that keeps no cache of its rejections has no count
             self._cached.stores.add(store)
 
     def close(self) -> None:
@@ -288,15 +285,16 @@ class Metrics:
             labels = self._labels(rule, group)
             self._otel[what].add(1, {"rule": labels[0], "group": labels[1]})
 
-    def instrument(self, store: Store) -> InstrumentedStore:
+    def instrument(self, store: Store | AsyncStore) -> InstrumentedStore:
         """``store`` wrapped so each operation is timed and its failures counted (and its
         cached rejections reported).
 
         Args:
-            store: The store to measure.
+            store: The store to measure (a ``Store``, or a store of your own: ``protocols.AsyncStore``).
         """
-        self.watch(store)
-        return InstrumentedStore(store, self)
+        wrapped = InstrumentedStore(store, self)
+        self.watch(wrapped.inner)
+        return wrapped
 
     def asgi_app(self) -> Any:
         """An ASGI app serving this registry in the Prometheus text format (mount at ``/metrics``)."""
@@ -332,17 +330,18 @@ def _otel_instruments(namespace: str) -> dict[str, Any] | None:
 
 
 class InstrumentedStore(Store):
-    """A store wrapper that records latency and errors of every operation in ``Metrics``.
+    """A store wrapper that records latency and errors of every operation in ``Metrics``; it
+    answers for what it wraps (``local``, ``supports``, ``can_block``).
 
     Args:
-        inner: The store whose operations are measured.
+        inner: The store whose operations are measured (adapted when it is not a ``Store``).
         metrics: Where the measurements go.
     """
 
-    def __init__(self, inner: Store, metrics: Metrics) -> None:
-        self.inner = inner
+    def __init__(self, inner: Store | AsyncStore, metrics: Metrics) -> None:
+        self.inner = as_store(inner)
         self.metrics = metrics
-        name = type(inner).__name__
+        name = type(self.inner).__name__
         self._hit_latency = metrics.store_latency.labels(name, "hit")
         self._peek_latency = metrics.store_latency.labels(name, "peek")
         self._name = name
@@ -353,6 +352,28 @@ class InstrumentedStore(Store):
 
     def supports(self, capability: Capability) -> bool:
         return self.inner.supports(capability)
+
+    def can_block(self, *operations: BlockingOperation) -> bool:
+        return self.inner.can_block(*operations)
+
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        start = time.perf_counter()
+        try:
+            return self.inner.hit_blocking(keys, limits, costs)
+        except Exception as exc:
+            self._error("hit", exc)
+            raise
+        finally:
+            self._hit_latency.observe(time.perf_counter() - start)
+
+    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        return self.inner.peek_blocking(keys, limits)
+
+    def reset_blocking(self, keys: Sequence[str]) -> None:
+        self.inner.reset_blocking(keys)
+
+    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        return self.inner.adjust_blocking(keys, limits, amounts)
 
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
         start = time.perf_counter()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from .errors import RatewardenError
 from .limits import Limit
 from .stores.base import Store, StoreError, client_error, failure_reason
+from .stores.protocols import HealthReporting
 
 __all__ = [
     "STORE_CHECK_KEY", "STORE_CHECK_TIMEOUT", "WITHOUT_STORE_REASONS", "cached_rejections", "check_failure", "probe_store",
@@ -22,7 +23,7 @@ log = logging.getLogger("ratewarden")
 
 #: Why a check was decided without the store (``Limiter.without_store``): the store's failure
 #: (``timeout``, ``unreachable``, ``error``), who answered it instead (``local_limiter``), or
-#: the store's own cache of rejections (``over_limit_cache``, read from ``Store.cached_rejections``).
+#: the store's own cache of rejections (``over_limit_cache``: ``protocols.HealthReporting``).
 WITHOUT_STORE_REASONS = ("timeout", "unreachable", "error", "local_limiter", "over_limit_cache")
 #: The reasons that are the store's failure (``StoreError.reason``).
 FAILURE_REASONS = ("timeout", "unreachable", "error")
@@ -52,13 +53,14 @@ def count_without_store(reason: str) -> None:
 
 
 def cached_rejections(store: Store) -> int:
-    """``store.cached_rejections``, looking through wrappers (``Breaker``, ``Metrics.instrument``).
+    """``store.cached_rejections`` (``protocols.HealthReporting``; 0 for a store without a cache of
+    rejections), looking through wrappers (``Breaker``, ``Metrics.instrument``).
 
     Args:
         store: The limiter's store, wrapped or not.
     """
     for _ in range(8):  # wrappers of wrappers, bounded
-        count = int(getattr(store, "cached_rejections", 0))
+        count = store.cached_rejections if isinstance(store, HealthReporting) else 0
         if count:
             return count
         inner = getattr(store, "inner", None) or getattr(store, "store", None)
@@ -83,7 +85,7 @@ def innermost(store: Store) -> Store:
 async def probe_store(store: Store, keys: Sequence[str], limits: Sequence[Limit], timeout: float) -> StoreError | None:
     """Ask ``store`` whether it answers: a ``peek`` of ``keys``, which charges and writes nothing.
     Returns what went wrong as a ``StoreError`` (a timeout, or any other exception, wrapped), or
-    ``None`` when the store answered. A store without ``peek`` raises ``NotImplementedError``.
+    ``None`` when the store answered. A store whose ``peek`` raises ``NotImplementedError`` raises it.
 
     Args:
         store: The store (not a wrapper of it).

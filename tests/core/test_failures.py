@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from ratewarden import Decision, Limiter, MemoryStore, RateLimitMiddleware, Rule, Store, StoreError
+from ratewarden import Decision, Limiter, MemoryStore, RateLimitMiddleware, Rule, StoreError
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.keys import header
 from ratewarden.limits import Limit
@@ -21,7 +21,7 @@ from ratewarden.starlette import limit
 from tests.core.asgi import request
 
 
-class BrokenStore(Store):
+class BrokenStore:
     """A remote store that is down."""
 
     def __init__(self, error: Exception) -> None:

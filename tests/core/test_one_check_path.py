@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi import Depends, FastAPI
 
-from ratewarden import Decision, Limiter, MemoryStore, RateLimitMiddleware, Rule, Store
+from ratewarden import Decision, Limiter, MemoryStore, RateLimitMiddleware, Rule
 from ratewarden.context import context_for
 from ratewarden.enforcement import check as check_module
 from ratewarden.enforcement.check import LimitUnavailable, check, check_rules, decided
@@ -28,7 +28,7 @@ def compiled(limiter: Limiter, *rules: Rule) -> tuple[CompiledRule, ...]:
     return tuple(CompiledRule(rule, limiter.prefix) for rule in rules)
 
 
-class RemoteStore(Store):
+class RemoteStore:
     """A store that asks its server (``local`` is False), with a rejection cache it controls."""
 
     def __init__(self) -> None:

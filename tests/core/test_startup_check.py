@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ratewarden import Decision, Limit, Limiter, MemoryStore, RateLimitMiddleware, Rule, Store, StoreError
+from ratewarden import Decision, Limit, Limiter, MemoryStore, RateLimitMiddleware, Rule, StoreError
 from ratewarden.bench.services import free_port
 from ratewarden.limiter import STORE_CHECK_KEY, store_problem
 from ratewarden.stores import Breaker, RedisStore
@@ -271,7 +271,7 @@ def test_store_problem_words() -> None:
 
 
 
-class NoPeekStore(Store):
+class NoPeekStore:
     """A remote store of one's own that cannot peek, and whose checks fail."""
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:

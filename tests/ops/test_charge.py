@@ -131,10 +131,12 @@ def test_refund_of_a_bucket_in_debt_is_arithmetic_not_a_reset() -> None:
     assert state is None  # refunded past capacity: capped, the key reads as untouched
 
 
-class _NoAdjust(MemoryStore):
-    """A store that declares it cannot refund (as a third-party store without adjust() would)."""
+class _NoAdjust:
+    """A store of one's own that cannot refund: no ``adjust`` (``Adjusting``), so ``can_adjust`` is gone."""
 
-    can_adjust = False
+    def __init__(self) -> None:
+        self.memory = MemoryStore()
+        self.hit, self.peek, self.reset = self.memory.hit, self.memory.peek, self.memory.reset
 
 
 def test_charge_on_a_store_that_cannot_refund_fails_at_start_up() -> None:

@@ -19,7 +19,6 @@ from ratewarden.decision import Decision
 from ratewarden.errors import ConfigurationError
 from ratewarden.limits import Limit
 from ratewarden.policy import Bans, Delay, PolicyMiddleware, PolicyRule, WSGIPolicyMiddleware
-from ratewarden.stores.base import Store
 from ratewarden.wsgi import scope_of
 from tests.policy.apps import tiered_policy
 from tests.timing import Stopwatch
@@ -210,7 +209,7 @@ def test_bans_grow_on_repeat_offences() -> None:
     assert call(app, "/api/x")[1]["retry-after"] == "20"
 
 
-class _RemoteWithSyncHit(Store):
+class _RemoteWithSyncHit:
     """A remote store whose client answers checks synchronously, but has no synchronous peek or reset."""
 
     def __init__(self) -> None:
@@ -230,7 +229,7 @@ class _RemoteWithSyncHit(Store):
 
 
 class _RemoteWithoutSync(_RemoteWithSyncHit):
-    hit_blocking = Store.hit_blocking  # type: ignore[assignment]
+    hit_blocking = None  # type: ignore[assignment]
 
 
 def test_a_store_without_synchronous_ban_methods_is_refused_at_start_up() -> None:

@@ -110,7 +110,7 @@ def test_bans_and_charges_through_a_breaker(remote: Remote) -> None:
     assert statuses(app, "/api/x", 3) == [200, 429, 403]
 
 
-class _SyncHitOnly(Store):
+class _SyncHitOnly:
     """A remote store that can adjust and answers checks synchronously, but has no other
     synchronous method."""
 

@@ -73,7 +73,7 @@ def client_process(kind: str, url: str, prefix: str, index: int, barrier: Any, o
         raise
 
 
-class FlakyStore(Store):
+class FlakyStore:
     """A remote-style store (answers with a coroutine) over a ``MemoryStore`` that goes down
     after ``up_for`` checks."""
 

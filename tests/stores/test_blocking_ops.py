@@ -11,11 +11,14 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from ratewarden.decision import Decision
+from ratewarden.errors import ConfigurationError
 from ratewarden.limits import Limit, make_limits
+from ratewarden.stores.adapted import as_store
 from ratewarden.stores.base import Store, StoreError
 from ratewarden.stores.breaker import Breaker
 from ratewarden.stores.memcached import MemcachedStore
 from ratewarden.stores.memory import MemoryStore
+from ratewarden.stores.protocols import BlockingStore, LocalStore
 from ratewarden.stores.redis import RedisStore
 from tests.shm import shm_store
 
@@ -138,38 +141,51 @@ async def test_a_breaker_delegates_and_falls_back(store: Store) -> None:
     assert _left(await store.peek([key], [limit])) == [(True, 10)]
 
 
-class _Remote(Store):
-    """A remote store with no synchronous client."""
+class _Remote:
+    """A remote store of one's own with no synchronous client: ``AsyncStore`` alone."""
+
+    def __init__(self) -> None:
+        self.memory = MemoryStore()
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        raise NotImplementedError
+        return self.memory.hit_now(keys, limits, costs)
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        raise NotImplementedError
+        return self.memory.peek_now(keys, limits)
 
     async def reset(self, keys: Sequence[str]) -> None:
-        raise NotImplementedError
+        self.memory.reset_now(keys)
+
+
+class _SyncHit(_Remote):
+    """``AsyncStore`` and ``BlockingHit``: synchronous checks, nothing else synchronous, no adjust."""
+
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        return self.memory.hit_now(keys, limits, costs)
 
 
 def test_a_remote_store_without_a_synchronous_client_cannot_block() -> None:
-    remote = _Remote()
+    remote = as_store(_Remote())
     (limit,) = make_limits("1/s", "gcra")
     assert not remote.can_block("hit") and not remote.can_block("peek") and remote.can_block()
-    assert not Breaker(remote).can_block("peek")
-    assert not Breaker(MemoryStore(), fallback=remote).can_block("reset")
-    with pytest.raises(NotImplementedError, match="_Remote has no synchronous peek"):
-        remote.peek_blocking(["k"], [limit])
-    with pytest.raises(NotImplementedError, match="_Remote has no synchronous reset"):
-        remote.reset_blocking(["k"])
-    with pytest.raises(NotImplementedError, match="_Remote has no synchronous adjust"):
-        remote.adjust_blocking(["k"], [limit], [1.0])
+    assert not remote.supports("adjust") and not remote.supports("local")
+    assert not Breaker(_Remote()).can_block("peek")
+    assert not Breaker(MemoryStore(), fallback=_Remote()).can_block("reset")
+    for call in (lambda: remote.peek_blocking(["k"], [limit]), lambda: remote.reset_blocking(["k"]),
+                 lambda: remote.adjust_blocking(["k"], [limit], [1.0])):
+        with pytest.raises(ConfigurationError, match=r"_Remote object .* has no (peek|reset|adjust)_blocking \(it does not implement stores\.protocols\.Blocking"):
+            call()
 
 
-def test_a_local_store_without_adjust_cannot_block_adjust() -> None:
-    class NoAdjust(MemoryStore):
-        can_adjust = False
-
-    assert NoAdjust().can_block("hit", "peek", "reset") and not NoAdjust().can_block("adjust")
+def test_capabilities_are_the_protocols_a_store_implements() -> None:
+    store = as_store(_SyncHit())
+    assert store.can_block("hit") and not store.can_block("hit", "peek") and not store.can_block("adjust")
+    assert type(store).__name__ == "_SyncHit"  # errors name the class of the store adapted
+    assert as_store(store) is store and as_store(MemoryStore()).local
+    assert isinstance(MemoryStore(), LocalStore) and isinstance(MemoryStore(), BlockingStore)
+    assert not RedisStore("redis://127.0.0.1:1/0").supports("local")  # a Store's *_now are its blocking methods
+    with pytest.raises(TypeError, match=r"store must be a ratewarden store: .*object has no hit, peek, reset"):
+        as_store(object())  # type: ignore[arg-type]
 
 
 def test_an_open_breaker_answers_from_its_fallback() -> None:

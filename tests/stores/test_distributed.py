@@ -147,7 +147,7 @@ async def test_gcra_same_answers_as_memory_at_wall_clock_times(kind_url: tuple[s
     rates = [(7, 3600.0, None), (10_000, 1.0, None), (100_000, 1.0, 1000), (6, 60.0, 10), (1, 0.2, None), (3, 10.0, 2)]
     limits = [Limit(Rate(amount, period, burst), "gcra", f"g{i}") for i, (amount, period, burst) in enumerate(rates)]
     keys = [f"rw:{{gcra|{tag}}}:{i}:{limit.suffix}" for i, limit in enumerate(limits)]
-    adjust = remote.can_adjust
+    adjust = remote.supports("adjust")
     # The clock runs three times as fast as real time: a server expires a key reset_after real
     # seconds (at least 1 ms) after writing it, which must not come before the state has run out
     # on this clock, even with the time between reading the clock and the server's answer.

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from ratewarden import Limiter
-from ratewarden.charges import adjust
+from ratewarden.charges import Adjusting, adjust
 from ratewarden.limits import Limit, make_limits
 from ratewarden.policy import PolicyMiddleware, parse_policy
 from ratewarden.rates import Rate
@@ -24,7 +24,7 @@ from tests.vectors.runner import FakeClock
 
 
 def test_redis_store_is_adjustable() -> None:
-    assert RedisStore.can_adjust
+    assert issubclass(RedisStore, Adjusting) and RedisStore("redis://127.0.0.1:1/0").supports("adjust")
 
 
 @pytest.mark.parametrize("where", ["redis", "cluster"])

@@ -80,8 +80,8 @@ def test_150_threads_on_one_key_admit_exactly_the_limit(url: str, algorithm: str
         _close(store)
 
 
-class _Blocking(Store):
-    """A store whose ``hit`` is ``RedisStore.hit_blocking`` (the vectors call ``hit``)."""
+class _Blocking:
+    """A store of one's own whose ``hit`` is ``RedisStore.hit_blocking`` (the vectors call ``hit``)."""
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store

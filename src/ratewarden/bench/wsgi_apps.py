@@ -227,11 +227,8 @@ def rw_limiter(store: str, redis_url: str, timeout: float | None = None) -> Any:
         from ratewarden.stores.urls import open_store
 
         return Limiter(open_store(redis_url), prefix=_uid("rw"), on_error="closed", fallback=None)
-    from ratewarden.stores.base import Store
     from ratewarden.stores.redis import RedisStore
 
-    if RedisStore.hit_blocking is Store.hit_blocking:
-        raise NotImplementedError("RedisStore.hit_blocking (the synchronous Redis path) has not landed")
     prefix = _uid("rw")
     redis = RedisStore(redis_url, prefix=prefix) if timeout is None else RedisStore(redis_url, prefix=prefix,
                                                                                    timeout=timeout)

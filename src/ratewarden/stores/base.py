@@ -1,5 +1,5 @@
-"""The contract every store fulfils: atomic all-or-nothing checks of several limits, and the one
-place a store's client failures become ``StoreError`` (``client_error``, ``no_reply``)."""
+"""The base class of ratewarden's own stores (the contract they fulfil is ``stores.protocols``),
+and the one place a store's client failures become ``StoreError`` (``client_error``, ``no_reply``)."""
 
 from __future__ import annotations
 
@@ -11,51 +11,36 @@ from .._mypyc import mypyc_attr
 from ..decision import Decision
 from ..errors import ConfigurationError, StoreError
 from ..limits import Limit
+from .protocols import BlockingOperation
 
 __all__ = [
-    "BlockingOperation", "Capability", "Store", "StoreError", "client_error", "combine", "failure_reason", "no_reply",
+    "BlockingOperation", "Capability", "LocalStoreBase", "Store", "StoreError", "client_error", "combine",
+    "failure_reason", "no_reply",
 ]
 
-Capability = Literal["local", "adjust", "server_clock"]
-#: What ``Store.can_block`` is asked about: ``hit_blocking``, ``peek_blocking``, ``reset_blocking``,
-#: ``adjust_blocking``.
-BlockingOperation = Literal["hit", "peek", "reset", "adjust"]
-_NOW = {"hit": "hit_now", "peek": "peek_now", "reset": "reset_now", "adjust": "adjust_now"}
-_ABILITIES = {
-    "local": "answer without I/O",
-    "adjust": "refund and penalise (adjust)",
-    "server_clock": "keep time on its server",
-}
+#: What ``Store.supports`` and ``Store.require`` are asked about: ``LocalStore``, ``Adjusting``.
+Capability = Literal["local", "adjust"]
+_ABILITIES = {"local": "answer without I/O (LocalStore)", "adjust": "refund and penalise (Adjusting: adjust)"}
 _WHO_CAN = {
     "local": "MemoryStore, SharedMemoryStore",
     "adjust": "MemoryStore, SharedMemoryStore, RedisStore, MemcachedStore, Breaker over one of them",
-    "server_clock": "RedisStore",
 }
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Store(ABC):
-    """Stores evaluate the algorithms themselves, so each check is one atomic step.
+    """The base of ratewarden's own stores, and what the doors call (``Limiter.store``).
 
-    ``hit`` checks ``limits[i]`` against ``keys[i]`` with ``costs[i]``: if every limit allows,
-    all are charged; if any denies, none is. It returns the most restrictive decision.
+    The contract is ``stores.protocols``: a store of your own implements those protocols and needs
+    no base class (``Limiter`` adapts it: ``stores.adapted.as_store``). A ``Store`` subclass
+    implements ``AsyncStore``, ``Adjusting`` and ``BlockingStore`` whole (abstract here), so it has
+    every capability but ``LocalStore``, which ``LocalStoreBase`` adds. Wrappers (``Breaker``, the
+    adapter, ``Metrics.instrument``) answer ``supports`` and ``can_block`` for what they wrap.
     """
 
-    # What a store can do, declared once per class (wrappers answer for what they wrap, through
-    # ``supports``); options that need a capability check it when they are configured.
-    #: ``hit_now``/``peek_now`` answer without I/O (the middleware then skips the coroutine).
+    #: The store implements ``LocalStore`` (its ``*_now`` methods do no I/O): read on every request
+    #: by the async doors, so a plain attribute, set by the class (``LocalStoreBase``) or the adapter.
     local: ClassVar[bool] = False
-    #: ``adjust`` works: refunds and penalties, so after-response charging (``charge=``).
-    can_adjust: ClassVar[bool] = False
-    #: Time comes from the store's server, one clock for every process that uses it.
-    server_clock: ClassVar[bool] = False
-    #: What the store's client raises when the store cannot answer; each store catches these where
-    #: it calls its client (no wrapper around the check) and raises ``self.store_error(...)``.
-    client_errors: ClassVar[tuple[type[BaseException], ...]] = ()
-    #: Checks this store answered from its local cache of rejections, without asking its server
-    #: (``RedisStore``, ``MemcachedStore``); 0 for stores without such a cache.
-    #: ``Limiter.without_store`` reports it as ``over_limit_cache``.
-    cached_rejections: int = 0
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         """A subclass overriding ``hit_now`` but not ``hit_one`` gets the default ``hit_one``, so its
@@ -66,8 +51,8 @@ class Store(ABC):
             setattr(cls, "hit_one", Store.hit_one)  # noqa: B010 - a method, not an attribute mypy checks
 
     def store_error(self, operation: str, exc: BaseException) -> StoreError:
-        """``exc`` (one of ``client_errors``) as a ``StoreError`` naming this store and ``operation``,
-        with ``exc`` as its ``__cause__``; a ``StoreError`` is returned as is.
+        """``exc``, what the store's client raised, as a ``StoreError`` naming this store and
+        ``operation``, with ``exc`` as its ``__cause__`` (``client_error``).
 
         Args:
             operation: What failed (``"hit"``, ``"peek"``, ``"adjust"``, ``"reset"``, ``"clear"``).
@@ -75,23 +60,30 @@ class Store(ABC):
         """
         return client_error(repr(self), operation, exc)
 
+    # -- capabilities, checked when an option that needs one is configured ----------------------
+
     def supports(self, capability: Capability) -> bool:
-        """Whether this store has ``capability`` (``"local"``, ``"adjust"``, ``"server_clock"``).
+        """Whether this store implements ``LocalStore`` (``"local"``) or ``Adjusting`` (``"adjust"``).
 
         Args:
-            capability: ``"local"``, ``"adjust"`` or ``"server_clock"``.
+            capability: ``"local"`` or ``"adjust"``.
         """
-        if capability == "local":
-            return self.local
-        if capability == "adjust":
-            return self.can_adjust
-        return self.server_clock
+        return self.local if capability == "local" else True
+
+    def can_block(self, *operations: BlockingOperation) -> bool:
+        """Whether each of ``operations`` (``"hit"``, ``"peek"``, ``"reset"``, ``"adjust"``) works
+        without an event loop (``BlockingStore``, operation by operation): always, for a ``Store``.
+
+        Args:
+            operations: ``"hit"``, ``"peek"``, ``"reset"``, ``"adjust"``.
+        """
+        return True
 
     def require(self, capability: Capability, needed_by: str) -> None:
         """Raise ``ConfigurationError`` at start-up when ``needed_by`` needs a missing capability.
 
         Args:
-            capability: What is needed: ``"local"``, ``"adjust"`` or ``"server_clock"``.
+            capability: What is needed: ``"local"`` or ``"adjust"``.
             needed_by: The option needing it, named in the error (e.g. ``"charge="``).
         """
         if not self.supports(capability):
@@ -99,6 +91,8 @@ class Store(ABC):
                 f"{needed_by} needs a store that can {_ABILITIES[capability]}; "
                 f"{type(self).__name__} cannot (stores that can: {_WHO_CAN[capability]})"
             )
+
+    # -- AsyncStore, Adjusting ------------------------------------------------------------------
 
     @abstractmethod
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
@@ -127,26 +121,71 @@ class Store(ABC):
             keys: The storage keys to forget.
         """
 
-    async def clear(self) -> None:
-        """Forget every key this store holds for ratewarden."""
-        raise NotImplementedError(f"{type(self).__name__} cannot clear")
+    @abstractmethod
+    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """Apply ``amounts[i]`` to ``keys[i]`` without a limit check.
 
-    async def close(self) -> None:
-        """Release connections; the default has nothing to release."""
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units to charge to each key; negative gives them back (a refund).
+        """
 
-    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        """Synchronous ``hit`` for local stores.
+    # -- BlockingStore ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """``hit`` for synchronous code (WSGI apps, threads): the store's own synchronous client,
+        never an event loop, safe from many threads at once.
 
         Args:
             keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous hit")
+
+    @abstractmethod
+    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """``peek`` for synchronous code.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+        """
+
+    @abstractmethod
+    def reset_blocking(self, keys: Sequence[str]) -> None:
+        """``reset`` for synchronous code.
+
+        Args:
+            keys: The storage keys to forget.
+        """
+
+    @abstractmethod
+    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """``adjust`` for synchronous code.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units to charge to each key; negative gives them back (a refund).
+        """
+
+    # -- synchronous answers: without I/O exactly when ``local`` (``LocalStoreBase``) --------------
+
+    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """``hit``, answered synchronously: ``hit_blocking`` here; a ``LocalStore`` answers without I/O.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
+        return self.hit_blocking(keys, limits, costs)
 
     def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
         """``hit_now`` of one key: the check of a rule with one limit (``enforcement.check.check``
-        calls it on every local store). The default calls ``hit_now``; so does a subclass's that overrides
+        calls it on every local store). It calls ``hit_now``; so does a subclass's that overrides
         ``hit_now`` alone (``__init_subclass__``).
 
         Args:
@@ -156,112 +195,38 @@ class Store(ABC):
         """
         return self.hit_now((key,), (limit,), (cost,))
 
-    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        """``hit`` for synchronous code (WSGI apps, threads): blocks the calling thread on the
-        store's own synchronous client, never on an event loop, and is safe from many threads at
-        once. A local store answers with ``hit_now``; a remote store overrides it.
-
-        Args:
-            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
-        """
-        if self.local:
-            return self.hit_now(keys, limits, costs)
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous client")
-
-    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        """``peek`` for synchronous code (WSGI apps, threads), as ``hit_blocking`` checks: a local
-        store answers with ``peek_now``; a remote store overrides it with its synchronous client.
-
-        Args:
-            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-        """
-        if self.local:
-            return self.peek_now(keys, limits)
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous peek")
-
-    def reset_blocking(self, keys: Sequence[str]) -> None:
-        """``reset`` for synchronous code (WSGI apps, threads), as ``hit_blocking`` checks: a local
-        store answers with ``reset_now``; a remote store overrides it with its synchronous client.
-
-        Args:
-            keys: The storage keys to forget.
-        """
-        if not self.local:
-            raise NotImplementedError(f"{type(self).__name__} has no synchronous reset")
-        self.reset_now(keys)
-
-    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        """``adjust`` for synchronous code (WSGI apps, threads), as ``hit_blocking`` checks: a local
-        store answers with ``adjust_now``; a remote store that can adjust overrides it.
-
-        Args:
-            keys: Storage keys, one per limit.
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            amounts: Units to charge to each key; negative gives them back (a refund).
-        """
-        if self.local:
-            return self.adjust_now(keys, limits, amounts)
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous adjust")
-
-    def can_block(self, *operations: BlockingOperation) -> bool:
-        """Whether each of ``operations`` works without an event loop (``<operation>_blocking``):
-        a local store's own ``*_now`` method answers it, or the store overrides the ``*_blocking``
-        method with a synchronous client of its own; ``"adjust"`` also needs ``supports("adjust")``.
-        A wrapper answers for what it wraps (``Breaker``: its store and its fallback). Options that
-        need it refuse a store that cannot at start-up.
-
-        Args:
-            operations: ``"hit"``, ``"peek"``, ``"reset"``, ``"adjust"``.
-        """
-        for operation in operations:
-            if operation == "adjust" and not self.supports("adjust"):
-                return False
-            if not _overrides(self, f"{operation}_blocking") and not (self.local and _overrides(self, _NOW[operation])):
-                return False
-        return True
-
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        """Synchronous ``peek`` for local stores.
+        """``peek``, answered synchronously (``peek_blocking`` here).
 
         Args:
             keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous peek")
+        return self.peek_blocking(keys, limits)
 
     def reset_now(self, keys: Sequence[str]) -> None:
-        """Synchronous ``reset`` for local stores.
+        """``reset``, answered synchronously (``reset_blocking`` here).
 
         Args:
             keys: The storage keys to forget.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous reset")
+        self.reset_blocking(keys)
 
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        """Synchronous ``adjust`` for local stores that can adjust.
+        """``adjust``, answered synchronously (``adjust_blocking`` here).
 
         Args:
             keys: Storage keys, one per limit.
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units to charge to each key; negative gives them back (a refund).
         """
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous adjust")
+        return self.adjust_blocking(keys, limits, amounts)
 
-    async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        """Apply ``amounts[i]`` to ``keys[i]`` without a limit check; stores with ``can_adjust``.
-
-        Args:
-            keys: Storage keys, one per limit.
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            amounts: Units to charge to each key; negative gives them back (a refund).
-        """
-        raise NotImplementedError(f"{type(self).__name__} cannot refund or penalise (no adjust())")
+    # -- RejectionCache, Clearable, Closable --------------------------------------------------------
 
     def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
-        """A rejection this process already knows to hold, answered without I/O (or ``None``).
+        """A rejection this process already knows to hold, answered without I/O (or ``None``: a
+        store without a cache of rejections).
 
         Args:
             keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
@@ -269,11 +234,69 @@ class Store(ABC):
         """
         return None
 
+    @abstractmethod
+    async def clear(self) -> None:
+        """Forget every key this store holds for ratewarden."""
 
-def _overrides(store: Store, method: str) -> bool:
-    """Whether ``store``'s class implements ``method`` itself (not ``Store``'s refusing default)."""
-    found = getattr(type(store), method, None)
-    return callable(found) and found is not getattr(Store, method, None)
+    async def close(self) -> None:
+        """Release connections; here there is nothing to release."""
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class LocalStoreBase(Store):
+    """A store in this process (``LocalStore``): it writes the ``*_now`` methods, which do no I/O;
+    the blocking ones are them, and the async doors call them without a coroutine."""
+
+    local = True
+
+    @abstractmethod
+    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """``hit`` without I/O.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
+
+    @abstractmethod
+    def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """``peek`` without I/O.
+
+        Args:
+            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+        """
+
+    @abstractmethod
+    def reset_now(self, keys: Sequence[str]) -> None:
+        """``reset`` without I/O.
+
+        Args:
+            keys: The storage keys to forget.
+        """
+
+    @abstractmethod
+    def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """``adjust`` without I/O.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units to charge to each key; negative gives them back (a refund).
+        """
+
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        return self.hit_now(keys, limits, costs)
+
+    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        return self.peek_now(keys, limits)
+
+    def reset_blocking(self, keys: Sequence[str]) -> None:
+        self.reset_now(keys)
+
+    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        return self.adjust_now(keys, limits, amounts)
 
 
 def client_error(store: str, operation: str, exc: BaseException) -> StoreError:

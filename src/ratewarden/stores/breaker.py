@@ -25,8 +25,10 @@ from ..charges import adjust
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limits import Limit
+from .adapted import as_store
 from .base import BlockingOperation, Capability, Store, StoreError
 from .deadline import wait_for_store
+from .protocols import AsyncStore
 
 __all__ = ["Breaker"]
 
@@ -37,25 +39,28 @@ _T = TypeVar("_T")
 class Breaker(Store):
     """A ``Store`` that stops calling ``store`` while it keeps failing (see module docstring).
 
+    A wrapper answers for what it wraps: it can do (``supports``, ``can_block``) what the store and
+    its fallback both can, and it is never a local store itself.
+
     Args:
-        store: The store to protect.
+        store: The store to protect (a ``Store``, or a store of your own: ``protocols.AsyncStore``).
         failures: Failed checks in a row that open the breaker.
         cooldown: Seconds it stays open before one check probes the store again.
         timeout: Seconds each call may take (``asyncio.wait_for``); the default ``None`` leaves that to
             stores that bound their own calls.
-        fallback: Answers checks while the breaker is open (a local store, per process); with the default
+        fallback: Answers checks while the breaker is open (a store, usually local, per process); with the default
             ``None`` they raise ``StoreError`` at once.
         clock: Monotonic seconds; replace it to test with a fake clock.
     """
 
     def __init__(
         self,
-        store: Store,
+        store: Store | AsyncStore,
         *,
         failures: int = 3,
         cooldown: float = 1.0,
         timeout: float | None = None,
-        fallback: Store | None = None,
+        fallback: Store | AsyncStore | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if failures < 1:
@@ -64,11 +69,11 @@ class Breaker(Store):
             raise ConfigurationError(f"cooldown must be positive, got {cooldown!r}")
         if timeout is not None and not timeout > 0:
             raise ConfigurationError(f"timeout must be positive or None, got {timeout!r}")
-        self.store = store
+        self.store = as_store(store)
         self.failures = failures
         self.cooldown = cooldown
         self.timeout = timeout
-        self.fallback = fallback
+        self.fallback = None if fallback is None else as_store(fallback, "fallback")
         self.clock = clock
         self._failed = 0  # consecutive failures
         self._open_until = 0.0  # 0 = closed
@@ -228,16 +233,18 @@ class Breaker(Store):
         return await self._guard(lambda s: s.peek(keys, limits))
 
     def supports(self, capability: Capability) -> bool:
-        """What the store and its fallback can both do (a breaker itself always does I/O)."""
+        """What the store and its fallback can both do (a breaker itself is never local).
+
+        Args:
+            capability: ``"local"`` or ``"adjust"``.
+        """
         if capability == "local":
             return False
-        ok = self.store.supports(capability)
-        return ok and (self.fallback is None or capability == "server_clock" or self.fallback.supports(capability))
+        return self.store.supports(capability) and (self.fallback is None or self.fallback.supports(capability))
 
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         """Refunds and penalties (``ratewarden.charges.adjust``) through the breaker, so they use
-        the fallback while the store is failing; a store without ``adjust`` still raises
-        ``NotImplementedError`` naming that store."""
+        the fallback while the store is failing."""
 
         return await self._guard(lambda s: adjust(s, keys, limits, amounts))
 

@@ -30,7 +30,7 @@ from ..charges import adjusted_state
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limits import Limit
-from .base import Store, combine
+from .base import LocalStoreBase, combine
 
 __all__ = ["MemoryStore"]
 
@@ -54,7 +54,7 @@ class _Entry:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class MemoryStore(Store):
+class MemoryStore(LocalStoreBase):
     """A bounded, lock-light, O(1)-per-check store living in this process.
 
     Args:
@@ -62,9 +62,6 @@ class MemoryStore(Store):
             overflow state per limit (logged once).
         clock: Seconds since the epoch; replace it to test with a fake clock.
     """
-
-    local = True
-    can_adjust = True
 
     def __init__(self, max_keys: int = 1_000_000, clock: Callable[[], float] = time.time) -> None:
         if max_keys < 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ..base import Store, no_reply
 from ._aiomcache import Connection
@@ -29,6 +29,8 @@ LATE = 0.002  # a timer this late was held up by our own loop: it gets one more 
 class Commands(Store):
     """The store's commands: a pool connection, the command written, its reply timed."""
 
+    #: What the memcached client raises when memcached cannot answer (``MemcachedStore`` names them).
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     timeout: float
     _client: Client
     _pool: Pool

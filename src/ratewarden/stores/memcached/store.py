@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from ...decision import Decision
 from ...errors import ArgumentError, ConfigurationError
@@ -44,9 +44,8 @@ class MemcachedStore(Batches, Blocking):
         clock: Seconds since the epoch; replace it in tests.
     """
 
-    can_adjust = True
     # RuntimeError: another loop; EOFError: a reply cut short (asyncio.IncompleteReadError)
-    client_errors = (OSError, ClientException, RuntimeError, EOFError)
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = (OSError, ClientException, RuntimeError, EOFError)
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ...decision import Decision
 from ...errors import ArgumentError
@@ -65,9 +65,7 @@ class RedisStore(Store):
             uses the server's.
     """
 
-    can_adjust = True
-    server_clock = True  # the scripts read the server's TIME (one clock for every process)
-    client_errors = CLIENT_ERRORS
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = CLIENT_ERRORS
 
     def __init__(
         self,

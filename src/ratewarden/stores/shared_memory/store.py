@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import ClassVar, Final
 
 from ..._mypyc import mypyc_attr
 from ...algorithms import State
@@ -25,7 +25,7 @@ from ...caches import remember
 from ...decision import Decision
 from ...errors import ArgumentError, ConfigurationError
 from ...limits import Limit
-from ..base import Store, combine
+from ..base import LocalStoreBase, combine
 from ..urls import parse_local_url
 from . import operations
 from .errors import SharedMemoryError
@@ -58,7 +58,7 @@ os.register_at_fork(after_in_child=FORKS.seen)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class SharedMemoryStore(Store):
+class SharedMemoryStore(LocalStoreBase):
     """An exact store shared by every process on this host that opens the same ``name``.
 
     Every process must open a name with the same sizes. ``close()`` unmaps this process's view
@@ -80,9 +80,7 @@ class SharedMemoryStore(Store):
             a worker. Every store of one table in a process uses the same value.
     """
 
-    local = True
-    can_adjust = True
-    client_errors = (OSError,)  # what the file's locks raise when the kernel refuses them
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = (OSError,)  # what the file's locks raise when the kernel refuses them
 
     def __init__(
         self,
