@@ -113,6 +113,8 @@ def test_bad_arguments_fail_at_decoration() -> None:
         limit("1/m", key="no.such.module.key")
     with pytest.raises(ConfigurationError):
         limit("1/m", method="GETT")
+    with pytest.raises(ConfigurationError, match="cost must be a finite number >= 0, got -1"):
+        limit("1/m", cost=-1)
 
     async def akey(request: object) -> str:
         return "x"
