@@ -104,7 +104,7 @@ class RateLimit:
         self._compiled: dict[str, tuple[CompiledRule]] = {}
         self._by_route: dict[tuple[int, str], tuple[object, tuple[CompiledRule]]] = {}
         if name is not None:
-            self._compiled[""] = (self.declared.compiled(name, limiter.prefix),)
+            self._compiled[""] = (self.declared.compiled(name or "route", limiter.prefix),)
 
     @property
     def template(self) -> Rule:

@@ -12,7 +12,7 @@ from ..callables import accepts
 from ..enforcement.sync_check import require_sync_keys
 from ..keys import KeyFunc
 from ..route_limits import Declared as RouteLimit
-from ..rules import CostFunc, http_methods
+from ..rules import CompiledRule, CostFunc, http_methods
 from ..types import Scope
 from .settings import RateSpec
 
@@ -90,3 +90,15 @@ class Declared(RouteLimit):
     def shared(self) -> str | None:
         """The counter's name of a shared limit (``name``); ``None``: one counter per view."""
         return self.name
+
+    def compile(self, name: str, key: KeyFunc, algorithm: AlgorithmName, prefix: str) -> CompiledRule:
+        """The limit as the check layer takes it, counted under ``name`` (a shared limit's own name
+        wins): ``compiled``, with the extension's defaults before the prefix.
+
+        Args:
+            name: The counter's name where it applies (e.g. the view's endpoint).
+            key: The app's default key, for a limit without one.
+            algorithm: The app's default algorithm, for a limit without one.
+            prefix: The limiter's storage-key prefix.
+        """
+        return self.compiled(name, prefix, key, algorithm)
