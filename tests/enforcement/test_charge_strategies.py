@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
+from ratewarden.decision import Decision
 from ratewarden.enforcement.charge_strategies import (
     ENFORCED,
     NONE,
@@ -20,7 +21,7 @@ from ratewarden.enforcement.charge_strategies import (
     charge_items,
     request_allowed,
 )
-from ratewarden.errors import LimitUnavailable
+from ratewarden.errors import LimitUnavailable, StoreError
 from ratewarden.limiter import Limiter
 from ratewarden.limits import Limit
 from ratewarden.rates import Rate
@@ -45,7 +46,7 @@ def make_store(request: pytest.FixtureRequest) -> Callable[[], Store]:
     if request.param == "memory":
         return lambda: MemoryStore(clock=frozen)
     url = request.getfixturevalue("redis_standalone").url
-    return lambda: RedisStore(url, clock=frozen)
+    return lambda: RedisStore(url, clock=frozen, timeout=5.0)  # a loaded machine must not turn an answer into a failure
 
 
 @pytest.fixture
@@ -171,6 +172,31 @@ async def test_a_failed_store_under_fail_closed_is_unavailable_naming_its_failur
     assert raised.value.__cause__ is not None and str(raised.value.__cause__) in str(raised.value)
     with pytest.raises(LimitUnavailable, match=r"^the rate limit store failed: "):
         await charge_items(dead, [Item(kind, "k", per_hour(L))], each=True)
+
+
+class Failing(MemoryStore):
+    """A local store whose every charge fails (a corrupt table, a bug): answered without I/O, so
+    the one-counter charge takes its own path."""
+
+    def hit_one(self, key: str, limit: Limit, cost: float) -> Decision:
+        raise StoreError("the table is corrupt", reason="unreachable")
+
+    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        raise StoreError("the table is corrupt", reason="unreachable")
+
+
+@pytest.mark.parametrize("counters", [1, 2])
+async def test_a_failed_local_store_takes_the_failure_policy(counters: int) -> None:
+    def items() -> list[Item]:
+        return [Item(ENFORCED, f"k{i}", per_hour(L)) for i in range(counters)]
+
+    with pytest.raises(LimitUnavailable, match=r"^the rate limit store failed: the table is corrupt"):
+        await charge_items(Limiter(Failing(), on_error="closed"), items())
+    found = items()
+    assert await request(Limiter(Failing(), on_error="open", fallback=None), *found)
+    assert all(item.decision is None for item in found)  # fail-open, no insurance limiter: nothing decided
+    insured = Limiter(Failing(), on_error="open")
+    assert sum([await request(insured, *items()) for _ in range(L + 5)]) == L  # the insurance limiter's count
 
 
 async def test_a_failed_store_never_makes_a_shadow_item_refuse(dead: Limiter) -> None:

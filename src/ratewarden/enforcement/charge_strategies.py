@@ -31,7 +31,7 @@ from ..limiter import Limiter
 from ..limits import Limit
 from ..stores.base import StoreError
 from .check import shadow_answer, store_answer
-from .plan import log_failure
+from .plan import log_failure, store_failed
 
 __all__ = [
     "COUNTED", "ENFORCED", "KINDS", "NONE", "QUOTA", "SHADOW", "UNLIMITED", "Item", "charge_items", "copy_decision",
@@ -96,7 +96,17 @@ async def charge_items(limiter: Limiter, items: Sequence[Item], each: bool = Fal
         item = items[0]
         limit = item.limit
         if limit is not None and item.kind == ENFORCED:  # the usual request: one counter, no lists built
-            item.decision = await _enforced(limiter, (item.key,), (limit,), (item.cost,))
+            store = limiter.store
+            if not store.local:
+                item.decision = await _enforced(limiter, (item.key,), (limit,), (item.cost,))
+                return
+            try:
+                item.decision = store.hit_one(item.key, limit, item.cost)
+            except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
+                try:
+                    item.decision = store_failed(limiter, "store", exc, (item.key,), (limit,), (item.cost,))
+                except LimitUnavailable as failed:
+                    raise _unavailable(failed) from exc
             return
     jobs: list[Awaitable[None]] = []
     enforced: list[Item] = []
