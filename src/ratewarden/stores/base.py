@@ -92,6 +92,21 @@ class Store(ABC):
                 f"{type(self).__name__} cannot (stores that can: {_WHO_CAN[capability]})"
             )
 
+    def require_blocking(self, needed_by: str, *operations: BlockingOperation) -> None:
+        """Raise ``ConfigurationError`` at start-up unless ``can_block(*operations)``.
+
+        Args:
+            needed_by: Who asks, named in the error (e.g. ``"WSGI RateLimitMiddleware"``).
+            operations: ``"hit"``, ``"peek"``, ``"reset"``, ``"adjust"``.
+        """
+        missing = [f"{op}_blocking" for op in operations if not self.can_block(op)]
+        if missing:
+            raise ConfigurationError(
+                f"{needed_by} calls the store synchronously ({', '.join(missing)}); {type(self).__name__} has no "
+                "synchronous client (stores.protocols.BlockingStore). Use a local store (MemoryStore, "
+                "SharedMemoryStore), RedisStore or MemcachedStore, or serve the app over ASGI."
+            )
+
     # -- AsyncStore, Adjusting ------------------------------------------------------------------
 
     @abstractmethod

@@ -131,6 +131,7 @@ class RateLimitMiddleware:
         self.answers = HeaderOptions(headers, header_style)
         self.app = app
         self.limiter = limiter
+        limiter.store.require_blocking(_WHO, "hit")
         self.rules = rules if isinstance(rules, RuleSet) else RuleSet(rules, limiter.prefix)
         require_sync_keys(
             [CompiledRule(r, self.rules.prefix) for r in self.rules.rules if not r.bypass and not r.websocket], _WHO
