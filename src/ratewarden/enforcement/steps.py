@@ -22,7 +22,7 @@ from ..charges import adjust
 from ..limits import Limit
 from ..stores.base import Store
 
-__all__ = ["WAIT", "Adjust", "Hit", "KeyAwait", "Machine", "Pause", "Peek", "Step", "drive", "drive_blocking"]
+__all__ = ["WAIT", "Adjust", "Hit", "KeyAwait", "Machine", "Pause", "Peek", "Reset", "Step", "drive", "drive_blocking", "driven"]
 
 T = TypeVar("T")
 
@@ -97,6 +97,26 @@ class Peek(Step):
         return self.store.peek_blocking(self.keys, self.limits)
 
 
+class Reset(Step):
+    """Forget ``keys`` on ``store`` (``Store.reset``)."""
+
+    __slots__ = ("keys", "store")
+
+    def __init__(self, store: Store, keys: Sequence[str]) -> None:
+        self.store = store
+        self.keys = keys
+
+    def at_once(self) -> Any:
+        store = self.store
+        return store.reset_now(self.keys) if store.local else WAIT
+
+    async def run(self) -> Any:
+        await self.store.reset(self.keys)
+
+    def run_blocking(self) -> Any:
+        self.store.reset_blocking(self.keys)
+
+
 class Adjust(Step):
     """Apply ``amounts`` to ``keys`` without a limit check (a refund, a penalty: ``charges.adjust``)."""
 
@@ -169,6 +189,15 @@ def drive(machine: Machine[T]) -> T | Awaitable[T]:
     except StopIteration as done:
         result: T = done.value
         return result
+
+
+async def driven(machine: Machine[T]) -> T:
+    """``drive``'s result, awaited when it had to wait (for results that are never awaitable)."""
+    result = drive(machine)
+    if isinstance(result, Awaitable):
+        awaited: T = await result
+        return awaited
+    return result
 
 
 async def _finish(machine: Machine[T], step: Step) -> T:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..asgi.middleware import RateLimitMiddleware
 from ..asgi.responses import send_answer, send_on_limit
-from ..enforcement.steps import Machine, drive
+from ..enforcement.steps import drive, driven
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import Rule, RuleSet
@@ -93,7 +93,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             await self._serve(ctx, outcome, scope, receive, send)
             return
         if outcome.strike:
-            await _driven(self.strike_steps(ctx))
+            await driven(self.strike_steps(ctx))
         decision = outcome.decision
         if decision is not None and self.on_limit is not None:
             answer = self.on_limit(scope, decision)
@@ -118,10 +118,10 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             outcome = await outcome
         if outcome.verdict is REFUSE:
             if outcome.strike:
-                await _driven(self.strike_steps(ctx))
+                await driven(self.strike_steps(ctx))
             return outcome.status, outcome.headers, outcome.body
         if outcome.settle:
-            await _driven(settle_steps(self.limiter, scope, ctx.rules, 200))
+            await driven(settle_steps(self.limiter, scope, ctx.rules, 200))
         return 200, [*outcome.headers, _NO_BODY], b""
 
     async def _serve(self, ctx: PolicyContext, outcome: Outcome, scope: Scope, receive: Receive, send: Send) -> None:
@@ -145,11 +145,4 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             await self.app(scope, receive, wrapped)
         finally:
             if settle:
-                await _driven(settle_steps(self.limiter, scope, ctx.rules, status))
-
-
-async def _driven(machine: Machine[None]) -> None:
-    """Run a step machine that answers nothing (a strike, a refund) to its end."""
-    pending = drive(machine)
-    if pending is not None:
-        await pending
+                await driven(settle_steps(self.limiter, scope, ctx.rules, status))

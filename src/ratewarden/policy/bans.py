@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..algorithms import AlgorithmName
 from ..decision import Decision
-from ..enforcement.steps import Machine, Peek, Step, drive, drive_blocking
+from ..enforcement.steps import Hit, Machine, Peek, Reset, Step, drive_blocking, driven
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip
 from ..limiter import storage_key
@@ -179,8 +179,7 @@ class Bans:
             limiter: Whose store holds the bans (its ``prefix`` too).
             key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
         """
-        left = drive(self.read_steps(limiter, key))
-        return left if isinstance(left, float) else await left
+        return await driven(self.read_steps(limiter, key))
 
     def check_blocking(self, limiter: Limiter, key: str) -> float:
         """``read_steps`` for synchronous code (WSGI): the store is read with ``peek_blocking``, so it
@@ -213,9 +212,9 @@ class Bans:
 
     # -- writing -------------------------------------------------------------------------------
 
-    async def block(self, limiter: Limiter, key: str, seconds: float) -> float:
-        """Ban ``key`` for ``seconds`` in the shared store, unless a longer ban is already running;
-        returns the seconds left on the ban now in force.
+    def block_steps(self, limiter: Limiter, key: str, seconds: float) -> Machine[float]:
+        """Ban ``key`` for ``seconds`` in the shared store, unless a longer ban is already running, as a
+        step machine (``enforcement.steps``); its result is the seconds left on the ban now in force.
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
@@ -225,13 +224,24 @@ class Bans:
         _check_length(seconds)
         store = limiter.store
         until_key = self._storage(limiter, key, "until")
-        left = (await store.peek([until_key], [_UNTIL]))[0].reset_after
+        found: list[Decision] = yield Peek(store, [until_key], [_UNTIL])
+        left = found[0].reset_after
         if left < seconds:
-            await store.reset([until_key])
-            await store.hit([until_key], [Limit(Rate(1, float(seconds)), "gcra", "ban")], [1.0])
+            yield Reset(store, [until_key])
+            yield Hit(store, [until_key], [Limit(Rate(1, float(seconds)), "gcra", "ban")], [1.0])
             left = seconds
         self._remember(key, left, self.clock())
         return left
+
+    async def block(self, limiter: Limiter, key: str, seconds: float) -> float:
+        """``block_steps``, awaited: ban ``key`` for ``seconds``; the seconds left on the ban in force.
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+            seconds: How long the ban lasts.
+        """
+        return await driven(self.block_steps(limiter, key, seconds))
 
     async def unblock(self, limiter: Limiter, key: str) -> None:
         """Lift ``key``'s ban and forget its offences and rejections (other workers follow
@@ -245,24 +255,38 @@ class Bans:
         await limiter.store.reset([self._storage(limiter, key, "until"), self._storage(limiter, key, "level")])
         await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
 
-    async def strike(self, limiter: Limiter, key: str) -> float:
-        """Record one rejection of ``key``; returns the ban length when this one triggers a ban, else 0.
+    def strike_steps(self, limiter: Limiter, key: str) -> Machine[float]:
+        """Record one rejection of ``key``, as a step machine (``enforcement.steps``); its result is
+        the ban length when this one triggers a ban, else 0.
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
             key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
         """
-        decision = await limiter.hit(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
+        store = limiter.store
+        limits = limiter.limits(self.strike_rate, self.strike_algorithm)
+        strikes = limiter.keys_for(key, limits, "ban")
+        decision: Decision = yield Hit(store, strikes, limits, [1.0] * len(limits))
         if decision.allowed and decision.remaining > 0:
             return 0.0
         level = 0
         if self.growth > 1:
-            offence = await limiter.store.hit([self._storage(limiter, key, "level")], [self._level_limit], [1.0])
-            level = self._level(offence)
+            level = self._level((yield Hit(store, [self._storage(limiter, key, "level")], [self._level_limit], [1.0])))
         seconds = self._ban_length(level)
-        await self.block(limiter, key, seconds)
-        await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
+        yield from self.block_steps(limiter, key, seconds)
+        if limiter.fallback is not None:
+            yield Reset(limiter.fallback, strikes)
+        yield Reset(store, strikes)
         return self._banned(key, seconds, level)
+
+    async def strike(self, limiter: Limiter, key: str) -> float:
+        """``strike_steps``, awaited: the ban length when this rejection triggers a ban, else 0.
+
+        Args:
+            limiter: Whose store holds the bans (its ``prefix`` too).
+            key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
+        """
+        return await driven(self.strike_steps(limiter, key))
 
     def _ban_length(self, level: int) -> float:
         """How long a ban at offence ``level`` lasts (0: the first offence)."""
@@ -303,46 +327,25 @@ class Bans:
                 )
 
     def strike_blocking(self, limiter: Limiter, key: str) -> float:
-        """``strike`` for synchronous code (``hit_blocking``, ``reset_blocking``), on a store
+        """``strike_steps`` for synchronous code (``hit_blocking``, ``reset_blocking``), on a store
         ``require_blocking`` accepted.
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
             key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
         """
-        store = limiter.store
-        limits = limiter.limits(self.strike_rate, self.strike_algorithm)
-        strikes = limiter.keys_for(key, limits, "ban")
-        decision = store.hit_blocking(strikes, limits, [1.0] * len(limits))
-        if decision.allowed and decision.remaining > 0:
-            return 0.0
-        level = 0
-        if self.growth > 1:
-            level = self._level(store.hit_blocking([self._storage(limiter, key, "level")], [self._level_limit], [1.0]))
-        seconds = self._ban_length(level)
-        self.block_blocking(limiter, key, seconds)
-        _reset_blocking(limiter, strikes)
-        return self._banned(key, seconds, level)
+        return drive_blocking(self.strike_steps(limiter, key))
 
     def block_blocking(self, limiter: Limiter, key: str, seconds: float) -> float:
-        """``block`` for synchronous code (``peek_blocking``, ``reset_blocking``, ``hit_blocking``), on
-        a store ``require_blocking`` accepted.
+        """``block_steps`` for synchronous code (``peek_blocking``, ``reset_blocking``, ``hit_blocking``),
+        on a store ``require_blocking`` accepted.
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
             key: Who: the value the bans' ``key`` function returned for the request (e.g. a client IP).
             seconds: How long the ban lasts.
         """
-        _check_length(seconds)
-        store = limiter.store
-        until_key = self._storage(limiter, key, "until")
-        left = store.peek_blocking([until_key], [_UNTIL])[0].reset_after
-        if left < seconds:
-            _reset_blocking(limiter, [until_key], fallback=False)
-            store.hit_blocking([until_key], [Limit(Rate(1, float(seconds)), "gcra", "ban")], [1.0])
-            left = seconds
-        self._remember(key, left, self.clock())
-        return left
+        return drive_blocking(self.block_steps(limiter, key, seconds))
 
     def _expire(self, now: float) -> None:
         self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
@@ -356,13 +359,6 @@ def _check_length(seconds: float) -> None:
     """Refuse a ban length that is not positive and finite (``block``'s ``seconds``)."""
     if not seconds > 0 or math.isinf(seconds):
         raise ConfigurationError(f"block: seconds must be positive and finite, got {seconds!r}")
-
-
-def _reset_blocking(limiter: Limiter, keys: list[str], fallback: bool = True) -> None:
-    """Forget ``keys`` on the store (and the insurance limiter's, as ``Limiter.reset`` does)."""
-    if fallback and limiter.fallback is not None:
-        limiter.fallback.reset_blocking(keys)
-    limiter.store.reset_blocking(keys)
 
 
 class Strike(Step):

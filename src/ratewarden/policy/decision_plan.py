@@ -191,7 +191,11 @@ class Decider:
 
     def strike_steps(self, ctx: PolicyContext) -> Machine[None]:
         """Count a refusal toward the client's ban (``Outcome.strike``; ``ctx.ban_key`` is set when
-        bans are on); a failure is logged, never the request's."""
+        bans are on); a failure is logged, never the request's.
+
+        Args:
+            ctx: The refused request's plan.
+        """
         bans = ctx.runtime.bans
         if bans is not None and ctx.ban_key is not None:
             try:
