@@ -165,8 +165,13 @@ async def _enforced(
 
 
 def _unavailable(exc: LimitUnavailable) -> LimitUnavailable:
-    """The fail-closed error of a failed charge, naming what the store said (the one wrapping)."""
-    return LimitUnavailable(f"the rate limit store failed: {exc.__cause__ or exc}")
+    """The fail-closed error of a failed charge, naming what the store said (the one wrapping); its
+    cause is the store's exception, set here too: compiled by mypyc, a coroutine's ``raise ... from`` left it unset."""
+    cause = exc.__cause__
+    error = LimitUnavailable(f"the rate limit store failed: {cause or exc}")
+    error.__cause__ = cause
+    error.__suppress_context__ = True
+    return error
 
 
 async def _charge_apart(limiter: Limiter, item: Item) -> None:
