@@ -145,7 +145,11 @@ class Adapted(Store):
 
 class LocalAdapted(Adapted):
     """A ``LocalStore`` as a ``Store``: its ``*_now`` methods, called without a coroutine; its
-    blocking ones are them."""
+    blocking ones are them.
+
+    Args:
+        inner: The store adapted.
+    """
 
     local = True
 

@@ -118,6 +118,7 @@ class Store(ABC):
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
+        raise _incomplete(self, "hit")
 
     @abstractmethod
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
@@ -127,6 +128,7 @@ class Store(ABC):
             keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
         """
+        raise _incomplete(self, "peek")
 
     @abstractmethod
     async def reset(self, keys: Sequence[str]) -> None:
@@ -135,6 +137,7 @@ class Store(ABC):
         Args:
             keys: The storage keys to forget.
         """
+        raise _incomplete(self, "reset")
 
     @abstractmethod
     async def adjust(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
@@ -145,6 +148,7 @@ class Store(ABC):
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units to charge to each key; negative gives them back (a refund).
         """
+        raise _incomplete(self, "adjust")
 
     # -- BlockingStore ----------------------------------------------------------------------------
 
@@ -158,6 +162,7 @@ class Store(ABC):
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
+        raise _incomplete(self, "hit_blocking")
 
     @abstractmethod
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
@@ -167,6 +172,7 @@ class Store(ABC):
             keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
         """
+        raise _incomplete(self, "peek_blocking")
 
     @abstractmethod
     def reset_blocking(self, keys: Sequence[str]) -> None:
@@ -175,6 +181,7 @@ class Store(ABC):
         Args:
             keys: The storage keys to forget.
         """
+        raise _incomplete(self, "reset_blocking")
 
     @abstractmethod
     def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
@@ -185,6 +192,7 @@ class Store(ABC):
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units to charge to each key; negative gives them back (a refund).
         """
+        raise _incomplete(self, "adjust_blocking")
 
     # -- synchronous answers: without I/O exactly when ``local`` (``LocalStoreBase``) --------------
 
@@ -252,6 +260,7 @@ class Store(ABC):
     @abstractmethod
     async def clear(self) -> None:
         """Forget every key this store holds for ratewarden."""
+        raise _incomplete(self, "clear")
 
     async def close(self) -> None:
         """Release connections; here there is nothing to release."""
@@ -273,6 +282,7 @@ class LocalStoreBase(Store):
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
+        raise _incomplete(self, "hit_now")
 
     @abstractmethod
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
@@ -282,6 +292,7 @@ class LocalStoreBase(Store):
             keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
         """
+        raise _incomplete(self, "peek_now")
 
     @abstractmethod
     def reset_now(self, keys: Sequence[str]) -> None:
@@ -290,6 +301,7 @@ class LocalStoreBase(Store):
         Args:
             keys: The storage keys to forget.
         """
+        raise _incomplete(self, "reset_now")
 
     @abstractmethod
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
@@ -300,6 +312,7 @@ class LocalStoreBase(Store):
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             amounts: Units to charge to each key; negative gives them back (a refund).
         """
+        raise _incomplete(self, "adjust_now")
 
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
         return self.hit_now(keys, limits, costs)
@@ -312,6 +325,15 @@ class LocalStoreBase(Store):
 
     def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         return self.adjust_now(keys, limits, amounts)
+
+
+def _incomplete(store: Store, method: str) -> ConfigurationError:
+    """What an abstract method raises when reached: only the compiled build lets a ``Store`` subclass
+    that lacks it be made (mypyc does not enforce ``abstractmethod``)."""
+    return ConfigurationError(
+        f"{type(store).__name__} subclasses Store without {method}: a Store subclass implements every abstract "
+        "method; a store with fewer implements stores.protocols.AsyncStore without subclassing Store"
+    )
 
 
 def client_error(store: str, operation: str, exc: BaseException) -> StoreError:

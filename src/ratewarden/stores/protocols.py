@@ -41,15 +41,30 @@ class AsyncStore(Protocol):
     ``costs[i]``: if every limit allows, all are charged; if any denies, none is."""
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        """Charge all or nothing; return the deciding decision (``base.combine``)."""
+        """Charge all or nothing; return the deciding decision (``base.combine``).
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
         ...
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        """Each limit's decision for a zero-cost request, charging nothing."""
+        """Each limit's decision for a zero-cost request, charging nothing.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+        """
         ...
 
     async def reset(self, keys: Sequence[str]) -> None:
-        """Forget the state of these storage keys."""
+        """Forget the state of these storage keys.
+
+        Args:
+            keys: The storage keys to forget.
+        """
         ...
 
 
@@ -57,21 +72,42 @@ class AsyncStore(Protocol):
 class BlockingHit(Protocol):
     """``hit`` for threads: the store's own synchronous client, never an event loop."""
 
-    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision: ...
+    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """``hit``, blocking the calling thread.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
+        ...
 
 
 @runtime_checkable
 class BlockingPeek(Protocol):
     """``peek`` for threads."""
 
-    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]: ...
+    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """``peek``, blocking the calling thread.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+        """
+        ...
 
 
 @runtime_checkable
 class BlockingReset(Protocol):
     """``reset`` for threads."""
 
-    def reset_blocking(self, keys: Sequence[str]) -> None: ...
+    def reset_blocking(self, keys: Sequence[str]) -> None:
+        """``reset``, blocking the calling thread.
+
+        Args:
+            keys: The storage keys to forget.
+        """
+        ...
 
 
 @runtime_checkable
@@ -79,6 +115,13 @@ class BlockingAdjust(Protocol):
     """``adjust`` for threads."""
 
     def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """``adjust``, blocking the calling thread.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units per key: positive charges, negative refunds.
+        """
         ...
 
 
@@ -98,13 +141,42 @@ class LocalStore(Protocol):
     """The four operations answered without I/O, in this process (memory, shared memory): the
     async doors call ``hit_now`` without a coroutine, and the insurance limiter must be one."""
 
-    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision: ...
+    def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
+        """``hit`` without I/O.
 
-    def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]: ...
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
+        ...
 
-    def reset_now(self, keys: Sequence[str]) -> None: ...
+    def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
+        """``peek`` without I/O.
 
-    def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]: ...
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+        """
+        ...
+
+    def reset_now(self, keys: Sequence[str]) -> None:
+        """``reset`` without I/O.
+
+        Args:
+            keys: The storage keys to forget.
+        """
+        ...
+
+    def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
+        """``adjust`` without I/O.
+
+        Args:
+            keys: Storage keys, one per limit.
+            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            amounts: Units per key: positive charges, negative refunds.
+        """
+        ...
 
 
 @runtime_checkable
@@ -112,7 +184,14 @@ class RejectionCache(Protocol):
     """A rejection this process already knows to hold, answered without I/O (or ``None``): the
     doors ask it before a remote store's ``hit``."""
 
-    def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None: ...
+    def cached_rejection(self, keys: Sequence[str], costs: Sequence[float]) -> Decision | None:
+        """The rejection, or ``None`` when the server must be asked.
+
+        Args:
+            keys: Storage keys, one per limit.
+            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+        """
+        ...
 
 
 @runtime_checkable
