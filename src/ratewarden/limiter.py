@@ -35,7 +35,7 @@ from .store_health import (
     store_problem,
     without_store_totals,
 )
-from .stores.adapted import as_store
+from .stores.adapted import as_store, type_name
 from .stores.base import Store, StoreError
 from .stores.insurance import Ledger
 from .stores.memory import MemoryStore
@@ -122,7 +122,7 @@ class Limiter:
             self.fallback.require("local", "Limiter(fallback=...)")
         elif fallback is not None:
             raise TypeError(
-                f"fallback must be a local store (e.g. MemoryStore()), 'local' or None, got {_type_name(fallback)}: {fallback!r}"
+                f"fallback must be a local store (e.g. MemoryStore()), 'local' or None, got {type_name(fallback)}: {fallback!r}"
             )
         self.workers = _workers(workers)
         # Keys the insurance limiter has seeded in this outage: key -> monotonic time the seed ends.
@@ -521,12 +521,6 @@ def _ledger_of(store: Store) -> Ledger | None:
     """The ledger of the store behind ``store``'s wrappers, if it keeps one (``RedisStore``, ``MemcachedStore``)."""
     ledger = getattr(innermost(store), "ledger", None)
     return ledger if isinstance(ledger, Ledger) else None
-
-
-def _type_name(value: object) -> str:
-    """``str``, ``abc.ABCMeta``: a type's name as the compiled build's argument checks print it."""
-    kind = type(value)
-    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _check_cost(cost: float) -> None:

@@ -356,18 +356,12 @@ class InstrumentedStore(Store):
     def can_block(self, *operations: BlockingOperation) -> bool:
         return self.inner.can_block(*operations)
 
+    # A Store's *_now methods are its blocking ones (its own, on a local store): timed there.
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        start = time.perf_counter()
-        try:
-            return self.inner.hit_blocking(keys, limits, costs)
-        except Exception as exc:
-            self._error("hit", exc)
-            raise
-        finally:
-            self._hit_latency.observe(time.perf_counter() - start)
+        return self.hit_now(keys, limits, costs)
 
     def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        return self.inner.peek_blocking(keys, limits)
+        return self.peek_now(keys, limits)
 
     def reset_blocking(self, keys: Sequence[str]) -> None:
         self.inner.reset_blocking(keys)

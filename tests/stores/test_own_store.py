@@ -98,3 +98,28 @@ def test_a_capability_it_lacks_is_refused_at_start_up() -> None:
     with pytest.raises(ConfigurationError, match=r"fallback=.*needs a store that can answer without I/O"):
         Limiter(MemoryStore(), fallback=DictStore())
     assert not Breaker(MemoryStore(), fallback=DictStore()).can_block("hit")
+
+
+class _OwnLocal:
+    """A local store of one's own: ``AsyncStore`` and ``LocalStore``, over a ``MemoryStore``."""
+
+    def __init__(self) -> None:
+        memory = MemoryStore()
+        self.hit, self.peek, self.reset, self.adjust = memory.hit, memory.peek, memory.reset, memory.adjust
+        self.hit_now, self.peek_now, self.reset_now = memory.hit_now, memory.peek_now, memory.reset_now
+        self.adjust_now = memory.adjust_now
+
+
+def test_a_local_store_of_ones_own_is_decided_without_a_coroutine() -> None:
+    from ratewarden.enforcement.check import check
+    from ratewarden.rules import CompiledRule
+
+    limiter = Limiter(_OwnLocal())
+    store = limiter.store
+    assert store.local and store.can_block("hit", "peek", "reset", "adjust") and store.supports("adjust")
+    rules = (CompiledRule(Rule("/**", "2/min"), limiter.prefix),)
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "client": ("10.0.0.1", 1)}
+    answers = [check(limiter, rules, scope) for _ in range(3)]
+    assert [getattr(a, "allowed", None) for a in answers] == [True, True, False]  # decisions, not awaitables
+    assert store.peek_blocking(["k"], list(limiter.limits("1/s")))[0].remaining == 1
+    assert Limiter(DictStore(), fallback=_OwnLocal()).fallback is not None  # fit for an insurance limiter

@@ -29,7 +29,7 @@ from .protocols import (
     RejectionCache,
 )
 
-__all__ = ["Adapted", "LocalAdapted", "as_store"]
+__all__ = ["Adapted", "LocalAdapted", "as_store", "type_name"]
 
 # One adapter class per class of store adapted, named after it: the doors' errors name your class.
 _KINDS: dict[tuple[type, bool], type[Adapted]] = {}
@@ -45,12 +45,12 @@ def as_store(store: Store | AsyncStore, role: str = "store") -> Store:
     """
     if isinstance(store, Store):
         return store
-    if not isinstance(store, AsyncStore):
+    if isinstance(store, type) or not isinstance(store, AsyncStore):
         missing = [name for name in ("hit", "peek", "reset") if not callable(getattr(store, name, None))]
+        lacks = f" (no {', '.join(missing)})" if missing and not isinstance(store, type) else ""
         raise TypeError(
-            f"{role} must be a ratewarden store: a Store (e.g. MemoryStore(), RedisStore(url)) or an object with "
-            f"async hit, peek and reset (stores.protocols.AsyncStore); {type(store).__name__} has no "
-            f"{', '.join(missing)}: {store!r}"
+            f"{role} must be a ratewarden Store or None (e.g. MemoryStore(), RedisStore(url)), or an instance with "
+            f"async hit, peek and reset (stores.protocols.AsyncStore); got {type_name(store)}{lacks}: {store!r}"
         )
     local = isinstance(store, LocalStore)
     kind = _KINDS.get((type(store), local))
@@ -59,6 +59,16 @@ def as_store(store: Store | AsyncStore, role: str = "store") -> Store:
         kind = type(type(store).__name__, (base,), {"__module__": type(store).__module__, "__doc__": base.__doc__})
         _KINDS[(type(store), local)] = kind
     return kind(store)
+
+
+def type_name(value: object) -> str:
+    """``str``, ``abc.ABCMeta``: a type's name as the compiled build's argument checks print it.
+
+    Args:
+        value: What was given.
+    """
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 class Adapted(Store):
@@ -170,14 +180,8 @@ class LocalAdapted(Adapted):
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
         return self.now.adjust_now(keys, limits, amounts)
 
-    def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        return self.now.hit_now(keys, limits, costs)
-
-    def peek_blocking(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        return self.now.peek_now(keys, limits)
-
-    def reset_blocking(self, keys: Sequence[str]) -> None:
-        self.now.reset_now(keys)
-
-    def adjust_blocking(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        return self.now.adjust_now(keys, limits, amounts)
+    # Its blocking methods are its ``*_now``: no I/O, so nothing to block on.
+    hit_blocking = hit_now
+    peek_blocking = peek_now
+    reset_blocking = reset_now
+    adjust_blocking = adjust_now
