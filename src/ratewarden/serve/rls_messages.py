@@ -1,7 +1,8 @@
 """What Envoy's rate limit service is asked and answers, framework-free: a request's descriptors
 (``RequestDescriptor``), a status per descriptor (``DescriptorStatus``, ``CurrentLimit``), the answer
 (``RlsAnswer``) and the error of a request it cannot answer (``RlsRequestError``). ``serve.grpc``
-translates them from and to the protobuf, ``serve.rls`` decides."""
+translates them from and to the protobuf, ``serve.rls`` from and to the core's items
+(``enforcement.charge_strategies``), which decide."""
 
 from __future__ import annotations
 
