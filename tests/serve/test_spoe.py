@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from ratewarden import Decision, Limit, Limiter, MemoryStore
+from ratewarden.enforcement.steps import Await, Pause
 from ratewarden.errors import StoreError
 from ratewarden.policy import parse_policy
 from ratewarden.serve import spoe
@@ -484,21 +485,21 @@ async def test_more_checks_in_flight_than_the_cap(monkeypatch: pytest.MonkeyPatc
     """Past ``MAX_IN_FLIGHT`` checks at once, the agent waits for one to finish: none lost."""
     monkeypatch.setattr(spoe, "MAX_IN_FLIGHT", 4)
     app = _app()
-    decide = app.decide
+    decide = app.decide_steps
     running = 0
     most = 0
 
-    async def slow(*args: Any, **kwargs: Any) -> Any:
+    def slow(*args: Any, **kwargs: Any) -> Any:
         nonlocal running, most
         running += 1
         most = max(most, running)
         try:
-            await asyncio.sleep(0.001)
-            return await decide(*args, **kwargs)
+            yield Pause(0.001)
+            return (yield from decide(*args, **kwargs))
         finally:
             running -= 1
 
-    app.decide = slow  # type: ignore[method-assign]
+    app.decide_steps = slow  # type: ignore[method-assign]
     async with serving(app) as connect:
         conn = await connect()
         await conn.hello()
@@ -512,15 +513,15 @@ async def test_more_checks_in_flight_than_the_cap(monkeypatch: pytest.MonkeyPatc
 async def test_acks_come_back_as_checks_finish() -> None:
     """Pipelining: a slow check does not hold back the ACKs of the checks after it."""
     app = _app()
-    decide = app.decide
+    decide = app.decide_steps
     release = asyncio.Event()
 
-    async def held(method: str, uri: str, *args: Any, **kwargs: Any) -> Any:
+    def held(method: str, uri: str, *args: Any, **kwargs: Any) -> Any:
         if uri == "/api/slow":
-            await release.wait()
-        return await decide(method, uri, *args, **kwargs)
+            yield Await(release.wait(), "the test")
+        return (yield from decide(method, uri, *args, **kwargs))
 
-    app.decide = held  # type: ignore[method-assign]
+    app.decide_steps = held  # type: ignore[method-assign]
     async with serving(app) as connect:
         conn = await connect()
         await conn.hello()
@@ -646,13 +647,13 @@ async def test_a_fragmented_notify_is_status_10() -> None:
 
 async def test_haproxy_disconnect_after_pending_checks() -> None:
     app = _app()
-    decide = app.decide
+    decide = app.decide_steps
 
-    async def slow(*args: Any, **kwargs: Any) -> Any:
-        await asyncio.sleep(0.05)
-        return await decide(*args, **kwargs)
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        yield Pause(0.05)
+        return (yield from decide(*args, **kwargs))
 
-    app.decide = slow  # type: ignore[method-assign]
+    app.decide_steps = slow  # type: ignore[method-assign]
     async with serving(app) as connect:
         conn = await connect()
         await conn.hello()
@@ -668,23 +669,27 @@ async def test_checks_still_deciding_when_their_connection_ends_are_cancelled() 
     """HAProxy closing a connection with checks in flight: their decisions are cancelled (a store call
     not sent yet is never sent), so nothing is charged for checks nobody will read the answer of."""
     app = _app()
-    decide = app.decide
+    decide = app.decide_steps
     release = asyncio.Event()
     started = cancelled = finished = 0
 
-    async def held(*args: Any, **kwargs: Any) -> Any:
-        nonlocal started, cancelled, finished
-        started += 1
+    async def wait_for_release() -> None:
+        nonlocal cancelled
         try:
             await release.wait()
         except asyncio.CancelledError:
             cancelled += 1
             raise
-        answer = await decide(*args, **kwargs)
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        nonlocal started, finished
+        started += 1
+        yield Await(wait_for_release(), "the test")
+        answer = yield from decide(*args, **kwargs)
         finished += 1
         return answer
 
-    app.decide = held  # type: ignore[method-assign]
+    app.decide_steps = held  # type: ignore[method-assign]
     async with serving(app) as connect:
         conn = await connect()
         await conn.hello()
@@ -701,7 +706,7 @@ async def test_checks_still_deciding_when_their_connection_ends_are_cancelled() 
             await asyncio.sleep(0.01)
         assert cancelled == 3
         release.set()
-        app.decide = decide  # type: ignore[method-assign]
+        app.decide_steps = decide  # type: ignore[method-assign]
         fresh = await connect()
         await fresh.hello()
         assert (await fresh.check(2, 1, headers={"X-API-Key": "pk-alice"}))["x_ratelimit_remaining"] == "99"
@@ -784,16 +789,16 @@ async def test_a_failing_store_closed_is_503_and_the_agent_keeps_serving() -> No
 async def test_an_unexpected_error_is_status_500(caplog: pytest.LogCaptureFixture) -> None:
     app = _app()
     calls = 0
-    decide = app.decide
+    decide = app.decide_steps
 
-    async def broken(*args: Any, **kwargs: Any) -> Any:
+    def broken(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("boom")
-        return await decide(*args, **kwargs)
+        return (yield from decide(*args, **kwargs))
 
-    app.decide = broken  # type: ignore[method-assign]
+    app.decide_steps = broken  # type: ignore[method-assign]
     async with serving(app) as connect:
         conn = await connect()
         await conn.hello()

@@ -22,7 +22,7 @@ from ..limits import Limit
 from ..rules import CompiledRule
 from ..stores.base import StoreError, client_error
 from ..types import Scope
-from .steps import Hit, KeyAwait, Machine
+from .steps import Await, Hit, Machine
 
 __all__ = [
     "KEY_ERROR_PREFIX", "Charge", "Shadow", "add_charge", "check_steps", "failure_counts", "finish_key", "key_failed", "key_of",
@@ -327,7 +327,7 @@ def finish_key(limiter: Limiter | None, rule: CompiledRule, scope: Scope, pendin
         pending: What ``key_of`` returned in place of a key.
     """
     try:
-        return key_text((yield KeyAwait(pending, f"rule {rule.rule.name!r}: the key function")), scope)
+        return key_text((yield Await(pending, f"rule {rule.rule.name!r}: the key function")), scope)
     except Exception as exc:
         if limiter is None:
             raise

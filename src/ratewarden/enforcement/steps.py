@@ -22,7 +22,7 @@ from ..charges import adjust
 from ..limits import Limit
 from ..stores.base import Store
 
-__all__ = ["WAIT", "Adjust", "Hit", "KeyAwait", "Machine", "Pause", "Peek", "Reset", "Step", "drive", "drive_blocking", "driven"]
+__all__ = ["WAIT", "Adjust", "Await", "Hit", "Machine", "Pause", "Peek", "Reset", "Step", "drive", "drive_blocking", "driven"]
 
 T = TypeVar("T")
 
@@ -135,9 +135,9 @@ class Adjust(Step):
         return self.store.adjust_blocking(self.keys, self.limits, self.amounts)
 
 
-class KeyAwait(Step):
-    """Finish a key function's awaitable answer. Synchronous code cannot: ``run_blocking`` closes it
-    and raises ``TypeError`` naming whose key function it was (``whose``, e.g.
+class Await(Step):
+    """Finish an awaitable: a key function's answer, mostly. Synchronous code cannot:
+    ``run_blocking`` closes it and raises ``TypeError`` naming what returned it (``whose``, e.g.
     ``"rule 'api': the key function"``); the core's key fallback applies."""
 
     __slots__ = ("pending", "whose")

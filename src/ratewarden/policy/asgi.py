@@ -33,7 +33,6 @@ from .schema import Policy
 __all__ = ["PolicyMiddleware"]
 
 log = logging.getLogger("ratewarden")
-_NO_BODY = (b"content-length", b"0")
 
 
 class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
@@ -104,25 +103,13 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
     async def answer(self, scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """What this middleware answers an HTTP request when the app behind it answers ``200`` with an
         empty body: ``(status, complete header list, body)``, returned rather than sent, and the app
-        not called (``ratewarden serve``'s checks). The decision is ``__call__``'s (``decide_steps``); a
+        not called (``answer_steps``, awaited). The decision is ``__call__``'s (``decide_steps``); a
         refusal is the default 429 (``on_limit`` answers with an app, so it is not used here).
 
         Args:
             scope: An HTTP scope; its ``state`` receives the request's context, as in ``__call__``.
         """
-        ctx = self._plan_request(scope)
-        if ctx is None:
-            return 200, [_NO_BODY], b""
-        outcome = drive(self.decide_steps(ctx, scope))
-        if not isinstance(outcome, Outcome):
-            outcome = await outcome
-        if outcome.verdict is REFUSE:
-            if outcome.strike:
-                await driven(self.strike_steps(ctx))
-            return outcome.status, outcome.headers, outcome.body
-        if outcome.settle:
-            await driven(settle_steps(self.limiter, scope, ctx.rules, 200))
-        return 200, [*outcome.headers, _NO_BODY], b""
+        return await driven(self.answer_steps(scope))
 
     async def _serve(self, ctx: PolicyContext, outcome: Outcome, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app, adding the outcome's headers, then settle after-response charges."""

@@ -24,7 +24,7 @@ from ..rules import CompiledRule, Rule, RuleSet
 from ..types import Scope
 from .admin import Operations
 from .bans import Bans
-from .decision_plan import Decider
+from .decision_plan import REFUSE, Decider
 from .reload import PolicyReloader
 from .runtime import Plan, Runtime
 from .schema import Policy
@@ -33,6 +33,7 @@ __all__ = ["PolicyCore", "policy_in_rules", "refund_amounts", "refunded", "settl
 
 log = logging.getLogger("ratewarden")
 _refund_warned: set[str] = set()
+_NO_BODY = (b"content-length", b"0")
 
 
 def policy_in_rules(
@@ -146,6 +147,27 @@ class PolicyCore(Decider, Operations):
                 self.reloader.start()
             if sighup:
                 self.reloader.install_sighup()
+
+    def answer_steps(self, scope: Scope) -> Machine[tuple[int, list[tuple[bytes, bytes]], bytes]]:
+        """The answer to an HTTP request when the app behind the policy answers ``200`` with an empty
+        body, as a step machine: ``(status, complete header list, body)``, with the refusal's ban
+        strike or the after-response refund done. A door with no app to run (``ratewarden serve``'s
+        checks, ``PolicyMiddleware.answer``) runs it with its driver and sends what it returns.
+
+        Args:
+            scope: An HTTP scope; its ``state`` receives the request's context.
+        """
+        ctx = self._plan_request(scope)
+        if ctx is None:
+            return 200, [_NO_BODY], b""
+        outcome = yield from self.decide_steps(ctx, scope)
+        if outcome.verdict is REFUSE:
+            if outcome.strike:
+                yield from self.strike_steps(ctx)
+            return outcome.status, outcome.headers, outcome.body
+        if outcome.settle:
+            yield from settle_steps(self.limiter, scope, ctx.rules, 200)
+        return 200, [*outcome.headers, _NO_BODY], b""
 
     # -- policy --------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from ..context import STATE_KEY
 from ..decision import Decision
 from ..enforcement.answers import HeaderOptions, problem_body, problem_headers, rejection, unavailable_answer
 from ..enforcement.plan import check_steps, finish_key, key_of, key_value, report_failure
-from ..enforcement.steps import KeyAwait, Machine
+from ..enforcement.steps import Await, Machine
 from ..errors import LimitUnavailable
 from ..keys import key_text
 from ..limiter import Limiter
@@ -160,7 +160,7 @@ class Decider:
         key = self._ban_key(ctx, scope)
         if key is not None and not isinstance(key, str):
             try:
-                key = self._ban_key_from(ctx, scope, (yield KeyAwait(key, "the bans' key function")))
+                key = self._ban_key_from(ctx, scope, (yield Await(key, "the bans' key function")))
             except Exception as exc:
                 self._ban_key_failed(exc)
                 key = None

@@ -2,7 +2,7 @@
 holds the SPOP connections (the HELLO and DISCONNECT exchanges, frames, varints, typed data and the
 agent's bounds, as ``serve.spop`` and ``serve.spoe`` read them) and queues each NOTIFY's message;
 this module answers every waiting message in one batch with the Python agent's own translation
-(``SpoeAgent.actions``: ``ServeApp.decide``'s decision as SET-VAR actions), and Rust frames the ACK
+(``SpoeAgent.actions``: ``ServeApp.decide_steps``'s decision as SET-VAR actions), and Rust frames the ACK
 (docs/serve.md#the-compiled-front-door).
 
 A message decided without suspending (the memory store) is answered in the same batch, with no Task;

@@ -3,9 +3,10 @@
 ``/check`` answers a gateway's sub-request (nginx ``auth_request``, Traefik ForwardAuth, HAProxy):
 the original request is described by headers (``X-Original-Method``/``X-Forwarded-Method``,
 ``X-Original-URI``/``X-Forwarded-Uri``, ``X-Real-IP``/``X-Forwarded-For`` from trusted proxies
-only), rewritten into an ASGI scope and decided by ``PolicyMiddleware.answer`` (the middleware's own
-stages, as if an app behind it answered 200, with no app run and nothing wrapped): tiers, API keys,
-bans and shadow mode are the policy file's, exactly as in-app. Each answer is one response start
+only), described as an ASGI scope and decided by the policy core's step machine
+(``PolicyCore.answer_steps``: the middleware's own steps, as if an app behind it answered 200, with
+no app run), driven here: tiers, API keys, bans and shadow mode are the policy file's, exactly as
+in-app. Each answer is one response start
 with its complete header list and one body message.
 ``/v1/check`` takes the same description as JSON, ``/json`` is Envoy's rate limit API as JSON,
 ``/healthz`` and ``/metrics`` are for operators.
@@ -19,12 +20,13 @@ import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..caches import remember
 from ..context import STATE_KEY
+from ..enforcement.steps import Machine, drive, driven
 from ..errors import ConfigurationError
 from ..headers import HeaderStyle
 from ..limiter import Limiter
@@ -200,8 +202,9 @@ class ServeApp:
         path: str = scope["path"]
         method: str = scope["method"]
         try:
-            if path == "/check":
-                await self._check(scope, send)
+            if path == "/check":  # translate, drive the core, send: no hand-off in between
+                await respond(send, *(await self.check(
+                    scope.get("query_string", b""), scope.get("headers", ()), scope.get("client"), scope.get("server"))))
             elif path == "/v1/check":
                 self._need(method, "POST")
                 await self._check_json(scope, receive, send)
@@ -309,12 +312,6 @@ class ServeApp:
             "state": {COST_KEY: cost} if cost != 1 else {},
         }
 
-    async def _check(self, scope: Scope, send: Send) -> None:
-        """The gateway check: 200 (allowed) or 429/403 (refused), with the rate-limit headers."""
-        status, out, body = await self.check(
-            scope.get("query_string", b""), scope.get("headers", ()), scope.get("client"), scope.get("server"))
-        await respond(send, status, out, body)
-
     async def check(
         self, query: bytes, headers: Iterable[tuple[bytes, bytes]], peer: Any, server: object = None
     ) -> tuple[int, Headers, bytes]:
@@ -336,19 +333,20 @@ class ServeApp:
             uri = named.get(b"x-original-uri") or named.get(b"x-forwarded-uri") or b"/"
             scheme = (named.get(b"x-forwarded-proto") or b"http").decode("latin-1")
             client = self._client(peer, named)
-            status, out, body = await self.decide(
-                method.decode("latin-1"), uri.decode("latin-1"), raw, client, scheme, server)
+            answered = drive(self.decide_steps(method.decode("latin-1"), uri.decode("latin-1"), raw, client, scheme, server))
+            status, out, body = answered if isinstance(answered, tuple) else await answered
         except Exception as exc:
             return _failure(exc)
         return (deny if status == 429 else status), out, body
 
-    def decide(
+    def decide_steps(
         self, method: str, uri: str, headers: Headers, client: str | None, scheme: str = "http", server: object = None
-    ) -> Awaitable[tuple[int, Headers, bytes]]:
-        """The policy's answer for a request described by a gateway, to await: ``(status, complete
-        header list, body)``: 200, or the refusal (429, 403, 503 under a closed failure policy) with
-        its body. The one decision of ``/check`` and the SPOE agent; ``ServeError`` (raised by the
-        call) for a description it cannot use.
+    ) -> Machine[tuple[int, Headers, bytes]]:
+        """The policy's answer for a request described by a gateway, as the core's step machine
+        (``PolicyCore.answer_steps``) for the door's driver: ``(status, complete header list, body)``:
+        200, or the refusal (429, 403, 503 under a closed failure policy) with its body. The one
+        decision of ``/check`` and the SPOE agents; ``ServeError`` (raised when driven) for a
+        description it cannot use.
 
         Args:
             method: The original request's method.
@@ -358,7 +356,8 @@ class ServeApp:
             scheme: ``http`` or ``https``.
             server: The ASGI ``server`` of the described scope.
         """
-        return self._policy().answer(self._described(method, uri, headers, client, scheme, server=server))
+        policy = self._policy()
+        return (yield from policy.answer_steps(self._described(method, uri, headers, client, scheme, server=server)))
 
     async def _check_json(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/check``: the decision for a request described as JSON."""
@@ -382,7 +381,7 @@ class ServeApp:
         client = self._client(scope.get("client"), {}, stated)
         policy_app = self._policy(cost)
         described = self._described(method, path, headers, client, "http", cost, scope.get("server"))
-        status, out, _ = await policy_app.answer(described)
+        status, out, _ = await driven(policy_app.answer_steps(described))
         ctx = described["state"].get(STATE_KEY)
         decision = getattr(ctx, "decision", None)
         result: dict[str, Any] = {

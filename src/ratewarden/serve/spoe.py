@@ -6,7 +6,7 @@ as a NOTIFY frame (``spoe.conf``'s ``check`` message: ``method``, ``uri``, ``hea
 transaction variables: ``status`` (200, 429, 403, or 503 when the store is down under
 ``--on-error closed``), the rate-limit headers (``ratelimit``, ``ratelimit_policy``,
 ``x_ratelimit_limit``, ``x_ratelimit_remaining``, ``x_ratelimit_reset``, ``retry_after``, and
-``ratelimit_shadow`` when a shadow limit would have refused) and, for a refusal, its problem+json ``body``. The decision is ``ServeApp.decide``'s, the one ``/check``
+``ratelimit_shadow`` when a shadow limit would have refused) and, for a refusal, its problem+json ``body``. The decision is ``ServeApp.decide_steps``'s, the one ``/check``
 makes: the same policy, tiers, bans and counts.
 
 No connection per check and no HTTP to parse: the cheapest way for HAProxy to ask a service.
@@ -28,8 +28,10 @@ import logging
 import socket
 from collections.abc import Iterable
 
+from ..enforcement.steps import drive
 from . import bounds
 from .http import ServeApp, ServeError, _address
+from .http_io import Headers
 from .spop import (
     HAPROXY_DISCONNECT,
     HAPROXY_HELLO,
@@ -193,26 +195,14 @@ class SpoeAgent:
     async def actions(self, found: Message | None, trusted: bool, peer: object) -> list[bytes]:
         """The SET-VAR actions answering a NOTIFY frame whose ``message`` is ``found`` (``None``: the
         frame has none), from a peer (``(host, port)``) that is a trusted proxy or not; the compiled
-        front door (``serve.front_spoe``) answers with these too."""
+        front door (``serve.front_spoe``) answers with these too. The message is translated, the
+        core's step machine driven (``ServeApp.decide_steps``) and its answer sent as variables."""
         if found is None:
             return [set_var("status", 400), set_var("body", f"the NOTIFY frame has no {self.message!r} message"),
                     set_var("content_type", _PLAIN_TEXT)]
-        return await self._decide(found, trusted, peer)
-
-    async def _decide(self, message: Message, trusted: bool, peer: object) -> list[bytes]:
-        """The variables answering one ``check`` message."""
-        args = message.args
         try:
-            method = _text(args.get("method"), "GET")
-            uri = _text(args.get("uri"), "") or _text(args.get("path"), "/")
-            query = _text(args.get("query"), "")
-            if query and "?" not in uri:
-                uri = f"{uri}?{query}"
-            raw = args.get("headers")
-            headers = list(header_list(raw)) if isinstance(raw, bytes) else []
-            client = _client(args.get("ip"), trusted, peer)
-            scheme = "https" if args.get("ssl") is True else "http"
-            status, answer, body = await self.app.decide(method, uri, headers, client, scheme)
+            answered = drive(self.app.decide_steps(*_described(found, trusted, peer)))
+            status, answer, body = answered if isinstance(answered, tuple) else await answered
         except (ServeError, SpopError) as exc:  # a description that cannot be used (a malformed headers arg: 400)
             status = exc.status if isinstance(exc, ServeError) else 400
             return [set_var("status", status), set_var("body", str(exc)), set_var("content_type", _PLAIN_TEXT)]
@@ -220,6 +210,20 @@ class SpoeAgent:
             log.exception("spoe check failed: %s: %s", type(exc).__name__, exc, extra={"event": "check_failed"})
             return [set_var("status", 500)]
         return _variables(status, answer, body)
+
+
+def _described(message: Message, trusted: bool, peer: object) -> tuple[str, str, Headers, str | None, str]:
+    """What a ``check`` message describes: the original request's method, URI, headers, client
+    address (HAProxy's ``ip`` from a trusted peer, else the peer's own) and scheme."""
+    args = message.args
+    method = _text(args.get("method"), "GET")
+    uri = _text(args.get("uri"), "") or _text(args.get("path"), "/")
+    query = _text(args.get("query"), "")
+    if query and "?" not in uri:
+        uri = f"{uri}?{query}"
+    raw = args.get("headers")
+    headers = list(header_list(raw)) if isinstance(raw, bytes) else []
+    return method, uri, headers, _client(args.get("ip"), trusted, peer), "https" if args.get("ssl") is True else "http"
 
 
 def _message(payload: bytes, name: str) -> Message | None:
