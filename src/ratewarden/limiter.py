@@ -347,7 +347,7 @@ class Limiter:
         broken reply), of those how many the insurance limiter answered (``local_limiter``; the
         rest were let through under ``on_error="open"`` without a fallback, or refused under
         ``"closed"``), and the rejections the store answered from its local cache
-        (``over_limit_cache``: ``Store.cached_rejections``)."""
+        (``over_limit_cache``: the store's ``cached_rejections``, ``protocols.HealthReporting``)."""
         counts = dict(self._without)
         counts["over_limit_cache"] = cached_rejections(self.store)
         return counts

@@ -132,7 +132,7 @@ def test_refund_of_a_bucket_in_debt_is_arithmetic_not_a_reset() -> None:
 
 
 class _NoAdjust:
-    """A store of one's own that cannot refund: no ``adjust`` (``Adjusting``), so ``can_adjust`` is gone."""
+    """A store of one's own that cannot refund: it has no ``adjust`` (``Adjusting``)."""
 
     def __init__(self) -> None:
         self.memory = MemoryStore()
