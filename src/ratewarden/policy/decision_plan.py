@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Sequence
 
 from ..context import STATE_KEY
 from ..decision import Decision
-from ..enforcement.answers import HeaderOptions, problem_body, problem_headers, rejection, unavailable_answer
+from ..enforcement.answers import HeaderOptions, problem_body, problem_headers
+from ..enforcement.outcome import ALLOW, REFUSE, SHADOW, Outcome, failed, outcome_of
 from ..enforcement.plan import check_steps, finish_key, key_of, key_value, report_failure
 from ..enforcement.steps import Await, Machine
 from ..errors import LimitUnavailable
@@ -39,50 +40,9 @@ from .tiers import PolicyRule
 
 __all__ = ["ALLOW", "REFUSE", "SHADOW", "Decider", "Outcome", "ban_answer", "failed", "listed", "owner"]
 
-ALLOW = "allow"
-"""The request is served (it was allowed, or nothing was decided)."""
-REFUSE = "refuse"
-"""The request is answered with ``Outcome.status`` (429, a ban's 403/429, 400 or 503) and not served."""
-SHADOW = "shadow"
-"""A limit would have refused the request, but the policy is in shadow mode: it is served."""
-
 log = logging.getLogger("ratewarden")
 _PLAN_CACHE_LIMIT = 4096
 _Headers = list[tuple[bytes, bytes]]
-
-
-class Outcome:
-    """What a door does with a request once the store answered.
-
-    ``verdict`` is ``ALLOW``, ``SHADOW`` or ``REFUSE``. A refusal carries its complete answer
-    (``status``, ``headers``, ``body``); a served request carries the headers to add to the app's
-    response (rate-limit and ``RateLimit-Shadow``) with ``status`` 200 and an empty ``body``.
-    """
-
-    __slots__ = ("body", "decision", "headers", "settle", "status", "strike", "verdict")
-
-    def __init__(
-        self, verdict: str, status: int, headers: _Headers, body: bytes = b"",
-        decision: Decision | None = None, strike: bool = False, settle: bool = False,
-    ) -> None:
-        self.verdict = verdict
-        self.status = status
-        self.headers = headers
-        self.body = body
-        self.decision = decision  # the limits' decision (None: a ban, a failure, nothing decided)
-        self.strike = strike  # count this refusal toward the client's ban (``ctx.ban_key``)
-        self.settle = settle  # refund after-response charges once the response's status is known
-
-
-def failed(exc: BaseException) -> Outcome:
-    """The outcome of a check that raised ``LimitUnavailable``: 400 for an ``AmbiguousRequest``,
-    else the fail-closed 503 (``unavailable_answer``).
-
-    Args:
-        exc: What the check raised.
-    """
-    status, body, headers = unavailable_answer(exc)
-    return Outcome(REFUSE, status, headers, body)
 
 
 def owner(rules: Sequence[CompiledRule], decision: Decision) -> CompiledRule:
@@ -323,10 +283,10 @@ class Decider:
         if decision is not None:
             self._record(ctx, decision)
             if not decision.allowed and not ctx.runtime.shadow:
-                group = ctx.group if ctx.runtime.show_group else ""
-                body, headers = rejection(decision, self.answers, listed(ctx), group)
-                return Outcome(REFUSE, 429, headers, body, decision, ctx.ban_key is not None)
-            extra = self.answers.allowed_headers(decision, listed(ctx))
+                refusal = outcome_of(decision, self.answers, listed(ctx), ctx.group if ctx.runtime.show_group else "")
+                refusal.strike = ctx.ban_key is not None
+                return refusal
+            extra = outcome_of(decision, self.answers, listed(ctx)).headers
         else:
             extra = []
         verdict = ALLOW
@@ -335,7 +295,7 @@ class Decider:
             if shadowed is not None:
                 verdict = SHADOW
                 if self.shadow_header:
-                    extra.append(shadowed)
+                    extra = [*extra, shadowed]
         settle = ctx.plan.charged and decision is not None and ctx.would_deny is None
         return Outcome(verdict, 200, extra, b"", decision, False, settle)
 
