@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -273,11 +274,12 @@ async def test_without_a_policy_check_says_so() -> None:
 async def test_an_unexpected_error_is_a_500_answer_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     app = _app()
 
-    async def broken(scope: object) -> None:
+    def broken(scope: object) -> Any:
         raise RuntimeError("boom")
+        yield  # a step machine (the core's answer_steps) that fails when driven
 
     assert app.policy_app is not None
-    app.policy_app.answer = broken  # type: ignore[assignment, method-assign]
+    app.policy_app.answer_steps = broken  # type: ignore[method-assign]
     async with await _client(app) as c:
         answer = await c.get("/check", headers=_original("/api/a"))
     assert answer.status_code == 500 and "RuntimeError" in answer.json()["error"]

@@ -23,13 +23,13 @@ import httpx
 import pytest
 
 from ratewarden import Decision, Limit, Limiter, MemoryStore
-from ratewarden.enforcement.steps import Await, Pause
 from ratewarden.errors import StoreError
 from ratewarden.policy import parse_policy
 from ratewarden.serve import spoe
 from ratewarden.serve.front_spoe import SPOE_FRONTS, CompiledSpoe, start_spoe_front
 from ratewarden.serve.http import ServeApp
 from ratewarden.serve.spoe import SpoeAgent, start_spoe
+from ratewarden.steps import Await, Pause
 from tests.front_door import require_compiled_front
 
 POLICY = """

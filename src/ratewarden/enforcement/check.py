@@ -13,9 +13,9 @@ from ..errors import LimitUnavailable
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
+from ..steps import drive
 from ..types import Scope
 from .plan import check_steps, finish_key, key_of, log_failure, store_failed
-from .steps import drive
 
 __all__ = [
     "Checked", "LimitUnavailable", "check", "check_rules", "decided", "key_later", "rule_key", "shadow_answer", "store_answer",

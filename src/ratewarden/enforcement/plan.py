@@ -1,7 +1,7 @@
 """The decision core of a rule check, with no I/O: which key each rule charges, what one check
 charges (all or nothing) and what its shadow limits charge, and what a failed check means.
 
-It never awaits and never blocks: ``check_steps`` is the check as a step machine (``steps.py``),
+It never awaits and never blocks: ``check_steps`` is the check as a step machine (``ratewarden.steps``),
 yielding a key function's awaitable answer and each store charge for a driver to answer (``drive``
 awaiting, ``drive_blocking`` blocking), and taking the answer, or the failure, back here
 (``store_failed``, ``shadow_outcome``). So the async and sync checks differ only in their driver.
@@ -20,9 +20,9 @@ from ..keys import ClientIP, client_ip, key_text
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
+from ..steps import Await, Hit, Machine
 from ..stores.base import StoreError, client_error
 from ..types import Scope
-from .steps import Await, Hit, Machine
 
 __all__ = [
     "KEY_ERROR_PREFIX", "Charge", "Shadow", "add_charge", "check_steps", "failure_counts", "finish_key", "key_failed", "key_of",

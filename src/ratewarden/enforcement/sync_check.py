@@ -15,9 +15,9 @@ from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..limits import Limit
 from ..rules import CompiledRule
+from ..steps import drive_blocking
 from ..types import Scope
 from .plan import check_steps, finish_key, key_of, store_failed
-from .steps import drive_blocking
 
 __all__ = ["check_blocking", "require_sync_keys", "store_answer_blocking", "sync_key_of"]
 

@@ -3,7 +3,7 @@ policy file, tiers, global shadow mode, bans, delays, after-response charging an
 
 A request is decided by the policy core's step machine (``Decider.decide_steps``: refuse if
 banned, choose the caller's group, check, delay, record), run here by the async driver
-(``enforcement.steps.drive``), which answers at once whatever a local store answers; the door then
+(``steps.drive``), which answers at once whatever a local store answers; the door then
 refuses or serves (and settles after-response charges). It is a separate class so the plain
 middleware's hot path carries none of this; features left off here cost a few attribute checks
 per request. WebSocket traffic is
@@ -19,10 +19,10 @@ from typing import Any
 
 from ..asgi.middleware import RateLimitMiddleware
 from ..asgi.responses import send_answer, send_on_limit
-from ..enforcement.steps import drive, driven
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import Rule, RuleSet
+from ..steps import drive, driven
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .bans import Bans
 from .core import PolicyCore, policy_in_rules, settle_steps

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..algorithms import AlgorithmName
 from ..decision import Decision
-from ..enforcement.steps import Hit, Machine, Peek, Reset, Step, drive_blocking, driven
 from ..errors import ConfigurationError
 from ..keys import KeyFunc, client_ip
 from ..limiter import storage_key
 from ..limits import Limit
 from ..rates import Rate
+from ..steps import Hit, Machine, Peek, Reset, Step, drive_blocking, driven
 from ..stores.base import BlockingOperation
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ class Bans:
 
     def read_steps(self, limiter: Limiter, key: str) -> Machine[float]:
         """Seconds left on ``key``'s ban (0 when not banned), as a step machine
-        (``enforcement.steps``): from the cache while it is fresh, else one read of the shared
+        (``ratewarden.steps``): from the cache while it is fresh, else one read of the shared
         store. A store failure falls back to the cache.
 
         Args:
@@ -214,7 +214,7 @@ class Bans:
 
     def block_steps(self, limiter: Limiter, key: str, seconds: float) -> Machine[float]:
         """Ban ``key`` for ``seconds`` in the shared store, unless a longer ban is already running, as a
-        step machine (``enforcement.steps``); its result is the seconds left on the ban now in force.
+        step machine (``ratewarden.steps``); its result is the seconds left on the ban now in force.
 
         Args:
             limiter: Whose store holds the bans (its ``prefix`` too).
@@ -256,7 +256,7 @@ class Bans:
         await limiter.reset(key, self.strike_rate, algorithm=self.strike_algorithm, namespace="ban")
 
     def strike_steps(self, limiter: Limiter, key: str) -> Machine[float]:
-        """Record one rejection of ``key``, as a step machine (``enforcement.steps``); its result is
+        """Record one rejection of ``key``, as a step machine (``ratewarden.steps``); its result is
         the ban length when this one triggers a ban, else 0.
 
         Args:

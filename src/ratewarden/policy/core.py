@@ -5,7 +5,7 @@ request, which do no I/O.
 ``PolicyCore`` is a mixin: ``PolicyMiddleware`` (ASGI, ``asgi.py``) and ``WSGIPolicyMiddleware``
 (``wsgi.py``) each set ``limiter`` and ``rules`` and then call ``_start_policy``; each runs the same
 step machines (``decide_steps``, ``strike_steps``, ``settle_steps``) with its driver, one awaiting
-(``enforcement.steps.drive``) and one blocking (``drive_blocking``).
+(``steps.drive``) and one blocking (``drive_blocking``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..enforcement.plan import finish_key, key_of, rule_costs
-from ..enforcement.steps import Adjust, Machine
 from ..errors import ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
+from ..steps import Adjust, Machine
 from ..types import Scope
 from .admin import Operations
 from .bans import Bans

@@ -25,12 +25,12 @@ from ..decision import Decision
 from ..enforcement.answers import HeaderOptions, problem_body, problem_headers
 from ..enforcement.outcome import ALLOW, REFUSE, SHADOW, Outcome, failed, outcome_of
 from ..enforcement.plan import check_steps, finish_key, key_of, key_value, report_failure
-from ..enforcement.steps import Await, Machine
 from ..errors import LimitUnavailable
 from ..keys import key_text
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, policy_of
+from ..steps import Await, Machine
 from ..types import Scope
 from .bans import Bans, Strike
 from .delay import Delay
@@ -92,7 +92,7 @@ class Decider:
     _plans: dict[tuple[CompiledRule, ...], Plan]
 
     def decide_steps(self, ctx: PolicyContext, scope: Scope) -> Machine[Outcome]:
-        """The request's outcome as a step machine (``enforcement.steps``): the ban read, the check
+        """The request's outcome as a step machine (``ratewarden.steps``): the ban read, the check
         of the rules to charge, a refusal's wait for its turn, then ``_outcome``; a check that raised
         ``LimitUnavailable`` is ``failed``'s 400 or 503.
 

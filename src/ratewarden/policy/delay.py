@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 
 from ..decision import Decision
-from ..enforcement.steps import Machine, Pause
 from ..errors import ConfigurationError
+from ..steps import Machine, Pause
 
 __all__ = ["Delay"]
 
@@ -47,7 +47,7 @@ class Delay:
 
     def steps(self, key: str, decision: Decision, recheck: Callable[[], Machine[Decision | None]]) -> Machine[Decision | None]:
         """Hold a denied request until ``recheck`` allows it or the wait would exceed ``max_wait``, as
-        a step machine (``enforcement.steps``): the async driver's task sleeps, the blocking
+        a step machine (``ratewarden.steps``): the async driver's task sleeps, the blocking
         driver's thread does (so each waiting WSGI request holds a server thread for at most
         ``max_wait``; ``burst`` and ``max_waiting`` bound how many do).
 

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from ..enforcement.answers import HeaderOptions
-from ..enforcement.steps import drive_blocking
 from ..enforcement.sync_check import require_sync_keys
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import CompiledRule, Rule, RuleSet
+from ..steps import drive_blocking
 from ..types import Scope
 from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans

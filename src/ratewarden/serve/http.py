@@ -26,13 +26,13 @@ from urllib.parse import parse_qsl, unquote
 
 from ..caches import remember
 from ..context import STATE_KEY
-from ..enforcement.steps import Machine, drive, driven
 from ..errors import ConfigurationError
 from ..headers import HeaderStyle
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..policy.asgi import PolicyMiddleware
 from ..policy.schema import Policy
+from ..steps import Machine, drive, driven
 from ..store_health import innermost, probe_store, store_problem
 from ..types import Receive, Scope, Send
 from .costs import COST_KEY, MAX_COST, costed_policy

@@ -28,7 +28,7 @@ import logging
 import socket
 from collections.abc import Iterable
 
-from ..enforcement.steps import drive
+from ..steps import drive
 from . import bounds
 from .http import ServeApp, ServeError, _address
 from .http_io import Headers

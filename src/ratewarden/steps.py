@@ -1,8 +1,8 @@
 """The step machine's two sides: what the decision core asks for (a ``Step``), and the two drivers
 that answer it, as h11 is for HTTP/1.1.
 
-The core is written once as a generator (``plan.check_steps``, ``Decider.decide_steps``,
-``Delay.steps``...): it never awaits and never blocks, it yields a ``Step`` whenever it needs the
+The core is written once as a generator (``enforcement.plan.check_steps``, ``Decider.decide_steps``,
+``Bans.strike_steps``, ``Delay.steps``...): it never awaits and never blocks, it yields a ``Step`` whenever it needs the
 outside world (a store call, an awaitable key, a ban read, a pause) and takes the answer back, or
 the exception the step raised, thrown in at the same place. ``drive`` runs it for async code,
 answering at once the steps that need no wait (a local store, a cached rejection) so that an
@@ -16,11 +16,13 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Generator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..charges import adjust
-from ..limits import Limit
-from ..stores.base import Store
+from .charges import adjust
+from .limits import Limit
+
+if TYPE_CHECKING:
+    from .stores.base import Store
 
 __all__ = ["WAIT", "Adjust", "Await", "Hit", "Machine", "Pause", "Peek", "Reset", "Step", "drive", "drive_blocking", "driven"]
 
@@ -52,7 +54,14 @@ Machine = Generator[Step, Any, T]
 
 class Hit(Step):
     """Charge ``keys`` all or nothing (``Store.hit``): answers the ``Decision``, or raises what the
-    store raised (the core applies the failure policy)."""
+    store raised (the core applies the failure policy).
+
+    Args:
+        store: The store to charge.
+        keys: The storage keys.
+        limits: The limit on each key.
+        costs: What the request costs under each limit.
+    """
 
     __slots__ = ("costs", "keys", "limits", "store")
 
@@ -77,7 +86,13 @@ class Hit(Step):
 
 
 class Peek(Step):
-    """Read ``keys`` without charging them (``Store.peek``): answers a ``Decision`` a key."""
+    """Read ``keys`` without charging them (``Store.peek``): answers a ``Decision`` a key.
+
+    Args:
+        store: The store to read.
+        keys: The storage keys.
+        limits: The limit on each key.
+    """
 
     __slots__ = ("keys", "limits", "store")
 
@@ -98,7 +113,12 @@ class Peek(Step):
 
 
 class Reset(Step):
-    """Forget ``keys`` on ``store`` (``Store.reset``)."""
+    """Forget ``keys`` on ``store`` (``Store.reset``).
+
+    Args:
+        store: The store to reset them on.
+        keys: The storage keys.
+    """
 
     __slots__ = ("keys", "store")
 
@@ -118,7 +138,14 @@ class Reset(Step):
 
 
 class Adjust(Step):
-    """Apply ``amounts`` to ``keys`` without a limit check (a refund, a penalty: ``charges.adjust``)."""
+    """Apply ``amounts`` to ``keys`` without a limit check (a refund, a penalty: ``charges.adjust``).
+
+    Args:
+        store: The store to adjust.
+        keys: The storage keys.
+        limits: The limit on each key.
+        amounts: What to add to each (negative: a refund).
+    """
 
     __slots__ = ("amounts", "keys", "limits", "store")
 
@@ -138,7 +165,12 @@ class Adjust(Step):
 class Await(Step):
     """Finish an awaitable: a key function's answer, mostly. Synchronous code cannot:
     ``run_blocking`` closes it and raises ``TypeError`` naming what returned it (``whose``, e.g.
-    ``"rule 'api': the key function"``); the core's key fallback applies."""
+    ``"rule 'api': the key function"``); the core's key fallback applies.
+
+    Args:
+        pending: The awaitable.
+        whose: What returned it, for the error of synchronous code.
+    """
 
     __slots__ = ("pending", "whose")
 
@@ -157,7 +189,11 @@ class Await(Step):
 
 
 class Pause(Step):
-    """Wait ``seconds`` (a delayed request's turn): the task sleeps, or the thread does."""
+    """Wait ``seconds`` (a delayed request's turn): the task sleeps, or the thread does.
+
+    Args:
+        seconds: How long.
+    """
 
     __slots__ = ("seconds",)
 
@@ -174,7 +210,11 @@ class Pause(Step):
 def drive(machine: Machine[T]) -> T | Awaitable[T]:
     """Run ``machine`` for async code: its result at once while every step answers ``at_once``,
     else an awaitable that awaits the rest. ``isinstance(result, Awaitable)`` tells them apart
-    for results that are never awaitable themselves (decisions, outcomes)."""
+    for results that are never awaitable themselves (decisions, outcomes).
+
+    Args:
+        machine: The step machine, not started.
+    """
     try:
         step = next(machine)
         while True:
@@ -192,7 +232,11 @@ def drive(machine: Machine[T]) -> T | Awaitable[T]:
 
 
 async def driven(machine: Machine[T]) -> T:
-    """``drive``'s result, awaited when it had to wait (for results that are never awaitable)."""
+    """``drive``'s result, awaited when it had to wait (for results that are never awaitable).
+
+    Args:
+        machine: The step machine, not started.
+    """
     result = drive(machine)
     if isinstance(result, Awaitable):
         awaited: T = await result
@@ -218,7 +262,11 @@ async def _finish(machine: Machine[T], step: Step) -> T:
 
 
 def drive_blocking(machine: Machine[T]) -> T:
-    """Run ``machine`` for synchronous code, blocking on each step."""
+    """Run ``machine`` for synchronous code, blocking on each step.
+
+    Args:
+        machine: The step machine, not started.
+    """
     try:
         step = next(machine)
         while True:
