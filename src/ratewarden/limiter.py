@@ -18,6 +18,7 @@ from .errors import ArgumentError, ConfigurationError
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .loop_thread import LoopThread
 from .rates import Rate, freeze_rates
+from .steps import Hit, Machine, drive, driven
 from .storage_keys import MAX_KEY_LENGTH as MAX_KEY_LENGTH
 from .storage_keys import safe_key, storage_key
 from .store_health import (
@@ -179,17 +180,21 @@ class Limiter:
             limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
             costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
         """
+        return await driven(self._hit_steps(keys, limits, costs))
+
+    def _hit_steps(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Machine[Decision]:
+        """``check`` as a step machine (``ratewarden.steps``): the store's answer, or the insurance
+        limiter's when the store failed (else its ``StoreError``)."""
         store = self.store
         try:
-            if store.local:
-                return store.hit_now(keys, limits, costs)
-            return await store.hit(keys, limits, costs)
+            decision: Decision = yield Hit(store, keys, limits, costs)
         except Exception as exc:  # a StoreError, or a bug in the store (check_failure)
             error = check_failure(store, exc)
-            decision = self.decide_without_store(error, keys, limits, costs)
-            if decision is None:
+            fallback = self.decide_without_store(error, keys, limits, costs)
+            if fallback is None:
                 raise error from error.__cause__
-            return decision
+            return fallback
+        return decision
 
     def decide_without_store(
         self, error: StoreError, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
@@ -371,9 +376,15 @@ class Limiter:
             namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
                 count for ``key`` across namespaces.
         """
+        return await self.check(*self._charge(key, rate, cost, algorithm, namespace))
+
+    def _charge(
+        self, key: str, rate: str | Rate | Iterable[str | Rate], cost: float, algorithm: AlgorithmName, namespace: str
+    ) -> tuple[list[str], tuple[Limit, ...], list[float]]:
+        """What ``hit`` charges: the storage keys, their limits and their costs (``cost`` checked)."""
         _check_cost(cost)
         limits = self.limits(rate, algorithm)
-        return await self.check(self.keys_for(key, limits, namespace), limits, [cost] * len(limits))
+        return self.keys_for(key, limits, namespace), limits, [cost] * len(limits)
 
     async def peek(
         self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
@@ -453,19 +464,10 @@ class Limiter:
             namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
                 count for ``key`` across namespaces.
         """
-        if self.store.local:
-            _check_cost(cost)
-            limits = self.limits(rate, algorithm)
-            keys = self.keys_for(key, limits, namespace)
-            costs = [cost] * len(limits)
-            try:
-                return self.store.hit_now(keys, limits, costs)
-            except Exception as exc:
-                error = check_failure(self.store, exc)
-                decision = self.decide_without_store(error, keys, limits, costs)
-                if decision is None:
-                    raise error from error.__cause__
-                return decision
+        if self.store.local:  # answered at once, no loop
+            decided = drive(self._hit_steps(*self._charge(key, rate, cost, algorithm, namespace)))
+            assert isinstance(decided, Decision)
+            return decided
         return self._sync_loop.run(self.hit(key, rate, cost, algorithm, namespace))
 
     def peek_sync(
