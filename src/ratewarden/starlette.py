@@ -16,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .algorithms import AlgorithmName
-from .enforcement.answers import HeaderOptions, rejection, unavailable_answer
+from .enforcement.answers import HeaderOptions
 from .enforcement.check import LimitUnavailable, check_rules
+from .enforcement.outcome import ALLOWED, REFUSE, failed, outcome_of
 from .headers import HeaderMode, HeaderStyle
 from .keys import KeyFunc, client_ip
 from .limiter import Limiter
@@ -86,18 +87,17 @@ def limit(
 
         @functools.wraps(endpoint)
         async def wrapper(request: Request) -> Response:
-            decision = None
+            outcome = ALLOWED
             if limiter.enabled:
                 try:
-                    decision = await check_rules(limiter, rules, request.scope)
+                    outcome = outcome_of(await check_rules(limiter, rules, request.scope), answers)
                 except LimitUnavailable as exc:
-                    return answer_response(*unavailable_answer(exc))
-            if decision is not None and not decision.allowed:
-                body, raw = rejection(decision, answers)
-                return answer_response(429, body, raw)
+                    outcome = failed(exc)
+            if outcome.verdict == REFUSE:
+                return answer_response(outcome.status, outcome.body, outcome.headers)
             result: Any = await endpoint(request) if is_async else await run_in_threadpool(endpoint, request)  # type: ignore[misc]
-            if decision is not None and isinstance(result, Response):
-                result.headers.raw.extend(answers.allowed_headers(decision))
+            if outcome.headers and isinstance(result, Response):
+                result.headers.raw.extend(outcome.headers)
             return result  # type: ignore[no-any-return]
 
         return wrapper

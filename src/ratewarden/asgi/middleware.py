@@ -13,11 +13,12 @@ from ..context import context_for
 from ..decision import Decision
 from ..enforcement.answers import HeaderOptions
 from ..enforcement.check import LimitUnavailable, check
-from ..headers import HeaderMode, HeaderStyle, SendWithRateHeaders
+from ..enforcement.outcome import ALLOW, failed, outcome_of
+from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
 from ..types import ASGIApp, Receive, Scope, Send
-from .responses import LimitHandler, send_limited, send_on_limit, send_unavailable
+from .responses import LimitHandler, SendWithHeaders, answer_on_limit, send_outcome
 from .websocket import MessageLimitAction, WebSocketDeny, WebSocketLimits
 
 __all__ = ["RateLimitMiddleware"]
@@ -88,7 +89,7 @@ class RateLimitMiddleware:
             try:
                 checked = check(limiter, matched, scope)
             except LimitUnavailable as exc:
-                return send_unavailable(send, exc)
+                return send_outcome(send, failed(exc))
             if checked is None or isinstance(checked, Decision):
                 return self._answer(checked, matched, scope, receive, send)
             return self._answer_later(checked, matched, scope, receive, send)
@@ -120,30 +121,22 @@ class RateLimitMiddleware:
         try:
             decision = await checked
         except LimitUnavailable as exc:
-            await send_unavailable(send, exc)
+            await send_outcome(send, failed(exc))
             return
         await self._answer(decision, matched, scope, receive, send)
 
     def _answer(
         self, decision: Decision | None, matched: tuple[CompiledRule, ...], scope: Scope, receive: Receive, send: Send
     ) -> Awaitable[None]:
-        """Run the app, with the rate-limit headers when they are sent, or refuse."""
+        """Send the core's ``Outcome``: the app with its headers added, the 429, or ``on_limit``'s answer."""
         if decision is None:
             return self.app(scope, receive, send)
         context_for(scope).decision = decision
-        if not decision.allowed:
-            return self._reject(scope, receive, send, decision, policy_of(matched))
-        answers = self.answers
-        if not answers.always:
-            return self.app(scope, receive, send)
-        return self.app(scope, receive, SendWithRateHeaders(send, decision, answers.style, policy_of(matched)))
-
-    def _reject(
-        self, scope: Scope, receive: Receive, send: Send, decision: Decision, policy: bytes | None = None
-    ) -> Awaitable[None]:
-        """Refuse: the default 429, or ``on_limit``'s answer."""
+        outcome = outcome_of(decision, self.answers, policy_of(matched))
+        if outcome.verdict == ALLOW:
+            headers = outcome.headers
+            return self.app(scope, receive, SendWithHeaders(send, headers) if headers else send)
         on_limit = self.on_limit
         if on_limit is None:
-            return send_limited(send, decision, self.answers, policy)
-        answer = on_limit(scope, decision)
-        return send_on_limit(answer, scope, receive, send, decision, self.answers, policy)
+            return send_outcome(send, outcome)
+        return answer_on_limit(on_limit(scope, decision), scope, receive, send, outcome)

@@ -1,8 +1,9 @@
-"""The 429 and 503 answers (``ratewarden.enforcement.answers``) sent straight over ASGI.
+"""The core's answers (``ratewarden.enforcement.outcome``) sent straight over ASGI.
 
-Every answer the limiter writes itself goes out through ``send_answer`` (``send_limited`` for a 429,
-``send_unavailable`` for a 503, ``send_problem`` for a ban), and a custom ``on_limit`` answer through
-``send_on_limit``: the middleware, the edge and the policy middleware share them.
+Every answer the limiter writes itself goes out through ``send_answer``: an ``Outcome``'s refusal
+through ``send_outcome``, a custom ``on_limit`` answer through ``answer_on_limit``, an allowed
+request's headers through ``SendWithHeaders``; the middleware, the edge and the policy middleware
+share them.
 """
 
 from __future__ import annotations
@@ -11,43 +12,35 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from ..decision import Decision
-from ..enforcement.answers import (
-    UNAVAILABLE_BODY,
-    UNAVAILABLE_HEADERS,
-    HeaderOptions,
-    limited_headers,
-    problem_headers,
-    rejection,
-    unavailable_answer,
-)
+from ..enforcement.answers import HeaderOptions, problem_headers
+from ..enforcement.outcome import Outcome, outcome_of
+from ..scopes import value_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "LimitHandler",
+    "SendWithHeaders",
     "adding_missing_headers",
+    "answer_on_limit",
     "send_answer",
-    "send_limited",
     "send_on_limit",
+    "send_outcome",
     "send_problem",
-    "send_unavailable",
 ]
 
 LimitHandler = Callable[[Scope, Decision], "ASGIApp | Awaitable[ASGIApp]"]
 """Custom 429 handler: returns an ASGI app (e.g. a Starlette ``Response``) to send."""
 
 
-def send_unavailable(send: Send, exc: BaseException | None = None) -> Awaitable[None]:
-    """Answer 503 with ``Retry-After: 1``: the fail-closed policy (400 for an ``AmbiguousRequest``:
-    ``unavailable_answer``).
+def send_outcome(send: Send, outcome: Outcome, websocket: bool = False) -> Awaitable[None]:
+    """Send a refusal ``Outcome`` as it is: its status, complete header list and body.
 
     Args:
         send: The ASGI ``send`` callable.
-        exc: The ``LimitUnavailable`` the check raised.
+        outcome: The core's refusal.
+        websocket: Refuse a WebSocket handshake (see ``send_answer``).
     """
-    if exc is not None:
-        status, body, headers = unavailable_answer(exc)
-        return send_answer(send, status, body, headers)
-    return send_answer(send, 503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
+    return send_answer(send, outcome.status, outcome.body, outcome.headers, websocket)
 
 
 async def send_answer(
@@ -70,30 +63,30 @@ async def send_answer(
     await send({"type": "http.response.body", "body": body})
 
 
-def send_limited(
-    send: Send,
-    decision: Decision,
-    options: HeaderOptions,
-    policy: bytes | None = None,
-    group: str | None = None,
-) -> Awaitable[None]:
-    """Answer the default 429 for ``decision`` (``rejection``'s body and headers).
-
-    No coroutine of its own: it returns ``send_answer``'s, so the 429 path awaits one coroutine as
-    when each caller wrote its own.
+async def answer_on_limit(
+    answer: ASGIApp | Awaitable[ASGIApp | None] | None, scope: Scope, receive: Receive, send: Send, outcome: Outcome,
+    added: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Send a custom ``on_limit`` answer to the refusal ``outcome``, adding its ``Retry-After`` and
+    rate-limit headers where the answer set none of that name; no answer (``None``) sends ``outcome``.
 
     Args:
+        answer: What ``on_limit`` returned: an ASGI app, an awaitable of one, or ``None``.
+        scope: The ASGI connection scope.
+        receive: The ASGI ``receive`` callable.
         send: The ASGI ``send`` callable.
-        decision: The denying decision.
-        options: Which rate-limit headers, if any.
-        policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
-        group: The policy middleware's body (see ``too_many_requests_problem``); ``None`` for the default.
+        outcome: The core's refusal of the request.
+        added: ``outcome.added_headers()`` already taken (taken here when ``None``).
     """
-    body, headers = rejection(decision, options, policy, group)
-    return send_answer(send, 429, body, headers)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    if answer is None:
+        await send_outcome(send, outcome)
+        return
+    await answer(scope, receive, adding_missing_headers(send, outcome.added_headers() if added is None else added))
 
 
-async def send_on_limit(
+def send_on_limit(
     answer: ASGIApp | Awaitable[ASGIApp | None] | None,
     scope: Scope,
     receive: Receive,
@@ -101,10 +94,8 @@ async def send_on_limit(
     decision: Decision,
     options: HeaderOptions,
     policy: bytes | None = None,
-    headers: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    """Send a custom ``on_limit`` answer, adding the 429's ``Retry-After`` and rate-limit headers it
-    did not set itself; no answer (``None``) sends the default 429.
+) -> Awaitable[None]:
+    """``answer_on_limit`` for the default 429 of ``decision`` (``outcome_of``).
 
     Args:
         answer: What ``on_limit`` returned: an ASGI app, an awaitable of one, or ``None``.
@@ -114,16 +105,8 @@ async def send_on_limit(
         decision: The denying decision.
         options: Which rate-limit headers, if any.
         policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
-        headers: ``limited_headers`` already built for these arguments (built here when ``None``).
     """
-    if inspect.isawaitable(answer):
-        answer = await answer
-    if answer is None:
-        await send_limited(send, decision, options, policy)
-        return
-    if headers is None:
-        headers = limited_headers(decision, options, policy)
-    await answer(scope, receive, adding_missing_headers(send, headers))
+    return answer_on_limit(answer, scope, receive, send, outcome_of(decision, options, policy))
 
 
 def send_problem(
@@ -158,3 +141,27 @@ def adding_missing_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Se
         await send(message)
 
     return send_with_headers
+
+
+class SendWithHeaders:
+    """An ASGI ``send`` that adds ``headers`` (an allowed ``Outcome``'s) to the response start.
+
+    One small object per allowed request instead of a closure, and no coroutine of its own: calling
+    it returns the wrapped ``send``'s awaitable.
+
+    Args:
+        send: The ASGI ``send`` to wrap.
+        headers: The headers to add (never changed).
+    """
+
+    __slots__ = ("headers", "send")
+
+    def __init__(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+        self.send = send
+        self.headers = headers
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        kind: str = message["type"]
+        if kind == "http.response.start":
+            message["headers"] = [*value_of(message, "headers", ()), *self.headers]
+        return self.send(message)

@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from typing import Literal
 
 from .._mypyc import mypyc_attr
-from ..enforcement.answers import HeaderOptions, rejection
+from ..enforcement.answers import HeaderOptions
 from ..enforcement.check import LimitUnavailable, check_rules
+from ..enforcement.outcome import REFUSE, Outcome, outcome_of
 from ..errors import ConfigurationError
 from ..limiter import Limiter
 from ..rules import CompiledRule
 from ..types import ASGIApp, Message, Receive, Scope, Send
-from .responses import send_answer
+from .responses import send_outcome
 
 __all__ = ["MessageLimitAction", "WebSocketDeny", "WebSocketLimits"]
 
@@ -85,11 +86,11 @@ class WebSocketLimits:
             try:
                 decision = await check_rules(self.limiter, connect_rules, scope)
             except LimitUnavailable:
-                await self._refuse(scope, receive, send, 503, b"", list(_UNAVAILABLE_HEADERS), TRY_AGAIN_LATER)
+                unavailable = Outcome(REFUSE, 503, list(_UNAVAILABLE_HEADERS))
+                await self._refuse(scope, receive, send, unavailable, TRY_AGAIN_LATER)
                 return
             if decision is not None and not decision.allowed:
-                body, headers = rejection(decision, _NO_RATE_HEADERS)
-                await self._refuse(scope, receive, send, 429, body, headers, POLICY_VIOLATION)
+                await self._refuse(scope, receive, send, outcome_of(decision, _NO_RATE_HEADERS), POLICY_VIOLATION)
                 return
         message_rules = [r for r in rules if r.message_limits]
         if not message_rules:
@@ -131,9 +132,7 @@ class WebSocketLimits:
         scope: Scope,
         receive: Receive,
         send: Send,
-        status: int,
-        body: bytes,
-        headers: list[tuple[bytes, bytes]],
+        refusal: Outcome,
         code: int,
     ) -> None:
         message = await receive()
@@ -142,6 +141,6 @@ class WebSocketLimits:
         extensions = scope.get("extensions") or {}
         use_http = self.deny == "http" or (self.deny == "auto" and "websocket.http.response" in extensions)
         if use_http and "websocket.http.response" in extensions:
-            await send_answer(send, status, body, headers, websocket=True)
+            await send_outcome(send, refusal, websocket=True)
             return
         await send({"type": "websocket.close", "code": code, "reason": "rate limited"})

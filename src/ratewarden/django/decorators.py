@@ -12,6 +12,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from ..algorithms import AlgorithmName
 from ..enforcement.answers import HeaderOptions
+from ..enforcement.outcome import ALLOW, ALLOWED
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
@@ -20,7 +21,7 @@ from ..rates import Rate, freeze_rates
 from ..route_limits import Declared
 from ..rules import CompiledRule, CostFunc, http_methods
 from .config import DjangoConfig, current_config
-from .guard import Outcome, outcome_async, outcome_sync
+from .guard import Answered, outcome_async, outcome_sync
 from .keys import KeySpec, check_key_spec, django_key
 from .responses import add_headers
 from .scope import in_event_loop
@@ -174,9 +175,9 @@ class _Guarded:
             built = self._answers = (config, options)
         return built[1]
 
-    def finish(self, request: Any, outcome: Outcome) -> Any:
+    def finish(self, request: Any, outcome: Answered) -> Any:
         """The answer instead of the view's (None: call the view), ``request.limited`` set."""
-        decision, answer = outcome
+        decision, answer, _ = outcome
         if decision is not None and not decision.allowed:
             request.limited = True
             if self.block:
@@ -187,11 +188,11 @@ class _Guarded:
             request.limited = False
         return None
 
-    def with_headers(self, response: Any, outcome: Outcome, config: DjangoConfig, policy: bytes) -> Any:
-        decision = outcome[0]
-        answers = self.answers(config)
-        if decision is not None and decision.allowed and answers.always:
-            add_headers(response, decision, answers.style, policy)
+    @staticmethod
+    def with_headers(response: Any, outcome: Answered) -> Any:
+        """The view's response with an allowed ``Outcome``'s headers (a refusal's stay off it)."""
+        if outcome[2].verdict == ALLOW:
+            add_headers(response, outcome[2].headers)
         return response
 
     async def call_async(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -199,7 +200,7 @@ class _Guarded:
             result = self.view(request, *args, **kwargs)
             return await result if _awaitable(result) else result
         config, checker, rules = self.bound.get()
-        outcome: Outcome = (None, None)
+        outcome: Answered = (None, None, ALLOWED)
         if checker.enabled:
             answers = self.answers(config)
             on_limit = config.on_limit if self.block else None
@@ -210,7 +211,7 @@ class _Guarded:
         result = self.view(request, *args, **kwargs)
         if _awaitable(result):
             result = await result
-        return self.with_headers(result, outcome, config, rules[0].policy)
+        return self.with_headers(result, outcome)
 
     def call_sync(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if in_event_loop():  # a sync dispatch() of an async class-based view: its handler's coroutine
@@ -218,7 +219,7 @@ class _Guarded:
         if not self.applies(request):
             return self.view(request, *args, **kwargs)
         config, checker, rules = self.bound.get()
-        outcome: Outcome = (None, None)
+        outcome: Answered = (None, None, ALLOWED)
         if checker.enabled:
             answers = self.answers(config)
             on_limit = config.on_limit if self.block else None
@@ -226,7 +227,7 @@ class _Guarded:
         answer = self.finish(request, outcome)
         if answer is not None:
             return answer
-        return self.with_headers(self.view(request, *args, **kwargs), outcome, config, rules[0].policy)
+        return self.with_headers(self.view(request, *args, **kwargs), outcome)
 
 
 def _async_class_view(view: View) -> bool:

@@ -8,19 +8,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..decision import Decision
-from ..enforcement.answers import HeaderOptions, limited_headers
+from ..enforcement.answers import HeaderOptions
 from ..enforcement.check import LimitUnavailable, check_rules
+from ..enforcement.outcome import ALLOWED, REFUSE, Outcome, failed, outcome_of
 from ..enforcement.sync_check import check_blocking
 from ..limiter import Limiter
 from ..rules import CompiledRule
 from .config import OnLimit
-from .responses import too_many_requests, unavailable
+from .responses import outcome_response
 from .scope import REQUEST_KEY, request_scope
 
-__all__ = ["Outcome", "check_async", "check_sync", "custom_refusal", "outcome_async", "outcome_sync", "refusal"]
+__all__ = ["Answered", "check_async", "check_sync", "custom_refusal", "outcome_async", "outcome_sync"]
 
-Outcome = tuple[Decision | None, Any]
-"""The decision (``None``: none made) and the response to send instead of the view's (``None``: call it)."""
+Answered = tuple[Decision | None, Any, Outcome]
+"""The decision (``None``: none made), the response to send instead of the view's (``None``: call
+it) and the core's ``Outcome`` (an allowed one's ``headers`` go on the view's response)."""
 
 
 def check_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any) -> Decision | None:
@@ -56,28 +58,13 @@ async def check_async(limiter: Limiter, rules: Sequence[CompiledRule], request: 
         scope.pop(REQUEST_KEY, None)
 
 
-def refusal(decision: Decision | None, answers: HeaderOptions, policy: bytes | None) -> Any:
-    """The 429 for a denying decision; ``None`` otherwise.
-
-    Args:
-        decision: The check's decision (``None``: none made).
-        answers: Which rate-limit headers go on the 429, if any.
-        policy: The ``RateLimit-Policy`` value of every limit that applied.
-    """
-    if decision is None or decision.allowed:
-        return None
-    return too_many_requests(decision, answers, policy)
-
-
-def custom_refusal(answer: Any, decision: Decision, answers: HeaderOptions, policy: bytes | None) -> Any:
-    """``ON_LIMIT``'s response with the 429's ``Retry-After`` and rate-limit headers added where it
-    has none of that name; ``None`` when it answered ``None`` (the 429 is sent).
+def custom_refusal(answer: Any, outcome: Outcome) -> Any:
+    """``ON_LIMIT``'s response with the refusal ``outcome``'s ``Retry-After`` and rate-limit headers
+    added where it has none of that name; ``None`` when it answered ``None`` (the 429 is sent).
 
     Args:
         answer: What ``ON_LIMIT`` returned.
-        decision: The denying decision.
-        answers: Which rate-limit headers go with ``Retry-After``, if any.
-        policy: The ``RateLimit-Policy`` value of every limit that applied.
+        outcome: The core's refusal.
     """
     if answer is None:
         return None
@@ -89,7 +76,7 @@ def custom_refusal(answer: Any, decision: Decision, answers: HeaderOptions, poli
         )
     present = getattr(answer, "headers", None)
     if present is not None:
-        for name, value in limited_headers(decision, answers, policy):
+        for name, value in outcome.added_headers():
             text = name.decode("latin-1")
             if text not in present:
                 present[text] = value.decode("latin-1")
@@ -97,8 +84,9 @@ def custom_refusal(answer: Any, decision: Decision, answers: HeaderOptions, poli
 
 
 def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, answers: HeaderOptions,
-                 policy: bytes | None, on_limit: OnLimit | None = None) -> Outcome:
-    """The check of ``check_sync`` and what to answer: the 429, the fail-closed 503, or ``None``.
+                 policy: bytes | None, on_limit: OnLimit | None = None) -> Answered:
+    """The check of ``check_sync`` and the core's ``Outcome`` of it, with the response it sends: the
+    429 (or ``ON_LIMIT``'s answer), the fail-closed 503, or ``None``.
 
     Args:
         limiter: Checks the limits on its store.
@@ -111,16 +99,19 @@ def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, 
     try:
         decision = check_sync(limiter, rules, request)
     except LimitUnavailable as exc:
-        return None, unavailable(exc)
-    if on_limit is not None and decision is not None and not decision.allowed:
-        answer = custom_refusal(on_limit(request, decision), decision, answers, policy)
+        return None, outcome_response(failed(exc)), ALLOWED
+    outcome = outcome_of(decision, answers, policy)
+    if outcome.verdict != REFUSE:
+        return decision, None, outcome
+    if on_limit is not None and decision is not None:
+        answer = custom_refusal(on_limit(request, decision), outcome)
         if answer is not None:
-            return decision, answer
-    return decision, refusal(decision, answers, policy)
+            return decision, answer, outcome
+    return decision, outcome_response(outcome), outcome
 
 
 async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, answers: HeaderOptions,
-                        policy: bytes | None, on_limit: OnLimit | None = None) -> Outcome:
+                        policy: bytes | None, on_limit: OnLimit | None = None) -> Answered:
     """``outcome_sync`` for async code.
 
     Args:
@@ -134,12 +125,15 @@ async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request
     try:
         decision = await check_async(limiter, rules, request)
     except LimitUnavailable as exc:
-        return None, unavailable(exc)
-    if on_limit is not None and decision is not None and not decision.allowed:
+        return None, outcome_response(failed(exc)), ALLOWED
+    outcome = outcome_of(decision, answers, policy)
+    if outcome.verdict != REFUSE:
+        return decision, None, outcome
+    if on_limit is not None and decision is not None:
         answer = on_limit(request, decision)
         if hasattr(answer, "__await__"):
             answer = await answer
-        answer = custom_refusal(answer, decision, answers, policy)
+        answer = custom_refusal(answer, outcome)
         if answer is not None:
-            return decision, answer
-    return decision, refusal(decision, answers, policy)
+            return decision, answer, outcome
+    return decision, outcome_response(outcome), outcome

@@ -13,7 +13,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from ..rules import policy_of
-from .config import SETTING, DjangoConfig, SettingsError, current_config
+from .config import SETTING, SettingsError, current_config
 from .guard import outcome_async, outcome_sync
 from .responses import add_headers
 
@@ -52,12 +52,12 @@ class RateLimitMiddleware:
         if not rules or not config.limiter.enabled:
             return self.get_response(request)
         policy = policy_of(rules)
-        decision, answer = outcome_sync(
-            config.limiter, rules, request, config.answers, policy, config.on_limit
-        )
+        _, answer, outcome = outcome_sync(config.limiter, rules, request, config.answers, policy, config.on_limit)
         if answer is not None:
             return answer
-        return self._allowed(self.get_response(request), decision, config, policy)
+        response = self.get_response(request)
+        add_headers(response, outcome.headers)
+        return response
 
     async def _acall(self, request: Any) -> Any:
         config = current_config()
@@ -65,15 +65,11 @@ class RateLimitMiddleware:
         if not rules or not config.limiter.enabled:
             return await self.get_response(request)
         policy = policy_of(rules)
-        decision, answer = await outcome_async(
+        _, answer, outcome = await outcome_async(
             config.limiter, rules, request, config.answers, policy, config.on_limit
         )
         if answer is not None:
             return answer
-        return self._allowed(await self.get_response(request), decision, config, policy)
-
-    @staticmethod
-    def _allowed(response: Any, decision: Any, config: DjangoConfig, policy: bytes) -> Any:
-        if decision is not None and config.answers.always:
-            add_headers(response, decision, config.answers.style, policy)
+        response = await self.get_response(request)
+        add_headers(response, outcome.headers)
         return response

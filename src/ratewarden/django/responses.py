@@ -1,5 +1,5 @@
-"""The limiter's answers as Django responses: the 429 and 503 of ``enforcement.answers``, byte for
-byte, and the rate-limit headers added to an allowed response."""
+"""The core's answers (``enforcement.outcome``) as Django responses: a refusal ``Outcome``'s 429,
+503 or 400, byte for byte, and an allowed one's headers added to the view's response."""
 
 from __future__ import annotations
 
@@ -7,17 +7,9 @@ from typing import Any
 
 from django.http import HttpResponse  # type: ignore[import-untyped]
 
-from ..decision import Decision
-from ..enforcement.answers import (
-    UNAVAILABLE_BODY,
-    UNAVAILABLE_HEADERS,
-    HeaderOptions,
-    rejection,
-    unavailable_answer,
-)
-from ..headers import HeaderStyle, rate_limit_headers
+from ..enforcement.outcome import Outcome
 
-__all__ = ["add_headers", "answer_response", "too_many_requests", "unavailable"]
+__all__ = ["add_headers", "answer_response", "outcome_response"]
 
 
 def answer_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> Any:
@@ -35,42 +27,25 @@ def answer_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]]
     return response
 
 
-def too_many_requests(decision: Decision, options: HeaderOptions, policy: bytes | None) -> Any:
-    """The 429: RFC 9457 problem+json with ``Retry-After`` (``enforcement.answers.rejection``).
+def outcome_response(outcome: Outcome) -> Any:
+    """A refusal ``Outcome`` (the 429, the fail-closed 503, an ``AmbiguousRequest``'s 400) as an
+    ``HttpResponse`` (``answer_response``).
 
     Args:
-        decision: The denying decision.
-        options: Which rate-limit headers, if any.
-        policy: The ``RateLimit-Policy`` value of every limit that applied; ``None`` uses the
-            deciding limit's.
+        outcome: The core's refusal.
     """
-    body, headers = rejection(decision, options, policy)
-    return answer_response(429, body, headers)
+    return answer_response(outcome.status, outcome.body, outcome.headers)
 
 
-def unavailable(exc: BaseException | None = None) -> Any:
-    """The fail-closed 503 (the store or a key function failed under ``ON_ERROR = "closed"``), or
-    the 400 of an ``AmbiguousRequest`` (``unavailable_answer``).
-
-    Args:
-        exc: The ``LimitUnavailable`` the check raised.
-    """
-    if exc is not None:
-        return answer_response(*unavailable_answer(exc))
-    return answer_response(503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
-
-
-def add_headers(response: Any, decision: Decision, style: HeaderStyle, policy: bytes | None) -> None:
-    """Add the rate-limit headers describing ``decision`` to an allowed response.
+def add_headers(response: Any, headers: list[tuple[bytes, bytes]]) -> None:
+    """Add an allowed ``Outcome``'s headers to the view's response.
 
     Args:
         response: The view's ``HttpResponse`` (anything with ``headers``; others are left alone).
-        decision: The allowing decision.
-        style: Which rate-limit headers: ``"ietf"``, ``"legacy"`` or ``"both"``.
-        policy: The ``RateLimit-Policy`` value of every limit that applied.
+        headers: The headers to add.
     """
-    headers = getattr(response, "headers", None)
-    if headers is None:
+    present = getattr(response, "headers", None)
+    if present is None:
         return
-    for name, value in rate_limit_headers(decision, style, policy):
-        headers[name.decode("latin-1")] = value.decode("latin-1")
+    for name, value in headers:
+        present[name.decode("latin-1")] = value.decode("latin-1")

@@ -17,15 +17,9 @@ from fastapi import HTTPException, Request, Response
 from ..algorithms import AlgorithmName
 from ..context import context_of
 from ..decision import Decision
-from ..enforcement.answers import (
-    UNAVAILABLE_BODY,
-    UNAVAILABLE_HEADERS,
-    HeaderOptions,
-    limited_headers,
-    too_many_requests_problem,
-)
+from ..enforcement.answers import HeaderOptions, too_many_requests_problem
 from ..enforcement.check import LimitUnavailable, check_rules
-from ..errors import AmbiguousRequest
+from ..enforcement.outcome import REFUSE, Outcome, failed, outcome_of
 from ..errors import RateLimitExceeded as _RateLimitExceeded
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc, client_ip
@@ -38,15 +32,18 @@ from .edge import SINK_KEY as _SINK
 
 __all__ = ["RateLimit", "RateLimitExceeded", "route_context"]
 
-# The fail-closed 503 a self-checking dependency raises, taken from the one 503
-# (``ratewarden.enforcement.answers``): its detail, and its headers but the content type and length
-# (the exception handler that renders the ``HTTPException`` writes its own).
-_UNAVAILABLE_DETAIL: str = json.loads(UNAVAILABLE_BODY)["detail"]
-_UNAVAILABLE_HEADERS = tuple(
-    (name.decode("latin-1"), value.decode("latin-1"))
-    for name, value in UNAVAILABLE_HEADERS
-    if name not in (b"content-type", b"content-length")
-)
+
+
+def _text(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Headers as the ``HTTPException`` takes them."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
+
+
+def _failure(outcome: Outcome) -> HTTPException:
+    """The ``HTTPException`` of a failed check's ``Outcome`` (400 or the fail-closed 503): its
+    ``detail`` and its headers but the content type and length (the exception handler that renders
+    it writes its own)."""
+    return HTTPException(outcome.status, json.loads(outcome.body)["detail"], _text(outcome.added_headers()) or None)
 
 
 class RateLimitExceeded(_RateLimitExceeded, HTTPException):
@@ -165,22 +162,21 @@ class RateLimit:
                 return found
         try:
             decision = await check_rules(limiter, self._rules_for(scope), scope)
-        except AmbiguousRequest as exc:
-            raise HTTPException(400, str(exc)) from None
-        except LimitUnavailable:
-            raise HTTPException(503, _UNAVAILABLE_DETAIL, dict(_UNAVAILABLE_HEADERS)) from None
+        except LimitUnavailable as exc:
+            raise _failure(failed(exc)) from None
         if decision is None:
             return None
-        if not decision.allowed:
-            raw = limited_headers(decision, self.answers, None)
+        outcome = outcome_of(decision, self.answers)
+        if outcome.verdict == REFUSE:
+            raw = outcome.added_headers()
             sink = scope.get(_SINK)
             if sink is not None:  # under install(): the 429 keeps these, whichever handler answers
                 sink[:] = raw
-            raise RateLimitExceeded(decision, {k.decode("latin-1"): v.decode("latin-1") for k, v in raw})
-        if self.answers.always:
+            raise RateLimitExceeded(decision, _text(raw))
+        if outcome.headers:
             sink = scope.get(_SINK)
             target = sink if sink is not None else response.headers.raw
-            target.extend(self.answers.allowed_headers(decision))
+            target.extend(outcome.headers)
         return decision
 
 

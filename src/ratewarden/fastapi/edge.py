@@ -14,13 +14,13 @@ from time import monotonic
 from typing import Any
 
 from .._mypyc import mypyc_attr
-from ..asgi.responses import send_limited, send_on_limit, send_unavailable
+from ..asgi.responses import SendWithHeaders, answer_on_limit, send_outcome
 from ..caches import remember
 from ..context import EdgeCheck, RequestContext, context_for
 from ..decision import Decision
-from ..enforcement.answers import HeaderOptions, limited_headers
+from ..enforcement.answers import HeaderOptions
 from ..enforcement.check import LimitUnavailable, check, check_rules
-from ..headers import SendWithRateHeaders
+from ..enforcement.outcome import ALLOW, Outcome, failed, outcome_of
 from ..limiter import Limiter
 from ..rules import MAX_CACHED_PATH, CompiledRule
 from ..scopes import value_of
@@ -212,7 +212,7 @@ class EdgeLayer:
         try:
             checked = check(limiter, rules, scope)
         except LimitUnavailable as exc:
-            return send_unavailable(send, exc)
+            return send_outcome(send, failed(exc))
         if checked is None or isinstance(checked, Decision):
             return self._answer(target, context, checked, scope, receive, send)
         return self._answer_later(target, context, checked, scope, receive, send)
@@ -231,7 +231,7 @@ class EdgeLayer:
         try:
             decision = await checked
         except LimitUnavailable as exc:
-            await send_unavailable(send, exc)
+            await send_outcome(send, failed(exc))
             return
         await self._answer(target, context, decision, scope, receive, send)
 
@@ -244,29 +244,28 @@ class EdgeLayer:
         receive: Receive,
         send: Send,
     ) -> Awaitable[None]:
-        """Record the check, then run the app (with the rate-limit headers when sent) or refuse."""
+        """Record the check, then send the core's ``Outcome``: the app with its headers added, the
+        429, or ``on_limit``'s answer."""
         context.edge = EdgeCheck(target.route, target.covered, decision)
         if decision is None:
             return self.app(scope, receive, send)
-        if not decision.allowed:
-            on_limit = self.on_limit
-            if on_limit is None:  # the default 429: FastAPI never sees the request
-                return send_limited(send, decision, target.answers, target.policy)
-            return refuse_with(on_limit, scope, receive, send, decision, target)
-        answers = target.answers
-        if not answers.always:
-            return self.app(scope, receive, send)
-        return self.app(scope, receive, SendWithRateHeaders(send, decision, answers.style, target.policy))
+        outcome = outcome_of(decision, target.answers, target.policy)
+        if outcome.verdict == ALLOW:
+            headers = outcome.headers
+            return self.app(scope, receive, SendWithHeaders(send, headers) if headers else send)
+        on_limit = self.on_limit
+        if on_limit is None:  # the default 429: FastAPI never sees the request
+            return send_outcome(send, outcome)
+        return refuse_with(on_limit, scope, receive, send, decision, outcome)
 
 
 def refuse_with(
-    on_limit: EdgeAnswer, scope: Scope, receive: Receive, send: Send, decision: Decision, target: EdgeTarget
+    on_limit: EdgeAnswer, scope: Scope, receive: Receive, send: Send, decision: Decision, outcome: Outcome
 ) -> Awaitable[None]:
-    """Answer the 429 with the app's own answer (``None``: the default 429), adding ``Retry-After``
-    and the rate-limit headers it did not set itself (as the middleware's ``on_limit``)."""
-    headers = limited_headers(decision, target.answers, target.policy)
-    answer = on_limit(scope, receive, decision, headers)
-    return send_on_limit(answer, scope, receive, send, decision, target.answers, target.policy, headers)
+    """Answer the refusal ``outcome`` with the app's own answer (``None``: the default 429), adding
+    ``Retry-After`` and the rate-limit headers it did not set itself (as the middleware's ``on_limit``)."""
+    added = outcome.added_headers()
+    return answer_on_limit(on_limit(scope, receive, decision, added), scope, receive, send, outcome, added)
 
 
 async def check_groups(groups: Sequence[tuple[Limiter, tuple[CompiledRule, ...]]], scope: Scope) -> Decision | None:

@@ -15,8 +15,8 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from ..algorithms import AlgorithmName
 from ..decision import Decision
-from ..enforcement.answers import limited_headers
 from ..enforcement.check import LimitUnavailable
+from ..enforcement.outcome import ALLOW
 from ..errors import AmbiguousRequest, ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc
@@ -31,7 +31,7 @@ from .responses import (
     RateLimitExceeded,
     add_headers,
     denying_limit,
-    epoch_reset,
+    outcome_for,
     unavailable_response,
     unhandled,
 )
@@ -284,15 +284,11 @@ class RateLimiter:
         if not isinstance(checked, Checked) or response is checked.answer or checked.at_wsgi:
             return response
         settings = _state().settings
-        decision = checked.decision
-        if decision.allowed:
-            if not settings.answers.always:
-                return response
-            headers = settings.answers.allowed_headers(decision, checked.policy)
-            add_headers(response, epoch_reset(headers) if settings.header_reset == "epoch" else headers)
+        outcome = outcome_for(checked.decision, settings.answers, checked.policy, settings.header_reset)
+        if outcome.verdict == ALLOW:
+            add_headers(response, outcome.headers)
         else:  # the app's own 429 (on_limit, an errorhandler): the headers it left out
-            headers = limited_headers(decision, settings.answers, checked.policy)
-            add_headers(response, epoch_reset(headers) if settings.header_reset == "epoch" else headers, missing_only=True)
+            add_headers(response, outcome.added_headers(), missing_only=True)
         return response
 
 

@@ -25,17 +25,17 @@ from werkzeug.routing import RequestRedirect
 from ..caches import remember
 from ..context import context_for
 from ..decision import Decision
-from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, rejection, unavailable_answer
+from ..enforcement.outcome import failed, outcome_of
 from ..enforcement.sync_check import check_blocking
 from ..errors import AmbiguousRequest, LimitUnavailable
 from ..route_limits import RouteLimits
 from ..rules import CompiledRule, policy_of
 from ..types import Scope
-from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithRateHeaders, _text_headers
+from ..wsgi.middleware import Environ, StartResponse, WSGIApp, _StartWithHeaders, start_outcome
 from ..wsgi.scope import scope_of
 from .applicable import Applicable, AppState
 from .declared import Declared, ScopeTest
-from .responses import RateLimitExceeded, epoch_reset, unhandled
+from .responses import RateLimitExceeded, outcome_for, unhandled
 
 
 class RateLimiter(Protocol):
@@ -62,10 +62,7 @@ UNAVAILABLE = "ratewarden.flask:unavailable"
 itself: the hook answers its 400)."""
 
 # Flask's status lines (werkzeug upper-cases the reason), so a raw answer is the hook's, byte for byte.
-_TOO_MANY = "429 TOO MANY REQUESTS"
-_UNAVAILABLE_STATUS = "503 SERVICE UNAVAILABLE"
-_BAD_REQUEST = "400 BAD REQUEST"
-_UNAVAILABLE_TEXT = tuple(_text_headers(UNAVAILABLE_HEADERS))
+_STATUS_LINES = {429: "429 TOO MANY REQUESTS", 503: "503 SERVICE UNAVAILABLE", 400: "400 BAD REQUEST"}
 _ROUTES = 4096  # routes remembered, 4 MiB at most (``caches.remember``: paths with variable parts are unbounded)
 _PROBE = RateLimitExceeded.__new__(RateLimitExceeded)  # only its type is read by _find_error_handler
 _SIGNALS = (
@@ -194,12 +191,7 @@ class FastCheck:
         if isinstance(checked, LimitUnavailable):
             ambiguous = isinstance(checked, AmbiguousRequest)
             if plan.answers and self._answerable(environ):
-                if ambiguous:
-                    _, body, headers = unavailable_answer(checked)
-                    start_response(_BAD_REQUEST, _text_headers(headers))
-                    return [body]
-                start_response(_UNAVAILABLE_STATUS, list(_UNAVAILABLE_TEXT))
-                return [UNAVAILABLE_BODY]
+                return start_outcome(start_response, failed(checked), _STATUS_LINES)
             environ[CHECKED_KEY] = checked if ambiguous else UNAVAILABLE
             return self.inner(environ, start_response)
         if checked is None:
@@ -211,16 +203,11 @@ class FastCheck:
             if settings.header_reset == "epoch":  # the after_request hook writes X-RateLimit-Reset's time
                 return self.inner(environ, start_response)
             checked.at_wsgi = True
-            if not settings.answers.always:
-                return self.inner(environ, start_response)
-            wrapped = _StartWithRateHeaders(start_response, decision, settings.answers.style, checked.policy)
-            return self.inner(environ, wrapped)
+            headers = outcome_of(decision, settings.answers, checked.policy).headers
+            return self.inner(environ, _StartWithHeaders(start_response, headers) if headers else start_response)
         if plan.answers and self.extension.on_limit is None and self._answerable(environ):
-            body, headers = rejection(decision, settings.answers, checked.policy)
-            if settings.header_reset == "epoch":
-                headers = epoch_reset(headers)
-            start_response(_TOO_MANY, _text_headers(headers))
-            return [body]
+            outcome = outcome_for(decision, settings.answers, checked.policy, settings.header_reset)
+            return start_outcome(start_response, outcome, _STATUS_LINES)
         return self.inner(environ, start_response)  # the hook answers from checked
 
     def _plan(self, environ: Environ) -> _Plan | None:

@@ -1,6 +1,6 @@
-"""The limiter's answers as Flask responses: the 429 (``RateLimitExceeded``, a werkzeug
-``TooManyRequests`` carrying ``enforcement.answers.rejection``'s bytes), the fail-closed 503, and
-the rate-limit headers added to a response."""
+"""The core's answers (``enforcement.outcome``) as Flask responses: the 429 (``RateLimitExceeded``,
+a werkzeug ``TooManyRequests`` carrying the ``Outcome``'s bytes), the fail-closed 503, and the
+rate-limit headers added to a response."""
 
 from __future__ import annotations
 
@@ -15,13 +15,8 @@ from werkzeug.exceptions import TooManyRequests
 from werkzeug.wrappers import Response as BaseResponse
 
 from ..decision import Decision
-from ..enforcement.answers import (
-    UNAVAILABLE_BODY,
-    UNAVAILABLE_HEADERS,
-    HeaderOptions,
-    rejection,
-    unavailable_answer,
-)
+from ..enforcement.answers import UNAVAILABLE_BODY, UNAVAILABLE_HEADERS, HeaderOptions
+from ..enforcement.outcome import Outcome, failed, outcome_of
 from ..errors import RateLimitExceeded as _RateLimitExceeded
 from ..limits import Limit
 from ..rates import Rate
@@ -34,6 +29,8 @@ __all__ = [
     "answer_response",
     "epoch_reset",
     "limit_text",
+    "outcome_for",
+    "outcome_response",
     "unavailable_response",
 ]
 
@@ -63,8 +60,33 @@ def unavailable_response(exc: BaseException | None = None) -> Response:
         exc: The ``LimitUnavailable`` the check raised.
     """
     if exc is not None:
-        return answer_response(*unavailable_answer(exc))
+        return outcome_response(failed(exc))
     return answer_response(503, UNAVAILABLE_BODY, list(UNAVAILABLE_HEADERS))
+
+
+def outcome_response(outcome: Outcome) -> Response:
+    """A refusal ``Outcome`` as the app's response class, byte for byte (``answer_response``).
+
+    Args:
+        outcome: The core's refusal.
+    """
+    return answer_response(outcome.status, outcome.body, outcome.headers)
+
+
+def outcome_for(decision: Decision, options: HeaderOptions, policy: bytes | None, reset: ResetFormat) -> Outcome:
+    """The core's ``Outcome`` for ``decision`` (``outcome_of``) with ``X-RateLimit-Reset`` as ``reset``
+    says: seconds left, or the ``"epoch"`` time (``epoch_reset``).
+
+    Args:
+        decision: The check's decision.
+        options: Which rate-limit headers, if any.
+        policy: The ``RateLimit-Policy`` value listing every limit that applied.
+        reset: What ``X-RateLimit-Reset`` holds.
+    """
+    outcome = outcome_of(decision, options, policy)
+    if reset != "epoch" or not outcome.headers:
+        return outcome
+    return Outcome(outcome.verdict, outcome.status, epoch_reset(outcome.headers), outcome.body, decision)
 
 
 def limit_text(rate: Rate) -> str:
@@ -136,14 +158,14 @@ class RateLimitExceeded(_RateLimitExceeded, TooManyRequests):
         limit: Limit | None = None,
         reset: ResetFormat = "seconds",
     ) -> None:
-        body, headers = rejection(decision, options, policy)
-        if reset == "epoch":
-            headers = epoch_reset(headers)
+        outcome = outcome_for(decision, options, policy, reset)
         rate = limit.rate if limit is not None else Rate(max(1, decision.limit), decision.period or 1.0)
-        super().__init__(description=limit_text(rate), response=answer_response(429, body, headers))
+        super().__init__(description=limit_text(rate), response=outcome_response(outcome))
         self.decision = decision
+        #: The core's refusal this 429 sends (its ``added_headers()`` go on a handler's own answer).
+        self.outcome = outcome
         #: The problem+json text of the default 429 (``application/problem+json``).
-        self.body = body.decode()
+        self.body = outcome.body.decode()
 
 
 def add_headers(response: BaseResponse, headers: list[tuple[bytes, bytes]], missing_only: bool = False) -> None:

@@ -14,8 +14,9 @@ from sanic.response import BaseHTTPResponse, HTTPResponse
 
 from ..algorithms import AlgorithmName
 from ..context import context_for
-from ..enforcement.answers import HeaderOptions, rejection, unavailable_answer
+from ..enforcement.answers import HeaderOptions
 from ..enforcement.check import LimitUnavailable, check_rules
+from ..enforcement.outcome import REFUSE, failed, outcome_of
 from ..errors import ConfigurationError
 from ..headers import HeaderMode, HeaderStyle
 from ..keys import KeyFunc, client_ip
@@ -24,7 +25,7 @@ from ..limits import DEFAULT_ALGORITHM
 from ..route_limits import Declared, RateSpec, RouteLimits
 from ..rules import CostFunc, Rule, RuleSet, policy_of
 from ..stores.memory import MemoryStore
-from .responses import add_headers, answer_response
+from .responses import add_headers, outcome_response
 from .scope import scope_of
 
 __all__ = ["CONTEXT_ATTR", "RateLimiter"]
@@ -136,18 +137,17 @@ class RateLimiter:
         try:
             decision = await check_rules(limiter, matched, scope)
         except LimitUnavailable as exc:
-            return answer_response(*unavailable_answer(exc))
+            return outcome_response(failed(exc))
         if decision is None:
             return None
         context = context_for(scope)
         context.decision = decision
         setattr(request.ctx, CONTEXT_ATTR, context)
-        policy = policy_of(matched)
-        if not decision.allowed:
-            body, headers = rejection(decision, self.answers, policy)
-            return answer_response(429, body, headers)
-        if self.answers.always:
-            setattr(request.ctx, _HEADERS_ATTR, self.answers.allowed_headers(decision, policy))
+        outcome = outcome_of(decision, self.answers, policy_of(matched))
+        if outcome.verdict == REFUSE:
+            return outcome_response(outcome)
+        if outcome.headers:
+            setattr(request.ctx, _HEADERS_ATTR, outcome.headers)
         return None
 
     async def _add_headers(self, request: Request, response: BaseHTTPResponse) -> None:

@@ -1,10 +1,12 @@
-"""The check layer's answers (``ratewarden.enforcement.answers``) as Sanic responses."""
+"""The core's answers (``ratewarden.enforcement.outcome``) as Sanic responses."""
 
 from __future__ import annotations
 
 from sanic.response import BaseHTTPResponse, HTTPResponse
 
-__all__ = ["add_headers", "answer_response"]
+from ..enforcement.outcome import Outcome
+
+__all__ = ["add_headers", "answer_response", "outcome_response"]
 
 
 def answer_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> HTTPResponse:
@@ -19,6 +21,15 @@ def answer_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]]
     response = HTTPResponse(body, status=status, content_type=None)
     add_headers(response, headers)
     return response
+
+
+def outcome_response(outcome: Outcome) -> HTTPResponse:
+    """A refusal ``Outcome`` (the 429, the 503, the 400) as a Sanic response (``answer_response``).
+
+    Args:
+        outcome: The core's refusal.
+    """
+    return answer_response(outcome.status, outcome.body, outcome.headers)
 
 
 def add_headers(response: BaseHTTPResponse, headers: list[tuple[bytes, bytes]]) -> None:

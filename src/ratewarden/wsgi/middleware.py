@@ -13,17 +13,11 @@ from typing import Any
 
 from ..context import context_for, context_of
 from ..decision import Decision
-from ..enforcement.answers import (
-    UNAVAILABLE_BODY,
-    UNAVAILABLE_HEADERS,
-    HeaderOptions,
-    limited_headers,
-    rejection,
-    unavailable_answer,
-)
+from ..enforcement.answers import HeaderOptions
+from ..enforcement.outcome import ALLOW, Outcome, failed, outcome_of
 from ..enforcement.sync_check import check_blocking, require_sync_keys
-from ..errors import AmbiguousRequest, LimitUnavailable
-from ..headers import HeaderMode, HeaderStyle, add_rate_limit_headers
+from ..errors import LimitUnavailable
+from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter
 from ..rules import CompiledRule, Rule, RuleSet, policy_of
 from .scope import CONTEXT_KEY, scope_of
@@ -40,9 +34,7 @@ LimitHandler = Callable[[Environ, Decision], "WSGIApp | None"]
 """Custom 429 handler: returns a WSGI app whose response is sent instead (``None``: the default 429)."""
 
 _WHO = "ratewarden.wsgi.RateLimitMiddleware"
-_TOO_MANY = "429 Too Many Requests"
-_UNAVAILABLE = "503 Service Unavailable"
-_BAD_REQUEST = "400 Bad Request"
+_STATUS_LINES = {429: "429 Too Many Requests", 503: "503 Service Unavailable", 400: "400 Bad Request"}
 _StrHeaders = list[tuple[str, str]]
 
 
@@ -51,26 +43,34 @@ def _text_headers(headers: Iterable[tuple[bytes, bytes]]) -> _StrHeaders:
     return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
 
 
-_UNAVAILABLE_TEXT = tuple(_text_headers(UNAVAILABLE_HEADERS))
 
 
-class _StartWithRateHeaders:
-    """A ``start_response`` that adds the rate-limit headers of ``decision`` to the app's own (a
-    new list: the app's is left as it was). One small object per allowed request, no closure."""
+def start_outcome(start_response: StartResponse, outcome: Outcome, lines: dict[int, str] = _STATUS_LINES) -> list[bytes]:
+    """Send a refusal ``Outcome`` as it is (its status as ``lines`` write it, complete header list
+    and body): what a WSGI app returns for it.
 
-    __slots__ = ("decision", "policy", "start_response", "style")
+    Args:
+        start_response: The PEP 3333 ``start_response``.
+        outcome: The core's refusal.
+        lines: The status line of each status.
+    """
+    start_response(lines[outcome.status], _text_headers(outcome.headers))
+    return [outcome.body]
 
-    def __init__(self, start_response: StartResponse, decision: Decision, style: HeaderStyle, policy: bytes) -> None:
+
+class _StartWithHeaders:
+    """A ``start_response`` that adds ``headers`` (an allowed ``Outcome``'s) to the app's own (a new
+    list: the app's is left as it was). One small object per allowed request, no closure."""
+
+    __slots__ = ("headers", "start_response")
+
+    def __init__(self, start_response: StartResponse, headers: list[tuple[bytes, bytes]]) -> None:
         self.start_response = start_response
-        self.decision = decision
-        self.style: HeaderStyle = style
-        self.policy = policy
+        self.headers = headers
 
     def __call__(self, status: str, headers: _StrHeaders, exc_info: Any = None) -> Callable[[bytes], object]:
-        extra: list[tuple[bytes, bytes]] = []
-        add_rate_limit_headers(extra, self.decision, self.style, self.policy)
         out = list(headers)
-        for name, value in extra:
+        for name, value in self.headers:
             out.append((name.decode("latin-1"), value.decode("latin-1")))
         if exc_info is None:
             return self.start_response(status, out)
@@ -154,12 +154,7 @@ class RateLimitMiddleware:
         try:
             decision = check_blocking(limiter, matched, scope)
         except LimitUnavailable as exc:
-            if isinstance(exc, AmbiguousRequest):
-                _, body, headers = unavailable_answer(exc)
-                start_response(_BAD_REQUEST, _text_headers(headers))
-                return [body]
-            start_response(_UNAVAILABLE, list(_UNAVAILABLE_TEXT))
-            return [UNAVAILABLE_BODY]
+            return start_outcome(start_response, failed(exc))
         if decision is None:
             shadowed = context_of(scope)  # shadow rules' decisions only
             if shadowed is not None:
@@ -168,24 +163,13 @@ class RateLimitMiddleware:
         context = context_for(scope)
         context.decision = decision
         environ[CONTEXT_KEY] = context
-        if not decision.allowed:
-            return self._reject(environ, start_response, decision, matched)
-        answers = self.answers
-        if not answers.always:
-            return self.app(environ, start_response)
-        return self.app(environ, _StartWithRateHeaders(start_response, decision, answers.style, policy_of(matched)))
-
-    def _reject(
-        self, environ: Environ, start_response: StartResponse, decision: Decision, matched: tuple[CompiledRule, ...]
-    ) -> Iterable[bytes]:
-        """Refuse: the default 429 (``rejection``'s bytes), or ``on_limit``'s answer."""
-        policy = policy_of(matched)
+        outcome = outcome_of(decision, self.answers, policy_of(matched))
+        if outcome.verdict == ALLOW:
+            headers = outcome.headers
+            return self.app(environ, _StartWithHeaders(start_response, headers) if headers else start_response)
         on_limit = self.on_limit
         if on_limit is not None:
             answer = on_limit(environ, decision)
             if answer is not None:
-                extra = _text_headers(limited_headers(decision, self.answers, policy))
-                return answer(environ, _StartAddingMissing(start_response, extra))
-        body, headers = rejection(decision, self.answers, policy)
-        start_response(_TOO_MANY, _text_headers(headers))
-        return [body]
+                return answer(environ, _StartAddingMissing(start_response, _text_headers(outcome.added_headers())))
+        return start_outcome(start_response, outcome)
