@@ -9,6 +9,7 @@ its refusals and rate-limit headers with the same ``outcome_of``.
 
 from __future__ import annotations
 
+from .._mypyc import mypyc_attr
 from ..decision import Decision
 from ..headers import rate_limit_headers
 from .answers import HeaderOptions, rejection, unavailable_answer
@@ -25,6 +26,7 @@ SHADOW = "shadow"
 _Headers = list[tuple[bytes, bytes]]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Outcome:
     """What a door does with a request once the store answered.
 
