@@ -4,15 +4,18 @@ checks (``failed``) and the policy (re-exported by ``policy.decision_plan``)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytest
 
+from ratewarden import Limiter, MemoryStore
 from ratewarden.decision import Decision
 from ratewarden.enforcement.answers import HeaderOptions, limited_headers, rejection
-from ratewarden.enforcement.outcome import ALLOW, ALLOWED, REFUSE, Outcome, failed, outcome_of
+from ratewarden.enforcement.outcome import ALLOW, ALLOWED, REFUSE, Outcome, failed, outcome_of, served
 from ratewarden.errors import AmbiguousRequest, LimitUnavailable
 from ratewarden.headers import rate_limit_headers
-from ratewarden.policy import decision_plan
+from ratewarden.policy import PolicyRule, WSGIPolicyMiddleware, decision_plan
 
 ALLOWING = Decision(True, 10, 7, 30.0, 0.0, 60.0, "api")
 DENYING = Decision(False, 10, 0, 30.0, 12.5, 60.0, "api")
@@ -66,3 +69,34 @@ def test_the_policy_uses_the_same_outcome() -> None:
     assert decision_plan.Outcome is Outcome
     assert decision_plan.failed is failed
     assert (decision_plan.ALLOW, decision_plan.REFUSE) == (ALLOW, REFUSE)
+
+
+def test_a_request_served_despite_its_decision_gets_the_allowed_headers() -> None:
+    """A shadow limit's refusal is served: its rate-limit headers, never the 429's."""
+    shadowed = served(DENYING, HeaderOptions(), POLICY)
+    assert (shadowed.verdict, shadowed.status, shadowed.body) == (ALLOW, 200, b"")
+    assert shadowed.headers == rate_limit_headers(DENYING, "both", POLICY)
+    assert served(DENYING, HeaderOptions("on_limit")) is ALLOWED
+
+
+def test_a_shadow_policy_serves_its_refusals_with_the_allowed_headers() -> None:
+    """``Decider._outcome`` through a door: the shadow refusal's response is the app's, with the
+    rate-limit headers (``r=0``) and ``RateLimit-Shadow``, not the 429's content type and length."""
+
+    def hello(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"hello"]
+
+    app = WSGIPolicyMiddleware(hello, Limiter(MemoryStore()), [PolicyRule("/api/**", "1/min", name="api")], shadow=True)
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/api/x", "QUERY_STRING": "", "SCRIPT_NAME": "",
+               "SERVER_NAME": "test", "SERVER_PORT": "80", "REMOTE_ADDR": "10.0.0.1", "wsgi.url_scheme": "http"}
+    started: list[Any] = []
+    for _ in range(2):
+        started.clear()
+        body = b"".join(app(dict(environ), lambda status, headers, exc_info=None: started.append((status, headers))))
+    status, headers = started[0]
+    names = [name.lower() for name, _ in headers]
+    assert (status, body) == ("200 OK", b"hello")
+    assert names.count("content-type") == 1 and "content-length" not in names
+    assert dict(headers)["ratelimit"].startswith('"api";r=0;t=')
+    assert "ratelimit-shadow" in names

@@ -14,7 +14,7 @@ from ..decision import Decision
 from ..headers import rate_limit_headers
 from .answers import HeaderOptions, rejection, unavailable_answer
 
-__all__ = ["ALLOW", "ALLOWED", "REFUSE", "SHADOW", "Outcome", "failed", "outcome_of"]
+__all__ = ["ALLOW", "ALLOWED", "REFUSE", "SHADOW", "Outcome", "failed", "outcome_of", "served"]
 
 ALLOW = "allow"
 """The request is served (it was allowed, or nothing was decided)."""
@@ -77,12 +77,26 @@ def outcome_of(
     """
     if decision is None:
         return ALLOWED
-    if decision.allowed:
+    if decision.allowed:  # ``served``, written out: the middleware's hot path makes one call
         if not answers.always:
             return ALLOWED
         return Outcome(ALLOW, 200, rate_limit_headers(decision, answers.style, policy), b"", decision)
     body, headers = rejection(decision, answers, policy, group)
     return Outcome(REFUSE, 429, headers, body, decision)
+
+
+def served(decision: Decision, answers: HeaderOptions, policy: bytes | None = None) -> Outcome:
+    """The ``Outcome`` of a request served whatever ``decision`` says (allowed, or refused by a
+    limit in shadow mode): its rate-limit headers to add (``ALLOWED`` when ``answers`` adds none).
+
+    Args:
+        decision: The decision the headers describe.
+        answers: When and which rate-limit headers are sent.
+        policy: The ``RateLimit-Policy`` value listing every limit that applied.
+    """
+    if not answers.always:
+        return ALLOWED
+    return Outcome(ALLOW, 200, rate_limit_headers(decision, answers.style, policy), b"", decision)
 
 
 def failed(exc: BaseException) -> Outcome:

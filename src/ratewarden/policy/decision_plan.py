@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Sequence
 from ..context import STATE_KEY
 from ..decision import Decision
 from ..enforcement.answers import HeaderOptions, problem_body, problem_headers
-from ..enforcement.outcome import ALLOW, REFUSE, SHADOW, Outcome, failed, outcome_of
+from ..enforcement.outcome import ALLOW, REFUSE, SHADOW, Outcome, failed, outcome_of, served
 from ..enforcement.plan import check_steps, finish_key, key_of, key_value, report_failure
 from ..errors import LimitUnavailable
 from ..keys import key_text
@@ -286,7 +286,7 @@ class Decider:
                 refusal = outcome_of(decision, self.answers, listed(ctx), ctx.group if ctx.runtime.show_group else "")
                 refusal.strike = ctx.ban_key is not None
                 return refusal
-            extra = outcome_of(decision, self.answers, listed(ctx)).headers
+            extra = served(decision, self.answers, listed(ctx)).headers  # a shadow refusal is served too
         else:
             extra = []
         verdict = ALLOW
