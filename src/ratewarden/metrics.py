@@ -370,48 +370,24 @@ class InstrumentedStore(Store):
         return self.inner.adjust_blocking(keys, limits, amounts)
 
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        start = time.perf_counter()
-        try:
+        with _Timed(self, "peek", self._peek_latency):
             return self.inner.peek_now(keys, limits)
-        except Exception as exc:
-            self._error("peek", exc)
-            raise
-        finally:
-            self._peek_latency.observe(time.perf_counter() - start)
 
     def _error(self, operation: str, exc: BaseException) -> None:
         self.metrics.store_errors.labels(self._name, operation).inc()
         log.warning("store_error store=%s operation=%s error=%s: %s", self._name, operation, type(exc).__name__, exc)
 
     async def hit(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        start = time.perf_counter()
-        try:
+        with _Timed(self, "hit", self._hit_latency):
             return await self.inner.hit(keys, limits, costs)
-        except Exception as exc:
-            self._error("hit", exc)
-            raise
-        finally:
-            self._hit_latency.observe(time.perf_counter() - start)
 
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        start = time.perf_counter()
-        try:
+        with _Timed(self, "hit", self._hit_latency):
             return self.inner.hit_now(keys, limits, costs)
-        except Exception as exc:
-            self._error("hit", exc)
-            raise
-        finally:
-            self._hit_latency.observe(time.perf_counter() - start)
 
     async def peek(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        start = time.perf_counter()
-        try:
+        with _Timed(self, "peek", self._peek_latency):
             return await self.inner.peek(keys, limits)
-        except Exception as exc:
-            self._error("peek", exc)
-            raise
-        finally:
-            self._peek_latency.observe(time.perf_counter() - start)
 
     async def reset(self, keys: Sequence[str]) -> None:
         await self.inner.reset(keys)
@@ -426,3 +402,24 @@ class InstrumentedStore(Store):
         from .charges import adjust
 
         return await adjust(self.inner, keys, limits, amounts)
+
+
+class _Timed:
+    """Times one call of an ``InstrumentedStore`` into ``latency`` and counts its failure, for the
+    async and the synchronous methods alike."""
+
+    __slots__ = ("latency", "operation", "start", "store")
+
+    def __init__(self, store: InstrumentedStore, operation: str, latency: Any) -> None:
+        self.store = store
+        self.operation = operation
+        self.latency = latency
+        self.start = 0.0
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self.latency.observe(time.perf_counter() - self.start)
+        if isinstance(exc, Exception):
+            self.store._error(self.operation, exc)

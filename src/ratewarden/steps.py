@@ -16,13 +16,13 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .charges import adjust
 from .limits import Limit
 
-if TYPE_CHECKING:
-    from .stores.base import Store
+Store = Any
+"""A store of ``ratewarden.stores`` (this module sits below them and imports none of them)."""
 
 __all__ = ["WAIT", "Adjust", "Await", "Hit", "Machine", "Pause", "Peek", "Reset", "Step", "drive", "drive_blocking", "driven"]
 

@@ -25,6 +25,7 @@ from ..charges import adjust
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..limits import Limit
+from ..steps import Machine, Reset, drive_blocking, driven
 from .adapted import as_store
 from .base import BlockingOperation, Capability, Store, StoreError
 from .deadline import wait_for_store
@@ -217,9 +218,7 @@ class Breaker(Store):
         Args:
             keys: The storage keys to forget.
         """
-        if self.fallback is not None:
-            self.fallback.reset_blocking(keys)
-        self.store.reset_blocking(keys)
+        drive_blocking(self._reset_steps(keys))
 
     def can_block(self, *operations: BlockingOperation) -> bool:
         """Whether the store and its fallback can both do ``operations`` without an event loop.
@@ -249,9 +248,13 @@ class Breaker(Store):
         return await self._guard(lambda s: adjust(s, keys, limits, amounts))
 
     async def reset(self, keys: Sequence[str]) -> None:
+        await driven(self._reset_steps(keys))
+
+    def _reset_steps(self, keys: Sequence[str]) -> Machine[None]:
+        """Forget ``keys`` on the fallback, then on the wrapped store (``ratewarden.steps``)."""
         if self.fallback is not None:
-            await self.fallback.reset(keys)
-        await self.store.reset(keys)
+            yield Reset(self.fallback, keys)
+        yield Reset(self.store, keys)
 
     async def clear(self) -> None:
         if self.fallback is not None:

@@ -23,6 +23,7 @@ from ..caches import size_of
 from ..decision import Decision
 from ..errors import StoreError
 from ..limits import Limit
+from ..steps import Adjust, Machine, drive_blocking, driven
 from .base import Store
 
 __all__ = ["ANSWERS", "OWED", "Ledger", "Seeds"]
@@ -320,10 +321,11 @@ class Ledger:
                 else:
                     self.dropped += amount
 
-    async def settle(self, store: Store) -> StoreError | None:
-        """Charge ``store`` what is owed (one ``adjust``), ahead of the check that calls it, so that
-        check counts the charges; if it fails, they stay owed and its error is returned (the check
-        then fails with it: one timeout, not two, while the store is still down).
+    def settle_steps(self, store: Store) -> Machine[StoreError | None]:
+        """Charge ``store`` what is owed (one adjust), ahead of the check that calls it, so that
+        check counts the charges, as a step machine (``ratewarden.steps``); if it fails, they stay
+        owed and its error is the result (the check then fails with it: one timeout, not two, while
+        the store is still down).
 
         Args:
             store: The store to charge.
@@ -332,27 +334,27 @@ class Ledger:
         if not keys:
             return None
         try:
-            await store.adjust(keys, limits, amounts)
+            yield Adjust(store, keys, limits, amounts)
         except StoreError as exc:
             self.owe_again(keys, limits, amounts, untils)
             return exc
         return None
+
+    async def settle(self, store: Store) -> StoreError | None:
+        """``settle_steps``, awaited.
+
+        Args:
+            store: The store to charge.
+        """
+        return await driven(self.settle_steps(store))
 
     def settle_blocking(self, store: Store) -> StoreError | None:
-        """``settle`` from synchronous code (``adjust_blocking``).
+        """``settle_steps`` from synchronous code (``adjust_blocking``).
 
         Args:
             store: The store to charge.
         """
-        keys, limits, amounts, untils = self.take()
-        if not keys:
-            return None
-        try:
-            store.adjust_blocking(keys, limits, amounts)
-        except StoreError as exc:
-            self.owe_again(keys, limits, amounts, untils)
-            return exc
-        return None
+        return drive_blocking(self.settle_steps(store))
 
     def forget(self, keys: Sequence[str] | None = None) -> None:
         """Drop the answers and charges of ``keys`` (every key's: ``None``), as a reset does.
