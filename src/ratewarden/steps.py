@@ -270,14 +270,19 @@ def drive_blocking(machine: Machine[T]) -> T:
     try:
         step = next(machine)
         while True:
-            try:
-                answer = step.run_blocking()
-            except Exception as exc:
-                step = machine.throw(exc)
-            else:
-                step = machine.send(answer)
+            step = _answered(machine, step)
     except StopIteration as done:
         result: T = done.value
         return result
     finally:
         machine.close()
+
+
+def _answered(machine: Machine[Any], step: Step) -> Step:
+    """The machine's next step once ``step`` is answered blocking: its answer sent in, or what it
+    raised thrown in."""
+    try:
+        answer = step.run_blocking()
+    except Exception as exc:
+        return machine.throw(exc)
+    return machine.send(answer)

@@ -70,15 +70,8 @@ def check_blocking(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope
 def store_answer_blocking(
     limiter: Limiter, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float], what: str
 ) -> Decision | None:
-    """``check.store_answer`` from synchronous code: the store's own synchronous client.
-
-    Args:
-        limiter: Whose store answers (its ``fallback`` and ``on_error`` apply when it fails).
-        keys: The check's storage keys.
-        limits: The limit checked on each key.
-        costs: What the request costs under each limit.
-        what: What failed, for ``failure_counts`` and ``LimitUnavailable``'s message.
-    """
+    """``check.store_answer`` from synchronous code, with the same arguments: the store's own
+    synchronous client, the same failure policy."""
     try:
         return limiter.store.hit_blocking(keys, limits, costs)
     except Exception as exc:  # a StoreError, or a bug in the store: never let through unchecked
