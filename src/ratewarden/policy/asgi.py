@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..asgi.middleware import RateLimitMiddleware
-from ..asgi.responses import send_answer, send_on_limit
+from ..asgi.responses import answer_on_limit, send_outcome
 from ..limiter import Limiter
 from ..metrics import Metrics
 from ..rules import Rule, RuleSet
@@ -26,7 +26,7 @@ from ..steps import drive, driven
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .bans import Bans
 from .core import PolicyCore, policy_in_rules, settle_steps
-from .decision_plan import REFUSE, Outcome, listed
+from .decision_plan import REFUSE, Outcome
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -95,10 +95,9 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
             await driven(self.strike_steps(ctx))
         decision = outcome.decision
         if decision is not None and self.on_limit is not None:
-            answer = self.on_limit(scope, decision)
-            await send_on_limit(answer, scope, receive, send, decision, self.answers, listed(ctx))
+            await answer_on_limit(self.on_limit(scope, decision), scope, receive, send, outcome)
             return
-        await send_answer(send, outcome.status, outcome.body, outcome.headers)
+        await send_outcome(send, outcome)
 
     async def answer(self, scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """What this middleware answers an HTTP request when the app behind it answers ``200`` with an
