@@ -1,5 +1,5 @@
 """``enforcement.outcome``: the one answer the core makes, for plain rules (``outcome_of``), failed
-checks (``failed``) and the policy (re-exported by ``policy.decision_plan``)."""
+checks (``failed``) and the policy (re-exported by ``policy.decider``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ratewarden.enforcement.answers import HeaderOptions, limited_headers, rejec
 from ratewarden.enforcement.outcome import ALLOW, ALLOWED, REFUSE, Outcome, failed, outcome_of, served
 from ratewarden.errors import AmbiguousRequest, LimitUnavailable
 from ratewarden.headers import rate_limit_headers
-from ratewarden.policy import PolicyRule, WSGIPolicyMiddleware, decision_plan
+from ratewarden.policy import PolicyRule, WSGIPolicyMiddleware, decider
 
 ALLOWING = Decision(True, 10, 7, 30.0, 0.0, 60.0, "api")
 DENYING = Decision(False, 10, 0, 30.0, 12.5, 60.0, "api")
@@ -66,9 +66,9 @@ def test_a_failed_check_is_its_400_or_503() -> None:
 
 
 def test_the_policy_uses_the_same_outcome() -> None:
-    assert decision_plan.Outcome is Outcome
-    assert decision_plan.failed is failed
-    assert (decision_plan.ALLOW, decision_plan.REFUSE) == (ALLOW, REFUSE)
+    assert decider.Outcome is Outcome
+    assert decider.failed is failed
+    assert (decider.ALLOW, decider.REFUSE) == (ALLOW, REFUSE)
 
 
 def test_a_request_served_despite_its_decision_gets_the_allowed_headers() -> None:

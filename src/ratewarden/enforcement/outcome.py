@@ -3,7 +3,7 @@
 A door translates its request, makes one call to the core and sends the ``Outcome`` in its
 framework's idiom: a refusal's status, complete header list and body as they are, or an allowed
 request's headers added to the app's response. Plain rules get theirs from ``outcome_of`` (a
-``Decision``) and ``failed`` (a ``LimitUnavailable``); the policy (``policy.decision_plan``) makes
+``Decision``) and ``failed`` (a ``LimitUnavailable``); the policy (``policy.decider``) makes
 its refusals and rate-limit headers with the same ``outcome_of``.
 """
 

@@ -26,7 +26,7 @@ from ..steps import drive, driven
 from ..types import ASGIApp, Message, Receive, Scope, Send
 from .bans import Bans
 from .core import PolicyCore, policy_in_rules, settle_steps
-from .decision_plan import REFUSE, Outcome
+from .decider import REFUSE, Outcome
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -75,7 +75,7 @@ class PolicyMiddleware(PolicyCore, RateLimitMiddleware):
         super().__init__(app, limiter, rules, **kwargs)
         self._start_policy(policy, watch, sighup, shadow, bans, metrics, shadow_header, show_group)
 
-    # -- request path: the decision core's plan and outcome, the store awaited --------------------
+    # -- request path: the decision core's step machine, driven awaiting ---------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

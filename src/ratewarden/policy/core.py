@@ -1,5 +1,5 @@
 """What the two policy middlewares share, whatever the server interface: the policy in force and
-its reloads, the admin operations, and (``decision_plan.Decider``) the plan and outcome of a
+its reloads, the admin operations, and (``decider.Decider``) the decision of a
 request, which do no I/O.
 
 ``PolicyCore`` is a mixin: ``PolicyMiddleware`` (ASGI, ``asgi.py``) and ``WSGIPolicyMiddleware``
@@ -24,9 +24,9 @@ from ..steps import Adjust, Machine
 from ..types import Scope
 from .admin import Operations
 from .bans import Bans
-from .decision_plan import REFUSE, Decider
+from .decider import REFUSE, Decider
 from .reload import PolicyReloader
-from .runtime import Plan, Runtime
+from .runtime import Needs, Runtime
 from .schema import Policy
 
 __all__ = ["PolicyCore", "policy_in_rules", "refund_amounts", "refunded", "settle_steps"]
@@ -115,7 +115,7 @@ class PolicyCore(Decider, Operations):
     shadow_header: bool
     reloader: PolicyReloader | None
     _defaults: tuple[bool, Bans | None, bool]
-    _plans: dict[tuple[CompiledRule, ...], Plan]
+    _needs: dict[tuple[CompiledRule, ...], Needs]
 
     def _start_policy(
         self,
@@ -135,7 +135,7 @@ class PolicyCore(Decider, Operations):
             metrics.watch(self.limiter.store)
         self.shadow_header = shadow_header
         self._defaults = (shadow, bans, show_group)
-        self._plans = {}
+        self._needs = {}
         self._runtime = Runtime(self.rules, shadow, bans, show_group, None)
         self.reloader = None
         if isinstance(policy, Policy):
@@ -201,7 +201,7 @@ class PolicyCore(Decider, Operations):
         ruleset = RuleSet(policy.rules, self.limiter.prefix)
         self._runtime = Runtime(ruleset, policy.shadow or shadow, new_bans, policy.show_group and show_group, policy)
         self.rules = ruleset
-        self._plans = {}
+        self._needs = {}
 
     def _check_store(self, rules: Sequence[Rule], bans: Bans | None) -> None:
         """At start-up (and before a reload takes effect): after-response charging refunds, so the

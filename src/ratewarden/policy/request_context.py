@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..rules import CompiledRule
-from .runtime import Plan, Runtime
+from .runtime import Needs, Runtime
 from .tiers import IdentityContext
 
 __all__ = ["PolicyContext"]
@@ -21,13 +21,13 @@ class PolicyContext(IdentityContext):
     Args:
         runtime: The policy in force for this request.
         rules: The rules it matched.
-        plan: What those rules need beyond a plain check.
+        needs: What those rules need beyond a plain check.
     """
 
-    def __init__(self, runtime: Runtime, rules: Sequence[CompiledRule], plan: Plan) -> None:
+    def __init__(self, runtime: Runtime, rules: Sequence[CompiledRule], needs: Needs) -> None:
         super().__init__()
         self.runtime = runtime
         self.rules = rules  # the matched rules; a tiered rule replaced by its group's rule
-        self.plan = plan
+        self.needs = needs
         self.ban_key: str | None = None
         self.identity = None  # resolved once per request (IdentityContext)

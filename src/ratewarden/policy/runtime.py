@@ -1,5 +1,5 @@
 """What ``PolicyMiddleware``'s requests read, below the middleware: the policy in force
-(``Runtime``) and what a matched rule tuple needs beyond a plain check (``Plan``).
+(``Runtime``) and what a matched rule tuple needs beyond a plain check (``Needs``).
 
 Kept apart from ``asgi.py`` so that the per-request context and the admin operations can name
 these types without importing the middleware.
@@ -15,7 +15,7 @@ from .bans import Bans
 from .schema import Policy
 from .tiers import PolicyRule
 
-__all__ = ["Plan", "Runtime"]
+__all__ = ["Needs", "Runtime"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Runtime:
     policy: Policy | None
 
 
-class Plan:
+class Needs:
     """What a matched rule tuple needs beyond a plain check (computed once per tuple)."""
 
     __slots__ = ("charged", "delayed", "tiered")

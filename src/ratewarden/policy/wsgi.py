@@ -34,7 +34,7 @@ from ..types import Scope
 from ..wsgi.scope import CONTEXT_KEY, scope_of
 from .bans import Bans
 from .core import PolicyCore, policy_in_rules, settle_steps
-from .decision_plan import REFUSE, Outcome
+from .decider import REFUSE, Outcome
 from .request_context import PolicyContext
 from .schema import Policy
 
@@ -167,7 +167,7 @@ class WSGIPolicyMiddleware(PolicyCore):
             if _is_async(bans.key):
                 raise ConfigurationError(f"{_WHO}: the bans' key function {bans.key!r} is async; give it a plain function")
 
-    # -- request path: the decision core's plan and outcome, the store blocking ------------------
+    # -- request path: the decision core's step machine, driven blocking --------------------------
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Handle one request (PEP 3333).

@@ -1,4 +1,4 @@
-"""The policy's decision without I/O: what a request needs read and charged (the plan), and what
+"""The policy's decision without I/O: what a request needs read and charged, and what
 the store's answers make of it (the outcome). Nothing here awaits or blocks; the doors drive it.
 
 A door (``PolicyMiddleware``, ``WSGIPolicyMiddleware``, ``ratewarden serve``) runs::
@@ -35,13 +35,13 @@ from ..types import Scope
 from .bans import Bans, Strike
 from .delay import Delay
 from .request_context import PolicyContext
-from .runtime import Plan, Runtime
+from .runtime import Needs, Runtime
 from .tiers import PolicyRule
 
 __all__ = ["ALLOW", "REFUSE", "SHADOW", "Decider", "Outcome", "ban_answer", "failed", "listed", "owner"]
 
 log = logging.getLogger("ratewarden")
-_PLAN_CACHE_LIMIT = 4096
+_NEEDS_CACHE_LIMIT = 4096
 _Headers = list[tuple[bytes, bytes]]
 
 
@@ -81,7 +81,7 @@ def listed(ctx: PolicyContext) -> bytes:
 
 
 class Decider:
-    """The plan and outcome steps of a policy middleware (a mixin of ``PolicyCore``, which sets
+    """The decision steps of a policy middleware (a mixin of ``PolicyCore``, which sets
     these attributes): each reads the policy in force and the request, and none does I/O."""
 
     limiter: Limiter
@@ -89,7 +89,7 @@ class Decider:
     metrics: Metrics | None
     shadow_header: bool
     _runtime: Runtime
-    _plans: dict[tuple[CompiledRule, ...], Plan]
+    _needs: dict[tuple[CompiledRule, ...], Needs]
 
     def decide_steps(self, ctx: PolicyContext, scope: Scope) -> Machine[Outcome]:
         """The request's outcome as a step machine (``ratewarden.steps``): the ban read, the check
@@ -97,7 +97,7 @@ class Decider:
         ``LimitUnavailable`` is ``failed``'s 400 or 503.
 
         Args:
-            ctx: The request's plan (``_plan_request``).
+            ctx: The request's context (``_plan_request``).
             scope: The request's scope.
         """
         rt = ctx.runtime
@@ -108,7 +108,7 @@ class Decider:
                     return banned
             rules = self._charged(ctx, scope)  # empty when the caller's group is unlimited
             decision = (yield from check_steps(self.limiter, rules, scope)) if rules else None
-            if decision is not None and not decision.allowed and ctx.plan.delayed and not rt.shadow:
+            if decision is not None and not decision.allowed and ctx.needs.delayed and not rt.shadow:
                 decision = yield from self._delay_steps(ctx, scope, decision)
         except LimitUnavailable as exc:
             return failed(exc)
@@ -154,7 +154,7 @@ class Decider:
         bans are on); a failure is logged, never the request's.
 
         Args:
-            ctx: The refused request's plan.
+            ctx: The refused request's context.
         """
         bans = ctx.runtime.bans
         if bans is not None and ctx.ban_key is not None:
@@ -164,7 +164,7 @@ class Decider:
                 log.warning("ban strike failed: %s: %s", type(exc).__name__, exc)
 
     def _plan_request(self, scope: Scope) -> PolicyContext | None:
-        """The request's plan: the policy in force, the rules it matched and what they need beyond
+        """The request's context: the policy in force, the rules it matched and what they need beyond
         a plain check (bans to read, a group to choose, a delay, after-response charges), left in
         the scope's ``state``; ``None`` when no rule applies (the request passes untouched).
 
@@ -179,13 +179,13 @@ class Decider:
 
     def _planned(self, rt: Runtime, matched: tuple[CompiledRule, ...], scope: Scope) -> PolicyContext:
         """``_plan_request`` for rules already matched under the policy ``rt``."""
-        plan = self._plans.get(matched)
-        if plan is None:
-            plan = Plan(matched)
-            if len(self._plans) >= _PLAN_CACHE_LIMIT:
-                self._plans = {}
-            self._plans[matched] = plan
-        ctx = PolicyContext(rt, matched, plan)
+        needs = self._needs.get(matched)
+        if needs is None:
+            needs = Needs(matched)
+            if len(self._needs) >= _NEEDS_CACHE_LIMIT:
+                self._needs = {}
+            self._needs[matched] = needs
+        ctx = PolicyContext(rt, matched, needs)
         scope.setdefault("state", {})[STATE_KEY] = ctx
         return ctx
 
@@ -195,7 +195,7 @@ class Decider:
         raised under fail-open (the bans are skipped; fail-closed raises ``LimitUnavailable``).
 
         Args:
-            ctx: The request's plan (bans on).
+            ctx: The request's context (bans on).
             scope: The request's scope.
         """
         bans = ctx.runtime.bans
@@ -214,7 +214,7 @@ class Decider:
         """The ban key from the awaited answer of the bans' key function (``ctx.ban_key``).
 
         Args:
-            ctx: The request's plan.
+            ctx: The request's context.
             scope: The request's scope.
             value: The key function's answer.
         """
@@ -235,7 +235,7 @@ class Decider:
         as the store or the ban cache said) is no ban.
 
         Args:
-            ctx: The request's plan.
+            ctx: The request's context.
             left: Seconds left on the ban.
         """
         if left <= 0:
@@ -252,10 +252,10 @@ class Decider:
         the caller's group (``ctx.group``), an unlimited group's dropped. Empty: nothing to charge.
 
         Args:
-            ctx: The request's plan.
+            ctx: The request's context.
             scope: The request's scope (its identity).
         """
-        if not ctx.plan.tiered:
+        if not ctx.needs.tiered:
             return ctx.rules
         rules: list[CompiledRule] = []
         prefix = self.limiter.prefix
@@ -277,7 +277,7 @@ class Decider:
         the headers to add to the app's response (rate-limit, ``RateLimit-Shadow``).
 
         Args:
-            ctx: The request's plan.
+            ctx: The request's context.
             decision: The store's answer for the rules to charge.
         """
         if decision is not None:
@@ -296,7 +296,7 @@ class Decider:
                 verdict = SHADOW
                 if self.shadow_header:
                     extra = [*extra, shadowed]
-        settle = ctx.plan.charged and decision is not None and ctx.would_deny is None
+        settle = ctx.needs.charged and decision is not None and ctx.would_deny is None
         return Outcome(verdict, 200, extra, b"", decision, False, settle)
 
     def _record(self, ctx: PolicyContext, decision: Decision) -> None:

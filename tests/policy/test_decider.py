@@ -1,4 +1,4 @@
-"""The policy's decision core (``policy/decision_plan.py``) decides without I/O: these tests are
+"""The policy's decision core (``policy/decider.py``) decides without I/O: these tests are
 plain functions (no event loop) that drive its plan and outcome with decisions made by hand, and
 the door answers exactly what the core says."""
 
@@ -12,7 +12,7 @@ from ratewarden import Decision, Limiter, MemoryStore, Rule
 from ratewarden.context import STATE_KEY
 from ratewarden.errors import AmbiguousRequest, LimitUnavailable
 from ratewarden.policy import Bans, PolicyMiddleware
-from ratewarden.policy.decision_plan import ALLOW, REFUSE, SHADOW, failed
+from ratewarden.policy.decider import ALLOW, REFUSE, SHADOW, failed
 from ratewarden.policy.request_context import PolicyContext
 from tests.core.asgi import http_scope
 
