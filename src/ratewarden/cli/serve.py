@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,48 +154,50 @@ def _add_envoy(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The bounds options (docs/serve.md#bounds): each ``--<name>`` defaults to ``bounds.<NAME>``.
+_BOUNDS: tuple[tuple[str, Callable[[str], object], str, str], ...] = (
+    ("http_max_connections", int, "N",
+     "open HTTP connections; one more is answered 503 and closed (default %(default)s)"),
+    ("http_timeout", float, "SECONDS",
+     "to send a whole request once it begins, else 408 and closed (default %(default)s)"),
+    ("http_max_header_size", int, "BYTES",
+     "of a request's line and headers, else 431 and closed (default %(default)s)"),
+    ("spoe_max_connections", int, "N",
+     "open SPOE connections; one more is disconnected (default %(default)s)"),
+    ("spoe_timeout_hello", float, "SECONDS",
+     "for a new SPOE connection to send its HELLO (default %(default)s)"),
+    ("spoe_timeout_idle", float, "SECONDS",
+     "an SPOE connection may wait between frames; keep it above spoe.conf's timeout idle (default %(default)s)"),
+    ("spoe_timeout_frame", float, "SECONDS",
+     "to finish an SPOE frame once begun (default %(default)s)"),
+    ("spoe_message", str, "NAME",
+     "the spoe-message decided, one per NOTIFY frame (default %(default)s, as spoe.conf)"),
+    ("grpc_max_message_size", int, "BYTES",
+     "of a gRPC request, else RESOURCE_EXHAUSTED (default %(default)s)"),
+    ("grpc_max_connections", int, "N",
+     "open gRPC connections, compiled front door; one more is closed (default %(default)s)"),
+    ("grpc_timeout", float, "SECONDS",
+     "from a gRPC request's arrival to its answer (the Python door: to its message's last byte), else "
+     "DEADLINE_EXCEEDED; a caller's shorter grpc-timeout applies instead (default %(default)s)"),
+    ("grpc_handshake_timeout", float, "SECONDS",
+     "for a new gRPC connection to send HTTP/2's preface and SETTINGS, else it is closed (default %(default)s)"),
+    ("max_descriptors", int, "N",
+     "in one Envoy rate limit request, else INVALID_ARGUMENT (default %(default)s)"),
+    ("max_entries", int, "N",
+     "in one Envoy rate limit request, over its descriptors (default %(default)s)"),
+)
+#: The bounds that must be more than 0 (every one but the spoe-message's name).
+_POSITIVE = tuple(name for name, kind, _, _ in _BOUNDS if kind is not str)
+
+
 def _add_bounds(parser: argparse.ArgumentParser) -> None:
     """The bounds on what one caller can make a worker hold (docs/serve.md#bounds)."""
     from ..serve import bounds
 
     group = parser.add_argument_group("bounds (per worker; docs/serve.md#bounds)")
-    group.add_argument("--http-max-connections", type=int, default=bounds.HTTP_MAX_CONNECTIONS, metavar="N",
-                       help="open HTTP connections; one more is answered 503 and closed (default %(default)s)")
-    group.add_argument("--http-timeout", type=float, default=bounds.HTTP_TIMEOUT, metavar="SECONDS",
-                       help="to send a whole request once it begins, else 408 and closed (default %(default)s)")
-    group.add_argument("--http-max-header-size", type=int, default=bounds.HTTP_MAX_HEADER_SIZE, metavar="BYTES",
-                       help="of a request's line and headers, else 431 and closed (default %(default)s)")
-    group.add_argument("--spoe-max-connections", type=int, default=bounds.SPOE_MAX_CONNECTIONS, metavar="N",
-                       help="open SPOE connections; one more is disconnected (default %(default)s)")
-    group.add_argument("--spoe-timeout-hello", type=float, default=bounds.SPOE_TIMEOUT_HELLO, metavar="SECONDS",
-                       help="for a new SPOE connection to send its HELLO (default %(default)s)")
-    group.add_argument("--spoe-timeout-idle", type=float, default=bounds.SPOE_TIMEOUT_IDLE, metavar="SECONDS",
-                       help="an SPOE connection may wait between frames; keep it above spoe.conf's timeout idle "
-                       "(default %(default)s)")
-    group.add_argument("--spoe-timeout-frame", type=float, default=bounds.SPOE_TIMEOUT_FRAME, metavar="SECONDS",
-                       help="to finish an SPOE frame once begun (default %(default)s)")
-    group.add_argument("--spoe-message", default=bounds.SPOE_MESSAGE, metavar="NAME",
-                       help="the spoe-message decided, one per NOTIFY frame (default %(default)s, as spoe.conf)")
-    group.add_argument("--grpc-max-message-size", type=int, default=bounds.GRPC_MAX_MESSAGE_SIZE, metavar="BYTES",
-                       help="of a gRPC request, else RESOURCE_EXHAUSTED (default %(default)s)")
-    group.add_argument("--grpc-max-connections", type=int, default=bounds.GRPC_MAX_CONNECTIONS, metavar="N",
-                       help="open gRPC connections, compiled front door; one more is closed (default %(default)s)")
-    group.add_argument("--grpc-timeout", type=float, default=bounds.GRPC_TIMEOUT, metavar="SECONDS",
-                       help="from a gRPC request's arrival to its answer (the Python door: to its message's "
-                       "last byte), else DEADLINE_EXCEEDED; a caller's shorter grpc-timeout applies instead "
-                       "(default %(default)s)")
-    group.add_argument("--grpc-handshake-timeout", type=float, default=bounds.GRPC_HANDSHAKE_TIMEOUT,
-                       metavar="SECONDS", help="for a new gRPC connection to send HTTP/2's preface and SETTINGS, "
-                       "else it is closed (default %(default)s)")
-    group.add_argument("--max-descriptors", type=int, default=bounds.MAX_DESCRIPTORS, metavar="N",
-                       help="in one Envoy rate limit request, else INVALID_ARGUMENT (default %(default)s)")
-    group.add_argument("--max-entries", type=int, default=bounds.MAX_ENTRIES, metavar="N",
-                       help="in one Envoy rate limit request, over its descriptors (default %(default)s)")
-
-
-_POSITIVE = ("http_max_connections", "http_timeout", "http_max_header_size", "spoe_max_connections",
-             "spoe_timeout_hello", "spoe_timeout_idle", "spoe_timeout_frame", "grpc_max_message_size",
-             "grpc_max_connections", "grpc_timeout", "grpc_handshake_timeout", "max_descriptors", "max_entries")
+    for name, kind, metavar, text in _BOUNDS:
+        group.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(bounds, name.upper()),
+                           metavar=metavar, help=text)
 
 
 #: Options of Envoy's rate limit API (gRPC and ``POST /json``), and of the SPOE agent: each without

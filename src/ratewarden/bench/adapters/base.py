@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from ...errors import RatewardenError
 from ..apps import ASGIApp
 from ..scenarios import Scenario
 
 __all__ = ["Adapter", "StoreSpec", "Unsupported"]
+
+_S = TypeVar("_S")
 
 
 class Unsupported(RatewardenError):
@@ -52,6 +55,14 @@ class Adapter(ABC):
     @abstractmethod
     def build(self) -> ASGIApp:
         """The ASGI app for this scenario (routes from :func:`ratewarden.bench.apps.build_app`)."""
+
+    def strategy(self, strategies: Mapping[str, _S]) -> _S:
+        """The library's strategy for the scenario's algorithm (``strategies``: by algorithm name), or
+        ``Unsupported`` naming the algorithm the library lacks."""
+        found = strategies.get(self.scenario.algorithm)
+        if found is None:
+            raise Unsupported(f"{self.name} has no {self.scenario.algorithm} strategy")
+        return found
 
     async def start(self) -> None:
         """Open connections / initialise backends (called once before the first request)."""

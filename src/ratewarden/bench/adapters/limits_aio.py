@@ -81,9 +81,7 @@ class LimitsAdapter(Adapter):
             raise Unsupported("limits sends no rate-limit headers (it only counts)")
         if sc.rules:
             raise Unsupported("limits has no path-rule registry")
-        cls = _STRATEGIES.get(sc.algorithm)
-        if cls is None:
-            raise Unsupported(f"limits has no {sc.algorithm} strategy")
+        cls = self.strategy(_STRATEGIES)
         self.storage = self._storage()
         limiter = cls(self.storage)
         item = RateLimitItemPerSecond(sc.limit, sc.window_s)

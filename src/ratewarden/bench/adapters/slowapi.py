@@ -45,9 +45,7 @@ class SlowapiAdapter(Adapter):
             raise Unsupported("slowapi has no WebSocket message limiting")
         if sc.rules:
             raise Unsupported("slowapi has no path-rule registry (limits are per decorated route)")
-        strategy = _STRATEGIES.get(sc.algorithm)
-        if strategy is None:
-            raise Unsupported(f"slowapi has no {sc.algorithm} strategy")
+        strategy = self.strategy(_STRATEGIES)
         rate = f"{sc.limit} per {sc.window_s} second"
         middleware = sc.integration == "middleware"
         self.limiter = limiter = Limiter(

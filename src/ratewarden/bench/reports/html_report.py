@@ -183,6 +183,13 @@ def _cell(text: str) -> str:
     return f"<td class='over'>{escape(text)}</td>" if "⚠" in text else f"<td>{escape(text)}</td>"
 
 
+def _notes(intro: str, item: str, lines: list[str]) -> list[str]:
+    """``lines`` as a list after ``intro`` (which opens it), each opened by ``item``; none: nothing."""
+    if not lines:
+        return []
+    return [intro, *[f"{item}{escape(line)}</li>" for line in lines], "</ul>"]
+
+
 def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[Result] = ()) -> Path:
     parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ratewarden bench</title>",
              f"<style>{_CSS}</style></head><body><h1>ratewarden bench</h1><ul class='meta'>",
@@ -191,18 +198,10 @@ def write_html(path: Path, rows: list[Row], meta: Meta, results: Sequence[Result
              + escape(", ".join(f"{k} {v}" for k, v in meta.versions.items())) + "</li>"]
     parts += [f"<li>{escape(k)}: {escape(str(v))}</li>" for k, v in meta.method.items()]
     parts.append("</ul>")
-    noise = noise_lines(rows)
-    if noise:
-        parts.append("<p>How noisy the machine was (the libraries of a scenario run interleaved in rounds; the "
-                     "tables give each row's req/s range over them):</p><ul class='meta'>")
-        parts += [f"<li>{escape(line)}</li>" for line in noise]
-        parts.append("</ul>")
-    over = over_limit_lines(rows)
-    if over:
-        parts.append("<p class='over'>⚠ Admitted more than the limit (req/s and ratios of these rows are not "
-                     "comparable with rows that held the limit):</p><ul>")
-        parts += [f"<li class='over'>{escape(line)}</li>" for line in over]
-        parts.append("</ul>")
+    parts += _notes("<p>How noisy the machine was (the libraries of a scenario run interleaved in rounds; the "
+                    "tables give each row's req/s range over them):</p><ul class='meta'>", "<li>", noise_lines(rows))
+    parts += _notes("<p class='over'>⚠ Admitted more than the limit (req/s and ratios of these rows are not "
+                    "comparable with rows that held the limit):</p><ul>", "<li class='over'>", over_limit_lines(rows))
     parts.append("<h2>Charts</h2>")
     parts += [f"<div class='chart'>{svg}</div>" for svg in _charts(rows)]
     section = None
