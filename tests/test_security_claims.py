@@ -26,7 +26,7 @@ from werkzeug.test import Client as WerkzeugClient
 
 from ratewarden import Limiter, MemoryStore, RateLimitMiddleware, Rule
 from ratewarden.caches import DEFAULT_BYTES, remember, size_of
-from ratewarden.enforcement.plan import failure_counts
+from ratewarden.enforcement.core import failure_counts
 from ratewarden.errors import StoreError
 from ratewarden.keys import query_param
 from ratewarden.limits import Limit
@@ -91,7 +91,7 @@ def broken_cost(scope: Any) -> float:
 async def test_failing_key_and_cost_functions_are_logged_at_most_once_a_second_and_all_counted(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ratewarden.enforcement.plan._last_error_log", -1e9)
+    monkeypatch.setattr("ratewarden.enforcement.core._last_error_log", -1e9)
     keyed = RateLimitMiddleware(ok, frozen(), [Rule("/k", "100/min", key=broken_key, name="k")])
     costed = RateLimitMiddleware(ok, frozen(), [Rule("/c", "100/min", cost=broken_cost, name="c")])
     before = failure_counts()

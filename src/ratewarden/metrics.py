@@ -81,7 +81,7 @@ class _CheckFailures:
         yield self._family()
 
     def collect(self) -> Iterator[Any]:
-        from .enforcement.plan import failure_counts
+        from .enforcement.core import failure_counts
 
         family = self._family()
         for (what, error), count in sorted(failure_counts().items()):

@@ -1,7 +1,7 @@
 """The step machine's two sides: what the decision core asks for (a ``Step``), and the two drivers
 that answer it, as h11 is for HTTP/1.1.
 
-The core is written once as a generator (``enforcement.plan.check_steps``, ``Decider.decide_steps``,
+The core is written once as a generator (``enforcement.core.check_steps``, ``Decider.decide_steps``,
 ``Bans.strike_steps``, ``Delay.steps``...): it never awaits and never blocks, it yields a ``Step`` whenever it needs the
 outside world (a store call, an awaitable key, a ban read, a pause) and takes the answer back, or
 the exception the step raised, thrown in at the same place. ``drive`` runs it for async code,

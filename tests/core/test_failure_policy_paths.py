@@ -129,7 +129,7 @@ async def test_a_ban_key_function_that_raises_follows_the_failure_policy(
     on_error: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """It used to escape PolicyMiddleware as an HTTP 500 under either policy."""
-    monkeypatch.setattr("ratewarden.enforcement.plan._last_error_log", -1e9)
+    monkeypatch.setattr("ratewarden.enforcement.core._last_error_log", -1e9)
     limiter = Limiter(MemoryStore(), on_error=on_error)  # type: ignore[arg-type]
     bans = Bans(after=1, within=60, duration=60, key=broken_key)
     app = PolicyMiddleware(endpoint, limiter, [Rule("/x", "1/hour")], bans=bans)

@@ -87,7 +87,7 @@ RULES = {
 @pytest.fixture(autouse=True)
 def unthrottled_log(monkeypatch: pytest.MonkeyPatch) -> None:
     # Failures are logged at most once a second; let every test see its own log line.
-    monkeypatch.setattr("ratewarden.enforcement.plan._last_error_log", -1e9)
+    monkeypatch.setattr("ratewarden.enforcement.core._last_error_log", -1e9)
 
 
 async def inner(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:

@@ -1,4 +1,4 @@
-"""One key lookup: every check finds the client's key with ``enforcement.plan.key_of`` (and
+"""One key lookup: every check finds the client's key with ``enforcement.core.key_of`` (and
 ``key_later`` for an awaitable answer), so the async check, its single-rule inline path, the
 blocking check and shadow rules charge the same key for the same key function, failures included."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from ratewarden import Limiter, MemoryStore, Rule
 from ratewarden.enforcement.check import check_rules
-from ratewarden.enforcement.plan import KEY_ERROR_PREFIX, key_of, key_value
+from ratewarden.enforcement.core import KEY_ERROR_PREFIX, key_of, key_value
 from ratewarden.enforcement.sync_check import check_blocking
 from ratewarden.rules import CompiledRule
 from tests.core.asgi import http_scope
@@ -27,7 +27,7 @@ def test_only_the_shared_lookup_calls_a_key_function() -> None:
     found = sorted(
         str(path.relative_to(SRC)) for path in SRC.rglob("*.py") if calls.search(path.read_text(encoding="utf-8"))
     )
-    assert found == ["enforcement/plan.py"], found
+    assert found == ["enforcement/core.py"], found
 
 
 async def _later() -> str:

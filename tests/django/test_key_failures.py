@@ -19,7 +19,7 @@ def broken(request: Any) -> str:
 
 @pytest.fixture(autouse=True)
 def unthrottled_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ratewarden.enforcement.plan._last_error_log", -1e9)
+    monkeypatch.setattr("ratewarden.enforcement.core._last_error_log", -1e9)
 
 
 def test_middleware_sync_path_charges_the_client_address_when_the_key_raises() -> None:

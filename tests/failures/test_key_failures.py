@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI
 from flask import Flask, request
 
 from ratewarden import ConfigurationError, Limiter, MemoryStore, RateLimitMiddleware, Rule
-from ratewarden.enforcement.plan import failure_counts
+from ratewarden.enforcement.core import failure_counts
 from ratewarden.fastapi import RateLimit, install
 from ratewarden.flask import RateLimiter
 from ratewarden.metrics import Metrics
@@ -26,7 +26,7 @@ from tests.policy.test_wsgi_policy import hello, statuses
 
 @pytest.fixture(autouse=True)
 def unthrottled_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ratewarden.enforcement.plan._last_error_log", -1e9)
+    monkeypatch.setattr("ratewarden.enforcement.core._last_error_log", -1e9)
 
 
 def broken(scope: Any) -> str:

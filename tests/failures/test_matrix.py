@@ -100,7 +100,7 @@ class ChargedWhileRefused(AssertionError):
 @pytest.fixture(autouse=True)
 def unthrottled_log(monkeypatch: pytest.MonkeyPatch) -> None:
     # Failures are logged at most once a second; let every cell see its own log line.
-    monkeypatch.setattr("ratewarden.enforcement.plan._last_error_log", -1e9)
+    monkeypatch.setattr("ratewarden.enforcement.core._last_error_log", -1e9)
 
 
 # A slow fault on a starved machine may not bite (every reply within the wait a busy loop is allowed):

@@ -21,7 +21,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[imp
 from google.protobuf import wrappers_pb2  # type: ignore[import-untyped]
 
 from ratewarden.algorithms import ALGORITHMS
-from ratewarden.enforcement.plan import failure_counts
+from ratewarden.enforcement.core import failure_counts
 from ratewarden.limiter import FailurePolicy, Limiter
 from ratewarden.serve.envoy_config import parse_envoy_config
 from ratewarden.serve.grpc import rls_json, start_grpc

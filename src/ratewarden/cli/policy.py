@@ -7,7 +7,7 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..enforcement.plan import key_value
+from ..enforcement.core import key_value
 from ..errors import AmbiguousRequest
 from ..limiter import Limiter
 from ..policy.loader import load_policy

@@ -31,7 +31,7 @@ from ..limiter import Limiter
 from ..limits import Limit
 from ..stores.base import StoreError
 from .check import shadow_answer, store_answer
-from .plan import log_failure, store_failed
+from .core import log_failure, store_failed
 
 __all__ = [
     "COUNTED", "ENFORCED", "KINDS", "NONE", "QUOTA", "SHADOW", "UNLIMITED", "Item", "charge_items", "copy_decision",

@@ -1,5 +1,5 @@
 """The async rule check: the middleware, the FastAPI dependency, the decorator and the WebSocket
-limits call it. What is charged and what a failure means are the core's (``plan.py``), run by the
+limits call it. What is charged and what a failure means are the core's (``core.py``), run by the
 async driver (``steps.drive``); this module adds the shortcut of the usual case, one rule with a
 plain key on a store that answers at once, decided without a step machine.
 """
@@ -15,7 +15,7 @@ from ..limits import Limit
 from ..rules import CompiledRule
 from ..steps import drive
 from ..types import Scope
-from .plan import check_steps, finish_key, key_of, log_failure, store_failed
+from .core import check_steps, finish_key, key_of, log_failure, store_failed
 
 __all__ = [
     "Checked", "LimitUnavailable", "check", "check_rules", "decided", "key_later", "rule_key", "shadow_answer", "store_answer",
@@ -26,7 +26,7 @@ async def key_later(
     limiter: Limiter | None, rule: CompiledRule, scope: Scope, pending: Awaitable[object]
 ) -> str:
     """``key_of`` for a key function that answered an awaitable: awaited, as text, the same fallback
-    (``plan.finish_key``).
+    (``core.finish_key``).
 
     Args:
         limiter: As for ``key_of``.
@@ -186,6 +186,6 @@ async def check_rules(
 
 
 def _check_all(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, message: bool) -> Checked:
-    """``check_rules`` through the core's step machine (``plan.check_steps``): any number of rules,
+    """``check_rules`` through the core's step machine (``core.check_steps``): any number of rules,
     shadow rules, async keys, cost functions; decided at once while the store answers at once."""
     return drive(check_steps(limiter, rules, scope, message))

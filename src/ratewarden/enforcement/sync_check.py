@@ -1,6 +1,6 @@
 """The sync driver of a rule check (``check_blocking``), for WSGI apps, Flask and Django's sync views.
 
-What is charged and what a failure means are the core's (``plan.check_steps``), run by the
+What is charged and what a failure means are the core's (``core.check_steps``), run by the
 blocking driver (``steps.drive_blocking``): the store is asked through ``Store.hit_blocking`` (its
 own synchronous client: no event loop, no thread hop). Key and cost functions must be synchronous here; an async one is
 refused when the integration is built.
@@ -17,7 +17,7 @@ from ..limits import Limit
 from ..rules import CompiledRule
 from ..steps import drive_blocking
 from ..types import Scope
-from .plan import check_steps, finish_key, key_of, store_failed
+from .core import check_steps, finish_key, key_of, store_failed
 
 __all__ = ["check_blocking", "require_sync_keys", "store_answer_blocking", "sync_key_of"]
 
@@ -38,7 +38,7 @@ def require_sync_keys(rules: Sequence[CompiledRule], integration: str) -> None:
 
 
 def sync_key_of(limiter: Limiter | None, rule: CompiledRule, scope: Scope) -> str:
-    """``plan.key_of`` for synchronous code: a key function that answers an awaitable failed (it
+    """``core.key_of`` for synchronous code: a key function that answers an awaitable failed (it
     cannot be awaited here), with ``key_of``'s fallback.
 
     Args:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..enforcement.plan import finish_key, key_of, rule_costs
+from ..enforcement.core import finish_key, key_of, rule_costs
 from ..errors import ConfigurationError, UsageError
 from ..headers import HeaderMode, HeaderStyle
 from ..limiter import Limiter

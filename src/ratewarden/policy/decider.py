@@ -7,7 +7,7 @@ A door (``PolicyMiddleware``, ``WSGIPolicyMiddleware``, ``ratewarden serve``) ru
     outcome = drive(core.decide_steps(ctx, scope))   # or drive_blocking: the one step machine
 
 ``decide_steps`` reads the ban (a refusal if banned), chooses the caller's group, checks the rules
-(``enforcement.plan.check_steps``), holds a refusal for its turn (``Delay.steps``) and makes the
+(``enforcement.core.check_steps``), holds a refusal for its turn (``Delay.steps``) and makes the
 ``Outcome``: allow, shadow or refuse, with its status, headers and body; a check that raised
 ``LimitUnavailable`` is its 400 or 503. The door then does what the outcome asks: send it, strike
 the ban counter (``Outcome.strike``: ``strike_steps``), serve the app with ``Outcome.headers`` and
@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Sequence
 from ..context import STATE_KEY
 from ..decision import Decision
 from ..enforcement.answers import HeaderOptions, problem_body, problem_headers
+from ..enforcement.core import check_steps, finish_key, key_of, key_value, report_failure
 from ..enforcement.outcome import ALLOW, REFUSE, SHADOW, Outcome, failed, outcome_of, served
-from ..enforcement.plan import check_steps, finish_key, key_of, key_value, report_failure
 from ..errors import LimitUnavailable
 from ..keys import key_text
 from ..limiter import Limiter

@@ -25,8 +25,22 @@ from ..stores.base import StoreError, client_error
 from ..types import Scope
 
 __all__ = [
-    "KEY_ERROR_PREFIX", "Charge", "Shadow", "add_charge", "check_steps", "failure_counts", "finish_key", "key_failed", "key_of",
-    "key_value", "log_failure", "plan_charge", "report_failure", "rule_costs", "rule_keys", "shadow_outcome",
+    "KEY_ERROR_PREFIX",
+    "Charge",
+    "Shadow",
+    "add_charge",
+    "charge_for",
+    "check_steps",
+    "failure_counts",
+    "finish_key",
+    "key_failed",
+    "key_of",
+    "key_value",
+    "log_failure",
+    "report_failure",
+    "rule_costs",
+    "rule_keys",
+    "shadow_outcome",
     "store_failed",
 ]
 
@@ -256,7 +270,7 @@ class Charge:
         self.shadows = shadows
 
 
-def plan_charge(
+def charge_for(
     limiter: Limiter, rules: Sequence[CompiledRule], keys: Sequence[Pending], scope: Scope, message: bool = False
 ) -> Charge | None:
     """The charge of a check of ``rules`` whose keys are ``keys`` (``rule_keys``, finished); ``None``
@@ -346,7 +360,7 @@ def check_steps(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, m
         scope: The request's scope.
         message: Charge the WebSocket message limits instead of the connection or request ones.
     """
-    if not message and len(rules) == 1 and rules[0].checked_inline:  # the usual case: no list, no plan
+    if not message and len(rules) == 1 and rules[0].checked_inline:  # the usual case: no list, no Charge
         only = rules[0]
         key = key_of(limiter, only, scope)
         if not isinstance(key, str):
@@ -370,7 +384,7 @@ def check_steps(limiter: Limiter, rules: Sequence[CompiledRule], scope: Scope, m
         except Exception as exc:
             log_failure("shadow rule", exc)
             found_keys[i] = None
-    charge = plan_charge(limiter, rules, found_keys, scope, message)
+    charge = charge_for(limiter, rules, found_keys, scope, message)
     if charge is None:
         return None
     store = limiter.store
