@@ -14,7 +14,8 @@ import math
 
 from ..decision import Decision
 from ..rates import Rate
-from .base import STEP_BACK, State, clock_stepped_back
+from .base import State
+from .token_bucket import refilled
 
 
 def token_bucket_debt(
@@ -22,22 +23,15 @@ def token_bucket_debt(
 ) -> tuple[State | None, Decision]:
     capacity = rate.capacity
     debt = rate.max_debt
-    per_second = rate.limit / rate.period
-    if state is not None and state[1] - now > max(rate.period, STEP_BACK):  # the clock stepped back: the state is stale
-        clock_stepped_back(state[1] - now, rate.period)
-        state = None
-    if state is None:
-        tokens = float(capacity)
-    else:
-        if state[1] > now:  # a late clock reading: never move the last update back (a second refill)
-            now = state[1]
-        tokens = min(float(capacity), state[0] + (now - state[1]) * per_second)
+    period = rate.period
+    per_second = rate.limit / period
+    tokens, now = refilled(state, now, capacity, per_second, period)
     needed = max(min(cost, 1.0), cost - debt)
     if tokens + 1e-9 >= needed:  # float residue of a refill is not a missing unit
         tokens -= cost
         reset_after = (capacity - tokens) / per_second
         remaining = max(0, int(tokens + 1e-9))
-        return (tokens, now), Decision(True, capacity, remaining, reset_after, 0.0, rate.period)
+        return (tokens, now), Decision(True, capacity, remaining, reset_after, 0.0, period)
     retry_after = math.inf if needed > capacity else (needed - tokens) / per_second
     reset_after = (capacity - tokens) / per_second
-    return None, Decision(False, capacity, max(0, int(tokens + 1e-9)), reset_after, retry_after, rate.period)
+    return None, Decision(False, capacity, max(0, int(tokens + 1e-9)), reset_after, retry_after, period)
