@@ -108,26 +108,26 @@ class ReferenceService(RateLimitService):
         reference's ``total_requests`` and ``response_time`` count its gRPC calls only)."""
         return _Untimed(self)
 
-    def _plan(self, config: EnvoyDomain | None, domain: str, index: int, descriptor: RequestDescriptor,
+    def _item(self, config: EnvoyDomain | None, domain: str, index: int, descriptor: RequestDescriptor,
               default_cost: int, replacing: set[str]) -> Any:
-        planned = super()._plan(config, domain, index, descriptor, default_cost, replacing)
-        plan = planned[0]
-        if self.metrics is not None and config is not None and plan.kind in COUNTED:
+        made = super()._item(config, domain, index, descriptor, default_cost, replacing)
+        item = made[0]
+        if self.metrics is not None and config is not None and item.kind in COUNTED:
             override = descriptor.limit is not None
             cache_key = (domain, id(config), descriptor.entries, override)
             found = self._stat_keys.get(cache_key)
             if found is None:
                 found = stat_key(config, domain, descriptor.entries, override)
                 remember(self._stat_keys, cache_key, found, 16_384, 16 << 20)
-            plan.stat = found
-        return planned
+            item.stat = found
+        return made
 
-    def _answer(self, plans: list[Any]) -> RlsAnswer:
-        answer = super()._answer(plans)
+    def _answer(self, items: list[Any]) -> RlsAnswer:
+        answer = super()._answer(items)
         if self.metrics is not None:
-            for plan in plans:
-                if plan.stat and plan.kind in COUNTED:
-                    self._count(plan)
+            for item in items:
+                if item.stat and item.kind in COUNTED:
+                    self._count(item)
         if self._renamed is not None and answer.headers:
             answer.headers = [(self._renamed.get(name, name), value) for name, value in answer.headers]
         if self.options.shadow and not answer.overall_ok:
@@ -136,15 +136,15 @@ class ReferenceService(RateLimitService):
                 self.metrics.global_shadow()
         return answer
 
-    def _count(self, plan: Any) -> None:
+    def _count(self, item: Any) -> None:
         """Add what the reference adds for one descriptor's answer."""
-        assert self.metrics is not None and plan.current is not None
-        found = labels(plan.stat)
+        assert self.metrics is not None and item.current is not None
+        found = labels(item.stat)
         if found is None:
             return
-        limit, hits = plan.current.requests_per_unit, int(plan.cost)
-        decision = plan.decision
-        if plan.limit is None:
+        limit, hits = item.current.requests_per_unit, int(item.cost)
+        decision = item.decision
+        if item.limit is None:
             before = limit  # always over: the reference's count is past 0
         elif decision is None:  # the store failed: the reference counted the hits, then failed
             if hits > 0:
@@ -153,9 +153,9 @@ class ReferenceService(RateLimitService):
         elif decision.allowed:
             before = max(0, limit - _whole(decision.remaining) - hits)
         else:
-            left = plan.left if plan.left >= 0 else decision.remaining
+            left = item.left if item.left >= 0 else decision.remaining
             before = max(0, limit - _whole(left))
-        for stat, amount in increments(limit, before, hits, plan.kind == SHADOW, self.options.near_limit_ratio).items():
+        for stat, amount in increments(limit, before, hits, item.kind == SHADOW, self.options.near_limit_ratio).items():
             self.metrics.add(stat, found, amount)
 
 

@@ -63,7 +63,7 @@ __all__ = ["CHARGES", "HEADER_STYLES", "UINT32_MAX", "CurrentLimit", "Descriptor
 CHARGES = ("all", "each")
 
 
-class _Plan(Item):
+class _DescriptorItem(Item):
     """One descriptor as the core charges it (``Item``), with the limit its status reports."""
 
     current: CurrentLimit | None = None
@@ -159,25 +159,25 @@ class RateLimitService:
             raise RlsRequestError(f"hits_addend must not be negative, got {hits_addend}")
         config = self._domains.get(domain)
         default_cost = max(1, hits_addend)
-        plans: list[_Plan] = []
+        items: list[_DescriptorItem] = []
         replacing: set[str] = set()
         names: list[str] = []
         for index, descriptor in enumerate(descriptors):
-            plan, name = self._plan(config, domain, index, descriptor, default_cost, replacing)
-            plans.append(plan)
+            item, name = self._item(config, domain, index, descriptor, default_cost, replacing)
+            items.append(item)
             names.append(name)
         if replacing:
-            for plan, name in zip(plans, names, strict=True):
-                if name and name in replacing and plan.kind != NONE:
-                    plan.kind = NONE
-                    plan.current = None
-        await charge_items(self.limiter, plans, self._each)
-        return self._answer(plans)
+            for item, name in zip(items, names, strict=True):
+                if name and name in replacing and item.kind != NONE:
+                    item.kind = NONE
+                    item.current = None
+        await charge_items(self.limiter, items, self._each)
+        return self._answer(items)
 
-    def _plan(
+    def _item(
         self, config: EnvoyDomain | None, domain: str, index: int, descriptor: RequestDescriptor,
         default_cost: int, replacing: set[str],
-    ) -> tuple[_Plan, str]:
+    ) -> tuple[_DescriptorItem, str]:
         """What deciding ``descriptor`` takes, and its limit's name (for ``replaces``)."""
         entries = descriptor.entries
         if not entries:
@@ -195,7 +195,7 @@ class RateLimitService:
                 f"got {override[1]!r}"
             )
         if config is None:
-            return _Plan(NONE), ""
+            return _DescriptorItem(NONE), ""
         match = match_descriptor(config, entries)
         shared: dict[int, str] = {}
         if override is not None:
@@ -205,13 +205,13 @@ class RateLimitService:
             limit = self._override_limit(requests, unit, algorithm) if requests > 0 else None
             kind, name = ENFORCED, ""
         elif match is None:
-            return _Plan(NONE), ""
+            return _DescriptorItem(NONE), ""
         else:
             rate_limit: EnvoyRateLimit = match.rate_limit
             replacing.update(rate_limit.replaces)
             name = rate_limit.name
             if rate_limit.unlimited:
-                return _Plan(UNLIMITED), name
+                return _DescriptorItem(UNLIMITED), name
             shared = match.shared
             unit = rate_limit.unit
             current = CurrentLimit(rate_limit.name, rate_limit.requests_per_unit, unit)
@@ -220,17 +220,17 @@ class RateLimitService:
         period = UNIT_SECONDS[unit]
         if limit is None:  # requests_per_unit 0: every request is over
             label = name or (match.rate_limit.full_key if override is None and match is not None else f"0/{period * 1000}")
-            plan = _Plan(kind, cost=float(cost), period=period, name=label)
-            plan.current = current
-            return plan, name
+            item = _DescriptorItem(kind, cost=float(cost), period=period, name=label)
+            item.current = current
+            return item, name
         cache_key = (domain, entries, limit.suffix, tuple(shared.items()) if shared else ())
         key = self._keys.get(cache_key, "")
         if not key:
             key = storage_key(self.limiter.prefix, self._namespace(domain), entries_key(entries, shared), limit.suffix)
             remember(self._keys, cache_key, key, 16_384, 16 << 20)  # 1 KiB an entry at most
-        plan = _Plan(kind, key, limit, float(cost), period)
-        plan.current = current
-        return plan, name
+        item = _DescriptorItem(kind, key, limit, float(cost), period)
+        item.current = current
+        return item, name
 
     def _namespace(self, domain: str) -> str:
         found = self._namespaces.get(domain)
@@ -249,52 +249,52 @@ class RateLimitService:
             remember(self._overrides, cache_key, found, 1024)
         return found
 
-    def _answer(self, plans: list[_Plan]) -> RlsAnswer:
+    def _answer(self, items: list[_DescriptorItem]) -> RlsAnswer:
         """The core's decisions as Envoy's statuses, its verdict and the headers."""
         statuses: list[DescriptorStatus] = []
-        closest: _Plan | None = None
-        shown: list[_Plan] = []  # the enforced and quota limits, listed in RateLimit-Policy
-        for plan in plans:
-            decision = plan.decision
+        closest: _DescriptorItem | None = None
+        shown: list[_DescriptorItem] = []  # the enforced and quota limits, listed in RateLimit-Policy
+        for item in items:
+            decision = item.decision
             if decision is None:  # no limit, unlimited, or its store failed under fail-open: as no limit
-                statuses.append(DescriptorStatus("OK", None, UINT32_MAX) if plan.kind == UNLIMITED else DescriptorStatus("OK"))
+                statuses.append(DescriptorStatus("OK", None, UINT32_MAX) if item.kind == UNLIMITED else DescriptorStatus("OK"))
                 continue
             over = not decision.allowed
             remaining = min(max(0, decision.remaining), UINT32_MAX)
-            if plan.kind == SHADOW:
-                statuses.append(DescriptorStatus("OK", plan.current, remaining, decision.reset_after, shadowed=over))
+            if item.kind == SHADOW:
+                statuses.append(DescriptorStatus("OK", item.current, remaining, decision.reset_after, shadowed=over))
                 continue
-            shown.append(plan)
-            if closest is None or _closer(plan, closest):
-                closest = plan
-            statuses.append(DescriptorStatus("OVER_LIMIT" if over else "OK", plan.current, remaining, decision.reset_after))
-        overall_ok = request_allowed(plans)
+            shown.append(item)
+            if closest is None or _closer(item, closest):
+                closest = item
+            statuses.append(DescriptorStatus("OVER_LIMIT" if over else "OK", item.current, remaining, decision.reset_after))
+        overall_ok = request_allowed(items)
         headers: list[tuple[str, str]] = []
         if self._ratewarden_headers:
             if closest is not None:
                 headers = self._headers(closest, shown, not overall_ok)
         elif self._reference_headers:
-            headers = reference_headers(statuses, plans)
+            headers = reference_headers(statuses, items)
         return RlsAnswer(overall_ok, statuses, headers)
 
-    def _headers(self, plan: _Plan, shown: list[_Plan], over: bool) -> list[tuple[str, str]]:
-        """ratewarden's headers (``enforcement.answers.text_headers``) of the plan's decision, listing
+    def _headers(self, item: _DescriptorItem, shown: list[_DescriptorItem], over: bool) -> list[tuple[str, str]]:
+        """ratewarden's headers (``enforcement.answers.text_headers``) of the item's decision, listing
         every enforced limit in ``RateLimit-Policy`` (a limit of 0 as ``q=0``)."""
-        decision = plan.decision
+        decision = item.decision
         assert decision is not None
         if len(shown) == 1:
-            policies: tuple[Limit | tuple[str, int], ...] = (plan.limit if plan.limit is not None else (plan.name, plan.period),)
+            policies: tuple[Limit | tuple[str, int], ...] = (item.limit if item.limit is not None else (item.name, item.period),)
         else:
             policies = tuple(dict.fromkeys(p.limit if p.limit is not None else (p.name, p.period) for p in shown))
-        label = plan.limit.name if plan.limit is not None else plan.name
+        label = item.limit.name if item.limit is not None else item.name
         if decision.policy != label:  # a decision read for several counters names the one it is for
             decision = copy_decision(decision, decision.allowed, policy=label)
         return text_headers(decision, policies, over and not decision.allowed, self._policies)
 
 
-def _closer(plan: _Plan, other: _Plan) -> bool:
-    """Whether ``plan`` is closer to its limit than ``other`` (a denial first)."""
-    mine, theirs = plan.decision, other.decision
+def _closer(item: _DescriptorItem, other: _DescriptorItem) -> bool:
+    """Whether ``item`` is closer to its limit than ``other`` (a denial first)."""
+    mine, theirs = item.decision, other.decision
     assert mine is not None and theirs is not None
     if mine.allowed != theirs.allowed:
         return not mine.allowed
