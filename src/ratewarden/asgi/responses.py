@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 
+from .._mypyc import mypyc_attr
 from ..decision import Decision
 from ..enforcement.answers import HeaderOptions, problem_headers
 from ..enforcement.outcome import Outcome, outcome_of
@@ -143,6 +144,7 @@ def adding_missing_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Se
     return send_with_headers
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SendWithHeaders:
     """An ASGI ``send`` that adds ``headers`` (an allowed ``Outcome``'s) to the response start.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .._mypyc import mypyc_attr
 from ..decision import Decision
-from ..headers import rate_limit_headers
+from ..headers import add_rate_limit_headers, rate_limit_headers
 from .answers import HeaderOptions, rejection, unavailable_answer
 
 __all__ = ["ALLOW", "ALLOWED", "REFUSE", "SHADOW", "Outcome", "failed", "outcome_of", "served"]
@@ -80,7 +80,9 @@ def outcome_of(
     if decision.allowed:  # ``served``, written out: the middleware's hot path makes one call
         if not answers.always:
             return ALLOWED
-        return Outcome(ALLOW, 200, rate_limit_headers(decision, answers.style, policy), b"", decision)
+        headers: _Headers = []
+        add_rate_limit_headers(headers, decision, answers.style, policy)
+        return Outcome(ALLOW, 200, headers, b"", decision)
     body, headers = rejection(decision, answers, policy, group)
     return Outcome(REFUSE, 429, headers, body, decision)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .._mypyc import mypyc_attr
 from ..context import context_for, context_of
 from ..decision import Decision
 from ..enforcement.answers import HeaderOptions
@@ -43,8 +44,6 @@ def _text_headers(headers: Iterable[tuple[bytes, bytes]]) -> _StrHeaders:
     return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
 
 
-
-
 def start_outcome(start_response: StartResponse, outcome: Outcome, lines: dict[int, str] = _STATUS_LINES) -> list[bytes]:
     """Send a refusal ``Outcome`` as it is (its status as ``lines`` write it, complete header list
     and body): what a WSGI app returns for it.
@@ -58,6 +57,7 @@ def start_outcome(start_response: StartResponse, outcome: Outcome, lines: dict[i
     return [outcome.body]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _StartWithHeaders:
     """A ``start_response`` that adds ``headers`` (an allowed ``Outcome``'s) to the app's own (a new
     list: the app's is left as it was). One small object per allowed request, no closure."""
