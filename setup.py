@@ -75,7 +75,7 @@ HOT_MODULES = [
     "src/ratewarden/credentials.py",
     "src/ratewarden/keys.py",
     "src/ratewarden/headers.py",
-    "src/ratewarden/enforcement/plan.py",
+    "src/ratewarden/enforcement/core.py",
     "src/ratewarden/enforcement/check.py",
     "src/ratewarden/enforcement/answers.py",
     "src/ratewarden/enforcement/outcome.py",
