@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 
 from .._mypyc import mypyc_attr
 from ..decision import Decision
-from ..enforcement.answers import HeaderOptions, problem_headers
-from ..enforcement.outcome import Outcome, outcome_of
+from ..enforcement.answers import problem_headers
+from ..enforcement.outcome import Outcome
 from ..scopes import value_of
 from ..types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,7 +24,6 @@ __all__ = [
     "adding_missing_headers",
     "answer_on_limit",
     "send_answer",
-    "send_on_limit",
     "send_outcome",
     "send_problem",
 ]
@@ -85,29 +84,6 @@ async def answer_on_limit(
         await send_outcome(send, outcome)
         return
     await answer(scope, receive, adding_missing_headers(send, outcome.added_headers() if added is None else added))
-
-
-def send_on_limit(
-    answer: ASGIApp | Awaitable[ASGIApp | None] | None,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    decision: Decision,
-    options: HeaderOptions,
-    policy: bytes | None = None,
-) -> Awaitable[None]:
-    """``answer_on_limit`` for the default 429 of ``decision`` (``outcome_of``).
-
-    Args:
-        answer: What ``on_limit`` returned: an ASGI app, an awaitable of one, or ``None``.
-        scope: The ASGI connection scope.
-        receive: The ASGI ``receive`` callable.
-        send: The ASGI ``send`` callable.
-        decision: The denying decision.
-        options: Which rate-limit headers, if any.
-        policy: The ``RateLimit-Policy`` value; ``None`` uses the deciding limit's.
-    """
-    return answer_on_limit(answer, scope, receive, send, outcome_of(decision, options, policy))
 
 
 def send_problem(
