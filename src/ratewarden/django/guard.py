@@ -9,11 +9,12 @@ from typing import Any
 
 from ..decision import Decision
 from ..enforcement.answers import HeaderOptions
-from ..enforcement.check import LimitUnavailable, check_rules
+from ..enforcement.check import LimitUnavailable
+from ..enforcement.core import check_steps
 from ..enforcement.outcome import ALLOWED, REFUSE, Outcome, failed, outcome_of
-from ..enforcement.sync_check import check_blocking
 from ..limiter import Limiter
 from ..rules import CompiledRule
+from ..steps import Machine, drive_blocking, driven
 from .config import OnLimit
 from .responses import outcome_response
 from .scope import REQUEST_KEY, request_scope
@@ -34,12 +35,7 @@ def check_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any) ->
         rules: The rules the request matched.
         request: The Django request.
     """
-    scope = request_scope(request)
-    scope[REQUEST_KEY] = request
-    try:
-        return check_blocking(limiter, rules, scope)
-    finally:
-        scope.pop(REQUEST_KEY, None)
+    return drive_blocking(_check_steps(limiter, rules, request))
 
 
 async def check_async(limiter: Limiter, rules: Sequence[CompiledRule], request: Any) -> Decision | None:
@@ -50,10 +46,16 @@ async def check_async(limiter: Limiter, rules: Sequence[CompiledRule], request: 
         rules: The rules the request matched.
         request: The Django request.
     """
+    return await driven(_check_steps(limiter, rules, request))
+
+
+def _check_steps(limiter: Limiter, rules: Sequence[CompiledRule], request: Any) -> Machine[Decision | None]:
+    """The core's check of ``request`` (``check_steps``), its scope carrying the request for key
+    functions that read it."""
     scope = request_scope(request)
     scope[REQUEST_KEY] = request
     try:
-        return await check_rules(limiter, rules, scope)
+        return (yield from check_steps(limiter, rules, scope))
     finally:
         scope.pop(REQUEST_KEY, None)
 
