@@ -149,3 +149,13 @@ async def test_an_async_on_limit_answers_under_asgi() -> None:
 def test_on_limit_must_be_callable() -> None:
     with pytest.raises(SettingsError, match=r"RATEWARDEN\['ON_LIMIT'\]: must be a function of \(request, decision\)"):
         load_config({"ON_LIMIT": 429})
+
+
+def test_an_async_on_limit_in_a_sync_request_is_refused_by_name() -> None:
+    """The blocking driver cannot await ``ON_LIMIT``'s coroutine: closed, and a ``TypeError`` naming
+    the setting and where ``async def`` works, not a response built from an awaitable."""
+    with override_settings(RATEWARDEN=ratewarden_settings(ON_LIMIT=async_too_many)):
+        client = Client(raise_request_exception=True)
+        assert [client.get("/mw/hello").status_code for _ in range(5)] == [200] * 5
+        with pytest.raises(TypeError, match=r"RATEWARDEN\['ON_LIMIT'\] \(async def works under ASGI only\) returned an awaitable"):
+            client.get("/mw/hello")

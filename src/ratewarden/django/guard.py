@@ -14,7 +14,7 @@ from ..enforcement.core import check_steps
 from ..enforcement.outcome import ALLOWED, REFUSE, Outcome, failed, outcome_of
 from ..limiter import Limiter
 from ..rules import CompiledRule
-from ..steps import Machine, drive_blocking, driven
+from ..steps import Await, Machine, drive_blocking, driven
 from .config import OnLimit
 from .responses import outcome_response
 from .scope import REQUEST_KEY, request_scope
@@ -70,12 +70,6 @@ def custom_refusal(answer: Any, outcome: Outcome) -> Any:
     """
     if answer is None:
         return None
-    if hasattr(answer, "__await__"):
-        getattr(answer, "close", lambda: None)()
-        raise TypeError(
-            "RATEWARDEN['ON_LIMIT'] returned an awaitable in a sync request: give a plain function "
-            "(async def works under ASGI only)"
-        )
     present = getattr(answer, "headers", None)
     if present is not None:
         for name, value in outcome.added_headers():
@@ -98,18 +92,7 @@ def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, 
         policy: The ``RateLimit-Policy`` value of every limit that applied.
         on_limit: Answers instead of the 429 (``ON_LIMIT``); ``None``: the 429.
     """
-    try:
-        decision = check_sync(limiter, rules, request)
-    except LimitUnavailable as exc:
-        return None, outcome_response(failed(exc)), ALLOWED
-    outcome = outcome_of(decision, answers, policy)
-    if outcome.verdict != REFUSE:
-        return decision, None, outcome
-    if on_limit is not None and decision is not None:
-        answer = custom_refusal(on_limit(request, decision), outcome)
-        if answer is not None:
-            return decision, answer, outcome
-    return decision, outcome_response(outcome), outcome
+    return drive_blocking(_outcome_steps(limiter, rules, request, answers, policy, on_limit))
 
 
 async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, answers: HeaderOptions,
@@ -124,8 +107,15 @@ async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request
         policy: The ``RateLimit-Policy`` value of every limit that applied.
         on_limit: Answers instead of the 429 (``ON_LIMIT``; may be ``async def``); ``None``: the 429.
     """
+    return await driven(_outcome_steps(limiter, rules, request, answers, policy, on_limit))
+
+
+def _outcome_steps(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, answers: HeaderOptions,
+                   policy: bytes | None, on_limit: OnLimit | None) -> Machine[Answered]:
+    """``outcome_sync`` as a step machine: an ``async def`` ``ON_LIMIT`` is awaited by the async
+    driver and refused by the blocking one."""
     try:
-        decision = await check_async(limiter, rules, request)
+        decision = yield from _check_steps(limiter, rules, request)
     except LimitUnavailable as exc:
         return None, outcome_response(failed(exc)), ALLOWED
     outcome = outcome_of(decision, answers, policy)
@@ -134,7 +124,7 @@ async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request
     if on_limit is not None and decision is not None:
         answer = on_limit(request, decision)
         if hasattr(answer, "__await__"):
-            answer = await answer
+            answer = yield Await(answer, "RATEWARDEN['ON_LIMIT'] (async def works under ASGI only)")
         answer = custom_refusal(answer, outcome)
         if answer is not None:
             return decision, answer, outcome
