@@ -19,7 +19,9 @@ from ratewarden.asgi.middleware import RateLimitMiddleware
 from ratewarden.policy import parse_policy
 from ratewarden.policy.asgi import PolicyMiddleware
 from ratewarden.policy.wsgi import WSGIPolicyMiddleware
+from ratewarden.serve.envoy_config import parse_envoy_config
 from ratewarden.serve.http import ServeApp
+from ratewarden.serve.rls import RateLimitService, RequestDescriptor
 from ratewarden.serve.spoe import SpoeAgent
 from ratewarden.serve.spop import Message
 from ratewarden.wsgi import RateLimitMiddleware as WSGIRateLimitMiddleware
@@ -135,3 +137,24 @@ def test_the_spoe_agent_takes_no_more() -> None:
     message = Message("check", {"method": "GET", "uri": "/a"})
     asyncio.run(agent.actions(message, False, ("127.0.0.1", 1)))
     assert hand_offs(store) <= _asgi_middleware() - 1, store.stacks[-1]  # ``_answer`` calls ``actions``
+
+
+ENVOY = """
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: hour
+      requests_per_unit: 100
+"""
+
+
+def test_the_grpc_service_takes_no_more() -> None:
+    """Envoy's ``ShouldRateLimit``: its entry is ``should_rate_limit`` (awaited by the gRPC servicer
+    or by the compiled front door's batch adapter), which translates the descriptors and charges
+    them through the core (``charge_items``)."""
+    store = Counting()
+    service = RateLimitService({"edge": parse_envoy_config(ENVOY)}, Limiter(store))
+    answer = asyncio.run(service.should_rate_limit("edge", [RequestDescriptor((("remote_address", "10.0.0.1"),))]))
+    assert answer.overall_ok
+    assert hand_offs(store) <= _asgi_middleware() - 1, store.stacks[-1]  # the servicer calls it
