@@ -79,6 +79,7 @@ HOT_MODULES = [
     "src/ratewarden/enforcement/check.py",
     "src/ratewarden/enforcement/answers.py",
     "src/ratewarden/enforcement/outcome.py",
+    "src/ratewarden/enforcement/charge_strategies.py",
     "src/ratewarden/asgi/responses.py",
     "src/ratewarden/store_health.py",
     "src/ratewarden/limiter.py",

@@ -106,7 +106,7 @@ async def charge_items(limiter: Limiter, items: Sequence[Item], each: bool = Fal
                 try:
                     item.decision = store_failed(limiter, "store", exc, (item.key,), (limit,), (item.cost,))
                 except LimitUnavailable as failed:
-                    raise _unavailable(failed) from exc
+                    raise _unavailable(failed, exc) from exc
             return
     jobs: list[Awaitable[None]] = []
     enforced: list[Item] = []
@@ -161,13 +161,15 @@ async def _enforced(
     try:
         return await store_answer(limiter, keys, limits, costs, "store")
     except LimitUnavailable as exc:
-        raise _unavailable(exc) from exc.__cause__
+        error = _unavailable(exc)
+        raise error from error.__cause__
 
 
-def _unavailable(exc: LimitUnavailable) -> LimitUnavailable:
-    """The fail-closed error of a failed charge, naming what the store said (the one wrapping); its
-    cause is the store's exception, set here too: compiled by mypyc, a coroutine's ``raise ... from`` left it unset."""
-    cause = exc.__cause__
+def _unavailable(exc: LimitUnavailable, cause: BaseException | None = None) -> LimitUnavailable:
+    """The fail-closed error of a failed charge, naming what the store said (the one wrapping): ``cause``,
+    else ``exc``'s cause, else the exception it was raised while handling (compiled by mypyc, ``raise ...
+    from`` leaves the cause unset); set as the new error's cause here, for the same reason."""
+    cause = cause or exc.__cause__ or exc.__context__
     error = LimitUnavailable(f"the rate limit store failed: {cause or exc}")
     error.__cause__ = cause
     error.__suppress_context__ = True
