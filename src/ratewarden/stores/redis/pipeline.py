@@ -116,10 +116,11 @@ class _Batch:
 
     __slots__ = (
         "callers", "clock", "dated", "dated_at", "due", "exchange", "extensions", "finished", "graced", "items",
-        "runs_until", "started", "started_at", "task", "timer",
+        "loop", "runs_until", "started", "started_at", "task", "timer",
     )
 
-    def __init__(self, due: float, clock: Any, dated: bool, dated_at: float) -> None:
+    def __init__(self, due: float, clock: Any, dated: bool, dated_at: float, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop  # the event loop its futures belong to, and its task runs on
         self.items: list[tuple[Any, asyncio.Future[Reply]]] = []
         self.callers: list[tuple[asyncio.Future[Reply], float]] = []  # calls whose caller has a deadline
         self.task: asyncio.Task[None] | None = None
@@ -179,11 +180,10 @@ class Pipeline:
         self, mode: str, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> asyncio.Future[Reply]:
         """One script call (keys on one slot), queued into the next pipeline."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Reply] = loop.create_future()
         batch = self.batch
-        if batch is None:
-            batch = self._new_batch(loop)
+        if batch is None:  # else the batch's loop: Python 3.11's get_running_loop() is a getpid() system call
+            batch = self._new_batch(asyncio.get_running_loop())
+        future: asyncio.Future[Reply] = batch.loop.create_future()
         batch.items.append((self._encode(mode, keys, limits, costs, batch.clock), future))
         deadline = CALLER_DEADLINE.get()
         if deadline < math.inf:
@@ -194,7 +194,7 @@ class Pipeline:
         span = self._span()
         clock = self.clock.deadline(time.time() + span)
         now = loop.time()
-        batch = self.batch = _Batch(now + self.timeout, self.encoding.encode_clock(clock), not self.clock.unknown, now)
+        batch = self.batch = _Batch(now + self.timeout, self.encoding.encode_clock(clock), not self.clock.unknown, now, loop)
         batch.runs_until = now + span + self.clock.error
         batch.timer = loop.call_later(self.timeout, self._expire, batch)
         if self.inflight < self.pool_size:
