@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+import ratewarden
 from ratewarden import Decision, Limit, Limiter, MemoryStore, Rule
 from ratewarden.asgi.middleware import RateLimitMiddleware
 from ratewarden.policy import parse_policy
@@ -25,6 +27,10 @@ from ratewarden.serve.rls import RateLimitService, RequestDescriptor
 from ratewarden.serve.spoe import SpoeAgent
 from ratewarden.serve.spop import Message
 from ratewarden.wsgi import RateLimitMiddleware as WSGIRateLimitMiddleware
+
+#: mypyc-compiled functions leave no Python frame to count: the counts are taken on the pure-Python
+#: package, the layout the doors have (``make test``'s first pass; the wheel passes skip them).
+pytestmark = pytest.mark.skipif(ratewarden.COMPILED, reason="compiled frames are not on the Python stack: counted in the pure pass")
 
 _PACKAGE = str(Path(sys.modules["ratewarden"].__file__ or "").parent)
 _STORES = str(Path(_PACKAGE) / "stores")
