@@ -113,6 +113,17 @@ class Server:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGCONT)
 
+    def unread(self) -> int:
+        """Bytes clients sent that this server has not read yet (its connections' receive queues,
+        from ``/proc/net/tcp``): how a test knows a request reached a paused server."""
+        port = f":{self.port:04X}"
+        total = 0
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1].endswith(port) and fields[3] == "01":  # our side, ESTABLISHED
+                total += int(fields[4].partition(":")[2], 16)
+        return total
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """SIGSTOP until the block ends; returns once the kernel reports the process stopped."""
