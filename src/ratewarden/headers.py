@@ -9,19 +9,16 @@ seconds, at least 1) goes on 429 and 503 answers only.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 from ._mypyc import mypyc_attr
 from .decision import Decision
 from .limits import Limit
-from .scopes import value_of
-from .types import Message, Send
 
 __all__ = [
     "HeaderMode",
     "HeaderStyle",
-    "SendWithRateHeaders",
     "add_rate_limit_headers",
     "policy_value",
     "rate_limit_headers",
@@ -198,37 +195,6 @@ def add_rate_limit_headers(
         out.append(parts.limit_header)
         out.append((b"x-ratelimit-remaining", remaining))
         out.append(reset.header)
-
-
-@mypyc_attr(allow_interpreted_subclasses=True)
-class SendWithRateHeaders:
-    """An ASGI ``send`` that adds the rate-limit headers of ``decision`` to the response start.
-
-    One small object per allowed request instead of a closure, and no coroutine of its own: calling
-    it returns the wrapped ``send``'s awaitable (what ``await send(message)`` awaits).
-
-    Args:
-        send: The ASGI ``send`` to wrap.
-        decision: The decision the headers describe.
-        style: Which rate-limit headers: ``"ietf"``, ``"legacy"`` or ``"both"``.
-        policy: The ``RateLimit-Policy`` value (``policy_of``); ``None`` uses the deciding limit's.
-    """
-
-    __slots__ = ("decision", "policy", "send", "style")
-
-    def __init__(self, send: Send, decision: Decision, style: HeaderStyle, policy: bytes | None) -> None:
-        self.send = send
-        self.decision = decision
-        self.style: HeaderStyle = style
-        self.policy = policy
-
-    def __call__(self, message: Message) -> Awaitable[None]:
-        kind: str = message["type"]
-        if kind == "http.response.start":
-            headers: Headers = [*value_of(message, "headers", ())]
-            add_rate_limit_headers(headers, self.decision, self.style, self.policy)
-            message["headers"] = headers
-        return self.send(message)
 
 
 def retry_after_header(decision: Decision) -> tuple[bytes, bytes] | None:

@@ -87,3 +87,16 @@ def test_config_is_rebuilt_when_the_setting_changes() -> None:
     with override_settings(RATEWARDEN={"ON_ERROR": "closed"}):
         assert current_config().limiter.on_error == "closed"
     assert current_config() is not first
+
+
+def test_a_store_of_ones_own() -> None:
+    """``STORE`` takes an object implementing the store protocols (``ratewarden.stores.protocols``),
+    adapted as ``Limiter`` adapts it; an object implementing none is named with what it lacks."""
+    from tests.stores.test_own_store import _OwnLocal
+
+    config = load_config({"STORE": _OwnLocal(), "RULES": []})
+    store = config.limiter.store
+    assert store.local and store.can_block("hit") and type(store).__name__ == "_OwnLocal"
+    assert [config.limiter.hit_sync("client", "2/min").allowed for _ in range(3)] == [True, True, False]
+    with pytest.raises(SettingsError, match=r"STORE.*AsyncStore\), got <object"):
+        load_config({"STORE": object()})

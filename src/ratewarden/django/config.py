@@ -4,7 +4,7 @@ used (never when ``ratewarden.django`` is imported), and read again when a test 
 
 ```python
 RATEWARDEN = {
-    "STORE": "memory://",            # a store URL (ratewarden.stores.open_store) or a Store
+    "STORE": "memory://",            # a store URL (ratewarden.stores.open_store), a Store, or your own (stores.protocols)
     "RULES": [{"path": "/api/**", "rate": "100/min", "key": "user_or_ip"}],
     "POLICY": None,                  # a policy file whose rules join RULES
     "ON_ERROR": "open",              # "closed": answer 503 when the store fails
@@ -39,6 +39,7 @@ from ..keys import ClientIP
 from ..keys import client_ip as default_client_ip
 from ..limiter import Limiter
 from ..rules import Rule, RuleSet
+from ..stores.adapted import as_store
 from ..stores.base import Store
 from ..stores.urls import check_store_url, open_store
 from .keys import django_key
@@ -102,10 +103,16 @@ def _choice(values: Mapping[str, Any], option: str, default: str, choices: Seque
 
 
 def _store(value: object) -> Store:
-    if isinstance(value, Store):
-        return value
+    """``STORE`` as a ``Store``: a URL opened, a ``Store``, or a store of your own
+    (``stores.protocols``) adapted by ``as_store``."""
     if not isinstance(value, str):
-        raise _error("STORE", f"must be a store URL ('memory://', 'shm://name', 'redis://host') or a Store, got {value!r}")
+        try:
+            return as_store(cast(Any, value), "STORE")
+        except TypeError:
+            raise _error(
+                "STORE", "must be a store URL ('memory://', 'shm://name', 'redis://host'), a Store, or an object with "
+                f"async hit, peek and reset (ratewarden.stores.protocols.AsyncStore), got {value!r}",
+            ) from None
     try:
         return open_store(value)
     except ConfigurationError as exc:
@@ -114,10 +121,9 @@ def _store(value: object) -> Store:
 
 def _check_store(value: object) -> None:
     """``_store`` without opening anything (``check_config``)."""
-    if isinstance(value, Store):
-        return
     if not isinstance(value, str):
-        _store(value)  # raises
+        _store(value)  # adapts, or raises
+        return
     try:
         check_store_url(str(value))
     except ConfigurationError as exc:

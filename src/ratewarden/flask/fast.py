@@ -131,7 +131,7 @@ def _blueprint_names(endpoint: str) -> list[str]:
     return names
 
 
-class _Plan:
+class _EndpointRules:
     """What ``FastCheck`` does for one (endpoint, method)."""
 
     __slots__ = ("answers", "applicable")
@@ -151,15 +151,15 @@ class FastCheck:
         state: The extension's state in the app.
     """
 
-    __slots__ = ("_filters", "_filters_ok", "_generation", "_plans", "_routes", "app", "extension", "inner", "state")
+    __slots__ = ("_by_endpoint", "_filters", "_filters_ok", "_generation", "_routes", "app", "extension", "inner", "state")
 
     def __init__(self, app: Flask, inner: WSGIApp, extension: RateLimiter, state: AppState) -> None:
         self.app = app
         self.inner = inner
         self.extension = extension
         self.state = state
-        self._plans: dict[tuple[str, str], _Plan | None] = {}
-        self._routes: dict[tuple[object, ...], _Plan | None] = {}  # the environ's routing inputs -> plan
+        self._by_endpoint: dict[tuple[str, str], _EndpointRules | None] = {}
+        self._routes: dict[tuple[object, ...], _EndpointRules | None] = {}  # the environ's routing inputs -> its rules
         self._generation = -1
         self._filters = -1
         self._filters_ok = False
@@ -175,22 +175,22 @@ class FastCheck:
             self._filters = len(filters)
         if not self._filters_ok:
             return self.inner(environ, start_response)
-        plan = self._plan(environ)
-        if plan is None:
+        found = self._rules_for(environ)
+        if found is None:
             return self.inner(environ, start_response)
         scope = scope_of(environ)
         for test in filters:
             if test(scope):
                 environ[CHECKED_KEY] = NOTHING
                 return self.inner(environ, start_response)
-        rules = plan.applicable.rules(scope)
+        rules = found.applicable.rules(scope)
         if not rules:
             environ[CHECKED_KEY] = NOTHING
             return self.inner(environ, start_response)
         checked = check_request(state, rules, scope)
         if isinstance(checked, LimitUnavailable):
             ambiguous = isinstance(checked, AmbiguousRequest)
-            if plan.answers and self._answerable(environ):
+            if found.answers and self._answerable(environ):
                 return start_outcome(start_response, failed(checked), _STATUS_LINES)
             environ[CHECKED_KEY] = checked if ambiguous else UNAVAILABLE
             return self.inner(environ, start_response)
@@ -205,19 +205,19 @@ class FastCheck:
             checked.at_wsgi = True
             headers = outcome_of(decision, settings.answers, checked.policy).headers
             return self.inner(environ, _StartWithHeaders(start_response, headers) if headers else start_response)
-        if plan.answers and self.extension.on_limit is None and self._answerable(environ):
+        if found.answers and self.extension.on_limit is None and self._answerable(environ):
             outcome = outcome_for(decision, settings.answers, checked.policy, settings.header_reset)
             return start_outcome(start_response, outcome, _STATUS_LINES)
         return self.inner(environ, start_response)  # the hook answers from checked
 
-    def _plan(self, environ: Environ) -> _Plan | None:
+    def _rules_for(self, environ: Environ) -> _EndpointRules | None:
         app = self.app
         config = app.config
         if config.get("TRUSTED_HOSTS") is not None:
             return None
         registry = self.extension.registry
         if self._generation != registry.generation:
-            self._plans = {}
+            self._by_endpoint = {}
             self._routes = {}
             self._generation = registry.generation
         configured = config.get("SERVER_NAME")
@@ -230,12 +230,12 @@ class FastCheck:
             )
             if route in self._routes:
                 return self._routes[route]
-        plan = self._route(environ, configured)
+        found = self._route(environ, configured)
         if route is not None and getattr(app, "_got_first_request", False):  # routes and hooks are final now
-            remember(self._routes, route, plan, _ROUTES)
-        return plan
+            remember(self._routes, route, found, _ROUTES)
+        return found
 
-    def _route(self, environ: Environ, configured: object) -> _Plan | None:
+    def _route(self, environ: Environ, configured: object) -> _EndpointRules | None:
         app = self.app
         url_map = app.url_map
         server_name = None if url_map.host_matching or configured is None else str(configured)
@@ -251,14 +251,14 @@ class FastCheck:
         endpoint = rule.endpoint
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
         key = (endpoint, method)
-        if key in self._plans:
-            return self._plans[key]
-        plan = self._resolve(endpoint, method)
+        if key in self._by_endpoint:
+            return self._by_endpoint[key]
+        found = self._resolve(endpoint, method)
         if getattr(app, "_got_first_request", False):  # the app's hooks and handlers are final now
-            remember(self._plans, key, plan, _ROUTES)  # the method is the client's text
-        return plan
+            remember(self._by_endpoint, key, found, _ROUTES)  # the method is the client's text
+        return found
 
-    def _resolve(self, endpoint: str, method: str) -> _Plan | None:
+    def _resolve(self, endpoint: str, method: str) -> _EndpointRules | None:
         app = self.app
         extension = self.extension
         names = _blueprint_names(endpoint)
@@ -279,7 +279,7 @@ class FastCheck:
             and not any(app.after_request_funcs.get(name) for name in names)
             and not any(app.teardown_request_funcs.get(name) for name in scopes)
         )
-        return _Plan(applicable, answers)
+        return _EndpointRules(applicable, answers)
 
     def _answerable(self, environ: Environ) -> bool:
         """Per request: nobody but the extension would see this request's denial."""
