@@ -7,7 +7,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from ._mypyc import mypyc_attr
@@ -17,7 +17,7 @@ from .decision import Decision
 from .errors import ArgumentError, ConfigurationError
 from .limits import DEFAULT_ALGORITHM, Limit, make_limits
 from .loop_thread import LoopThread
-from .rates import Rate, freeze_rates
+from .rates import RateSpec, freeze_rates
 from .steps import Hit, Machine, drive, driven
 from .storage_keys import MAX_KEY_LENGTH as MAX_KEY_LENGTH
 from .storage_keys import safe_key, storage_key
@@ -140,7 +140,7 @@ class Limiter:
         # ERROR line is logged once per limiter; later failures are the warnings of ``_log_without_store``.
         self._store_reported = False
 
-    def limits(self, rates: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
+    def limits(self, rates: RateSpec, algorithm: AlgorithmName = DEFAULT_ALGORITHM) -> tuple[Limit, ...]:
         """Parse and cache ``rates`` for ``algorithm`` (strings are cached, so the hot path does not re-parse).
 
         Args:
@@ -358,12 +358,7 @@ class Limiter:
         return counts
 
     async def hit(
-        self,
-        key: str,
-        rate: str | Rate | Iterable[str | Rate],
-        cost: float = 1,
-        algorithm: AlgorithmName = DEFAULT_ALGORITHM,
-        namespace: str = "",
+        self, key: str, rate: RateSpec, cost: float = 1, algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> Decision:
         """Charge ``cost`` to ``key`` under every rate in ``rate``, all or nothing.
 
@@ -379,45 +374,46 @@ class Limiter:
         return await self.check(*self._charge(key, rate, cost, algorithm, namespace))
 
     def _charge(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], cost: float, algorithm: AlgorithmName, namespace: str
+        self, key: str, rate: RateSpec, cost: float, algorithm: AlgorithmName, namespace: str
     ) -> tuple[list[str], tuple[Limit, ...], list[float]]:
         """What ``hit`` charges: the storage keys, their limits and their costs (``cost`` checked)."""
         _check_cost(cost)
+        keys, limits = self._keys_under(key, rate, algorithm, namespace)
+        return keys, limits, [cost] * len(limits)
+
+    def _keys_under(
+        self, key: str, rate: RateSpec, algorithm: AlgorithmName, namespace: str
+    ) -> tuple[list[str], tuple[Limit, ...]]:
+        """``key``'s storage keys under ``rate``'s limits, and those limits."""
         limits = self.limits(rate, algorithm)
-        return self.keys_for(key, limits, namespace), limits, [cost] * len(limits)
+        return self.keys_for(key, limits, namespace), limits
 
     async def peek(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
+        self, key: str, rate: RateSpec, algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> Decision:
         """What a request would see now, without charging anything.
 
         Args:
-            key: Who is limited: a client IP, an API key, a user id.
-            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
-                every one must allow.
+            key: Who is limited, as for ``hit``.
+            rate: One rate or several, as for ``hit``.
             algorithm: The algorithm's name (default ``"fixed_window"``).
-            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
-                count for ``key`` across namespaces.
+            namespace: What the key is counted within, as for ``hit``.
         """
-        limits = self.limits(rate, algorithm)
-        decisions = await self.store.peek(self.keys_for(key, limits, namespace), limits)
+        decisions = await self.store.peek(*self._keys_under(key, rate, algorithm, namespace))
         return min(decisions, key=lambda d: d.remaining)
 
     async def reset(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
+        self, key: str, rate: RateSpec, algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> None:
         """Forget ``key``'s state under these rates (in the insurance limiter too).
 
         Args:
-            key: Who is limited: a client IP, an API key, a user id.
-            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
-                every one must allow.
-            algorithm: The algorithm's name (default ``"fixed_window"``).
-            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
-                count for ``key`` across namespaces.
+            key: Whose state to forget, as for ``hit``.
+            rate: The rates it was counted under, as for ``hit``.
+            algorithm: The algorithm they were counted with (default ``"fixed_window"``).
+            namespace: The namespace it was counted within, as for ``hit``.
         """
-        limits = self.limits(rate, algorithm)
-        keys = self.keys_for(key, limits, namespace)
+        keys, _ = self._keys_under(key, rate, algorithm, namespace)
         if self.fallback is not None:
             await self.fallback.reset(keys)
         ledger = _ledger_of(self.store)
@@ -446,23 +442,16 @@ class Limiter:
     # loop thread (remote stores keep their connections on that loop from call to call); a
     # local store's check needs no loop at all, as in ``check``.
     def hit_sync(
-        self,
-        key: str,
-        rate: str | Rate | Iterable[str | Rate],
-        cost: float = 1,
-        algorithm: AlgorithmName = DEFAULT_ALGORITHM,
-        namespace: str = "",
+        self, key: str, rate: RateSpec, cost: float = 1, algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> Decision:
-        """``hit`` for synchronous code.
+        """``hit`` for synchronous code: the same arguments, the same answer.
 
         Args:
-            key: Who is limited: a client IP, an API key, a user id.
-            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
-                every one must allow.
-            cost: Units this request uses (default 1).
-            algorithm: The algorithm's name (default ``"fixed_window"``).
-            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
-                count for ``key`` across namespaces.
+            key: As for ``hit``.
+            rate: As for ``hit``.
+            cost: As for ``hit``.
+            algorithm: As for ``hit``.
+            namespace: As for ``hit``.
         """
         if self.store.local:  # answered at once, no loop
             decided = drive(self._hit_steps(*self._charge(key, rate, cost, algorithm, namespace)))
@@ -471,32 +460,28 @@ class Limiter:
         return self._sync_loop.run(self.hit(key, rate, cost, algorithm, namespace))
 
     def peek_sync(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
+        self, key: str, rate: RateSpec, algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> Decision:
         """``peek`` for synchronous code.
 
         Args:
-            key: Who is limited: a client IP, an API key, a user id.
-            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
-                every one must allow.
-            algorithm: The algorithm's name (default ``"fixed_window"``).
-            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
-                count for ``key`` across namespaces.
+            key: As for ``peek``.
+            rate: As for ``peek``.
+            algorithm: As for ``peek``.
+            namespace: As for ``peek``.
         """
         return self._sync_loop.run(self.peek(key, rate, algorithm, namespace))
 
     def reset_sync(
-        self, key: str, rate: str | Rate | Iterable[str | Rate], algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
+        self, key: str, rate: RateSpec, algorithm: AlgorithmName = DEFAULT_ALGORITHM, namespace: str = ""
     ) -> None:
         """``reset`` for synchronous code.
 
         Args:
-            key: Who is limited: a client IP, an API key, a user id.
-            rate: One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them;
-                every one must allow.
-            algorithm: The algorithm's name (default ``"fixed_window"``).
-            namespace: What the key is counted within, e.g. a route; the default ``""`` shares one
-                count for ``key`` across namespaces.
+            key: As for ``reset``.
+            rate: As for ``reset``.
+            algorithm: As for ``reset``.
+            namespace: As for ``reset``.
         """
         self._sync_loop.run(self.reset(key, rate, algorithm, namespace))
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigurationError
 
-__all__ = ["Rate", "freeze_rates", "parse_rate", "parse_rates"]
+__all__ = ["Rate", "RateSpec", "freeze_rates", "parse_rate", "parse_rates"]
 
 _UNITS: dict[str, float] = {}
 for _names, _seconds in (
@@ -85,6 +85,10 @@ class Rate:
     def ident(self) -> str:
         """Compact stable identifier used in storage keys: ``<limit>/<period ms>``."""
         return f"{self.limit}/{round(self.period * 1000)}"
+
+
+RateSpec = str | Rate | Iterable[str | Rate]
+"""One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them."""
 
 
 def parse_rate(text: str | Rate) -> Rate:

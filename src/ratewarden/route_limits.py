@@ -11,13 +11,10 @@ from typing import Any, Generic, TypeVar
 from .algorithms import AlgorithmName
 from .keys import KeyFunc, client_ip
 from .limits import DEFAULT_ALGORITHM
-from .rates import Rate
+from .rates import RateSpec
 from .rules import CompiledRule, CostFunc, Rule, RuleSet
 
 __all__ = ["Declared", "RateSpec", "RouteLimits", "counted"]
-
-RateSpec = str | Rate | Iterable[str | Rate]
-"""One rate or several: ``"100/min"``, ``"10/s; 1000/day"``, a ``Rate``, or a list of them."""
 
 
 class Declared:
