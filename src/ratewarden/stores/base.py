@@ -158,9 +158,9 @@ class Store(ABC):
         never an event loop, safe from many threads at once.
 
         Args:
-            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+            keys: As for ``hit``.
+            limits: As for ``hit``.
+            costs: As for ``hit``.
         """
         raise _incomplete(self, "hit_blocking")
 
@@ -169,8 +169,8 @@ class Store(ABC):
         """``peek`` for synchronous code.
 
         Args:
-            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            keys: As for ``peek``.
+            limits: As for ``peek``.
         """
         raise _incomplete(self, "peek_blocking")
 
@@ -179,7 +179,7 @@ class Store(ABC):
         """``reset`` for synchronous code.
 
         Args:
-            keys: The storage keys to forget.
+            keys: As for ``reset``.
         """
         raise _incomplete(self, "reset_blocking")
 
@@ -188,9 +188,9 @@ class Store(ABC):
         """``adjust`` for synchronous code.
 
         Args:
-            keys: Storage keys, one per limit.
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            amounts: Units to charge to each key; negative gives them back (a refund).
+            keys: As for ``adjust``.
+            limits: As for ``adjust``.
+            amounts: As for ``adjust``.
         """
         raise _incomplete(self, "adjust_blocking")
 
@@ -200,9 +200,9 @@ class Store(ABC):
         """``hit``, answered synchronously: ``hit_blocking`` here; a ``LocalStore`` answers without I/O.
 
         Args:
-            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+            keys: As for ``hit``.
+            limits: As for ``hit``.
+            costs: As for ``hit``.
         """
         return self.hit_blocking(keys, limits, costs)
 
@@ -222,8 +222,8 @@ class Store(ABC):
         """``peek``, answered synchronously (``peek_blocking`` here).
 
         Args:
-            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
+            keys: As for ``peek``.
+            limits: As for ``peek``.
         """
         return self.peek_blocking(keys, limits)
 
@@ -231,7 +231,7 @@ class Store(ABC):
         """``reset``, answered synchronously (``reset_blocking`` here).
 
         Args:
-            keys: The storage keys to forget.
+            keys: As for ``reset``.
         """
         self.reset_blocking(keys)
 
@@ -239,9 +239,9 @@ class Store(ABC):
         """``adjust``, answered synchronously (``adjust_blocking`` here).
 
         Args:
-            keys: Storage keys, one per limit.
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            amounts: Units to charge to each key; negative gives them back (a refund).
+            keys: As for ``adjust``.
+            limits: As for ``adjust``.
+            amounts: As for ``adjust``.
         """
         return self.adjust_blocking(keys, limits, amounts)
 
@@ -275,43 +275,22 @@ class LocalStoreBase(Store):
 
     @abstractmethod
     def hit_now(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
-        """``hit`` without I/O.
-
-        Args:
-            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
-        """
+        """``hit`` without I/O."""
         raise _incomplete(self, "hit_now")
 
     @abstractmethod
     def peek_now(self, keys: Sequence[str], limits: Sequence[Limit]) -> list[Decision]:
-        """``peek`` without I/O.
-
-        Args:
-            keys: Storage keys, one per limit (``Limiter.keys_for`` builds them).
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-        """
+        """``peek`` without I/O."""
         raise _incomplete(self, "peek_now")
 
     @abstractmethod
     def reset_now(self, keys: Sequence[str]) -> None:
-        """``reset`` without I/O.
-
-        Args:
-            keys: The storage keys to forget.
-        """
+        """``reset`` without I/O."""
         raise _incomplete(self, "reset_now")
 
     @abstractmethod
     def adjust_now(self, keys: Sequence[str], limits: Sequence[Limit], amounts: Sequence[float]) -> list[Decision]:
-        """``adjust`` without I/O.
-
-        Args:
-            keys: Storage keys, one per limit.
-            limits: The limit checked on each key, ``limits[i]`` on ``keys[i]``.
-            amounts: Units to charge to each key; negative gives them back (a refund).
-        """
+        """``adjust`` without I/O."""
         raise _incomplete(self, "adjust_now")
 
     def hit_blocking(self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]) -> Decision:
