@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
 import resource
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from ratewarden.bench.drivers.live import LiveError, raise_fd_limit
 from ratewarden.bench.reports.markdown import cluster_tables
 from ratewarden.bench.results import Row
-from ratewarden.bench.services import BenchError, StoreService
+from ratewarden.bench.services import REDIS_SERVER, BenchError, StoreService
+from tests.servers import valkey_binary
 
 needs_cluster = pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
                                    reason="redis-server and redis-cli are not installed")
@@ -84,3 +89,42 @@ def test_cluster_table_pairs_standalone_and_cluster_rows() -> None:
     assert body[("50", "ratewarden")][-1] == "0.75" and body[("1000", "ratewarden")][-1] == "0.25"
     assert body[("50", "traffik")][6] == "—" and body[("50", "ratewarden")][4] == "100 / 7,900 / 0"
     assert cluster_tables([r for r in rows if r.store != "redis-cluster"]) == []
+
+
+def test_the_private_redis_can_be_valkey(tmp_path: Path) -> None:
+    """``--redis-server`` names the server the bench starts for its private Redis: with Valkey's, the
+    race scenario runs on a Valkey server and admits exactly its limit, and the report says which."""
+    valkey = valkey_binary()
+    if not os.access(valkey, os.X_OK):
+        pytest.fail(f"no Valkey server at {valkey}: run scripts/install-valkey.sh (make setup does)")
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "ratewarden.cli", "bench", "--scenario", "race", "--store", "redis", "--library",
+            "ratewarden", "--iterations", "1", "--redis-server", valkey, "--out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    (row,) = [r["summary"] for r in results["results"] if r["summary"]]
+    assert (row["admitted"], row["limit"], row["correct"], row["store"]) == (100, 100, True, "redis")
+    assert results["meta"]["method"]["Redis server"].startswith(f"{valkey} (--redis-server)")
+
+
+def test_the_private_redis_is_started_from_the_named_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    import redis
+
+    valkey = valkey_binary()
+    if not os.access(valkey, os.X_OK):
+        pytest.fail(f"no Valkey server at {valkey}: run scripts/install-valkey.sh (make setup does)")
+    monkeypatch.setenv(REDIS_SERVER, valkey)
+    with StoreService("redis") as service, redis.Redis.from_url(service.url) as client:
+        assert "valkey_version" in client.info("server")
+    monkeypatch.setenv(REDIS_SERVER, "no-such-redis-server")
+    with pytest.raises(BenchError, match="no --redis-url given and no-such-redis-server is not installed "
+                                         r"\(--redis-server names it\)"):
+        StoreService("redis").start()
+
+
+def test_a_missing_redis_server_program_is_named() -> None:
+    done = subprocess.run([sys.executable, "-m", "ratewarden.cli", "bench", "--redis-server", "/no/such/server",
+                           "--scenario", "race"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--redis-server: no program '/no/such/server' (on PATH, or an executable file)" in done.stderr

@@ -27,7 +27,7 @@ from .gateway_peers import (
     find_tools,
     protoset,
 )
-from .services import BenchError
+from .services import BenchError, redis_server
 
 __all__ = ["run_peers"]
 
@@ -174,7 +174,7 @@ def run_peers(opts: PeerOptions, root: Path, log: Callable[[str], None] = print)
             if "redis" not in tools.skip:
                 port = gp.free_port()
                 (root / "redis").mkdir(exist_ok=True)
-                redis = gp.Proc("redis", ["redis-server", "--bind", gp.HOST, "--port", str(port), "--save", "",
+                redis = gp.Proc("redis", [redis_server(), "--bind", gp.HOST, "--port", str(port), "--save", "",
                                           "--appendonly", "no"], root / "redis", port)
                 stack.callback(redis.stop)
                 redis.wait()

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import gateway_procs as gp
 from .gateway_peer_rows import EXACT_LIMIT
+from .services import redis_server
 
 __all__ = ["CONFIG", "INSTANCES", "REFERENCE_MODULE", "REFERENCE_VERSION", "Instance", "PeerOptions", "Tools",
            "cpu_seconds", "find_tools", "protoset"]
@@ -158,8 +159,8 @@ def find_tools(opts: PeerOptions, root: Path, log: Callable[[str], None]) -> Too
     tools.reference, why = _go_tool("service_cmd", REFERENCE_MODULE, opts.build, log, REFERENCE_VERSION)
     if why:
         tools.skip["reference"] = f"envoyproxy/ratelimit skipped: {why}"
-    if shutil.which("redis-server") is None:
-        tools.skip["redis"] = "redis-server is not installed (scripts/install-system-deps.sh)"
+    if shutil.which(redis_server()) is None:
+        tools.skip["redis"] = f"{redis_server()} is not installed (scripts/install-system-deps.sh)"
     tools.front = [*gp.serve_command([], 0)[:4], "--front", "compiled"]
     version = " ".join(_serve_output("--version").split())
     tools.notes.append(f"compiled front door: `ratewarden serve --front compiled` (`serve --version`: {version})")

@@ -24,7 +24,7 @@ from types import TracebackType
 from ..errors import RatewardenError
 from .adapters.base import StoreSpec
 
-__all__ = ["STORES", "BenchError", "StoreService", "free_cluster_port", "free_port"]
+__all__ = ["REDIS_SERVER", "STORES", "BenchError", "StoreService", "free_cluster_port", "free_port", "redis_server"]
 
 STORES = ("memory", "shm", "redis", "redis-cluster", "memcached")
 HOST = "127.0.0.1"
@@ -33,10 +33,18 @@ _OWN_COMMANDS = {"info", "flushdb", "flushall", "ping", "config", "hello", "clie
 _MEMCACHED_COUNTERS = ("cmd_get", "cmd_set", "cmd_touch", "incr_hits", "incr_misses", "decr_hits", "decr_misses",
                        "delete_hits", "delete_misses", "cas_hits", "cas_misses", "cas_badval")
 _INSTALL = {"redis": "redis-server", "redis-cluster": "redis-server redis-tools", "memcached": "memcached"}
+#: The environment variable naming the server the bench starts for its private Redis (``--redis-server``).
+REDIS_SERVER = "RATEWARDEN_BENCH_REDIS_SERVER"
 
 
 class BenchError(RatewardenError):
     """A user-fixable problem (bad flag, unreachable store, missing tool): printed without a traceback."""
+
+
+def redis_server() -> str:
+    """The Redis-protocol server the bench starts for its private Redis: ``redis-server``, or what
+    ``--redis-server`` named (``valkey-server``, or a path to one)."""
+    return os.environ.get(REDIS_SERVER) or "redis-server"
 
 
 def free_port() -> int:
@@ -136,8 +144,8 @@ class StoreService:
     def _exe(self, name: str) -> str:
         exe = shutil.which(name)
         if exe is None:
-            raise BenchError(f"no --{self.kind}-url given and {name} is not installed "
-                             f"(apt-get install {_INSTALL[self.kind]})")
+            how = "--redis-server names it" if os.environ.get(REDIS_SERVER) == name else f"apt-get install {_INSTALL[self.kind]}"
+            raise BenchError(f"no --{self.kind}-url given and {name} is not installed ({how})")
         return exe
 
     def _popen(self, argv: list[str]) -> None:
@@ -147,7 +155,7 @@ class StoreService:
     def _spawn(self) -> None:
         port = free_port()
         if self.kind == "redis":
-            self._popen(_redis_argv(self._exe("redis-server"), port))
+            self._popen(_redis_argv(self._exe(redis_server()), port))
             self.url = f"redis://{HOST}:{port}/0"
             return
         cmd = [self._exe("memcached"), "-p", str(port), "-l", HOST, "-U", "0", "-m", "256"]
@@ -160,7 +168,7 @@ class StoreService:
         """Six cluster-enabled nodes, joined as 3 primaries with one replica each."""
         import redis
 
-        exe, cli = self._exe("redis-server"), self._exe("redis-cli")
+        exe, cli = self._exe(redis_server()), self._exe("redis-cli")
         self._dir = tempfile.mkdtemp(prefix="rw-bench-cluster-")
         ports: list[int] = []
         for _ in range(6):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,10 @@ def register(subparsers: Any) -> None:
                    help="uvicorn worker processes for the multi-worker scenario (live.workers); "
                         "0 = one per core, at least 2")
     p.add_argument("--redis-url", default="", help="Redis to use (default: start a private redis-server)")
+    p.add_argument("--redis-server", default="", metavar="PROGRAM",
+                   help="the server to start for a private Redis or Redis Cluster, on PATH or a path: "
+                        "valkey-server for Valkey, e.g. ~/.cache/ratewarden/valkey-9.1.2/valkey-server (what "
+                        "scripts/install-valkey.sh installs); default redis-server")
     p.add_argument("--redis-cluster-url", default="",
                    help="Redis Cluster to use, redis+cluster://host:port (default: start a private 6-node "
                         "cluster, 3 primaries + 3 replicas)")
@@ -147,6 +152,12 @@ def run(args: argparse.Namespace) -> int:
         for sc in SCENARIOS.values():
             print(f"{sc.key:22} {sc.group:12} {sc.title}")
         return 0
+    from ..bench.services import REDIS_SERVER
+
+    if args.redis_server:
+        if shutil.which(os.path.expanduser(args.redis_server)) is None:
+            return _fail(f"--redis-server: no program {args.redis_server!r} (on PATH, or an executable file)")
+        os.environ[REDIS_SERVER] = os.path.expanduser(args.redis_server)  # its worker processes start it too
     if args.wsgi:
         return _run_wsgi(args)
     if args.gateway:
@@ -168,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     load = _load_line(before, os.getloadavg())
     meta.method["Machine load"] = load
+    if args.redis_server:
+        meta.method["Redis server"] = f"{os.environ[REDIS_SERVER]} (--redis-server), for every private Redis"
     try:
         paths = write_all(out, results, meta)
     except OSError as exc:

@@ -132,11 +132,11 @@ def _stores(args: argparse.Namespace, scenarios: list[Any]) -> tuple[list[str], 
     """The stores of the in-process runs, of the multi-worker scenario and of the floods
     (``--store`` for all three, else each one's defaults)."""
     from ..bench.runner import WORKER_STORES
-    from ..bench.services import STORES
+    from ..bench.services import STORES, redis_server
 
     stores = csv_list(args.store or "memory")
     worker_stores = stores if args.store else list(WORKER_STORES)
-    if not args.store and not args.redis_url and shutil.which("redis-server") is None \
+    if not args.store and not args.redis_url and shutil.which(redis_server()) is None \
             and any(s.workers != 1 for s in scenarios):
         print("ratewarden bench: redis-server is not installed and no --redis-url given: the multi-worker "
               "scenario runs without its Redis row", file=sys.stderr)
@@ -154,8 +154,9 @@ def _flood_stores(args: argparse.Namespace, scenarios: list[Any]) -> list[str]:
     """The flood scenarios' default stores: Redis and Memcached where a server can be had (a URL, or
     the binary to start one), then memory."""
     from ..bench.runner import FLOOD_STORES
+    from ..bench.services import redis_server
 
-    have = {"redis": bool(args.redis_url) or shutil.which("redis-server") is not None,
+    have = {"redis": bool(args.redis_url) or shutil.which(redis_server()) is not None,
             "memcached": bool(args.memcached_url) or shutil.which("memcached") is not None}
     missing = [kind for kind, ok in have.items() if not ok]
     if missing and any(s.group == "flood" for s in scenarios) and not args.quick:
