@@ -415,7 +415,7 @@ def _cli(*args: str, blocked: bool, tmp_path: Path) -> subprocess.CompletedProce
 
 def test_version_names_the_front_door_and_why_not_compiled(tmp_path: Path) -> None:
     here = _cli("--version", blocked=False, tmp_path=tmp_path)
-    assert here.returncode == 0 and "gRPC front door: compiled (ratewarden._front " in here.stdout, here
+    assert here.returncode == 0 and "gRPC front door: compiled (tonic in ratewarden._front " in here.stdout, here
     python = _cli("--front", "python", "--version", blocked=False, tmp_path=tmp_path)
     assert "gRPC front door: python (grpc.aio); not compiled: --front python" in python.stdout
     absent = _cli("--version", blocked=True, tmp_path=tmp_path)

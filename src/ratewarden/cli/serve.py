@@ -113,19 +113,16 @@ class _GivenFlag(_Given):
 
 
 class _Version(argparse.Action):
-    """``ratewarden serve --version``: the version, then the gRPC front door ``--front`` (as given so
-    far on the command line, else ``auto``) would run."""
+    """``ratewarden serve --version``: the version, then the front door each of ``--front``,
+    ``--http-front`` and ``--spoe-front`` (as given so far on the command line, else ``auto``) would run."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
-        from ..serve.front import describe
-        from ..serve.front_http import describe_http
-        from ..serve.front_spoe import describe_spoe
+        from ..serve.front import DOORS, describe
         from . import version_text
 
         print(version_text())
-        print(describe(getattr(namespace, "front", None) or "auto"))
-        print(describe_http(getattr(namespace, "http_front", None) or "auto"))
-        print(describe_spoe(getattr(namespace, "spoe_front", None) or "auto"))
+        for door in DOORS:  # each as given so far on the command line, else auto
+            print(describe(getattr(namespace, door[2:].replace("-", "_"), None) or "auto", door))
         parser.exit()
 
 

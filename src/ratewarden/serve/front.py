@@ -27,8 +27,8 @@ from .front_batch import BatchAdapter, stall_problem
 from .rls import RateLimitService, RequestDescriptor, RlsAnswer, RlsRequestError
 
 __all__ = [
-    "FRONTS", "CompiledFront", "FrontAdapter", "build_record", "choose_front", "compiled_module", "describe",
-    "describe_opt_in", "start_front",
+    "DOORS", "FRONTS", "CompiledFront", "FrontAdapter", "build_record", "choose_front", "compiled_module",
+    "describe", "open_front", "queue_settings", "start_front",
 ]
 
 
@@ -38,6 +38,13 @@ log = logging.getLogger("ratewarden.serve")
 FRONTS = ("auto", "compiled", "python")
 #: The extension module of the compiled front door.
 MODULE = "ratewarden._front"
+#: Each front door by the option that picks it (``--front``, ``--http-front``, ``--spoe-front``): the
+#: protocol, what serves it in Python, and the library in ``MODULE`` that serves it compiled.
+DOORS = {
+    "--front": ("gRPC", "grpc.aio", "tonic"),
+    "--http-front": ("HTTP", "uvicorn", "hyper"),
+    "--spoe-front": ("SPOE", "asyncio", "tokio"),
+}
 
 _INVALID_ARGUMENT, _INTERNAL, _UNAVAILABLE = 3, 13, 14
 #: A suspended decision this close to its deadline when its batch's timer fires is expired then.
@@ -85,18 +92,19 @@ def compiled_module() -> tuple[ModuleType | None, str]:
         return None, f"{MODULE} does not import ({exc}); {built}"
 
 
-def describe_opt_in(kind: str, option: str, requested: str, python: str, engine: str) -> str:
-    """One line naming the front door ``--<option>-front requested`` runs (``serve --version``): the
-    compiled one (``engine`` names its library), else ``python`` (``python`` names its server) and why
-    not the compiled one."""
-    try:
-        front, why = choose_front(requested, f"--{option}-front")
-    except ConfigurationError as exc:
-        return f"{kind} front door: none ({exc})"
-    if front == "python":
-        return f"{kind} front door: python ({python}); not compiled: {why}"
-    module, _ = compiled_module()
-    return f"{kind} front door: compiled ({engine} in {MODULE} {getattr(module, '__version__', '?')})"
+def open_front(descriptor_class: type | None, settings: dict[str, Any]) -> Any:
+    """A started ``ratewarden._front.Front`` with ``settings`` (rust/src/settings.rs), calling
+    ``descriptor_class`` for each gRPC descriptor (``None`` without gRPC); ``ImportError`` naming why
+    without the module."""
+    module, why = compiled_module()
+    if module is None:
+        raise ImportError(why)
+    return module.Front(descriptor_class, settings)
+
+
+def queue_settings(max_pending: int, max_pending_bytes: int, timeout: float) -> dict[str, Any]:
+    """The ``queue`` settings of a front door whose requests wait for Python (gRPC, HTTP)."""
+    return {"max_pending": max_pending, "max_pending_bytes": max_pending_bytes, "request_timeout": timeout}
 
 
 def choose_front(requested: str, option: str = "--front") -> tuple[str, str]:
@@ -352,13 +360,9 @@ def start_front(
             plus what it sent; more: RESOURCE_EXHAUSTED).
         max_receiving_per_connection: The same on one connection.
     """
-    module, why = compiled_module()
-    if module is None:
-        raise ImportError(why)
-    # the settings: rust/src/settings.rs; OSError "cannot listen for gRPC on ...": the address is taken
-    front: Front = module.Front(RequestDescriptor, {
-        "queue": {"max_pending": max_pending, "max_pending_bytes": max_pending_bytes,
-                  "request_timeout": timeout},
+    # OSError "cannot listen for gRPC on ...": the address is taken
+    front: Front = open_front(RequestDescriptor, {
+        "queue": queue_settings(max_pending, max_pending_bytes, timeout),
         "grpc": {
             "host": host, "port": port, "reuse_port": reuse_port, "max_message_size": max_message_size,
             "max_descriptors": max_descriptors, "max_entries": max_entries,
@@ -370,18 +374,21 @@ def start_front(
     return CompiledFront(front, FrontAdapter(front, service), timeout)
 
 
-def describe(requested: str = "auto") -> str:
-    """One line naming the gRPC front door ``--front requested`` runs, and why not the compiled one
-    (``ratewarden serve --version``).
+def describe(requested: str = "auto", option: str = "--front") -> str:
+    """One line naming the front door ``option requested`` runs (``ratewarden serve --version``): the
+    compiled one and the library in it that serves the protocol, else the Python one and why not the
+    compiled one.
 
     Args:
         requested: One of ``FRONTS``.
+        option: The door's option, one of ``DOORS``.
     """
+    kind, python, engine = DOORS[option]
     try:
-        front, why = choose_front(requested)
+        front, why = choose_front(requested, option)
     except ConfigurationError as exc:
-        return f"gRPC front door: none ({exc})"
-    if front == "compiled":
-        module, _ = compiled_module()
-        return f"gRPC front door: compiled ({MODULE} {getattr(module, '__version__', '?')})"
-    return f"gRPC front door: python (grpc.aio); not compiled: {why}"
+        return f"{kind} front door: none ({exc})"
+    if front == "python":
+        return f"{kind} front door: python ({python}); not compiled: {why}"
+    module, _ = compiled_module()
+    return f"{kind} front door: compiled ({engine} in {MODULE} {getattr(module, '__version__', '?')})"

@@ -20,13 +20,12 @@ from urllib.parse import unquote
 
 from ..types import ASGIApp, Message
 from . import bounds
-from .front import compiled_module, describe_opt_in
+from .front import open_front, queue_settings
 from .front_batch import BatchAdapter, stall_problem
 from .http import ServeApp
 from .http_io import error_answer
-from .rls import RequestDescriptor
 
-__all__ = ["HTTP_FRONTS", "CompiledHttp", "HttpAdapter", "describe_http", "start_http_front"]
+__all__ = ["HTTP_FRONTS", "CompiledHttp", "HttpAdapter", "start_http_front"]
 
 log = logging.getLogger("ratewarden.serve")
 
@@ -221,12 +220,8 @@ def start_http_front(
         max_pending_bytes: Bytes of the requests waiting for an answer (more: 503).
         grace: Seconds for the requests in flight when stopping.
     """
-    module, why = compiled_module()
-    if module is None:
-        raise ImportError(why)
-    front: HttpFront = module.Front(RequestDescriptor, {
-        "queue": {"max_pending": max_pending, "max_pending_bytes": max_pending_bytes,
-                  "request_timeout": timeout},
+    front: HttpFront = open_front(None, {
+        "queue": queue_settings(max_pending, max_pending_bytes, timeout),
         "http": {
             "fd": sock.fileno(), "max_connections": max_connections, "max_header_size": max_header_size,
             "timeout": timeout, "keep_alive": float(bounds.HTTP_TIMEOUT_KEEP_ALIVE),
@@ -236,12 +231,3 @@ def start_http_front(
     if isinstance(app, ServeApp):
         app.doors.append(compiled.stalled)
     return compiled
-
-
-def describe_http(requested: str = "auto") -> str:
-    """One line naming the HTTP front door ``--http-front requested`` runs (``serve --version``).
-
-    Args:
-        requested: One of ``front.FRONTS``.
-    """
-    return describe_opt_in("HTTP", "http", requested, "uvicorn", "hyper")

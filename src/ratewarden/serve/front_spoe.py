@@ -17,12 +17,12 @@ import socket
 from typing import Protocol
 
 from . import bounds, spoe
-from .front import compiled_module, describe_opt_in
+from .front import open_front
 from .front_batch import BatchAdapter, stall_problem
 from .http import ServeApp
 from .spop import Message, Value, set_var
 
-__all__ = ["SPOE_FRONTS", "CompiledSpoe", "SpoeAdapter", "describe_spoe", "start_spoe_front"]
+__all__ = ["SPOE_FRONTS", "CompiledSpoe", "SpoeAdapter", "start_spoe_front"]
 
 log = logging.getLogger("ratewarden.serve")
 
@@ -136,11 +136,8 @@ def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent |
         sock: The listening socket (closed by ``CompiledSpoe.close``, as ``asyncio.start_server`` does).
         agent: The Python agent whose bounds apply and whose ``actions`` answer.
     """
-    module, why = compiled_module()
-    if module is None:
-        raise ImportError(why)
     agent = agent or spoe.SpoeAgent(app)
-    front: SpoeFront = module.Front(None, {"spoe": {
+    front: SpoeFront = open_front(None, {"spoe": {
         "fd": sock.fileno(), "max_connections": agent.max_connections, "max_frame_size": agent.max_frame_size,
         "timeout_hello": agent.timeout_hello, "timeout_idle": agent.timeout_idle,
         "timeout_frame": agent.timeout_frame, "message": agent.message,
@@ -151,12 +148,3 @@ def start_spoe_front(app: ServeApp, sock: socket.socket, agent: spoe.SpoeAgent |
     compiled = CompiledSpoe(front, SpoeAdapter(front, agent), sock)
     app.doors.append(compiled.stalled)
     return compiled
-
-
-def describe_spoe(requested: str = "auto") -> str:
-    """One line naming the SPOE agent ``--spoe-front requested`` runs (``serve --version``).
-
-    Args:
-        requested: One of ``front.FRONTS``.
-    """
-    return describe_opt_in("SPOE", "spoe", requested, "asyncio", "tokio")
