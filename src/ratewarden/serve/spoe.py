@@ -27,6 +27,7 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Iterable
+from dataclasses import KW_ONLY, dataclass, field
 
 from ..steps import drive
 from . import bounds
@@ -71,6 +72,7 @@ _VARIABLES = {name: name.decode().replace("-", "_") for name in _KEPT}
 _PLAIN_TEXT = "text/plain; charset=utf-8"
 
 
+@dataclass(eq=False)
 class SpoeAgent:
     """Answers HAProxy's SPOE connections with ``app``'s decisions.
 
@@ -84,20 +86,15 @@ class SpoeAgent:
         message: The message decided (spoe.conf's ``spoe-message``); a frame's other messages are ignored.
     """
 
-    def __init__(
-        self, app: ServeApp, max_frame_size: int = MAX_FRAME_SIZE, *,
-        max_connections: int = bounds.SPOE_MAX_CONNECTIONS, timeout_hello: float = bounds.SPOE_TIMEOUT_HELLO,
-        timeout_idle: float = bounds.SPOE_TIMEOUT_IDLE, timeout_frame: float = bounds.SPOE_TIMEOUT_FRAME,
-        message: str = bounds.SPOE_MESSAGE,
-    ) -> None:
-        self.app = app
-        self.max_frame_size = max_frame_size
-        self.max_connections = max_connections
-        self.timeout_hello = timeout_hello
-        self.timeout_idle = timeout_idle
-        self.timeout_frame = timeout_frame
-        self.message = message
-        self._connections: set[asyncio.Task[None]] = set()
+    app: ServeApp
+    max_frame_size: int = MAX_FRAME_SIZE
+    _: KW_ONLY
+    max_connections: int = bounds.SPOE_MAX_CONNECTIONS
+    timeout_hello: float = bounds.SPOE_TIMEOUT_HELLO
+    timeout_idle: float = bounds.SPOE_TIMEOUT_IDLE
+    timeout_frame: float = bounds.SPOE_TIMEOUT_FRAME
+    message: str = bounds.SPOE_MESSAGE
+    _connections: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     async def close(self) -> None:
         """End the open connections (HAProxy reconnects, to another worker if there is one); checks
