@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -145,22 +146,19 @@ def limit(
     return decorate
 
 
+@dataclass(slots=True, eq=False)
 class _Guarded:
     """One view under ``@limit``: each request its method counts is checked against the bound rule,
     then answered (429, or the fail-closed 503) or passed to the view, whose allowed response gets
     the rate-limit headers."""
 
-    __slots__ = ("_answers", "block", "bound", "header_style", "headers", "methods", "view")
-
-    def __init__(self, view: View, bound: _Bound, methods: frozenset[str] | None, block: bool,
-                 headers: HeaderMode | None, header_style: HeaderStyle | None) -> None:
-        self.view = view
-        self.bound = bound
-        self.methods = methods
-        self.block = block
-        self.headers = headers
-        self.header_style = header_style
-        self._answers: tuple[DjangoConfig, HeaderOptions] | None = None
+    view: View
+    bound: _Bound
+    methods: frozenset[str] | None
+    block: bool
+    headers: HeaderMode | None
+    header_style: HeaderStyle | None
+    _answers: tuple[DjangoConfig, HeaderOptions] | None = field(default=None, init=False)
 
     def applies(self, request: Any) -> bool:
         return self.methods is None or request.method in self.methods
