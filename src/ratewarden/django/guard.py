@@ -39,13 +39,8 @@ def check_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any) ->
 
 
 async def check_async(limiter: Limiter, rules: Sequence[CompiledRule], request: Any) -> Decision | None:
-    """``check_sync`` for async code (async views, ASGI): the store asked without blocking the loop.
-
-    Args:
-        limiter: Checks the limits on its store.
-        rules: The rules the request matched.
-        request: The Django request.
-    """
+    """``check_sync`` for async code (async views, ASGI), with its arguments: the store asked
+    without blocking the loop."""
     return await driven(_check_steps(limiter, rules, request))
 
 
@@ -97,16 +92,7 @@ def outcome_sync(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, 
 
 async def outcome_async(limiter: Limiter, rules: Sequence[CompiledRule], request: Any, answers: HeaderOptions,
                         policy: bytes | None, on_limit: OnLimit | None = None) -> Answered:
-    """``outcome_sync`` for async code.
-
-    Args:
-        limiter: Checks the limits on its store.
-        rules: The rules the request matched.
-        request: The Django request.
-        answers: When and which rate-limit headers are sent.
-        policy: The ``RateLimit-Policy`` value of every limit that applied.
-        on_limit: Answers instead of the 429 (``ON_LIMIT``; may be ``async def``); ``None``: the 429.
-    """
+    """``outcome_sync`` for async code, with its arguments; ``on_limit`` may be ``async def`` here."""
     return await driven(_outcome_steps(limiter, rules, request, answers, policy, on_limit))
 
 
