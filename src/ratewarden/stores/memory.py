@@ -52,6 +52,12 @@ class _Entry:
         self.expires = expires
         self.state = state
 
+    def renew(self, expires: float, state: State) -> None:
+        """Take ``state``, living until ``expires``: a late clock reading never shortens a newer state's life."""
+        if expires > self.expires:
+            self.expires = expires
+        self.state = state
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class MemoryStore(LocalStoreBase):
@@ -147,10 +153,7 @@ class MemoryStore(LocalStoreBase):
             decision.policy = limit.name
             if new_state is not None:
                 if entry is not None:
-                    expires = now + decision.reset_after
-                    if expires > entry.expires:  # a late clock reading never shortens a newer state's life
-                        entry.expires = expires
-                    entry.state = new_state
+                    entry.renew(now + decision.reset_after, new_state)
                 else:
                     if table is data:
                         self._sweep(2, now)
@@ -183,10 +186,7 @@ class MemoryStore(LocalStoreBase):
                 if new_state is None:
                     continue
                 if entry is not None:
-                    expires = now + decision.reset_after
-                    if expires > entry.expires:  # a late clock reading never shortens a newer state's life
-                        entry.expires = expires
-                    entry.state = new_state
+                    entry.renew(now + decision.reset_after, new_state)
                 else:
                     table[key] = _Entry(now + decision.reset_after, new_state)
             if pending:  # after the writes: a sweep may drop an expired entry written above in place
