@@ -76,9 +76,9 @@ class BlockingHit(Protocol):
         """``hit``, blocking the calling thread.
 
         Args:
-            keys: Storage keys, one per limit.
-            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
-            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+            keys: As for ``AsyncStore.hit``.
+            limits: As for ``AsyncStore.hit``.
+            costs: As for ``AsyncStore.hit``.
         """
         ...
 
@@ -91,8 +91,8 @@ class BlockingPeek(Protocol):
         """``peek``, blocking the calling thread.
 
         Args:
-            keys: Storage keys, one per limit.
-            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            keys: As for ``AsyncStore.peek``.
+            limits: As for ``AsyncStore.peek``.
         """
         ...
 
@@ -105,7 +105,7 @@ class BlockingReset(Protocol):
         """``reset``, blocking the calling thread.
 
         Args:
-            keys: The storage keys to forget.
+            keys: As for ``AsyncStore.reset``.
         """
         ...
 
@@ -118,9 +118,9 @@ class BlockingAdjust(Protocol):
         """``adjust``, blocking the calling thread.
 
         Args:
-            keys: Storage keys, one per limit.
-            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
-            amounts: Units per key: positive charges, negative refunds.
+            keys: As for ``Adjusting.adjust``.
+            limits: As for ``Adjusting.adjust``.
+            amounts: As for ``Adjusting.adjust``.
         """
         ...
 
@@ -145,9 +145,9 @@ class LocalStore(Protocol):
         """``hit`` without I/O.
 
         Args:
-            keys: Storage keys, one per limit.
-            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
-            costs: What the request costs under each limit, ``costs[i]`` for ``keys[i]``.
+            keys: As for ``AsyncStore.hit``.
+            limits: As for ``AsyncStore.hit``.
+            costs: As for ``AsyncStore.hit``.
         """
         ...
 
@@ -155,8 +155,8 @@ class LocalStore(Protocol):
         """``peek`` without I/O.
 
         Args:
-            keys: Storage keys, one per limit.
-            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
+            keys: As for ``AsyncStore.peek``.
+            limits: As for ``AsyncStore.peek``.
         """
         ...
 
@@ -164,7 +164,7 @@ class LocalStore(Protocol):
         """``reset`` without I/O.
 
         Args:
-            keys: The storage keys to forget.
+            keys: As for ``AsyncStore.reset``.
         """
         ...
 
@@ -172,9 +172,9 @@ class LocalStore(Protocol):
         """``adjust`` without I/O.
 
         Args:
-            keys: Storage keys, one per limit.
-            limits: The limit on each key, ``limits[i]`` on ``keys[i]``.
-            amounts: Units per key: positive charges, negative refunds.
+            keys: As for ``Adjusting.adjust``.
+            limits: As for ``Adjusting.adjust``.
+            amounts: As for ``Adjusting.adjust``.
         """
         ...
 
