@@ -9,6 +9,7 @@ import csv
 import itertools
 import re
 import time
+from html import escape, unescape
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from ratewarden.bench import gateway, gateway_peer_run, gateway_progress
 from ratewarden.bench.gateway_figures import DASH, HIGHER, LOWER, NOISE, Spread, judge, winner
 from ratewarden.bench.gateway_peer_rows import PeerRound, PeerRow
 from ratewarden.bench.gateway_peers import INSTANCES, PeerOptions, Tools
-from ratewarden.bench.gateway_report import FILES, markdown, summary, write
+from ratewarden.bench.gateway_report import FILES, html, markdown, summary, write
 from ratewarden.bench.gateway_rows import GatewayReport
 from ratewarden.bench.gateway_setup import GatewayOptions
 from ratewarden.bench.gateway_terminal import WIDTH
@@ -217,3 +218,20 @@ def test_markdown_without_peers_names_only_the_gateways() -> None:
     md = markdown(synthetic_report(peers=False))
     assert md.startswith("# Gateway decision service: ratewarden against HAProxy and nginx\n")
     assert "envoyproxy/ratelimit" not in md.split("## Method")[0]
+
+
+def test_the_page_and_the_markdown_read_the_same_sections() -> None:
+    """Both renderings walk one list of sections: the same headings in the same order (the page adds
+    only the sections of peers it has a chart for and no comparison), and a row over the limit is
+    flagged in both."""
+    report = synthetic_report(peers=False)
+    report.variants[2].rounds[0].groups[0].exact = "⚠ over"
+    md, page = markdown(report), html(report)
+    md_headings = re.findall(r"^#{2,3} (.*)$", md, flags=re.MULTILINE)
+    page_headings = [unescape(re.sub(r"<[^>]+>", "", h)) for h in re.findall(r"<h[23][^>]*>(.*?)</h[23]>", page)]
+    assert [h.replace("`", "") for h in md_headings] == [h for h in page_headings if h != "Against nginx"]
+    assert "Against nginx" in page_headings and "## Against nginx" not in md  # a chart, no comparison
+    assert "### HAProxy, no limiting (`haproxy`), summed over 3 rounds" in md
+    assert "<h3>HAProxy, no limiting (<code>haproxy</code>), summed over <span class=num>3</span> rounds</h3>" in page
+    flagged = f"over the limit: {report.variants[2].title}"
+    assert flagged in md and escape(flagged) in page

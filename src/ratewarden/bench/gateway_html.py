@@ -8,21 +8,11 @@ from __future__ import annotations
 import re
 from html import escape
 
-from .gateway_peer_report import peer_method, peer_table
 from .gateway_peer_rows import SHORT
 from .gateway_rows import GatewayReport
-from .gateway_tables import (
-    capacity_table,
-    comparison_table,
-    group_table,
-    meta_lines,
-    method,
-    reading,
-    target_table,
-    title,
-    variant_table,
-)
-from .gateway_verdict import GATEWAY_PEERS, REFERENCE, PeerVerdict, verdicts
+from .gateway_sections import sections
+from .gateway_tables import title
+from .gateway_verdict import GATEWAY_PEERS, REFERENCE, PeerVerdict
 from .reports.html_report import _CSS, bar_chart
 
 __all__ = ["FIGURE", "html", "peer_chart"]
@@ -30,7 +20,8 @@ __all__ = ["FIGURE", "html", "peer_chart"]
 _NUMBER = r"(?<![\w.])(?:[\u2264\u2265] )?[-\u2212+]?\d[\d,]*(?:\.\d+)?(?:x|%| ms| µs| req/s)?(?![\w])"
 #: A figure: a number with its unit, or a range in brackets (two numbers joined by an en dash).
 FIGURE = re.compile(rf"\({_NUMBER}\u2013{_NUMBER}\)(?:x| ms| µs| req/s)?|{_NUMBER}")
-_CSS_MORE = ".num{white-space:nowrap}td.num{white-space:nowrap}ul.verdict li{margin:.4em 0}"
+_CODE = re.compile(r"`([^`]+)`")
+_CSS_MORE = ".num{white-space:nowrap}td.num{white-space:nowrap}ul.verdict li{margin:.4em 0}ul.method li{margin:.1em 0}"
 
 
 def _figures(text: str) -> str:
@@ -40,6 +31,11 @@ def _figures(text: str) -> str:
         out += [escape(text[at:m.start()]), f"<span class=num>{escape(m.group())}</span>"]
         at = m.end()
     return "".join(out) + escape(text[at:])
+
+
+def _text(text: str) -> str:
+    """``_figures(text)``, with `code` in backquotes as ``<code>``."""
+    return _CODE.sub(r"<code>\1</code>", _figures(text))
 
 
 def _td(text: str) -> str:
@@ -91,34 +87,21 @@ def peer_chart(report: GatewayReport, v: PeerVerdict) -> str:
 
 
 def html(report: GatewayReport) -> str:
-    """The page: title, verdict, a chart and a table per peer, targets, details, method."""
-    found = verdicts(report)
-    head = title(report)
-    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(head)}</title>"
-             f"<style>{_CSS}{_CSS_MORE}</style></head><body><h1>{escape(head)}</h1>",
-             f"<h2 id=verdict>Verdict</h2><p>{_figures(reading())}</p><ul class=verdict>" +
-             "".join(f"<li>{_figures(v.sentence())}</li>" for v in found) + "</ul>"]
-    for v in found:
-        chart = peer_chart(report, v)
-        if chart or v.comparisons:
-            parts.append(f"<h2>Against {escape(v.peer)}</h2>")
-        if chart:
-            parts.append(f"<div class=chart>{chart}</div>")
-        if v.comparisons:
-            parts.append(table(comparison_table(v)))
-    if report.targets:
-        parts += ["<h2>Targets</h2>", table(target_table(report.targets))]
-    if report.variants:
-        parts += ["<h2>Latency through the gateway</h2>", table(variant_table(report))]
-        for row in (r for r in report.variants if r.rounds):
-            parts += [f"<h3>{escape(row.title)}</h3>", table(group_table(row))]
-    if report.capacity:
-        parts += ["<h2>Service capacity</h2>", table(capacity_table(report))]
-    if report.peers:
-        parts += ["<h2>gRPC beside envoyproxy/ratelimit</h2>", f"<p>{_figures(peer_method(report))}</p>",
-                  "<ul>" + "".join(f"<li>{escape(n)}</li>" for n in report.peer_notes) + "</ul>",
-                  table(peer_table(report))]
-    parts += ["<h2>Method</h2>", f"<p>{_figures(method(report))}</p>",
-              "<ul class=meta>" + "".join(f"<li>{escape(line[2:])}</li>" for line in meta_lines(report)) + "</ul>",
-              "</body></html>"]
+    """The page: its title, then ``sections`` with a chart per peer."""
+    head = escape(title(report))
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{head}</title>"
+             f"<style>{_CSS}{_CSS_MORE}</style></head><body><h1>{head}</h1>"]
+    for s in sections(report, peer_chart):
+        tag, name = f"h{s.level}", f" id={s.name}" if s.name else ""
+        parts.append(f"<{tag}{name}>{_text(s.heading)}</{tag}>")
+        if s.text:
+            parts.append(f"<p>{_text(s.text)}</p>")
+        if s.notes:
+            parts.append(f"<ul class={s.name}>" if s.name else "<ul>")
+            parts += [f"<li>{_figures(note)}</li>" for note in s.notes] + ["</ul>"]
+        if s.chart:
+            parts.append(f"<div class=chart>{s.chart}</div>")
+        if s.rows:
+            parts.append(table(s.rows))
+    parts.append("</body></html>")
     return "\n".join(parts)

@@ -10,51 +10,26 @@ from pathlib import Path
 
 from .gateway_figures import Spread, paired
 from .gateway_html import html
-from .gateway_peer_report import peer_method, peer_table, write_peer_csv
+from .gateway_peer_report import write_peer_csv
 from .gateway_rows import CapacityRow, GatewayReport, worst
-from .gateway_tables import (
-    capacity_table,
-    comparison_table,
-    group_table,
-    md_table,
-    meta_lines,
-    method,
-    reading,
-    target_table,
-    title,
-    variant_table,
-)
+from .gateway_sections import sections
+from .gateway_tables import md_table, title
 from .gateway_terminal import FILES, summary
-from .gateway_verdict import verdicts
 
 __all__ = ["FILES", "html", "markdown", "summary", "write"]
 
 
-
 def markdown(report: GatewayReport) -> str:
-    """The report: verdict, each peer's comparison, targets, then the details and the method."""
-    found = verdicts(report)
-    parts = [f"# {title(report)}", "", "## Verdict", "", reading(), "", *[f"- {v.sentence()}" for v in found], ""]
-    for v in found:
-        if v.comparisons:
-            parts += [f"## Against {v.peer}", "", md_table(comparison_table(v)), ""]
-    if report.targets:
-        parts += ["## Targets", "", md_table(target_table(report.targets)), ""]
-    if report.variants:
-        parts += ["## Latency through the gateway", "", md_table(variant_table(report)), ""]
-    for row in report.variants:
-        if row.rounds:
-            parts += [f"### {row.title} (`{row.key}`), summed over {len(row.rounds)} rounds", "",
-                      md_table(group_table(row)), ""]
-    if report.capacity:
-        parts += ["## Service capacity", "", md_table(capacity_table(report)), ""]
-    if report.peers:
-        parts += ["## gRPC beside envoyproxy/ratelimit", "", peer_method(report), "",
-                  *[f"- {n}" for n in report.peer_notes], "", md_table(peer_table(report)), ""]
-    over = [v.title for v in report.variants if v.over_limit]
-    if over:
-        parts += [f"⚠ over the limit: {', '.join(over)}", ""]
-    parts += ["## Method", "", method(report), "", *meta_lines(report), ""]
+    """The report: its title, then ``sections`` (without the page's charts)."""
+    parts = [f"# {title(report)}", ""]
+    for s in sections(report):
+        parts += [f"{'#' * s.level} {s.heading}", ""]
+        if s.text:
+            parts += [s.text, ""]
+        if s.notes:
+            parts += [*(f"- {note}" for note in s.notes), ""]
+        if s.rows:
+            parts += [md_table(s.rows), ""]
     return "\n".join(parts)
 
 

@@ -159,4 +159,4 @@ def md_table(rows: list[list[str]]) -> str:
 
 
 def meta_lines(report: GatewayReport) -> list[str]:
-    return [f"- {k}: {v}" for k, v in report.meta.items() if v not in ("", None)]
+    return [f"{k}: {v}" for k, v in report.meta.items() if v not in ("", None)]
