@@ -228,37 +228,23 @@ local function sliding_log(key, cost, limit, period)
   return false, limit, max(0, limit - used), reset_after, retry, nil
 end
 
-local function token_bucket(st, cost, capacity, per_second, period)
-  local now = now
-  local tokens
+-- A bucket's state (value, time of the value), or nil: none, or more than a period ahead of the
+-- clock (stepped back).
+local function timed_state(st, period)
   local s = st and nums(st)
   if s and s[2] - now > math.max(period, STEP_BACK) then
     stepped_back(s[2] - now, period)
-    s = nil
+    return nil
   end
-  if s then
-    if s[2] > now then now = s[2] end
-    tokens = min(capacity, s[1] + (now - s[2]) * per_second)
-  else
-    tokens = capacity
-  end
-  if tokens + 1e-9 >= cost then
-    tokens = tokens - cost
-    return true, capacity, trunc(tokens + 1e-9), (capacity - tokens) / per_second, 0, fmt('%.17g %.17g', tokens, now)
-  end
-  local retry = INF
-  if cost <= capacity then retry = (cost - tokens) / per_second end
-  return false, capacity, trunc(tokens + 1e-9), (capacity - tokens) / per_second, retry, nil
+  return s
 end
 
-local function token_bucket_debt(st, cost, capacity, per_second, debt, period)
+-- token_bucket_debt, and token_bucket as its debt 0 (algorithms/token_bucket*.py): with no debt
+-- the request needs its whole cost, and the balance never goes below 0 for the max(0, ...) to clip.
+local function token_bucket(st, cost, capacity, per_second, debt, period)
   local now = now
   local tokens
-  local s = st and nums(st)
-  if s and s[2] - now > math.max(period, STEP_BACK) then
-    stepped_back(s[2] - now, period)
-    s = nil
-  end
+  local s = timed_state(st, period)
   if s then
     if s[2] > now then now = s[2] end
     tokens = min(capacity, s[1] + (now - s[2]) * per_second)
@@ -279,11 +265,7 @@ end
 local function leaky_bucket(st, cost, capacity, per_second, period)
   local now = now
   local level = 0
-  local s = st and nums(st)
-  if s and s[2] - now > math.max(period, STEP_BACK) then
-    stepped_back(s[2] - now, period)
-    s = nil
-  end
+  local s = timed_state(st, period)
   if s then
     if s[2] > now then now = s[2] end
     level = max(0, s[1] - (now - s[2]) * per_second)
@@ -341,9 +323,9 @@ local function run(algo, b, key, st, cost)
   elseif algo == 3 then
     return sliding_log(key, cost, limit, period)
   elseif algo == 4 then
-    return token_bucket(st, cost, capacity, limit / period, period)
+    return token_bucket(st, cost, capacity, limit / period, 0, period)
   elseif algo == 5 then
-    return token_bucket_debt(st, cost, capacity, limit / period, tonumber(ARGV[b + 5]), period)
+    return token_bucket(st, cost, capacity, limit / period, tonumber(ARGV[b + 5]), period)
   elseif algo == 6 then
     return leaky_bucket(st, cost, capacity, limit / period, period)
   elseif algo == 7 then
