@@ -1,11 +1,13 @@
 //! One batch shape across the boundary, for the three protocols: Python takes the requests waiting
 //! in a protocol's queue as a list of tuples, each led by its request's id (`take`), and answers
-//! with a list of tuples, each led by the id it answers (`answer`). Taking and answering are
+//! with a list of tuples, each led by the id it answers (`answer`; `send` hands each answer to its
+//! caller where callers wait on a channel). Taking and answering are
 //! written once, here; each protocol gives the rest of its tuples (`grpc_python.rs`,
 //! `http_python.rs`, `spoe_python.rs`).
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::queue::Queue;
@@ -53,4 +55,18 @@ pub fn answer<T, W, A>(
         .into_iter()
         .filter_map(|(id, answer)| queue.remove(id).map(|waiter| (waiter, answer)))
         .collect())
+}
+
+/// `answer` for a protocol whose callers each wait on a channel (gRPC, HTTP): each answer is sent
+/// to its caller (dropped when the caller left).
+pub fn send<T, A>(
+    shared: &Shared,
+    pick: Pick<T, oneshot::Sender<A>>,
+    items: &Bound<'_, PyList>,
+    read: fn(&Bound<'_, PyAny>) -> PyResult<(u64, A)>,
+) -> PyResult<()> {
+    for (sender, answer) in answer(shared, pick, items, read)? {
+        let _ = sender.send(answer);
+    }
+    Ok(())
 }

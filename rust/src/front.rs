@@ -130,11 +130,7 @@ impl Front {
     /// Answer requests: each item `(id, answer)` where `answer` is an `RlsAnswer`, or
     /// `(code, message)` for a gRPC error (3 INVALID_ARGUMENT, 14 UNAVAILABLE, 13 INTERNAL...).
     fn answer(&self, items: &Bound<'_, PyList>) -> PyResult<()> {
-        let found = batch::answer(&self.shared, |s| &mut s.grpc, items, grpc_python::answer)?;
-        for (sender, answer) in found {
-            let _ = sender.send(answer);
-        }
-        Ok(())
+        batch::send(&self.shared, |s| &mut s.grpc, items, grpc_python::answer)
     }
 
     /// Up to `limit` waiting HTTP requests, oldest first, as
@@ -154,11 +150,7 @@ impl Front {
     /// Answer HTTP requests: each item `(id, status, headers, body)`, `headers` the complete list
     /// of `(name, value)` bytes.
     fn answer_http(&self, items: &Bound<'_, PyList>) -> PyResult<()> {
-        let found = batch::answer(&self.shared, |s| &mut s.http, items, http_python::answer)?;
-        for (sender, answer) in found {
-            let _ = sender.send(answer);
-        }
-        Ok(())
+        batch::send(&self.shared, |s| &mut s.http, items, http_python::answer)
     }
 
     /// Up to `limit` waiting SPOE messages, oldest first, as `(id, args, peer host, peer port)`;
