@@ -104,19 +104,28 @@ local function stepped_back(ahead, period)
   end
 end
 
+-- The start of the window a window state (fixed_window, sliding_window) begun at `at` counts in:
+-- `at`, when it is the current window or a later one (a clock reading older than the state); nil
+-- when it is older, or more than a period ahead (the clock stepped back).
+local function live_window(at, start, period)
+  if at == start then return at end
+  if at - now > math.max(period, STEP_BACK) then
+    stepped_back(at - now, period)
+    return nil
+  end
+  if at > start then return at end
+  return nil
+end
+
 local function fixed_window(st, cost, limit, period)
   local now = now
   local start = floor(now / period) * period
   local count = 0
   if st then
     local s = nums(st)
-    if s[1] == start then
-      count = s[2]
-    elseif s[1] - now > math.max(period, STEP_BACK) then
-      stepped_back(s[1] - now, period)
-    elseif s[1] > start then
-      start = s[1]
-      now = start
+    local at = live_window(s[1], start, period)
+    if at then
+      if at > start then start, now = at, at end
       count = s[2]
     end
   end
@@ -136,16 +145,14 @@ local function sliding_window(st, cost, limit, period)
   local current, previous = 0, 0
   if st then
     local s = nums(st)
-    if s[1] == start then
-      current, previous = s[2], s[3]
-    elseif s[1] == start - period then
+    if s[1] == start - period then
       previous = s[2]
-    elseif s[1] - now > math.max(period, STEP_BACK) then
-      stepped_back(s[1] - now, period)
-    elseif s[1] > start then
-      start = s[1]
-      now = start
-      current, previous = s[2], s[3]
+    else
+      local at = live_window(s[1], start, period)
+      if at then
+        if at > start then start, now = at, at end
+        current, previous = s[2], s[3]
+      end
     end
   end
   local elapsed = now - start
