@@ -101,17 +101,15 @@ class WSGIPolicyMiddleware(PolicyCore):
             (``Store.hit_blocking``: every local store, ``RedisStore``, ``MemcachedStore``, a ``Breaker``
             over them), and with bans or ``charge`` rules peek, reset and adjust too (``Store.can_block``:
             the same stores).
-        rules: The rules, when no ``policy`` gives them (a policy given here is taken as ``policy``).
-        policy: A TOML/YAML policy file's path (or a loaded ``Policy``); its rules replace ``rules``.
-        watch: Poll the file every this many seconds and reload it on change; ``None`` disables
-            (``reload()`` and, with ``sighup``, ``SIGHUP`` always work).
-        sighup: Reload the policy file on ``SIGHUP``.
-        shadow: Count and log, never block (the policy's ``settings.shadow`` overrides it).
-        bans: Bans to enforce (the policy's ``[bans]`` overrides it); ``None`` for none.
-        metrics: Where to record metrics; ``None`` records none.
-        shadow_header: Add ``RateLimit-Shadow`` to responses a shadow limit would have denied.
-        show_group: 429 bodies name the caller's group (the policy's ``settings.show_group = false`` also
-            turns it off).
+        rules: As for ``PolicyMiddleware``.
+        policy: As for ``PolicyMiddleware``.
+        watch: As for ``PolicyMiddleware``.
+        sighup: As for ``PolicyMiddleware``.
+        shadow: As for ``PolicyMiddleware``.
+        bans: As for ``PolicyMiddleware``.
+        metrics: As for ``PolicyMiddleware``.
+        shadow_header: As for ``PolicyMiddleware``.
+        show_group: As for ``PolicyMiddleware``.
         headers: When to send the rate-limit headers: ``"always"``, ``"on_limit"`` (429 answers only) or
             ``"off"``.
         header_style: Which rate-limit headers: ``"both"``, ``"ietf"`` or ``"legacy"``.
