@@ -187,7 +187,7 @@ MAX_FUNCTION_LINES = 80
 #: Modules still over ``MAX_MODULE_LINES``, with the most lines they may have: each may shrink, never
 #: grow. ``limiter.py``: its store-outage methods (the insurance limiter) are the concept to move
 #: out, once that work settles.
-STILL_LONG = {"limiter.py": 532}
+STILL_LONG = {"limiter.py": 517}
 
 
 def test_no_long_modules_or_functions() -> None:
