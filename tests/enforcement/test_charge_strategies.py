@@ -122,7 +122,7 @@ async def test_several_counters_each_say_their_own_and_the_over_one_is_named(lim
 
 async def test_an_enforced_limit_of_zero_refuses_and_charges_nothing(limiter: Limiter, key: Callable[[str], str]) -> None:
     limit = per_hour(L)
-    zero, counted = Item(ENFORCED, period=60, name="blocked"), Item(ENFORCED, key("c"), limit)
+    zero, counted = Item(ENFORCED, zero=("blocked", 60)), Item(ENFORCED, key("c"), limit)
     assert not await request(limiter, zero, counted)
     assert zero.decision is not None and (zero.decision.allowed, zero.decision.policy, zero.decision.period) == (False, "blocked", 60.0)
     assert 0 < zero.decision.reset_after <= 60
@@ -137,14 +137,14 @@ async def test_shadow_never_refuses(limiter: Limiter, key: Callable[[str], str])
     assert all(answers)
     over = [found[0] for found in items if found[0].decision is not None and not found[0].decision.allowed]
     assert len(over) == N - L  # counted: it would have refused the rest
-    assert await request(limiter, Item(SHADOW, period=60, name="zero"))  # a shadow limit of 0 neither
+    assert await request(limiter, Item(SHADOW, zero=("zero", 60)))  # a shadow limit of 0 neither
 
 
 async def test_quota_refuses_only_when_every_quota_is_over(limiter: Limiter, key: Callable[[str], str]) -> None:
     one, three = per_hour(1), per_hour(3)
     assert await admitted(limiter, lambda: [Item(QUOTA, key("q1"), one), Item(QUOTA, key("q3"), three)]) == 3
-    assert await request(limiter, Item(QUOTA, key("q1b"), one), Item(QUOTA, period=60, name="zero"))
-    assert not await request(limiter, Item(QUOTA, key("q1b"), one), Item(QUOTA, period=60, name="zero"))
+    assert await request(limiter, Item(QUOTA, key("q1b"), one), Item(QUOTA, zero=("zero", 60)))
+    assert not await request(limiter, Item(QUOTA, key("q1b"), one), Item(QUOTA, zero=("zero", 60)))
 
 
 async def test_unlimited_and_none_touch_no_store() -> None:

@@ -58,21 +58,20 @@ class Item:
         key: Its storage key.
         limit: Its limit; ``None`` on a counted kind: a limit of 0 (always over).
         cost: What the request costs under it.
-        period: A limit of 0's window, in seconds (its decision's reset).
-        name: A limit of 0's name (its decision's ``policy``).
+        zero: A limit of 0's policy: its name (its decision's ``policy``) and its window in seconds
+            (its decision's reset).
     """
 
-    __slots__ = ("cost", "decision", "key", "kind", "left", "limit", "name", "period")
+    __slots__ = ("cost", "decision", "key", "kind", "left", "limit", "zero")
 
     def __init__(
-        self, kind: str, key: str = "", limit: Limit | None = None, cost: float = 1.0, period: int = 1, name: str = ""
+        self, kind: str, key: str = "", limit: Limit | None = None, cost: float = 1.0, zero: tuple[str, int] = ("", 1)
     ) -> None:
         self.kind = kind
         self.key = key
         self.limit = limit
         self.cost = cost
-        self.period = period
-        self.name = name
+        self.zero = zero
         #: The item's decision once charged (``None``: nothing decided: not counted, or its store
         #: failed under fail-open without an insurance limiter).
         self.decision: Decision | None = None
@@ -116,7 +115,8 @@ async def charge_items(limiter: Limiter, items: Sequence[Item], each: bool = Fal
         if kind not in COUNTED:
             continue
         if item.limit is None:
-            item.decision = Decision(False, 0, 0, window_left(item.period), math.inf, float(item.period), item.name)
+            name, period = item.zero
+            item.decision = Decision(False, 0, 0, window_left(period), math.inf, float(period), name)
             blocked = blocked or kind == ENFORCED
         elif each:
             jobs.append(_charge_each(limiter, item))

@@ -220,7 +220,7 @@ class RateLimitService:
         period = UNIT_SECONDS[unit]
         if limit is None:  # requests_per_unit 0: every request is over
             label = name or (match.rate_limit.full_key if override is None and match is not None else f"0/{period * 1000}")
-            item = _DescriptorItem(kind, cost=float(cost), period=period, name=label)
+            item = _DescriptorItem(kind, cost=float(cost), zero=(label, period))
             item.current = current
             return item, name
         cache_key = (domain, entries, limit.suffix, tuple(shared.items()) if shared else ())
@@ -283,10 +283,10 @@ class RateLimitService:
         decision = item.decision
         assert decision is not None
         if len(shown) == 1:
-            policies: tuple[Limit | tuple[str, int], ...] = (item.limit if item.limit is not None else (item.name, item.period),)
+            policies: tuple[Limit | tuple[str, int], ...] = (item.limit if item.limit is not None else item.zero,)
         else:
-            policies = tuple(dict.fromkeys(p.limit if p.limit is not None else (p.name, p.period) for p in shown))
-        label = item.limit.name if item.limit is not None else item.name
+            policies = tuple(dict.fromkeys(p.limit if p.limit is not None else p.zero for p in shown))
+        label = item.limit.name if item.limit is not None else item.zero[0]
         if decision.policy != label:  # a decision read for several counters names the one it is for
             decision = copy_decision(decision, decision.allowed, policy=label)
         return text_headers(decision, policies, over and not decision.allowed, self._policies)
