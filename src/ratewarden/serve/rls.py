@@ -217,8 +217,8 @@ class RateLimitService:
             current = CurrentLimit(rate_limit.name, rate_limit.requests_per_unit, unit)
             limit = rate_limit.limit
             kind = SHADOW if rate_limit.shadow_mode else QUOTA if rate_limit.quota_mode else ENFORCED
-        period = UNIT_SECONDS[unit]
         if limit is None:  # requests_per_unit 0: every request is over
+            period = UNIT_SECONDS[unit]
             label = name or (match.rate_limit.full_key if override is None and match is not None else f"0/{period * 1000}")
             item = _DescriptorItem(kind, cost=float(cost), zero=(label, period))
             item.current = current
@@ -228,7 +228,7 @@ class RateLimitService:
         if not key:
             key = storage_key(self.limiter.prefix, self._namespace(domain), entries_key(entries, shared), limit.suffix)
             remember(self._keys, cache_key, key, 16_384, 16 << 20)  # 1 KiB an entry at most
-        item = _DescriptorItem(kind, key, limit, float(cost), period)
+        item = _DescriptorItem(kind, key, limit, float(cost))
         item.current = current
         return item, name
 
