@@ -29,28 +29,28 @@ HEADER_SIZE: Final = 4096
 RHEAD = struct.Struct("<IIIII4xd")
 RHEAD_SIZE: Final = 128
 R_CURSOR: Final = 4
-R_OP: Final = 8
-R_OP_A: Final = 12
-R_OP_B: Final = 16
-R_NEXT_EXPIRY: Final = 24
-MUTEX: Final = 64  # room for a pthread_mutex_t (40 bytes on x86-64 glibc, 48 on arm64)
-U32 = struct.Struct("<I")
-F64 = struct.Struct("<d")
-DIGEST = struct.Struct("<QQ")
-# Entry: dirty byte (+7 pad), hold (seconds a crashed write stays conservative), digest,
-# expires_at, state length (+4 pad), then the state's float64s.
-E_DIRTY: Final = 0
-E_HOLD: Final = 8
-E_DIGEST: Final = 16
-E_BODY: Final = 32
-E_FLOATS: Final = 48
-BODY_HEAD = struct.Struct("<dI")  # an entry's expiry and state length
-CLEAN: Final = 0
-WRITING: Final = 1
-CRASHED: Final = 2
+R_OP: Final = R_CURSOR + 4  # the insert or delete under way, so a crashed one can be finished
 OP_NONE: Final = 0
 OP_INSERT: Final = 1
 OP_DELETE: Final = 2
+R_OP_A: Final = R_OP + 4
+R_OP_B: Final = R_OP_A + 4
+R_NEXT_EXPIRY: Final = R_OP_B + 8  # after 4 bytes of padding
+MUTEX: Final = 64  # room for a pthread_mutex_t (40 bytes on x86-64 glibc, 48 on arm64)
+U32 = struct.Struct("<I")
+F64 = struct.Struct("<d")
+# Entry: dirty byte (+7 pad), hold (seconds a crashed write stays conservative), digest,
+# expires_at, state length (+4 pad), then the state's float64s.
+E_DIRTY: Final = 0
+CLEAN: Final = 0
+WRITING: Final = 1
+CRASHED: Final = 2
+E_HOLD: Final = E_DIRTY + 8
+DIGEST = struct.Struct("<QQ")
+E_DIGEST: Final = E_HOLD + 8
+E_BODY: Final = E_DIGEST + DIGEST.size
+BODY_HEAD = struct.Struct("<dI")  # an entry's expiry and state length
+E_FLOATS: Final = E_BODY + 16  # BODY_HEAD padded to 8 bytes
 # Lock bytes live far beyond the data; POSIX record locks need not cover real bytes.
 LOCK_BASE: Final = 1 << 40
 INIT_LOCK: Final = LOCK_BASE - 1
