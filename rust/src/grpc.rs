@@ -32,6 +32,9 @@ pub struct GrpcSettings {
     /// SO_REUSEPORT: several workers on one port.
     pub reuse_port: bool,
     pub bounds: GrpcBounds,
+    /// Answer every well-formed call at once, as an allowed one, without asking Python: the least
+    /// this door can do for a call (the gateway bench's floor), never a limiter.
+    pub fixed_ok: bool,
 }
 
 /// Serve `ShouldRateLimit` as `settings` say until the returned sender is sent to (or dropped): the
@@ -45,7 +48,7 @@ pub fn serve(
     let listener = listen(runtime, settings.address, settings.reuse_port)?;
     let bound = listener.local_addr()?.port();
     let (sender, stopped) = oneshot::channel::<()>();
-    let server = RlsServer::new(shared, &settings.bounds);
+    let server = RlsServer::new(shared, &settings.bounds, settings.fixed_ok);
     let (connections, incoming) = mpsc::channel::<std::io::Result<Limited>>(64);
     runtime.spawn(accept(listener, settings.bounds, connections));
     serving.store(true, Ordering::Release);

@@ -170,10 +170,11 @@ pub struct RlsServer {
     /// Bytes of unfinished request bodies of the whole worker, and the bounds of both budgets.
     receiving: Budget,
     bounds: BodyBounds,
+    fixed_ok: bool,
 }
 
 impl RlsServer {
-    pub fn new(shared: Arc<Shared>, bounds: &GrpcBounds) -> Self {
+    pub fn new(shared: Arc<Shared>, bounds: &GrpcBounds, fixed_ok: bool) -> Self {
         RlsServer {
             shared,
             max_message_size: bounds.max_message_size,
@@ -183,20 +184,49 @@ impl RlsServer {
             },
             receiving: Budget::default(),
             bounds: bounds.receiving,
+            fixed_ok,
         }
     }
 }
 
-struct ShouldRateLimit(Arc<Shared>, Shape);
+struct ShouldRateLimit(Arc<Shared>, Shape, bool);
+
+/// An allowed answer for every descriptor of `request`, shaped as a counted one (a limit, what is
+/// left, the time to its reset), decided by nothing: the bench's floor (`fixed_ok`).
+fn fixed_ok(request: &RateLimitRequest) -> RateLimitResponse {
+    let status = DescriptorStatus {
+        code: CODE_OK,
+        current_limit: Some(RateLimit {
+            name: String::new(),
+            requests_per_unit: 1_000_000_000,
+            unit: 3, // HOUR
+        }),
+        limit_remaining: 999_999_999,
+        duration_until_reset: Some(Duration {
+            seconds: 3600,
+            nanos: 0,
+        }),
+    };
+    RateLimitResponse {
+        overall_code: CODE_OK,
+        statuses: vec![status; request.descriptors.len()],
+        response_headers_to_add: Vec::new(),
+    }
+}
 
 impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
     type Response = RateLimitResponse;
     type Future = BoxFuture<tonic::Response<RateLimitResponse>, Status>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let (shared, shape) = (self.0.clone(), self.1);
+        let (shared, shape, fixed) = (self.0.clone(), self.1, self.2);
         let deadline = request.extensions().get::<Deadline>().copied();
         Box::pin(async move {
+            if fixed {
+                let request = request.into_inner();
+                shape.check(&request)?;
+                return Ok(tonic::Response::new(fixed_ok(&request)));
+            }
             let deadline = deadline.ok_or_else(|| Status::internal("a call without a deadline"))?;
             shared
                 .decide(shape, request.into_inner(), deadline)
@@ -252,11 +282,11 @@ where
         };
         let request = tonic_http::Request::from_parts(parts, body);
         let shared = self.shared.clone();
-        let (size, shape) = (self.max_message_size, self.shape);
+        let (size, shape, fixed) = (self.max_message_size, self.shape, self.fixed_ok);
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(tonic::codec::ProstCodec::default())
                 .apply_max_message_size_config(Some(size), None);
-            let unary = grpc.unary(ShouldRateLimit(shared.clone(), shape), request);
+            let unary = grpc.unary(ShouldRateLimit(shared.clone(), shape, fixed), request);
             // Past the deadline the call's future is dropped, and with it its body: the stream is
             // reset and what it had sent is freed, whether or not its message was complete.
             let Ok(mut response) = tokio::time::timeout_at(deadline.at, unary).await else {

@@ -7,7 +7,8 @@
 //! `queue`: `max_pending`, `max_pending_bytes`, `request_timeout` (needed with `grpc` or `http`).
 //! `grpc`: `host`, `port` (0: any free port), `reuse_port`, `max_message_size`, `max_descriptors`,
 //! `max_entries`, `max_connections`, `handshake_timeout`, `max_receiving`,
-//! `max_receiving_per_connection`.
+//! `max_receiving_per_connection`; `fixed_ok` (optional) answers every call allowed without asking
+//! Python: the gateway bench's floor.
 //! `http`: `fd` (a listening socket, duplicated), `max_connections`, `max_header_size`, `timeout`,
 //! `keep_alive`.
 //! `spoe`: `fd`, `max_connections`, `max_frame_size`, `timeout_hello`, `timeout_idle`,
@@ -110,6 +111,7 @@ fn grpc(mut section: Section<'_>) -> PyResult<GrpcSettings> {
     let settings = GrpcSettings {
         address,
         reuse_port: section.get("reuse_port")?,
+        fixed_ok: section.optional("fixed_ok")?.unwrap_or(false),
         bounds: GrpcBounds {
             max_message_size,
             max_descriptors: section.get("max_descriptors")?,

@@ -72,7 +72,10 @@ def _peers() -> list[PeerRow]:
         _peer("reference", "redis", "over", 1, [11_000, 13_000, 10_500], [45, 44, 46]),
         _peer("reference", "redis", "under", 1, [8_000, 8_200, 7_900], [80, 79, 82]),
         _peer("front", "redis", "under", 4, [15_000, 15_500, 14_000], [55, 56, 54], workers=2),
-        PeerRow("front", "memory", "under", 1, 1, missing="compiled front door skipped: " + "not built; " * 20),
+        _peer("front-same", "redis", "under", 1, [10_500, 10_900, 10_100], [58, 59, 57]),
+        PeerRow("front-same", "memory", "under", 1, 1, missing="compiled front door skipped: " + "not built; " * 20),
+        PeerRow("floor", "none", "under", 1, 1, _peer("floor", "none", "under", 1, [16_000, 16_400, 15_800],
+                                                     [20, 21, 19]).rounds),
     ]
 
 

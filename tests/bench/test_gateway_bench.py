@@ -380,3 +380,55 @@ def test_floor_and_serve_commands_take_an_spoe_port() -> None:
     assert set(files) == {"haproxy.cfg", "spoe.conf"}
     assert "127.0.0.1:8182" in files["haproxy.cfg"] and "127.0.0.1:8082" not in files["haproxy.cfg"]
     assert "config spoe.conf" in files["haproxy.cfg"]
+
+
+def test_the_grpc_floor_answers_every_call_allowed_without_python_and_keeps_the_bounds() -> None:
+    """``gateway_floor --grpc-front``: the compiled front door answers each well-formed call allowed,
+    one counted-looking status per descriptor, with nothing taking requests on the Python side (the
+    queue stays empty); a request over the descriptor bound is still refused as ``ratewarden serve``
+    refuses it."""
+    import asyncio
+
+    pytest.importorskip("grpc")
+    pytest.importorskip("envoy.service.ratelimit.v3.rls_pb2")
+    from ratewarden.serve.front import compiled_module
+
+    if compiled_module()[0] is None:
+        pytest.skip(f"the compiled front door is not built: {compiled_module()[1]}")
+    import grpc  # type: ignore[import-untyped, unused-ignore]
+    from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
+
+    from ratewarden.bench import gateway_procs as gp
+    from ratewarden.bench.gateway_floor import fixed_front
+    from ratewarden.serve import bounds
+
+    port = gp.free_port()
+    front = fixed_front(port)
+
+    async def calls() -> tuple[Any, grpc.RpcError]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            request = rls_pb2.RateLimitRequest(domain="any")
+            for value in ("a", "b"):
+                entry = request.descriptors.add().entries.add()
+                entry.key, entry.value = "k", value
+            answers = await asyncio.gather(*(stub.ShouldRateLimit(request, timeout=10) for _ in range(50)))
+            too_many = rls_pb2.RateLimitRequest(domain="any")
+            for _ in range(bounds.MAX_DESCRIPTORS + 1):
+                too_many.descriptors.add().entries.add(key="k", value="v")
+            with pytest.raises(grpc.RpcError) as refused:
+                await stub.ShouldRateLimit(too_many, timeout=10)
+            return answers, refused.value
+
+    try:
+        answers, refused = asyncio.run(calls())
+        assert front.pending() == 0  # nothing was queued for Python
+    finally:
+        front.close()
+    ok = rls_pb2.RateLimitResponse.OK
+    for answer in answers:
+        assert answer.overall_code == ok and len(answer.statuses) == 2
+        assert all(s.code == ok and s.current_limit.requests_per_unit == 1_000_000_000 and s.limit_remaining
+                   and s.duration_until_reset.seconds == 3600 for s in answer.statuses)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"at most {bounds.MAX_DESCRIPTORS} descriptors" in (refused.details() or "")

@@ -42,20 +42,27 @@ def test_the_quickest_run_has_every_row_exact(tmp_path: Path, capsys: pytest.Cap
     data = json.loads((tmp_path / "results.json").read_text())
     peers = data["peers"]
     assert [(p["service"], p["store"], p["scenario"], p["workers"], p["connections"]) for p in peers] == EXPECTED
-    assert {p["service"] for p in peers} == {"python", "front", "front-same", "reference"}
-    assert {(p["store"], p["workers"]) for p in peers if p["service"] == "front"} == {("redis", 1), ("redis", 2),
-                                                                                         ("memory", 1)}
+    assert {p["service"] for p in peers} == {"python", "front", "front-same", "reference", "floor"}
+    assert {(p["store"], p["workers"]) for p in peers if p["service"] == "front"} == {("redis", 1), ("redis", 2)}
+    assert {p["store"] for p in peers if p["service"] == "front-same"} == {"redis", "memory"}
     compiled = any("compiled front door" in n for n in data["peer_notes"])
     for p in peers:
-        if p["service"] in ("front", "front-same") and not compiled:
+        if p["service"] in ("front", "front-same", "floor") and not compiled:
             assert p["missing"], p  # skipped, with the reason
             continue
         assert p["missing"] == "", (p["key"], p["missing"])
         assert len(p["rounds"]) == 1 and p["rounds"][0]["requests"] == 200 and p["rounds"][0]["errors"] == {}
-        assert p["admitted"] == [EXACT_LIMIT] and p["exact"] == "yes", p["key"]  # every row is an exactness row
-        assert (p["rounds"][0]["redis_cpu_us"] is None) == (p["store"] == "memory")
-        ratios = p["vs_reference"]["rps"]
-        assert len(ratios) == (1 if p["store"] == "redis" and p["service"] != "reference" else 0), p["key"]
+        if p["service"] == "floor":  # it limits nothing: no exactness check
+            assert p["admitted"] == [] and p["exact"] == "—", p["key"]
+        else:
+            assert p["admitted"] == [EXACT_LIMIT] and p["exact"] == "yes", p["key"]
+        assert (p["rounds"][0]["redis_cpu_us"] is None) == (p["store"] != "redis")
+        ratios = p["vs_reference"]["rps"]  # the reference under the same load, on its Redis
+        assert len(ratios) == (0 if p["service"] == "reference" else 1), p["key"]
+    if compiled:  # every target is read beside the floor, which answers at once
+        measured = [t for t in data["targets"] if t["target"].startswith("gRPC vs") and t["ours"] is not None]
+        assert len(measured) == 7, [t["target"] for t in measured]
+        assert all(t["floor"] is not None for t in measured if "Redis CPU" not in t["target"])
     exact = [t for t in data["targets"] if t["target"].startswith("gRPC rows exact")]
     assert exact and exact[0]["met"] == "yes"
     with (tmp_path / "peers.csv").open() as f:
@@ -94,20 +101,29 @@ def test_ratios_are_taken_within_a_round_and_exactness_flags_each_way() -> None:
     def rnd(r: int, rps: float, cpu: float) -> PeerRound:
         return PeerRound(r, 1000, rps, 1.0, 2.0, cpu, 10.0)
 
-    front = PeerRow("front", "redis", "under", 1, 1, [rnd(0, 100, 50), rnd(1, 300, 60)], [50, 50])
+    front = PeerRow("front-same", "redis", "under", 1, 1, [rnd(0, 100, 50), rnd(1, 300, 60)], [50, 50])
     ref = PeerRow("reference", "redis", "under", 1, 1, [rnd(1, 200, 40), rnd(0, 400, 100)], [50, 51])
     other_load = PeerRow("reference", "redis", "under", 1, 4, [rnd(0, 1, 1)], [49])
-    rows = [front, ref, other_load]
+    floor = PeerRow("floor", "none", "under", 1, 1, [rnd(0, 800, 20), rnd(1, 600, 30)])
+    memory = PeerRow("front-same", "memory", "under", 1, 1, [rnd(0, 1000, 30), rnd(1, 400, 30)], [50, 50])
+    rows = [front, ref, other_load, floor, memory]
     assert vs_reference(rows, front, "rps") == [0.25, 1.5]  # round 0 with round 0, round 1 with round 1
     assert vs_reference(rows, front, "cpu_us") == [0.5, 1.5]
     assert vs_reference(rows, ref, "rps") == []
-    assert (front.exact, ref.exact, other_load.exact) == ("yes", "⚠ over", "NO")
-    targets = {t["target"].rsplit(": ", 1)[-1]: t for t in peer_targets(rows)}
-    rps = targets["req/s"]  # ours ÷ reference, higher is better: the median of 0.25 and 1.5, and its range
+    assert vs_reference(rows, memory, "rps") == [2.5, 2.0]  # the reference under the same load, on Redis
+    assert (front.exact, ref.exact, other_load.exact, floor.exact) == ("yes", "⚠ over", "NO", "—")
+    targets = {t["target"].split(" (", 1)[1]: t for t in peer_targets(rows)}
+    rps = targets["redis, under the limit, 1 connection, the same answers): req/s"]
+    # ours ÷ reference, higher is better: the median of 0.25 and 1.5, and its range; the floor's 2.0 and 3.0
     assert (rps["ours"], rps["ours_min"], rps["ours_max"]) == pytest.approx((0.875, 0.25, 1.5))
-    assert rps["direction"] == "higher" and rps["met"] == "NO"
-    assert targets["CPU per decision"]["ours"] == pytest.approx(1.0) and targets["CPU per decision"]["met"] == "yes"
-    assert targets["gRPC rows exact (ratewarden and the reference)"]["met"] == "NO"
+    assert (rps["floor"], rps["floor_min"], rps["floor_max"]) == pytest.approx((2.5, 2.0, 3.0))
+    assert rps["direction"] == "higher" and rps["target_value"] == 1.5 and rps["met"] == "NO"
+    cpu = targets["redis, under the limit, 1 connection, the same answers): CPU per decision"]
+    assert cpu["ours"] == pytest.approx(1.0) and cpu["target_value"] == 0.5 and cpu["met"] == "NO"
+    assert targets["redis, under the limit, 1 connection, the same answers): Redis CPU per decision"]["floor"] is None
+    on_memory = targets["memory, under the limit, 1 connection, the same answers): req/s (the reference on Redis)"]
+    assert on_memory["ours"] == pytest.approx(2.25) and on_memory["target_value"] == 2.5 and on_memory["met"] == "NO"
+    assert targets["ratewarden and the reference)"]["met"] == "NO"
 
 
 def test_a_failed_go_install_is_the_skip_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,11 @@ event loop), but the HTTP app answers every request with a fixed ``200`` and an 
 gRPC servicer every ``ShouldRateLimit`` with a fixed ``OK``, checking nothing. The capacity ratio
 ours / floor is then the cost of deciding, nothing else.
 
+With ``--grpc-front PORT`` it starts the compiled gRPC front door (``ratewarden._front``, the one
+``ratewarden serve`` runs by default) told to answer every well-formed call allowed at once without
+asking Python (``fixed_ok``), with an allowed counted answer's fields: the least that door can do
+for a call, which the gRPC rows beside envoyproxy/ratelimit are set against.
+
 With ``--headers`` the fixed ``200`` also carries the rate-limit headers an allowed ``/check`` answer
 does (``DECISION_HEADERS``: the same names, values of the same length), so the ratio against it is the
 decision alone, without the cost of writing the headers every gateway answer must carry.
@@ -32,8 +37,18 @@ from ..serve.spoe import MAX_FRAME_SIZE, hello, receive_frame
 from ..serve.spop import HAPROXY_DISCONNECT, NOTIFY, SpopError, ack, agent_disconnect, set_var
 from ..types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["DECISION_HEADERS", "SPOE_VARIABLES", "FloorSpoeAgent", "fixed_ok", "floor_app", "floor_servicer",
-           "headers_floor_app", "main", "start_floor_spoe"]
+__all__ = [
+    "DECISION_HEADERS",
+    "SPOE_VARIABLES",
+    "FloorSpoeAgent",
+    "fixed_front",
+    "fixed_ok",
+    "floor_app",
+    "floor_servicer",
+    "headers_floor_app",
+    "main",
+    "start_floor_spoe",
+]
 
 #: The header list of an allowed ``/check`` answer for the bench's capacity key (header style
 #: ``both``), fixed: what ``--headers`` answers.
@@ -126,6 +141,22 @@ def floor_servicer() -> Any:
     return Floor()
 
 
+def fixed_front(port: int) -> Any:
+    """The compiled gRPC front door on ``port`` answering every call allowed without asking Python,
+    with ``ratewarden serve``'s default bounds; ``ImportError`` without ``ratewarden._front``."""
+    from ..serve import bounds as b
+    from ..serve.front import open_front, queue_settings
+    from ..serve.rls_messages import RequestDescriptor
+
+    grpc = {"host": "127.0.0.1", "port": port, "reuse_port": False, "fixed_ok": True,
+            "max_message_size": b.GRPC_MAX_MESSAGE_SIZE, "max_descriptors": b.MAX_DESCRIPTORS,
+            "max_entries": b.MAX_ENTRIES, "max_connections": b.GRPC_MAX_CONNECTIONS,
+            "handshake_timeout": b.GRPC_HANDSHAKE_TIMEOUT, "max_receiving": b.GRPC_MAX_RECEIVING,
+            "max_receiving_per_connection": b.GRPC_MAX_RECEIVING_PER_CONNECTION}
+    queue = queue_settings(b.GRPC_MAX_PENDING, b.GRPC_MAX_PENDING_BYTES, b.GRPC_TIMEOUT)
+    return open_front(RequestDescriptor, {"queue": queue, "grpc": grpc})
+
+
 def _server(sock: socket.socket, headers: bool) -> Any:
     """The uvicorn server ``ratewarden serve`` builds (``serve.worker.uvicorn_server``), for the floor app."""
     from ..serve.worker import uvicorn_server
@@ -144,7 +175,9 @@ def _bind(port: int) -> socket.socket:
     return sock
 
 
-async def _serve(http_port: int, grpc_port: int, headers: bool = False, spoe_port: int = 0) -> None:
+async def _serve(http_port: int, grpc_port: int, headers: bool = False, spoe_port: int = 0,
+                 front_port: int = 0) -> None:
+    front = fixed_front(front_port) if front_port else None
     spoe_server = await start_floor_spoe(_bind(spoe_port)) if spoe_port else None
     sock = _bind(http_port) if http_port else None
     server = _server(sock, headers) if sock is not None else None
@@ -173,6 +206,8 @@ async def _serve(http_port: int, grpc_port: int, headers: bool = False, spoe_por
         else:
             await stopped.wait()
     finally:
+        if front is not None:
+            front.close()
         if spoe_server is not None:
             spoe_server.close()
         if grpc_server is not None:
@@ -186,11 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", type=int, default=0, help="HTTP port (none when 0)")
     parser.add_argument("--grpc", type=int, default=0, help="gRPC port (none when 0)")
     parser.add_argument("--spoe", type=int, default=0, help="HAProxy SPOE agent port (none when 0)")
+    parser.add_argument("--grpc-front", type=int, default=0,
+                        help="gRPC port of the compiled front door answering every call allowed (none when 0)")
     parser.add_argument("--headers", action="store_true", help="answer with an allowed check's rate-limit headers")
     args = parser.parse_args(argv)
-    if not (args.http or args.grpc or args.spoe):
-        parser.error("give at least one of --http, --grpc, --spoe")
-    asyncio.run(_serve(args.http, args.grpc, args.headers, args.spoe))
+    if not (args.http or args.grpc or args.spoe or args.grpc_front):
+        parser.error("give at least one of --http, --grpc, --spoe, --grpc-front")
+    asyncio.run(_serve(args.http, args.grpc, args.headers, args.spoe, args.grpc_front))
     return 0
 
 

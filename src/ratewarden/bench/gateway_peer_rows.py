@@ -1,7 +1,8 @@
 """The gateway bench's peer rows (``gateway_peers``): gRPC ``ShouldRateLimit`` of ``ratewarden serve``
 (the Python grpc server and the compiled front door) beside envoyproxy/ratelimit, one row per service x
 store x scenario x workers x connections, with each round's figures, the exactness checks, the ratios
-to the reference in the same round and the issue's targets against the reference."""
+to the reference in the same round, and the targets against the reference read beside the floor (the
+compiled front door answering a fixed OK, deciding nothing)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from typing import Any
 
 from .gateway_figures import HIGHER, LOWER, Spread, exact_target, spread_fields, target
 
-__all__ = ["EXACT_CALLS", "EXACT_LIMIT", "SERVICES", "SHORT", "PeerRound", "PeerRow", "peer_targets", "vs_reference"]
+__all__ = ["EXACT_CALLS", "EXACT_LIMIT", "SERVICES", "SHORT", "TARGETS", "PeerRound", "PeerRow", "peer_targets", "reference_for",
+           "vs_reference"]
 
 #: The exactness check: this many concurrent calls against a fresh descriptor limited to ``EXACT_LIMIT``/minute.
 EXACT_CALLS, EXACT_LIMIT = 200, 50
 SERVICES = {"python": "ratewarden serve (Python grpc)", "front": "ratewarden serve (compiled front door)",
             "front-same": "ratewarden serve (compiled front door), the reference's answers (--envoy-headers none)",
-            "reference": "envoyproxy/ratelimit"}
+            "reference": "envoyproxy/ratelimit",
+            "floor": "floor: the compiled front door answering every call allowed (no Python, no store)"}
 #: Each service in a few words (chart legends, progress lines).
 SHORT = {"python": "ratewarden, Python grpc", "front": "ratewarden, compiled",
-         "front-same": "ratewarden, compiled, same answers", "reference": "envoyproxy/ratelimit"}
+         "front-same": "ratewarden, compiled, same answers", "reference": "envoyproxy/ratelimit",
+         "floor": "floor, compiled, fixed OK"}
 #: What each compiled front door row is compared as: ratewarden's default answers (its five rate limit
 #: headers), and the reference's own default answers (no headers: the same bytes on the wire).
 ANSWERS = {"front": "ratewarden's headers", "front-same": "the same answers"}
@@ -45,8 +49,8 @@ class PeerRound:
 
 @dataclass
 class PeerRow:
-    service: str  # python | front | front-same | reference
-    store: str  # redis | memory
+    service: str  # python | front | front-same | reference | floor
+    store: str  # redis | memory | none (the floor)
     scenario: str  # over | under (the limit)
     workers: int
     connections: int  # ghz connections, 50 streams each
@@ -91,11 +95,19 @@ class PeerRow:
         return (self.store, self.scenario, self.connections) == (other.store, other.scenario, other.connections)
 
 
-def vs_reference(rows: Sequence[PeerRow], row: PeerRow, what: str) -> list[float]:
+def reference_for(rows: Sequence[PeerRow], row: PeerRow, scenario: str = "") -> PeerRow | None:
+    """The reference's row under ``row``'s load (its ``scenario`` unless another is given), on its Redis:
+    the reference runs on Redis only, so a memory or floor row is set against it there."""
+    want = (scenario or row.scenario, row.connections)
+    return next((r for r in rows if r.service == "reference" and (r.scenario, r.connections) == want
+                 and r is not row), None)
+
+
+def vs_reference(rows: Sequence[PeerRow], row: PeerRow, what: str, scenario: str = "") -> list[float]:
     """``row``'s ``what`` over the reference's, round by round (the same round only: both met the
     same machine load); empty without a reference row under the same load."""
-    ref = next((r for r in rows if r.service == "reference" and r.same_cell(row) and r is not row), None)
-    if ref is None:
+    ref = reference_for(rows, row, scenario)
+    if ref is None or row.service == "reference":
         return []
     theirs = {r.round: getattr(r, what) for r in ref.rounds}
     out = []
@@ -106,26 +118,42 @@ def vs_reference(rows: Sequence[PeerRow], row: PeerRow, what: str) -> list[float
     return out
 
 
+#: The targets against the reference, for ratewarden giving its answers (``front-same``, one worker):
+#: (store, scenario, ghz connections, what, label, direction, ours ÷ reference).
+TARGETS = (
+    ("redis", "under", 1, "rps", "req/s", HIGHER, 1.5),
+    ("redis", "under", 1, "cpu_us", "CPU per decision", LOWER, 0.5),
+    ("redis", "under", 1, "redis_cpu_us", "Redis CPU per decision", LOWER, 1.0),
+    ("redis", "under", 1, "p99_ms", "p99", LOWER, 1.0),
+    ("redis", "under", 4, "p99_ms", "p99", LOWER, 1.0),
+    ("redis", "over", 1, "rps", "req/s", HIGHER, 2.0),
+    ("memory", "under", 1, "rps", "req/s (the reference on Redis)", HIGHER, 2.5),
+)
+UNITS = {"rps": "req/s", "cpu_us": "µs", "redis_cpu_us": "µs", "p99_ms": "ms"}
+
+
 def peer_targets(rows: Sequence[PeerRow]) -> list[dict[str, Any]]:
-    """The gRPC targets, for the compiled front door with one worker against one reference process
-    on Redis, per scenario, each ours ÷ reference in the same round: req/s >= 1.0x (higher is
-    better), CPU per decision <= 1.0x and p99 <= 1.0x (lower is better); and every peer row exact."""
+    """The gRPC targets: the compiled front door giving the reference's answers, one worker, against
+    one reference process on Redis, each ours ÷ reference in the same round (``TARGETS``), beside the
+    floor ÷ reference under the same load (the floor answers alike over and under the limit, so its
+    ``under`` cell stands for both); and every exactness check exact."""
     out: list[dict[str, Any]] = []
-    for ours in rows:
-        if ours.service not in ANSWERS or (ours.store, ours.workers, ours.connections) != ("redis", 1, 1) \
-                or not ours.rounds:
+    for store, scenario, connections, what, label, direction, value in TARGETS:
+        ours = next((r for r in rows if (r.service, r.store, r.scenario, r.workers, r.connections)
+                     == ("front-same", store, scenario, 1, connections) and r.rounds), None)
+        ref = reference_for(rows, ours, scenario) if ours else None
+        if ours is None or ref is None or not ref.rounds:
             continue
-        ref = next((r for r in rows if r.service == "reference" and r.same_cell(ours) and r.rounds), None)
-        if ref is None:
-            continue
-        where = f"gRPC vs envoyproxy/ratelimit (Redis, {ours.scenario} the limit, {ANSWERS[ours.service]})"
-        for name, what, direction, unit in (("req/s", "rps", HIGHER, "req/s"), ("CPU per decision", "cpu_us", LOWER, "µs"),
-                                            ("p99", "p99_ms", LOWER, "ms")):
-            word = "≥" if direction == HIGHER else "≤"
-            out.append(target(f"{where}: {name}", f"ours ÷ reference {word} 1.0x (same round)", direction, 1.0, "x",
-                              Spread.of(vs_reference(rows, ours, what)), Spread(1.0, 1.0, 1.0, 1), abs_unit=unit,
-                              **spread_fields("ours_abs", ours.spread(what)),
-                              **spread_fields("floor_abs", ref.spread(what))))
+        floor = next((r for r in rows if r.service == "floor" and r.connections == connections and r.rounds), None)
+        floor_ratio = Spread.of(vs_reference(rows, floor, what, scenario)) if floor and what != "redis_cpu_us" else None
+        word = "≥" if direction == HIGHER else "≤"
+        where = f"gRPC vs envoyproxy/ratelimit ({store}, {scenario} the limit, {connections} connection" \
+                f"{'s' if connections > 1 else ''}, the same answers)"
+        out.append(target(f"{where}: {label}", f"ours ÷ reference {word} {value}x (same round)", direction, value, "x",
+                          Spread.of(vs_reference(rows, ours, what)), floor_ratio, abs_unit=UNITS[what],
+                          **spread_fields("ours_abs", ours.spread(what)),
+                          **spread_fields("floor_abs", floor.spread(what) if floor and floor_ratio else None),
+                          **spread_fields("reference_abs", ref.spread(what))))
     checked = [r for r in rows if r.admitted]
     if checked:
         out.append(exact_target("gRPC rows exact (ratewarden and the reference)",

@@ -58,6 +58,8 @@ def _start(inst: Instance, tools: Tools, root: Path, redis_port: int, procs: con
     env: dict[str, str] | None = None
     if inst.service == "reference":
         argv, env = [tools.reference], _reference_env(port, redis_port, root / "runtime")
+    elif inst.service == "floor":
+        argv = [*gp.floor_command(0)[:3], "--grpc-front", str(port)]
     else:
         front = ["--front", "python"] if inst.service == "python" else tools.front[4:]
         if inst.service == "front-same":
@@ -117,7 +119,7 @@ def _measure(tools: Tools, procs: list[gp.Proc], redis: gp.Proc | None, port: in
 
 
 def _skip_reason(inst: Instance, tools: Tools) -> str:
-    service = {"python": "", "front-same": "front"}.get(inst.service, inst.service)
+    service = {"python": "", "front-same": "front", "floor": "front"}.get(inst.service, inst.service)
     return tools.skip.get("all") or tools.skip.get(service, "") \
         or (tools.skip.get("redis", "") if inst.store == "redis" else "")
 
@@ -138,15 +140,19 @@ def _round(r: int, opts: PeerOptions, tools: Tools, root: Path, redis: gp.Proc |
     for k in range(len(live)):
         inst = live[(r + k) % len(live)]
         name = SHORT.get(inst.service, inst.service) + (f", {inst.workers} workers" if inst.workers > 1 else "")
-        where = f"peer round {r + 1}/{opts.rounds}, service {k + 1}/{len(live)}: {name} on {inst.store}"
+        store = "no store" if inst.store == "none" else f"on {inst.store}"
+        where = f"peer round {r + 1}/{opts.rounds}, service {k + 1}/{len(live)}: {name} {store}"
         with contextlib.ExitStack() as procs:
             try:
-                log(f"{where}: starting, then {EXACT_CALLS} calls against a fresh limit")
+                checked = inst.service != "floor"  # it limits nothing
+                log(f"{where}: starting" + (f", then {EXACT_CALLS} calls on a fresh limit" if checked else ""))
                 started, port = _start(inst, tools, root, redis.port if redis else 0, procs)
-                _clear_of_minute(5.0)
-                got = asyncio.run(_admitted(port, f"r{r}-{uuid.uuid4().hex[:8]}"))
+                if checked:
+                    _clear_of_minute(5.0)
+                    got = asyncio.run(_admitted(port, f"r{r}-{uuid.uuid4().hex[:8]}"))
                 for row in rows[inst]:
-                    row.admitted.append(got)
+                    if checked:
+                        row.admitted.append(got)
                     log(f"{where}: ghz, {opts.requests:,} calls, {row.scenario} the limit, {row.connections} conn")
                     row.rounds.append(_measure(tools, started, redis if inst.store == "redis" else None, port,
                                                row, r, opts, root / "rls.protoset"))

@@ -12,7 +12,11 @@ the Go service Envoy's docs point to, on loopback.
   connection, ``requests`` calls per cell after a warm-up.
 * **Per cell:** req/s, p50, p99 (ghz), CPU per decision of the service's processes and of redis-server
   (utime + stime from ``/proc``, before and after, over the calls answered).
-* **Exactness:** each time a service starts, 200 concurrent calls against a fresh 50/minute descriptor.
+* **Exactness:** each time a service starts, 200 concurrent calls against a fresh 50/minute descriptor
+  (the floor excepted: it limits nothing).
+* **The floor:** the compiled front door answering every call allowed without asking Python
+  (``gateway_floor --grpc-front``): what no decision made behind that door can beat, so each target
+  is read beside it.
 * **Interleaved:** every round starts each service once (order rotated) and runs its cells, so a busy
   machine slows each alike; ratios to the reference are taken within a round.
 """
@@ -59,8 +63,8 @@ descriptors:
 class Instance:
     """One service started once per round, and the cells (scenario, ghz connections) it runs."""
 
-    service: str  # python | front | front-same | reference
-    store: str  # redis | memory
+    service: str  # python | front | front-same | reference | floor
+    store: str  # redis | memory | none (the floor)
     workers: int
     cells: tuple[tuple[str, int], ...]
 
@@ -68,11 +72,12 @@ class Instance:
 INSTANCES = (
     Instance("python", "redis", 1, (("over", 1), ("under", 1))),
     Instance("front", "redis", 1, (("over", 1), ("under", 1), ("under", 4))),
-    Instance("front-same", "redis", 1, (("over", 1), ("under", 1))),
+    Instance("front-same", "redis", 1, (("over", 1), ("under", 1), ("under", 4))),
     Instance("reference", "redis", 1, (("over", 1), ("under", 1), ("under", 4))),
     Instance("front", "redis", 2, (("under", 4),)),
     Instance("python", "memory", 1, (("over", 1), ("under", 1))),
-    Instance("front", "memory", 1, (("over", 1), ("under", 1))),
+    Instance("front-same", "memory", 1, (("over", 1), ("under", 1))),
+    Instance("floor", "none", 1, (("under", 1), ("under", 4))),
 )
 
 
