@@ -6,7 +6,8 @@ Redis and on the memory store (the compiled front door, ``--envoy-headers none``
 answers), the reference on the same Redis, and the floor (the compiled front door answering every
 call allowed without asking Python, ``gateway_floor --grpc-front``). Each gets ghz under the limit on
 one connection (50 streams): a warm-up, then the measured calls, with the CPU of the service and of
-redis-server per decision. Ratios to the reference are taken within a round.
+redis-server per decision. Ratios to the reference are taken within a round. ``--envoy-headers
+ratewarden`` runs the builds with ratewarden's default answers instead.
 
     python scripts/bench_grpc_ab.py --rounds 5 build/venv-a build/venv-b
 
@@ -30,13 +31,13 @@ from ratewarden.bench.gateway_peers import Tools, cpu_seconds
 from ratewarden.bench.services import redis_server
 
 
-def _argv(variant: str, store: str, port: int, redis_port: int, root: Path, first: str) -> list[str]:
+def _argv(variant: str, store: str, port: int, redis_port: int, root: Path, first: str, headers: str) -> list[str]:
     if variant == "floor":
         return [f"{first}/bin/python", "-m", "ratewarden.bench.gateway_floor", "--grpc-front", str(port)]
     where = "memory://" if store == "memory" else f"redis://{gp.HOST}:{redis_port}/0"
     return [f"{variant}/bin/python", "-m", "ratewarden.cli", "serve", str(root / "config" / "bench.yaml"),
             "--grpc", f"{gp.HOST}:{port}", "--http", f"{gp.HOST}:{gp.free_port()}", "--store", where,
-            "--workers", "1", "--no-metrics", "--log-level", "error", "--watch", "0", "--envoy-headers", "none"]
+            "--workers", "1", "--no-metrics", "--log-level", "error", "--watch", "0", "--envoy-headers", headers]
 
 
 def main() -> int:
@@ -45,6 +46,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=20_000, help="measured calls per variant per round")
     parser.add_argument("--warmup", type=int, default=5_000)
+    parser.add_argument("--envoy-headers", default="none", help="ratewarden's answers: none (the reference's), ratewarden")
     args = parser.parse_args()
     args.venvs = [str(Path(v).absolute()) for v in args.venvs]
     go = Path.home() / "go" / "bin"
@@ -67,7 +69,7 @@ def main() -> int:
                 if variant == "reference":
                     argv, env = [tools.reference], _reference_env(port, redis_port, root / "runtime")
                 else:
-                    argv = _argv(variant, store, port, redis_port, root, args.venvs[0])
+                    argv = _argv(variant, store, port, redis_port, root, args.venvs[0], args.envoy_headers)
                 where = root / f"r{r}-{k}"
                 where.mkdir()
                 with contextlib.ExitStack() as procs:
