@@ -91,6 +91,10 @@ HOT_MODULES = [
     "src/ratewarden/wsgi/middleware.py",
     "src/ratewarden/serve/spop.py",
     "src/ratewarden/serve/spoe.py",
+    "src/ratewarden/serve/rls_messages.py",
+    "src/ratewarden/serve/descriptors.py",
+    "src/ratewarden/serve/rls_headers.py",
+    "src/ratewarden/serve/rls.py",
 ]
 
 # Hand-written C built next to the mypyc modules (Linux only: process-shared robust mutexes). The

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import quote
 
 from .envoy_config import EnvoyDescriptor, EnvoyDomain, EnvoyRateLimit
@@ -22,9 +22,8 @@ from .envoy_config import EnvoyDescriptor, EnvoyDomain, EnvoyRateLimit
 __all__ = ["Match", "entries_key", "escape", "match_descriptor", "wildcard_match"]
 
 
-@dataclass(frozen=True)
-class Match:
-    """A matched limit.
+class Match(NamedTuple):
+    """A matched limit (a tuple: made for every request descriptor that matches).
 
     Args:
         rate_limit: The configured limit.

@@ -33,6 +33,7 @@ from ..policy.loader import MAX_DEPTH, flow_depth
 from ..policy.schema import PolicyError, Problem
 from ..rates import Rate
 from .envoy_yaml import Reader, kind_of
+from .rls_messages import CurrentLimit
 
 if TYPE_CHECKING:
     import yaml
@@ -100,6 +101,11 @@ class EnvoyRateLimit:
     full_key: str = ""
     limit: Limit | None = field(default=None, compare=False, repr=False)
     quota_mode: bool = False
+    #: The limit a status reports, made once here rather than for every request.
+    current: CurrentLimit = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "current", CurrentLimit(self.name, self.requests_per_unit, self.unit))
 
     @property
     def period(self) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from .._mypyc import mypyc_attr
 from ..caches import remember
 from ..enforcement.answers import text_headers
 from ..enforcement.charge_strategies import (
@@ -63,6 +64,7 @@ __all__ = ["CHARGES", "HEADER_STYLES", "UINT32_MAX", "CurrentLimit", "Descriptor
 CHARGES = ("all", "each")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _DescriptorItem(Item):
     """One descriptor as the core charges it (``Item``), with the limit its status reports."""
 
@@ -70,6 +72,7 @@ class _DescriptorItem(Item):
     stat: str = ""  # the reference's stats key, for its metrics (serve.reference_service)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # ReferenceService
 class RateLimitService:
     """Envoy's rate limit service over a ``Limiter``.
 
@@ -86,11 +89,11 @@ class RateLimitService:
     """
 
     def __init__(
-        self, domains: Mapping[str, EnvoyDomain], limiter: Limiter, *, headers: bool | str = True,
+        self, domains: Mapping[str, EnvoyDomain], limiter: Limiter, *, headers: object = True,
         charge: str = "all", max_descriptors: int = MAX_DESCRIPTORS, max_entries: int = MAX_ENTRIES,
     ) -> None:
         style = "ratewarden" if headers is True else "none" if headers is False else headers
-        if style not in HEADER_STYLES:
+        if not isinstance(style, str) or style not in HEADER_STYLES:
             raise ConfigurationError(f"headers must be one of {', '.join(HEADER_STYLES)}, got {headers!r}")
         if charge not in CHARGES:
             raise ConfigurationError(f"charge must be 'all' (all or nothing) or 'each' (envoyproxy/ratelimit's), got {charge!r}")
@@ -214,7 +217,7 @@ class RateLimitService:
                 return _DescriptorItem(UNLIMITED), name
             shared = match.shared
             unit = rate_limit.unit
-            current = CurrentLimit(rate_limit.name, rate_limit.requests_per_unit, unit)
+            current = rate_limit.current
             limit = rate_limit.limit
             kind = SHADOW if rate_limit.shadow_mode else QUOTA if rate_limit.quota_mode else ENFORCED
         if limit is None:  # requests_per_unit 0: every request is over

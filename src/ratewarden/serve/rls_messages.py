@@ -7,8 +7,9 @@ translates them from and to the protobuf, ``serve.rls`` from and to the core's i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
+from .._mypyc import mypyc_attr
 from ..errors import RatewardenError
 
 __all__ = ["UINT32_MAX", "Code", "CurrentLimit", "DescriptorStatus", "RequestDescriptor", "RlsAnswer", "RlsRequestError"]
@@ -17,10 +18,12 @@ UINT32_MAX = 2**32 - 1
 Code = Literal["OK", "OVER_LIMIT"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RlsRequestError(RatewardenError, ValueError):
     """A request the service cannot answer (empty domain, no descriptors, an empty entry...)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True)
 class RequestDescriptor:
     """One descriptor of a request.
@@ -37,15 +40,15 @@ class RequestDescriptor:
     hits_addend: int | None = None
 
 
-@dataclass(frozen=True)
-class CurrentLimit:
-    """The limit a status reports (``RateLimitResponse.RateLimit``)."""
+class CurrentLimit(NamedTuple):
+    """The limit a status reports (``RateLimitResponse.RateLimit``): made once per configured limit."""
 
     name: str
     requests_per_unit: int
     unit: str
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass
 class DescriptorStatus:
     """The answer for one descriptor.
@@ -65,6 +68,7 @@ class DescriptorStatus:
     shadowed: bool = False
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass
 class RlsAnswer:
     """A ``ShouldRateLimit`` answer.
