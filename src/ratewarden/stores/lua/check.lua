@@ -18,6 +18,49 @@
 -- Reply ("h"): {allowed 1/0, limit, remaining, reset_after, retry_after, index}, floats as strings.
 -- Reply ("p", "a"): those first five fields for every limit, in order.
 
+local mode = ARGV[1]
+local clock = tonumber(ARGV[2])
+local now
+if clock and clock >= 0 then
+  now = clock
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  -- Run after the caller stopped waiting (e.g. queued while the server was paused): the caller
+  -- already reported a failure, so charge nothing.
+  if clock and now > -clock then
+    return redis.error_reply('ratewarden: expired, the caller stopped waiting before this check ran')
+  end
+end
+
+-- The most common call, one fixed window checked ("h") whose state is absent or of the current
+-- window, is answered here, before the rest of the script defines its locals and functions (that
+-- costs half of a call's time; the locals alone, 6 % of Redis's CPU for the call). The arithmetic
+-- is fixed_window's below, line for line (trunc is floor here: what is left is never negative, or
+-- is floored to 0); any other state (an older or a later window, a clock stepped back) and a cost
+-- over the limit go on to it.
+if mode == 'h' and #KEYS == 1 and ARGV[3] == '1' then
+  local find, sub, fmt = string.find, string.sub, string.format
+  local limit, period, cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[8])
+  local start = math.floor(now / period) * period
+  local st = redis.call('GET', KEYS[1])
+  local count = 0
+  if st then
+    local j = find(st, ' ', 1, true)
+    if j and tonumber(sub(st, 1, j - 1)) == start then count = tonumber(sub(st, j + 1)) else count = nil end
+  end
+  if count and cost <= limit then
+    local reset_after = start + period - now
+    local total = count + cost
+    if total <= limit then
+      redis.call('SET', KEYS[1], fmt('%.17g %.17g', start, total), 'PX', math.max(1, math.ceil(reset_after * 1000)))
+      return {1, limit, math.floor(limit - total), reset_after == 0 and '0' or fmt('%.17g', reset_after), '0', 0}
+    end
+    local left = reset_after == 0 and '0' or fmt('%.17g', reset_after)
+    return {0, limit, math.max(0, math.floor(limit - count)), left, left, 0}
+  end
+end
+
 local INF = 1 / 0
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local abs, frexp, ldexp = math.abs, math.frexp, math.ldexp
@@ -43,45 +86,6 @@ local function nums(s)  -- plain find/sub: cheaper than gmatch on this hot path
     end
     out[n] = tonumber(sub(s, i, j - 1))
     i = j + 1
-  end
-end
-
-local mode = ARGV[1]
-local clock = tonumber(ARGV[2])
-local now
-if clock and clock >= 0 then
-  now = clock
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  -- Run after the caller stopped waiting (e.g. queued while the server was paused): the caller
-  -- already reported a failure, so charge nothing.
-  if clock and now > -clock then
-    return redis.error_reply('ratewarden: expired, the caller stopped waiting before this check ran')
-  end
-end
-
--- The most common call, one fixed window checked ("h") whose state is absent or of the current
--- window, is answered here, before the rest of the script defines its functions (that costs half
--- of a call's time). The arithmetic is fixed_window's below, line for line; any other state (an
--- older or a later window, a clock stepped back) and a cost over the limit go on to it.
-if mode == 'h' and #KEYS == 1 and ARGV[3] == '1' then
-  local limit, period, cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[8])
-  local start = floor(now / period) * period
-  local st = redis.call('GET', KEYS[1])
-  local count = 0
-  if st then
-    local j = find(st, ' ', 1, true)
-    if j and tonumber(sub(st, 1, j - 1)) == start then count = tonumber(sub(st, j + 1)) else count = nil end
-  end
-  if count and cost <= limit then
-    local reset_after = start + period - now
-    local total = count + cost
-    if total <= limit then
-      redis.call('SET', KEYS[1], fmt('%.17g %.17g', start, total), 'PX', max(1, ceil(reset_after * 1000)))
-      return {1, limit, trunc(limit - total), f(reset_after), '0', 0}
-    end
-    return {0, limit, max(0, trunc(limit - count)), f(reset_after), f(reset_after), 0}
   end
 end
 
