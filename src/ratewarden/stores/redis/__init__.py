@@ -2,8 +2,9 @@
 
 * One ``EVALSHA`` per check evaluates all its limits (any mix of the seven algorithms) all or
   nothing, on the server clock (``TIME``), and returns the deciding limit's full decision, so
-  headers need no second call. The script is loaded on connect; a later ``NOSCRIPT`` loads it
-  again (``EVAL`` where an ACL refuses ``SCRIPT LOAD``).
+  headers need no second call; a pipeline's single-key checks share one call (``batching``). The
+  script is loaded on connect; a later ``NOSCRIPT`` loads it again (``EVAL`` where an ACL refuses
+  ``SCRIPT LOAD``).
 * Checks started in the same event-loop tick go out as one pipeline (``coalesce``); at most
   ``pool_size`` pipelines are in flight, later checks queue into the next one.
 * Rejections are remembered locally until their retry time (``cache``): a key known to be over
@@ -25,6 +26,7 @@ Where each part lives:
 ``protocol``       the script, its arguments, hand-packed RESP commands, reply decoding
 ``pipeline``       coalescing into pipelines: batches, slots, timers judged by what arrived
 ``connections``    sending a pipeline: our own connections (standalone, Sentinel) or Cluster's
+``batching``       a pipeline's single-key checks folded into one script call (standalone, Sentinel)
 ``clock``          the scripts' deadline on the server clock
 ``topology``       the client for standalone / Sentinel / Cluster; Cluster hash slots
 ``client``         the one place relying on redis-py internals (each one listed and tested)

@@ -1,7 +1,8 @@
 """Sending a pipeline of script calls and reading every reply.
 
 * ``PackedConnections`` (standalone, Sentinel): packed commands written on connections of our
-  own, one per pipeline in flight, replies read straight from the parser.
+  own, one per pipeline in flight, replies read straight from the parser; runs of single-key
+  checks go as one script call each (``batching``).
 * ``ClusterConnections``: calls routed by redis-py's cluster pipeline (one connection per node).
 
 Both return one reply per call, an error reply as its exception, and send ``NOSCRIPT`` calls
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._redis import NoScriptError, ReadOnlyError, RedisConnectionError, RedisError, ResponseError
+from .batching import BATCH_SCRIPT, fold, spread
 from .client import arrivals, new_connection, reply_reader
 from .clock import ScriptClock
 from .protocol import SCRIPT, SCRIPT_SHA, Reply, as_eval
@@ -117,14 +119,18 @@ class PackedConnections:
                 await _load_script(conn)
 
     async def _exchange(self, conn: Any, commands: list[bytes], replies: list[Reply]) -> None:
+        """Write ``commands`` (runs of single-key checks folded, unless behind twemproxy) and add
+        each one's reply to ``replies`` as it is read: a failure midway leaves those read."""
         await self._connect(conn)
-        await conn.send_packed_command(commands, check_health=False)
+        sent, sizes = fold(commands) if not self.clock.proxied else (commands, [0] * len(commands))
+        await conn.send_packed_command(sent, check_health=False)
         read = reply_reader(conn)
-        for _ in commands:
+        for size in sizes:
             try:
-                replies.append(await read())
+                reply = await read()
             except ResponseError as exc:
-                replies.append(exc)
+                reply = exc
+            replies.extend(spread(reply, size))
 
     async def close(self) -> None:
         """Disconnect every connection of ours, in flight ones too (a later pipeline connects
@@ -135,14 +141,17 @@ class PackedConnections:
 
 
 async def _load_script(conn: Any) -> bool:
-    """``SCRIPT LOAD`` the check script on ``conn``'s server: whether it was loaded (an ACL may
-    refuse the command; ``EVAL`` then remains)."""
-    await conn.send_command("SCRIPT", "LOAD", SCRIPT, check_health=False)
-    try:
-        reply = await conn.read_response()
-    except ResponseError:
-        return False
-    return not isinstance(reply, ResponseError)
+    """``SCRIPT LOAD`` the check script, and the script of folded checks, on ``conn``'s server:
+    whether both were loaded (an ACL may refuse the command; ``EVAL`` then remains)."""
+    loaded = True
+    for script in (SCRIPT, BATCH_SCRIPT):
+        await conn.send_command("SCRIPT", "LOAD", script, check_health=False)
+        try:
+            reply = await conn.read_response()
+        except ResponseError:
+            return False
+        loaded = loaded and not isinstance(reply, ResponseError)
+    return loaded
 
 
 async def _server_time(conn: Any) -> Any:
