@@ -124,3 +124,29 @@ async def test_folded_checks_are_answered_after_the_server_lost_its_scripts(redi
         assert [d.remaining for d in again] == [2] + [3] * 19
     finally:
         await store.close()
+
+
+def test_a_folded_check_past_its_deadline_charges_nothing_and_says_so(redis_standalone: RedisStandalone) -> None:
+    import redis
+
+    from ratewarden.stores.redis.batching import BATCH_SCRIPT, TIME_EVERY
+
+    client = redis.Redis(port=redis_standalone.port)
+    keys = [f"rw:{{late|{uuid.uuid4().hex}}}:{i}" for i in range(TIME_EVERY + 3)]
+    server_now = float(client.time()[0])
+    passed, ahead = f"-{server_now - 5:.4f}", f"-{server_now + 60:.4f}"
+    limit = ["1", "5", "60", "5", "0", "1"]
+    deadlines = [passed if i % 3 == 0 else ahead for i in range(len(keys))]
+    try:
+        replies = client.eval(
+            BATCH_SCRIPT, len(keys), *keys, *(arg for d in deadlines for arg in ["h", d, *limit]),
+        )
+        for key, deadline, reply in zip(keys, deadlines, replies, strict=True):
+            if deadline == passed:
+                assert isinstance(reply, redis.ResponseError) and str(reply).startswith("ratewarden: expired")
+                assert client.exists(key) == 0  # nothing charged
+            else:
+                assert reply[:3] == [1, 5, 4] and client.exists(key) == 1
+    finally:
+        client.delete(*keys)
+        client.close()
