@@ -95,6 +95,7 @@ HOT_MODULES = [
     "src/ratewarden/serve/descriptors.py",
     "src/ratewarden/serve/rls_headers.py",
     "src/ratewarden/serve/rls.py",
+    "src/ratewarden/stores/redis/batching.py",
 ]
 
 # Hand-written C built next to the mypyc modules (Linux only: process-shared robust mutexes). The

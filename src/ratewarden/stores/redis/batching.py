@@ -64,18 +64,8 @@ _BATCH_HEAD = b"$7\r\nEVALSHA\r\n$40\r\n" + BATCH_SHA.encode() + b"\r\n"
 _HIT = b"$1\r\nh\r\n"
 
 
-def _split(command: bytes) -> tuple[bytes, bytes] | None:
-    """A single-key check's key bulk and its eight arguments, or ``None`` for any other command."""
-    if not command.startswith(_CHECK_HEAD):
-        return None
-    at = len(_CHECK_HEAD)
-    end = command.find(b"\r\n", at)
-    if end < 0 or command[at:at + 1] != b"$":
-        return None
-    tail = end + 2 + int(command[at + 1:end]) + 2
-    if not command.startswith(_HIT, tail):
-        return None
-    return command[at:tail], command[tail:]
+_HEAD_LEN = len(_CHECK_HEAD)
+_DOLLAR = ord("$")
 
 
 def fold(commands: list[bytes]) -> tuple[list[bytes], list[int]]:
@@ -83,33 +73,39 @@ def fold(commands: list[bytes]) -> tuple[list[bytes], list[int]]:
     the checks of a folded call (a run of at least two single-key checks, at most ``BATCH_MAX``)."""
     sent: list[bytes] = []
     sizes: list[int] = []
-    run: list[tuple[bytes, bytes]] = []
-
-    def flush() -> None:
-        if len(run) == 1:
-            sent.append(_CHECK_HEAD + run[0][0] + run[0][1])
-            sizes.append(0)
-        elif run:
-            count = b"%d" % len(run)
-            sent.append(b"".join((
-                b"*%d\r\n" % (3 + 9 * len(run)), _BATCH_HEAD, b"$%d\r\n%s\r\n" % (len(count), count),
-                *(key for key, _ in run), *(args for _, args in run),
-            )))
-            sizes.append(len(run))
-        run.clear()
-
+    keys: list[bytes] = []  # the run's key bulks, and below each one's eight arguments
+    tails: list[bytes] = []
     for command in commands:
-        parts = _split(command)
-        if parts is None:
-            flush()
-            sent.append(command)
-            sizes.append(0)
-            continue
-        run.append(parts)
-        if len(run) == BATCH_MAX:
-            flush()
-    flush()
+        if command.startswith(_CHECK_HEAD) and command[_HEAD_LEN] == _DOLLAR:
+            end = command.find(b"\r\n", _HEAD_LEN)
+            tail = end + int(command[_HEAD_LEN + 1:end]) + 4  # past the key and its CRLF
+            if end > 0 and command.startswith(_HIT, tail):
+                keys.append(command[_HEAD_LEN:tail])
+                tails.append(command[tail:])
+                if len(keys) == BATCH_MAX:
+                    _flush(sent, sizes, keys, tails)
+                continue
+        if keys:
+            _flush(sent, sizes, keys, tails)
+        sent.append(command)
+        sizes.append(0)
+    if keys:
+        _flush(sent, sizes, keys, tails)
     return sent, sizes
+
+
+def _flush(sent: list[bytes], sizes: list[int], keys: list[bytes], tails: list[bytes]) -> None:
+    """Send the run in ``keys`` and ``tails``: one check as it was, more as one folded call."""
+    count = len(keys)
+    if count == 1:
+        sent.append(_CHECK_HEAD + keys[0] + tails[0])
+        sizes.append(0)
+    else:
+        text = b"%d" % count
+        sent.append(b"".join([b"*%d\r\n%s$%d\r\n%s\r\n" % (3 + 9 * count, _BATCH_HEAD, len(text), text), *keys, *tails]))
+        sizes.append(count)
+    keys.clear()
+    tails.clear()
 
 
 def spread(reply: Reply, size: int) -> list[Reply]:
