@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,6 +17,19 @@ from ratewarden.stores.redis.batching import BATCH_MAX, fold, spread
 from ratewarden.stores.redis.protocol import PackedCommands, ScriptArgs, bulk
 from tests.servers import RedisStandalone, redis_cmd
 from tests.stores.test_redis_store import command_calls
+
+
+@pytest.fixture
+async def store(redis_standalone: RedisStandalone) -> AsyncIterator[RedisStore]:
+    """A store on the test server without a rejection cache: every check reaches Redis."""
+    opened = RedisStore(redis_standalone.url, timeout=5, cache=False)
+    yield opened
+    await opened.close()
+
+
+def fresh_keys(tag: str, count: int) -> list[str]:
+    return [f"rw:{{{tag}|{uuid.uuid4().hex}}}:{i}" for i in range(count)]
+
 
 ALGORITHMS = ("fixed_window", "sliding_window", "sliding_log", "token_bucket", "token_bucket_debt", "leaky_bucket", "gcra")
 
@@ -52,22 +66,18 @@ def test_spread_gives_each_check_its_reply_or_the_call_s_error() -> None:
 
 
 async def test_concurrent_checks_go_as_few_script_calls_and_admit_exactly_the_limit(
-    redis_standalone: RedisStandalone,
+    redis_standalone: RedisStandalone, store: RedisStore,
 ) -> None:
-    store = RedisStore(redis_standalone.url, timeout=5, cache=False)
     limits = make_limits("50/minute")
-    key = f"rw:{{fold|{uuid.uuid4().hex}}}:x"
-    try:
-        await store.hit([key + "-warm"], limits, [1.0])  # connects and loads both scripts
-        redis_cmd(redis_standalone.port, "CONFIG", "RESETSTAT")
-        results = await asyncio.gather(*(store.hit([key], limits, [1.0]) for _ in range(200)))
-        assert sum(d.allowed for d in results) == 50
-        assert [d.remaining for d in results if d.allowed] == list(range(49, -1, -1))
-        calls = command_calls(redis_standalone.port)
-        assert calls.get("evalsha", 0) <= 200 // BATCH_MAX + 4, calls  # 200 checks, a handful of calls
-        assert "eval" not in calls
-    finally:
-        await store.close()
+    key, warm = fresh_keys("fold", 2)
+    await store.hit([warm], limits, [1.0])  # connects and loads both scripts
+    redis_cmd(redis_standalone.port, "CONFIG", "RESETSTAT")
+    results = await asyncio.gather(*(store.hit([key], limits, [1.0]) for _ in range(200)))
+    assert sum(d.allowed for d in results) == 50
+    assert [d.remaining for d in results if d.allowed] == list(range(49, -1, -1))
+    calls = command_calls(redis_standalone.port)
+    assert calls.get("evalsha", 0) <= 200 // BATCH_MAX + 4, calls  # 200 checks, a handful of calls
+    assert "eval" not in calls
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -78,7 +88,7 @@ async def test_folded_checks_answer_as_the_same_checks_alone_and_as_memory(
     store = RedisStore(redis_standalone.url, timeout=5, clock=lambda: now[0], cache=False)
     memory = MemoryStore(clock=lambda: now[0])
     limits = make_limits("7/10s", algorithm)
-    keys = [f"rw:{{same|{uuid.uuid4().hex}}}:{i}" for i in range(3)]
+    keys = fresh_keys("same", 3)
     try:
         for step in range(12):
             now[0] += 0.7
@@ -90,40 +100,33 @@ async def test_folded_checks_answer_as_the_same_checks_alone_and_as_memory(
         await store.close()
 
 
-async def test_a_check_on_a_key_of_another_type_fails_alone(redis_standalone: RedisStandalone) -> None:
-    store = RedisStore(redis_standalone.url, timeout=5, cache=False)
+async def test_a_check_on_a_key_of_another_type_fails_alone(redis_standalone: RedisStandalone, store: RedisStore) -> None:
     limits = make_limits("5/minute")
-    good = [f"rw:{{alone|{uuid.uuid4().hex}}}:{i}" for i in range(10)]
-    bad = f"rw:{{alone|{uuid.uuid4().hex}}}:list"
+    *good, bad = fresh_keys("alone", 11)
     redis_cmd(redis_standalone.port, "RPUSH", bad, "not a counter")
-    try:
-        await store.hit([good[0]], limits, [1.0])
-        redis_cmd(redis_standalone.port, "CONFIG", "RESETSTAT")
-        results = await asyncio.gather(
-            *(store.hit([k], limits, [1.0]) for k in good[:5]), store.hit([bad], limits, [1.0]),
-            *(store.hit([k], limits, [1.0]) for k in good[5:]), return_exceptions=True,
-        )
-        assert isinstance(results[5], StoreError) and "WRONGTYPE" in str(results[5])
-        answered = [r for i, r in enumerate(results) if i != 5]
-        assert [getattr(r, "remaining", r) for r in answered] == [3] + [4] * 9
-        assert command_calls(redis_standalone.port).get("evalsha", 0) == 1  # all eleven in one call
-    finally:
-        await store.close()
+    await store.hit([good[0]], limits, [1.0])
+    redis_cmd(redis_standalone.port, "CONFIG", "RESETSTAT")
+    results = await asyncio.gather(
+        *(store.hit([k], limits, [1.0]) for k in good[:5]), store.hit([bad], limits, [1.0]),
+        *(store.hit([k], limits, [1.0]) for k in good[5:]), return_exceptions=True,
+    )
+    assert isinstance(results[5], StoreError) and "WRONGTYPE" in str(results[5])
+    answered = [r for i, r in enumerate(results) if i != 5]
+    assert [getattr(r, "remaining", r) for r in answered] == [3] + [4] * 9
+    assert command_calls(redis_standalone.port).get("evalsha", 0) == 1  # all eleven in one call
 
 
-async def test_folded_checks_are_answered_after_the_server_lost_its_scripts(redis_standalone: RedisStandalone) -> None:
-    store = RedisStore(redis_standalone.url, timeout=5, cache=False)
+async def test_folded_checks_are_answered_after_the_server_lost_its_scripts(
+    redis_standalone: RedisStandalone, store: RedisStore,
+) -> None:
     limits = make_limits("5/minute")
-    keys = [f"rw:{{flush|{uuid.uuid4().hex}}}:{i}" for i in range(20)]
-    try:
-        await store.hit([keys[0]], limits, [1.0])
-        redis_cmd(redis_standalone.port, "SCRIPT", "FLUSH")
-        results = await asyncio.gather(*(store.hit([k], limits, [1.0]) for k in keys))
-        assert [d.remaining for d in results] == [3] + [4] * 19  # each charged once, none lost
-        again = await asyncio.gather(*(store.hit([k], limits, [1.0]) for k in keys))
-        assert [d.remaining for d in again] == [2] + [3] * 19
-    finally:
-        await store.close()
+    keys = fresh_keys("flush", 20)
+    await store.hit([keys[0]], limits, [1.0])
+    redis_cmd(redis_standalone.port, "SCRIPT", "FLUSH")
+    results = await asyncio.gather(*(store.hit([k], limits, [1.0]) for k in keys))
+    assert [d.remaining for d in results] == [3] + [4] * 19  # each charged once, none lost
+    again = await asyncio.gather(*(store.hit([k], limits, [1.0]) for k in keys))
+    assert [d.remaining for d in again] == [2] + [3] * 19
 
 
 def test_a_folded_check_past_its_deadline_charges_nothing_and_says_so(redis_standalone: RedisStandalone) -> None:
@@ -132,7 +135,7 @@ def test_a_folded_check_past_its_deadline_charges_nothing_and_says_so(redis_stan
     from ratewarden.stores.redis.batching import BATCH_SCRIPT, TIME_EVERY
 
     client = redis.Redis(port=redis_standalone.port)
-    keys = [f"rw:{{late|{uuid.uuid4().hex}}}:{i}" for i in range(TIME_EVERY + 3)]
+    keys = fresh_keys("late", TIME_EVERY + 3)
     server_now = float(client.time()[0])
     passed, ahead = f"-{server_now - 5:.4f}", f"-{server_now + 60:.4f}"
     limit = ["1", "5", "60", "5", "0", "1"]
