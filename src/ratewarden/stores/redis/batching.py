@@ -7,9 +7,8 @@ each under ``pcall``, so a check that fails (a key holding another type) fails a
 sets up, runs and answers one script call for many checks instead of one each, and reads its
 clock once for several: a fifth to a quarter less of its CPU per check (``scripts/bench_redis_script.py
 --parts``). Each check runs as it would alone (same script, same deadline, same reply), so answers
-are unchanged; ``spread``
-turns a folded call's reply back into one reply per check, in order, an error reply to the
-whole call (``NOSCRIPT``, ``BUSY``) becoming each check's.
+are unchanged; ``spread`` turns a folded call's reply back into one reply per check, in order, an
+error reply to the whole call (``NOSCRIPT``, ``BUSY``) becoming each check's.
 
 At most ``BATCH_MAX`` checks share a call, so one call holds the server for a bounded time (about
 0.3 ms at 5 µs a check). Any other command (several limits, a peek, an adjustment, ``EVAL``) is
@@ -21,7 +20,7 @@ from __future__ import annotations
 import hashlib
 
 from ._redis import ResponseError
-from .protocol import SCRIPT, SCRIPT_SHA, Reply
+from .protocol import HIT, ONE_KEY_HEAD, SCRIPT, Reply
 
 __all__ = ["BATCH_MAX", "BATCH_SCRIPT", "BATCH_SHA", "TIME_EVERY", "fold", "spread"]
 
@@ -59,12 +58,8 @@ microseconds), far inside the deadline's margin of a tenth of the timeout (``clo
 
 BATCH_SHA = hashlib.sha1(BATCH_SCRIPT.encode()).hexdigest()
 
-_CHECK_HEAD = b"*12\r\n$7\r\nEVALSHA\r\n$40\r\n" + SCRIPT_SHA.encode() + b"\r\n$1\r\n1\r\n"  # one key, one limit
 _BATCH_HEAD = b"$7\r\nEVALSHA\r\n$40\r\n" + BATCH_SHA.encode() + b"\r\n"
-_HIT = b"$1\r\nh\r\n"
-
-
-_HEAD_LEN = len(_CHECK_HEAD)
+_HEAD_LEN = len(ONE_KEY_HEAD)  # a single-key check's command: this head, its key, then HIT
 _DOLLAR = ord("$")
 
 
@@ -76,10 +71,10 @@ def fold(commands: list[bytes]) -> tuple[list[bytes], list[int]]:
     keys: list[bytes] = []  # the run's key bulks, and below each one's eight arguments
     tails: list[bytes] = []
     for command in commands:
-        if command.startswith(_CHECK_HEAD) and command[_HEAD_LEN] == _DOLLAR:
-            end = command.find(b"\r\n", _HEAD_LEN)
+        end = command.find(b"\r\n", _HEAD_LEN) if command.startswith(ONE_KEY_HEAD) else -1
+        if end > 0 and command[_HEAD_LEN] == _DOLLAR:
             tail = end + int(command[_HEAD_LEN + 1:end]) + 4  # past the key and its CRLF
-            if end > 0 and command.startswith(_HIT, tail):
+            if command.startswith(HIT, tail):
                 keys.append(command[_HEAD_LEN:tail])
                 tails.append(command[tail:])
                 if len(keys) == BATCH_MAX:
@@ -98,7 +93,7 @@ def _flush(sent: list[bytes], sizes: list[int], keys: list[bytes], tails: list[b
     """Send the run in ``keys`` and ``tails``: one check as it was, more as one folded call."""
     count = len(keys)
     if count == 1:
-        sent.append(_CHECK_HEAD + keys[0] + tails[0])
+        sent.append(ONE_KEY_HEAD + keys[0] + tails[0])
         sizes.append(0)
     else:
         text = b"%d" % count

@@ -20,7 +20,7 @@ from ...decision import Decision
 from ...limits import Limit
 
 __all__ = [
-    "ALGORITHM_IDS", "SCRIPT", "SCRIPT_SHA", "PackedCommands", "Reply", "ScriptArgs", "ThreadScriptArgs", "as_eval", "bulk",
+    "ALGORITHM_IDS", "HIT", "ONE_KEY_HEAD", "SCRIPT", "SCRIPT_SHA", "PackedCommands", "Reply", "ScriptArgs", "ThreadScriptArgs", "as_eval", "bulk",
     "decision_at", "key_bytes",
 ]
 
@@ -47,8 +47,8 @@ _EVAL_HEAD = b"$4\r\nEVAL\r\n$%d\r\n%s\r\n" % (len(_SCRIPT_B), _SCRIPT_B)
 _COST_ONE = b"$1\r\n1\r\n"
 _MODES = {m: b"$1\r\n%s\r\n" % m.encode() for m in ("h", "p", "a")}
 _MODE_BULKS = tuple(_MODES.values())
-_ONE_KEY_HEAD = b"*12\r\n" + _SHA_HEAD + b"$1\r\n1\r\n"  # 12 = EVALSHA sha 1 key h now + 6 per limit
-_HIT = _MODES["h"]
+ONE_KEY_HEAD = b"*12\r\n" + _SHA_HEAD + b"$1\r\n1\r\n"  # 12 = EVALSHA sha 1 key h now + 6 per limit
+HIT = _MODES["h"]
 
 
 def bulk(text: str) -> bytes:
@@ -148,7 +148,7 @@ class PackedCommands:
                     key_b = key_bytes(keys[0])
                 cost = costs[0]
                 return b"%s$%d\r\n%s\r\n%s%s%s%s" % (
-                    _ONE_KEY_HEAD, len(key_b), key_b, _HIT, clock, packed,
+                    ONE_KEY_HEAD, len(key_b), key_b, HIT, clock, packed,
                     _COST_ONE if cost == 1 else bulk(repr(float(cost))),
                 )
         parts = [b"*%d\r\n" % (5 + len(keys) + 6 * len(limits)), _SHA_HEAD, b"$%d\r\n%d\r\n" % (len(str(len(keys))), len(keys))]
